@@ -1,0 +1,1 @@
+"""Candidate exercise files: fill these in and grade them with attn-grade."""

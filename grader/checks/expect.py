@@ -1,0 +1,168 @@
+"""What the hidden checks are written with: inputs, expectations, named mistakes.
+
+Every comparison runs here, in the grader's process, on plain tensors decoded from the
+worker's bytes, so nothing the candidate patches in its own process can change a verdict.
+A failed expectation raises CheckFailed with a message that says what was expected and
+what came back; when values are wrong, the known wrong variants are tried on the same
+inputs and a match names the mistake.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+
+from grader.candidate import CandidateError
+from grader.wire import Opaque, device_of
+
+step = pytest.mark.step  # @step("softmax", points=3): the check belongs to that step and is worth that much
+
+# (rtol, atol) per dtype: loose enough for einsum, loops over heads and fused matmuls,
+# tight enough that every named mistake is far outside.
+TOLERANCES = {
+    torch.float64: (1e-7, 1e-9),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-2, 2e-3),
+    torch.bfloat16: (2e-2, 2e-2),
+}
+DEVICE_TOLERANCES = {torch.float32: (1e-3, 1e-4)}  # another device sums in another order
+
+# Error messages of ops that simply have no meta kernel, or need data a meta tensor lacks.
+META_UNSUPPORTED = ("'Meta' backend", "meta tensors", "Cannot copy out of meta tensor", "data-dependent", "register_meta")
+
+
+class CheckFailed(AssertionError):
+    """The candidate's answer is wrong; `mistake` names a known mistake that explains it."""
+
+    def __init__(self, message: str, mistake: Mistake | None = None):
+        super().__init__(message)
+        self.message = message
+        self.mistake = mistake
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A known wrong answer: `variant` computes it from the check's inputs; or `test` spots it in the output."""
+
+    id: str
+    message: str
+    variant: Callable | None = None
+    test: Callable | None = None
+
+    def explains(self, value, args: tuple) -> bool:
+        if self.test is not None:
+            return bool(self.test(value, *args))
+        try:
+            wrong = self.variant(*args)
+        except Exception:  # a variant that cannot be formed for these inputs (shapes) explains nothing
+            return False
+        return _close(value, wrong)
+
+
+def generator(seed: int, name: str) -> torch.Generator:
+    """A generator seeded from the grader's seed and the check's name: the same inputs on every run."""
+    return torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
+
+
+def randn(rng: torch.Generator, *shape: int, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(shape, generator=rng, dtype=torch.float64) * scale).to(dtype)
+
+
+def random_mask(rng: torch.Generator, *shape: int, keep_first: bool = True) -> torch.Tensor:
+    """A random bool mask (True = may attend); with keep_first no row is blocked entirely."""
+    mask = torch.rand(shape, generator=rng) < 0.6
+    if keep_first:
+        mask[..., 0] = True
+    return mask
+
+
+def expect_tensor(value, shape=None, dtype=None, device: str = "cpu") -> torch.Tensor:
+    """The value is a plain torch.Tensor with this shape, dtype and device."""
+    if isinstance(value, Opaque):
+        raise CheckFailed(f"expected a torch.Tensor, got {value.type_name}")
+    if not isinstance(value, torch.Tensor):
+        raise CheckFailed(f"expected a torch.Tensor, got {type(value).__module__}.{type(value).__qualname__}")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise CheckFailed(f"expected shape {tuple(shape)}, got {tuple(value.shape)}")
+    if dtype is not None and value.dtype != dtype:
+        raise CheckFailed(f"expected dtype {_name(dtype)} (the input's), got {_name(value.dtype)}")
+    where = device_of(value)
+    if where.split(":")[0] != device.split(":")[0]:
+        raise CheckFailed(f"expected the result on {device} (the input's device), got it on {where}")
+    return value
+
+
+def expect_close(value, expected: torch.Tensor, mistakes=(), args: tuple = (), tolerances=TOLERANCES, device="cpu"):
+    """The value matches the reference; if not, name the first mistake in `mistakes` that explains it."""
+    try:
+        expect_tensor(value, expected.shape, expected.dtype, device)
+        if not _close(value, expected, tolerances):
+            raise CheckFailed(_difference(value, expected))
+    except CheckFailed as failure:
+        for mistake in mistakes:
+            if isinstance(value, torch.Tensor) and mistake.explains(value, args):
+                raise CheckFailed(failure.message, mistake) from None
+        raise
+
+
+def expect_allowed(answer, forbidden: tuple[str, ...]) -> None:
+    """The candidate's code called none of the step's forbidden torch functions."""
+    used = sorted(set(forbidden) & answer.called)
+    if used:
+        raise CheckFailed(f"called {', '.join(used)}, which this step must not use: write it with basic tensor ops")
+
+
+def call_on_device(candidate, device: str | None, name: str, *args, **kwargs):
+    """Run a candidate function on the device under test; skip what the meta device cannot run."""
+    if device is None:
+        pytest.skip("device checks are off (--device cpu)")
+    try:
+        return candidate.call(name, *args, device=device, **kwargs).value
+    except CandidateError as error:
+        skip_if_meta_unsupported(device, error)
+        raise
+
+
+def skip_if_meta_unsupported(device: str, error: CandidateError) -> None:
+    if device == "meta" and error.kind == "raised" and any(s in error.message for s in META_UNSUPPORTED):
+        pytest.skip(f"the meta device cannot run this code, so it was not checked there: {error.message}")
+
+
+def expect_on_device(value, expected: torch.Tensor, device: str, args: tuple = (), mistakes=()) -> None:
+    """The result stayed on `device`; on a real device its values match the CPU reference too."""
+    if device == "meta":
+        expect_tensor(value, expected.shape, expected.dtype, "meta")
+    else:
+        expect_close(value, expected, mistakes, args, tolerances={**TOLERANCES, **DEVICE_TOLERANCES}, device=device)
+
+
+def _close(value: torch.Tensor, expected: torch.Tensor, tolerances=TOLERANCES) -> bool:
+    if not isinstance(value, torch.Tensor) or value.shape != expected.shape or value.is_meta:
+        return False
+    rtol, atol = tolerances.get(expected.dtype, TOLERANCES[torch.float32])
+    a, b = value.to(torch.float64), expected.to(torch.float64)
+    return bool(torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True).all())
+
+
+def _difference(value: torch.Tensor, expected: torch.Tensor) -> str:
+    a, b = value.to(torch.float64), expected.to(torch.float64)
+    bad_nan = torch.isnan(a) & ~torch.isnan(b)
+    if bad_nan.any():
+        where = tuple(int(i) for i in bad_nan.nonzero()[0])
+        return f"got NaN at {where} where the reference is {b[where].item():.6g} ({int(bad_nan.sum())} NaN in all)"
+    error = (a - b).abs().nan_to_num(nan=float("inf"))
+    error[(a == b)] = 0  # equal infinities are not an error
+    flat = int(error.argmax())
+    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape))
+    return (
+        f"values differ from the reference: max abs error {error.max().item():.3g} at {where} "
+        f"(expected {b[where].item():.6g}, got {a[where].item():.6g})"
+    )
+
+
+def _name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")

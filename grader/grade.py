@@ -1,0 +1,45 @@
+"""A whole grade, stage by stage: find the exercise, start its worker, run the checks, score.
+
+Reports are the last stage (grader/report.py); this module returns the Grade they print.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grader.candidate import DEFAULT_MEMORY_LIMIT_MB, DEFAULT_TIMEOUT, Candidate
+from grader.exercise import UsageError, find_exercise
+from grader.score import Grade, score
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def grade(
+    path: str | Path,
+    exercise: str | None = None,
+    device: str = "auto",
+    seed: int = 0,
+    timeout: float = DEFAULT_TIMEOUT,
+    memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
+) -> Grade:
+    """Grade one candidate file. Raises UsageError for bad input, GraderBug for a fault of the grader's."""
+    if device not in DEVICES:
+        raise UsageError(f"unknown device '{device}'; use one of {', '.join(DEVICES)}.")
+    path = Path(path)
+    found = find_exercise(path, exercise)
+    warm = found.device_checks and device != "cpu"
+    with Candidate(path, timeout=timeout, memory_limit_mb=memory_limit_mb, warm_device=warm) as candidate:
+        # The worker is importing torch now; the grader imports pytest and torch beside it.
+        import torch
+
+        from grader.run_checks import run_checks
+
+        cuda = torch.cuda.is_available()
+        if device == "cuda" and not cuda:
+            raise UsageError("--device cuda: torch sees no CUDA device here. Use --device auto to check on the meta device instead.")
+        under_test = None
+        if found.device_checks and device != "cpu":
+            under_test = "cuda" if cuda else "meta"
+        outcomes = run_checks(found, candidate, seed, under_test, timeout)
+        environment = {"torch": torch.__version__, "device": under_test or "cpu", "cuda_available": cuda}
+        return score(found, outcomes, str(path), environment, candidate.output)

@@ -1,0 +1,144 @@
+"""Stage 3 of a grade: run an exercise's hidden checks (pytest tests in grader/checks/) on a candidate.
+
+pytest runs in the grader's process with plugin autoloading off, the grader's own ini
+file, rootdir and confcutdir, so nothing beside the candidate file (a conftest.py, a
+pytest.ini) takes part. A small plugin hands the checks their fixtures and collects one
+CheckOutcome per check, reading the exception itself rather than pytest's text.
+pytest-timeout is the last-resort bound on every check; the worker's own per-call
+deadline normally ends a hang long before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from dataclasses import dataclass
+
+import pytest
+
+from grader.candidate import Candidate, CandidateError
+from grader.checks.expect import CheckFailed, generator
+from grader.exercise import CHECKS_DIR, Exercise, GraderBug
+
+UNUSED_PLUGINS = (
+    "logging", "warnings", "unraisableexception", "threadexception", "faulthandler", "junitxml",
+    "pastebin", "doctest", "tmpdir", "monkeypatch", "recwarn", "setuponly", "setupplan", "stepwise",
+    "cacheprovider", "terminal", "legacypath",
+)
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    step: str
+    name: str
+    outcome: str  # passed | failed | error | skipped
+    max_points: int
+    message: str = ""
+    mistake_id: str | None = None
+    mistake: str | None = None
+
+
+def run_checks(exercise: Exercise, candidate: Candidate, seed: int, device: str | None, timeout: float) -> list[CheckOutcome]:
+    """Run every check of `exercise`; `device` is the extra device under test ('cuda', 'meta' or None)."""
+    plugin = _Plugin(exercise, candidate, seed, device)
+    args = [
+        str(exercise.checks_path),
+        "-c", str(CHECKS_DIR / "pytest.ini"),
+        "--rootdir", str(CHECKS_DIR),
+        "--confcutdir", str(CHECKS_DIR),
+        "-p", "pytest_timeout",
+        # Built-in plugins the checks do not use cost time on every check (logging alone 0.2 s a grade).
+        *[arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")],
+        "--timeout", str(_last_resort_timeout(timeout, candidate.import_timeout)),
+        "--capture=no",
+        "--assert=plain",
+        "--import-mode=importlib",
+    ]
+    saved = {k: os.environ.pop(k, None) for k in ("PYTEST_ADDOPTS", "PYTEST_PLUGINS")}
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    chatter = io.StringIO()  # pytest's own output, kept off our stdout (--format json prints one object)
+    try:
+        with contextlib.redirect_stdout(chatter):
+            code = pytest.main(args, plugins=[plugin])
+    finally:
+        for key, value in saved.items():
+            if value is not None:
+                os.environ[key] = value
+    if plugin.bug is not None:
+        raise plugin.bug
+    if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+        raise GraderBug(f"the checks for {exercise.name} did not run (pytest exit {int(code)}):\n{chatter.getvalue()}")
+    return plugin.outcomes
+
+
+def _last_resort_timeout(timeout: float, import_timeout: float) -> int:
+    # A check makes a handful of calls and may wait for one fresh worker.
+    return int(import_timeout + 10 * timeout + 30)
+
+
+class _Plugin:
+    def __init__(self, exercise: Exercise, candidate: Candidate, seed: int, device: str | None):
+        self.exercise = exercise
+        self._candidate = candidate
+        self.seed = seed
+        self._device = device
+        self.outcomes: list[CheckOutcome] = []
+        self.bug: GraderBug | None = None
+
+    @pytest.fixture
+    def candidate(self) -> Candidate:
+        return self._candidate
+
+    @pytest.fixture
+    def rng(self, request):
+        return generator(self.seed, request.node.name)
+
+    @pytest.fixture
+    def device(self) -> str | None:
+        return self._device
+
+    @pytest.fixture
+    def forbidden(self, request) -> tuple[str, ...]:
+        return self.exercise.step(_marker(request.node)[0]).forbidden
+
+    def pytest_collection_modifyitems(self, items) -> None:
+        steps = {s.id for s in self.exercise.steps}
+        for item in items:
+            step_id, points = _marker(item)
+            if step_id not in steps or not isinstance(points, int) or points < 0:
+                self.bug = GraderBug(f"check {item.nodeid} has no valid step marker ({step_id!r}, {points!r})")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        report = (yield).get_result()
+        if call.when == "call" or (call.when == "setup" and not report.passed):
+            self.outcomes.append(self._outcome(item, call.excinfo))
+
+    def _outcome(self, item, excinfo) -> CheckOutcome:
+        step_id, points = _marker(item)
+        name = item.name.removeprefix("test_")
+        if excinfo is None:
+            return CheckOutcome(step_id, name, "passed", points)
+        error = excinfo.value
+        if excinfo.errisinstance(pytest.skip.Exception):
+            return CheckOutcome(step_id, name, "skipped", points, str(error.msg))
+        if isinstance(error, CheckFailed):
+            mistake = error.mistake
+            return CheckOutcome(
+                step_id, name, "failed", points, error.message,
+                mistake.id if mistake else None, mistake.message if mistake else None,
+            )
+        if isinstance(error, CandidateError):
+            return CheckOutcome(step_id, name, "error", points, error.message)
+        if excinfo.errisinstance(pytest.fail.Exception) and "Timeout" in str(error):
+            return CheckOutcome(step_id, name, "error", points, "the check ran past the grader's last-resort time limit")
+        self.bug = self.bug or GraderBug(f"check {item.nodeid} crashed:\n{excinfo.getrepr(style='short')}")
+        return CheckOutcome(step_id, name, "error", points, "internal error in the grader")
+
+
+def _marker(item) -> tuple[str | None, int | None]:
+    marker = item.get_closest_marker("step")
+    if marker is None or not marker.args:
+        return None, None
+    return marker.args[0], marker.kwargs.get("points")

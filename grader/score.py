@@ -1,0 +1,88 @@
+"""Stage 4 of a grade: turn check outcomes into per-step scores, using the manifest's points.
+
+Results are small frozen dataclasses whose totals are computed from their parts. A
+passed check earns its points; so does a skipped one (a check the grader could not
+run, such as an op the meta device lacks, costs the candidate nothing); a failed or
+errored check earns none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from grader.exercise import Exercise, GraderBug
+
+if TYPE_CHECKING:  # run_checks imports pytest and torch, which a grade imports only after starting its worker
+    from grader.run_checks import CheckOutcome
+
+EARNING = ("passed", "skipped")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    outcome: str  # passed | failed | error | skipped
+    max_points: int
+    message: str = ""
+    mistake_id: str | None = None
+    mistake: str | None = None
+
+    @property
+    def points(self) -> int:
+        return self.max_points if self.outcome in EARNING else 0
+
+
+@dataclass(frozen=True)
+class StepResult:
+    id: str
+    title: str
+    checks: tuple[CheckResult, ...]
+
+    @property
+    def score(self) -> int:
+        return sum(c.points for c in self.checks)
+
+    @property
+    def max_score(self) -> int:
+        return sum(c.max_points for c in self.checks)
+
+
+@dataclass(frozen=True)
+class Grade:
+    exercise: str
+    title: str
+    file: str
+    steps: tuple[StepResult, ...]
+    environment: dict = field(default_factory=dict)  # torch, device, cuda_available
+    candidate_output: str = ""
+
+    @property
+    def score(self) -> int:
+        return sum(s.score for s in self.steps)
+
+    @property
+    def max_score(self) -> int:
+        return sum(s.max_score for s in self.steps)
+
+    @property
+    def full_marks(self) -> bool:
+        return self.score == self.max_score
+
+
+def score(exercise: Exercise, outcomes: list[CheckOutcome], file: str, environment: dict, candidate_output: str = "") -> Grade:
+    """The grade, steps in manifest order; a step whose checks do not add up to its points is a grader bug."""
+    steps = []
+    for step in exercise.steps:
+        checks = tuple(
+            CheckResult(o.name, o.outcome, o.max_points, o.message, o.mistake_id, o.mistake)
+            for o in outcomes
+            if o.step == step.id
+        )
+        result = StepResult(step.id, step.title, checks)
+        if not checks or result.max_score != step.points:
+            raise GraderBug(
+                f"step {step.id} of {exercise.name} has checks worth {result.max_score} points; the manifest says {step.points}"
+            )
+        steps.append(result)
+    return Grade(exercise.name, exercise.title, file, tuple(steps), environment, candidate_output)

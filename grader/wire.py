@@ -1,0 +1,221 @@
+"""The wire format between the grader and its worker: JSON headers plus raw bytes, never a pickle.
+
+A frame is a 4-byte big-endian header length, a UTF-8 JSON header, then the raw
+bytes of every tensor or array it mentions (their lengths are in the header's "blobs").
+A value in a header is plain JSON, or a tagged object:
+
+    {"kind": "tensor",  "dtype": "float32", "shape": [2, 3], "device": "cpu", "blob": 0}
+    {"kind": "ndarray", "dtype": "float64", "shape": [4], "blob": 1}
+    {"kind": "float", "value": "inf"}          # JSON has no inf or nan
+    {"kind": "tuple" | "list", "items": [...]}
+    {"kind": "dict", "items": {"name": ...}}
+    {"kind": "object", "type": "builtins.set"}  # anything else: its type name only
+
+The worker loads this file by path (it may not import the grader package), and both
+sides speak through the same functions. torch and numpy are imported inside the codec
+because the grader starts the worker before it pays for importing torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import select
+import struct
+import time
+
+MAX_HEADER_BYTES = 1 << 20
+MAX_BLOB_BYTES = 1 << 30
+MAX_TYPE_NAME = 120
+
+# dtypes that may cross, by the names torch and numpy print.
+TORCH_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
+NUMPY_DTYPES = ("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
+
+
+class WireError(Exception):
+    """The other side sent something that is not a well-formed frame."""
+
+
+class Closed(WireError):
+    """The other side closed its end (the worker exited)."""
+
+
+class Timeout(Exception):
+    """The deadline passed before a whole frame arrived or left."""
+
+
+# -- framing ---------------------------------------------------------------------------
+
+
+def write_frame(fd: int, header: dict, blobs: list[bytes], deadline: float | None = None) -> None:
+    header = dict(header, blobs=[len(b) for b in blobs])
+    head = json.dumps(header, allow_nan=False).encode()
+    data = b"".join([struct.pack(">I", len(head)), head, *blobs])
+    view = memoryview(data)
+    while view:
+        if deadline is not None:
+            _wait(fd, deadline, write=True)
+        try:
+            written = os.write(fd, view)
+        except BlockingIOError:
+            continue
+        except BrokenPipeError as exc:
+            raise Closed("the other side closed the pipe") from exc
+        view = view[written:]
+
+
+def read_frame(fd: int, deadline: float | None = None) -> tuple[dict, list[bytes]]:
+    (length,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
+    if length > MAX_HEADER_BYTES:
+        raise WireError(f"header of {length} bytes is over the limit")
+    try:
+        header = json.loads(_read_exact(fd, length, deadline))
+    except ValueError as exc:
+        raise WireError(f"header is not JSON: {exc}") from exc
+    sizes = header.get("blobs") if isinstance(header, dict) else None
+    if not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes):
+        raise WireError("header has no valid blob sizes")
+    if sum(sizes) > MAX_BLOB_BYTES:
+        raise WireError(f"{sum(sizes)} bytes of data is over the limit")
+    return header, [_read_exact(fd, n, deadline) for n in sizes]
+
+
+def _wait(fd: int, deadline: float, write: bool = False) -> None:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise Timeout()
+    ready = select.select([], [fd], [], remaining)[1] if write else select.select([fd], [], [], remaining)[0]
+    if not ready:
+        raise Timeout()
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
+    chunks, missing = [], n
+    while missing:
+        if deadline is not None:
+            _wait(fd, deadline)
+        try:
+            chunk = os.read(fd, min(missing, 1 << 20))
+        except BlockingIOError:
+            continue
+        if not chunk:
+            raise Closed("the other side closed the pipe")
+        chunks.append(chunk)
+        missing -= len(chunk)
+    return b"".join(chunks)
+
+
+# -- values ----------------------------------------------------------------------------
+
+
+def type_name(value) -> str:
+    cls = type(value)
+    return f"{cls.__module__}.{cls.__qualname__}"[:MAX_TYPE_NAME]
+
+
+def encode(value, blobs: list[bytes]):
+    """A JSON-able description of `value`; tensor and array bytes are appended to `blobs`."""
+    import numpy as np
+    import torch
+
+    if value is None or type(value) in (bool, int, str):
+        return value
+    if type(value) is float:
+        return value if math.isfinite(value) else {"kind": "float", "value": repr(value)}
+    if type(value) in (tuple, list):
+        return {"kind": type(value).__name__, "items": [encode(v, blobs) for v in value]}
+    if type(value) is dict and all(type(k) is str for k in value):
+        return {"kind": "dict", "items": {k: encode(v, blobs) for k, v in value.items()}}
+    if type(value) is torch.Tensor and str(value.dtype).removeprefix("torch.") in TORCH_DTYPES:
+        tensor = value.detach()
+        out = {
+            "kind": "tensor",
+            "dtype": str(tensor.dtype).removeprefix("torch."),
+            "shape": list(tensor.shape),
+            "device": str(tensor.device),
+        }
+        if tensor.device.type != "meta":
+            flat = tensor.to("cpu").contiguous().reshape(-1)
+            out["blob"] = len(blobs)
+            blobs.append(flat.view(torch.uint8).numpy().tobytes())
+        return out
+    if type(value) is np.ndarray and value.dtype.name in NUMPY_DTYPES:
+        out = {"kind": "ndarray", "dtype": value.dtype.name, "shape": list(value.shape), "blob": len(blobs)}
+        blobs.append(np.ascontiguousarray(value).tobytes())
+        return out
+    return {"kind": "object", "type": type_name(value)}
+
+
+def decode(item, blobs: list[bytes]):
+    """The value an `encode` description stands for, checking every field.
+
+    A tensor from a meta device has no bytes and comes back as a meta tensor.
+    Anything the description does not allow raises WireError.
+    """
+    import numpy as np
+    import torch
+
+    if item is None or type(item) in (bool, int, str):
+        return item
+    if type(item) is float:
+        return item
+    if type(item) is list:  # a bare JSON list only appears inside tagged items
+        raise WireError("untagged list")
+    if type(item) is not dict:
+        raise WireError(f"unexpected {type(item).__name__}")
+    kind = item.get("kind")
+    if kind == "float" and item.get("value") in ("inf", "-inf", "nan"):
+        return float(item["value"])
+    if kind in ("tuple", "list") and type(item.get("items")) is list:
+        items = [decode(v, blobs) for v in item["items"]]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "dict" and type(item.get("items")) is dict:
+        return {str(k): decode(v, blobs) for k, v in item["items"].items()}
+    if kind == "object":
+        return Opaque(str(item.get("type", "?"))[:MAX_TYPE_NAME])
+    if kind in ("tensor", "ndarray"):
+        dtypes = TORCH_DTYPES if kind == "tensor" else NUMPY_DTYPES
+        dtype, shape = item.get("dtype"), item.get("shape")
+        if dtype not in dtypes:
+            raise WireError(f"dtype {dtype!r} is not allowed")
+        if type(shape) is not list or not all(type(n) is int and 0 <= n < 2**40 for n in shape):
+            raise WireError(f"shape {shape!r} is not a list of sizes")
+        if kind == "tensor" and item.get("device", "cpu").split(":")[0] == "meta":
+            return torch.empty(shape, dtype=getattr(torch, dtype), device="meta")
+        blob = item.get("blob")
+        if type(blob) is not int or not 0 <= blob < len(blobs):
+            raise WireError("tensor without its bytes")
+        data = blobs[blob]
+        if kind == "ndarray":
+            np_dtype = np.dtype(dtype)
+            if len(data) != math.prod(shape) * np_dtype.itemsize:
+                raise WireError(f"{len(data)} bytes do not fill shape {shape} of {dtype}")
+            return np.frombuffer(data, dtype=np_dtype).reshape(shape).copy()
+        torch_dtype = getattr(torch, dtype)
+        if len(data) != math.prod(shape) * torch_dtype.itemsize:
+            raise WireError(f"{len(data)} bytes do not fill shape {shape} of {dtype}")
+        if not data:
+            return torch.empty(shape, dtype=torch_dtype)
+        tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(torch_dtype).reshape(shape)
+        tensor.worker_device = str(item.get("device", "cpu"))[:40]  # where the worker had it; see device_of
+        return tensor
+    raise WireError(f"unknown kind {kind!r}")
+
+
+class Opaque:
+    """A result that was not a tensor or plain data: only its type name crossed."""
+
+    def __init__(self, type_name: str):
+        self.type_name = type_name
+
+    def __repr__(self) -> str:
+        return f"<{self.type_name}>"
+
+
+def device_of(value) -> str:
+    """The device a decoded tensor was on in the worker ('cpu', 'cuda:0', 'meta')."""
+    if getattr(value, "is_meta", False):
+        return "meta"
+    return getattr(value, "worker_device", "cpu")

@@ -1,0 +1,1 @@
+"""Reference solutions to the exercises: model answers to learn from."""
