@@ -1,0 +1,47 @@
+"""Shared helpers: write a candidate file and grade it in this process (the worker is still a subprocess)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from grader.grade import grade
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = (ROOT / "solutions" / "mha.py").read_text()
+CANDIDATES = Path(__file__).resolve().parent / "candidates"
+
+
+def lost(result) -> dict[str, int]:
+    """Points lost per step, for steps that lost any."""
+    return {s.id: s.max_score - s.score for s in result.steps if s.score < s.max_score}
+
+
+def mistakes(result, step_id: str) -> set[str]:
+    step = next(s for s in result.steps if s.id == step_id)
+    return {c.mistake_id for c in step.checks if c.mistake_id}
+
+
+def explain(result) -> str:
+    """Every lost check, for assertion messages."""
+    return "\n".join(
+        f"{s.id}/{c.name}: {c.outcome} {c.message} [{c.mistake_id}]"
+        for s in result.steps
+        for c in s.checks
+        if c.points < c.max_points
+    )
+
+
+@pytest.fixture
+def grade_source(tmp_path):
+    """Grade a candidate made of the reference with `override` appended (later definitions win)."""
+
+    def run(override: str = "", *, base: str = REFERENCE, name: str = "mha.py", **options):
+        path = tmp_path / name
+        path.write_text(base + "\n\n" + textwrap.dedent(override))
+        options.setdefault("device", "cpu")  # device checks have tests of their own; this keeps the suite fast
+        return grade(path, **options)
+
+    return run
