@@ -2,8 +2,9 @@
 
 `Candidate` is the grader's handle on one worker (grader/worker.py). Every call has a
 wall-clock deadline; a worker that misses it, dies or sends garbage is killed with its
-whole process group, and the next call starts a fresh one. A function that hung once is
-not called again: its later checks fail at once, so no step waits twice on a hang.
+whole process group, and the next call starts a fresh one. A function that hung or
+killed its worker once is not called again: its later checks fail at once with the same
+message, so no step waits twice on a hang or pays twice for a restart.
 
 Nothing here imports torch at module level: `start()` runs before the grader imports
 torch, so the worker and the grader import it side by side.
@@ -74,7 +75,7 @@ class Candidate:
         self._proc: subprocess.Popen | None = None
         self._hello_pending = False
         self._import_error: CandidateError | None = None
-        self._hung: dict[str, float] = {}
+        self._broken: dict[str, tuple[str, str]] = {}  # function name -> (kind, message) of its hang or crash
         self._output = bytearray()
         self._output_total = 0
         self._workdir = tempfile.mkdtemp(prefix="attn-grade-")
@@ -130,8 +131,8 @@ class Candidate:
 
     def ready(self) -> dict:
         """Wait for the worker's hello; raise CandidateError if the candidate file cannot be imported."""
-        if self._import_error:
-            raise self._import_error
+        if self._import_error:  # a fresh exception each time: re-raising one would grow its traceback
+            raise CandidateError(self._import_error.kind, self._import_error.message)
         if self._proc is None or self._proc.poll() is not None and not self._hello_pending:
             self.start()
         if self._hello_pending:
@@ -191,8 +192,9 @@ class Candidate:
         return answer
 
     def _request(self, header: dict, name: str, args, kwargs, extra) -> Answer:
-        if name in self._hung:
-            raise CandidateError("timeout", f"timed out after {self._hung[name]:g} s (an earlier call to {name} hung)")
+        if name in self._broken:  # it hung or killed its worker once: no check waits on it again
+            kind, message = self._broken[name]
+            raise CandidateError(kind, f"{message} (an earlier call to {name} did)")
         self.ready()
         blobs: list[bytes] = []
         header = dict(header, args=[_encode_arg(a, blobs) for a in args])
@@ -205,11 +207,11 @@ class Candidate:
             answer, answer_blobs = wire.read_frame(self._recv_fd, deadline)
         except wire.Timeout:
             self._kill()
-            self._hung[name] = self.timeout
-            raise CandidateError("timeout", f"timed out after {self.timeout:g} s") from None
+            self._broken[name] = ("timeout", f"timed out after {self.timeout:g} s")
+            raise CandidateError(*self._broken[name]) from None
         except wire.Closed:
-            status = self._exit_status()
-            raise CandidateError("died", f"worker died ({status}) while running {name}") from None
+            self._broken[name] = ("died", f"worker died ({self._exit_status()})")
+            raise CandidateError(*self._broken[name]) from None
         except wire.WireError as exc:
             self._kill()
             raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None

@@ -55,7 +55,7 @@ def main() -> None:
 @click.option("--exercise", metavar="NAME", help="Which exercise the file is (default: from its name, mha.py is mha).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Report format.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="Where the device checks run: auto is CUDA if present, else the meta device; cpu turns them off.")
+              help="Where the device checks run: auto is CUDA if present, else the meta device.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the grader's random inputs.")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=DEFAULT_TIMEOUT, show_default=True,
               help="Seconds one call into your code may take before it is killed.")

@@ -11,7 +11,7 @@ from grader.score import Grade, StepResult
 DEVICE_NOTE = {
     "cuda": "device checks ran on CUDA",
     "meta": "device checks ran on the meta device (no CUDA device here)",
-    "cpu": "device checks off (--device cpu)",
+    "cpu": "device checks ran on the CPU (--device cpu)",
 }
 
 

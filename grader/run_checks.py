@@ -39,8 +39,8 @@ class CheckOutcome:
     mistake: str | None = None
 
 
-def run_checks(exercise: Exercise, candidate: Candidate, seed: int, device: str | None, timeout: float) -> list[CheckOutcome]:
-    """Run every check of `exercise`; `device` is the extra device under test ('cuda', 'meta' or None)."""
+def run_checks(exercise: Exercise, candidate: Candidate, seed: int, device: str, timeout: float) -> list[CheckOutcome]:
+    """Run every check of `exercise`; `device` is where the device checks run ('cuda', 'meta' or 'cpu')."""
     plugin = _Plugin(exercise, candidate, seed, device)
     args = [
         str(exercise.checks_path),
@@ -78,7 +78,7 @@ def _last_resort_timeout(timeout: float, import_timeout: float) -> int:
 
 
 class _Plugin:
-    def __init__(self, exercise: Exercise, candidate: Candidate, seed: int, device: str | None):
+    def __init__(self, exercise: Exercise, candidate: Candidate, seed: int, device: str):
         self.exercise = exercise
         self._candidate = candidate
         self.seed = seed
@@ -95,7 +95,7 @@ class _Plugin:
         return generator(self.seed, request.node.name)
 
     @pytest.fixture
-    def device(self) -> str | None:
+    def device(self) -> str:
         return self._device
 
     @pytest.fixture
@@ -109,11 +109,17 @@ class _Plugin:
             if step_id not in steps or not isinstance(points, int) or points < 0:
                 self.bug = GraderBug(f"check {item.nodeid} has no valid step marker ({step_id!r}, {points!r})")
 
-    @pytest.hookimpl(hookwrapper=True)
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_makereport(self, item, call):
-        report = (yield).get_result()
-        if call.when == "call" or (call.when == "setup" and not report.passed):
-            self.outcomes.append(self._outcome(item, call.excinfo))
+        """Record the outcome and hand pytest a bare report: its own would render every traceback."""
+        failed = call.excinfo is not None
+        if call.when == "call" or (call.when == "setup" and failed):
+            outcome = self._outcome(item, call.excinfo)
+            self.outcomes.append(outcome)
+            status = {"passed": "passed", "skipped": "skipped"}.get(outcome.outcome, "failed")
+            longrepr = (str(item.path), 0, outcome.message) if status == "skipped" else outcome.message or None
+            return pytest.TestReport(item.nodeid, item.location, {}, status, longrepr, call.when)
+        return pytest.TestReport(item.nodeid, item.location, {}, "failed" if failed else "passed", None, call.when)
 
     def _outcome(self, item, excinfo) -> CheckOutcome:
         step_id, points = _marker(item)

@@ -1,0 +1,96 @@
+"""Whole grades: the reference, the stubs, determinism, and broken or hostile candidate files."""
+
+import json
+import time
+
+from grader import report
+from grader.grade import grade
+from tests.conftest import REFERENCE, ROOT, explain, lost
+
+STEPS = ["project", "split_heads", "attention_scores", "scale_scores", "apply_mask",
+         "softmax", "weighted_sum", "merge_heads", "MultiHeadAttention"]
+
+
+def test_reference_scores_100_with_device_checks():
+    result = grade(ROOT / "solutions" / "mha.py")
+    assert [s.id for s in result.steps] == STEPS
+    assert (result.score, result.max_score) == (100, 100), explain(result)
+    assert result.environment["device"] in ("meta", "cuda")
+    device_checks = [c for s in result.steps for c in s.checks if c.name.endswith("_device")]
+    assert len(device_checks) == len(STEPS) and all(c.outcome == "passed" for c in device_checks)
+
+
+def test_stubs_score_0_and_every_step_says_not_implemented():
+    result = grade(ROOT / "exercises" / "mha.py", device="cpu")
+    assert result.score == 0
+    for step in result.steps:
+        assert step.score == 0
+        assert all(c.outcome == "error" and "not implemented yet" in c.message for c in step.checks), step.id
+
+
+def test_same_file_twice_gives_the_same_report_and_seed_changes_the_inputs(grade_source):
+    override = "def softmax(scores, dim=-1):\n    e = torch.exp(scores)\n    return e / e.sum(dim, keepdim=True)"
+    first, second = grade_source(override), grade_source(override)
+    assert report.to_json(first) == report.to_json(second)
+    other = grade_source(override, seed=1)
+    assert report.to_json(other) != report.to_json(first)  # the error messages quote the inputs
+
+
+def test_syntax_error_scores_0_everywhere_with_its_line(grade_source):
+    result = grade_source("def broken(:\n    pass\n")
+    line = len((REFERENCE + "\n\n").splitlines()) + 1
+    assert result.score == 0
+    messages = {c.message for s in result.steps for c in s.checks}
+    assert messages == {f"could not import: SyntaxError at line {line}: invalid syntax"}, messages
+
+
+def test_sys_exit_at_import_is_never_a_pass(grade_source):
+    for code in ("import sys\nsys.exit(0)", "exit()", "import os\nos._exit(0)"):
+        result = grade_source(code)
+        assert result.score == 0, code
+        messages = {c.message for s in result.steps for c in s.checks}
+        assert all(m.startswith("could not import: candidate exited while importing") or
+                   m.startswith("candidate exited while importing") for m in messages), messages
+
+
+def test_infinite_loop_in_one_step_costs_only_that_step(grade_source):
+    start = time.monotonic()
+    result = grade_source("def softmax(scores, dim=-1):\n    while True:\n        pass", timeout=1.0)
+    elapsed = time.monotonic() - start
+    assert set(lost(result)) == {"softmax", "MultiHeadAttention"}, explain(result)
+    softmax = next(s for s in result.steps if s.id == "softmax")
+    assert softmax.score == 0 and all("timed out after 1 s" in c.message for c in softmax.checks)
+    assert elapsed < 20, elapsed  # two hung functions (softmax, the module): not one timeout per check
+
+
+def test_os_exit_in_one_step_costs_only_that_step(grade_source):
+    result = grade_source("import os\ndef merge_heads(x):\n    os._exit(0)", timeout=5.0)
+    assert set(lost(result)) == {"merge_heads", "MultiHeadAttention"}, explain(result)
+    merge = next(s for s in result.steps if s.id == "merge_heads")
+    assert merge.score == 0 and all("worker died (exit code 0)" in c.message for c in merge.checks), explain(result)
+
+
+def test_patching_comparisons_at_import_earns_nothing(grade_source):
+    override = """
+    import torch, numpy, math
+    torch.allclose = lambda *a, **k: True
+    torch.equal = lambda *a, **k: True
+    torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)
+    torch.testing.assert_close = lambda *a, **k: None
+    numpy.allclose = lambda *a, **k: True
+    math.isclose = lambda *a, **k: True
+    def scale_scores(scores, head_dim):
+        return scores * 0
+    """
+    result = grade_source(override)
+    assert set(lost(result)) == {"scale_scores", "MultiHeadAttention"}, explain(result)
+    assert next(s for s in result.steps if s.id == "scale_scores").score <= 1  # only the shape check
+
+
+def test_json_report_has_the_documented_fields():
+    result = grade(ROOT / "solutions" / "mha.py", device="cpu")
+    data = json.loads(report.to_json(result))
+    assert set(data) == {"exercise", "file", "score", "max_score", "steps", "environment"}
+    assert set(data["environment"]) == {"torch", "device", "cuda_available"}
+    check = data["steps"][0]["checks"][0]
+    assert set(check) == {"name", "outcome", "points", "max_points", "message"}
