@@ -83,16 +83,14 @@ def _mark(step: StepResult) -> tuple[str, str]:
 
 def _details(step: StepResult, verbose: bool) -> list[str]:
     """Lines under a step: every check with -v; otherwise the lost ones, same message said once."""
-    lines, seen = [], {}
+    groups: dict[tuple, list[str]] = {}  # (outcome, message, mistake) -> check names; with -v one per check
     for check in step.checks:
         if not verbose and check.points == check.max_points:
             continue
-        key = (check.outcome, check.message, check.mistake)
-        if not verbose and key in seen:
-            seen[key].append(check.name)
-            continue
-        seen[key] = [check.name]
-    for (outcome, message, mistake), names in seen.items():
+        key = (check.outcome, check.message, check.mistake) + ((check.name,) if verbose else ())
+        groups.setdefault(key, []).append(check.name)
+    lines = []
+    for (outcome, message, mistake, *_), names in groups.items():
         label = names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1} more"
         tag = {"passed": "ok", "skipped": "skipped"}.get(outcome, outcome)
         text = f"      {tag} {label}" + (f": {_escape(message)}" if message else "")

@@ -1,0 +1,90 @@
+"""The wire format: what crosses round-trips exactly, and what is malformed is refused, never unpickled."""
+
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from grader import wire
+
+
+def roundtrip(value):
+    blobs = []
+    header = wire.encode(value, blobs)
+    return wire.decode(json.loads(json.dumps(header)), blobs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool])
+def test_tensors_round_trip_bit_exactly(dtype):
+    x = (torch.randn(3, 4, 5) * 100).to(dtype).transpose(0, 2)  # non-contiguous on the way in
+    y = roundtrip(x)
+    assert type(y) is torch.Tensor and y.dtype == dtype and y.shape == x.shape and torch.equal(y, x)
+
+
+def test_plain_data_round_trips():
+    value = {"a": [1, 2.5, None, True, "s"], "b": (float("inf"), float("-inf")), "c": np.arange(6.0).reshape(2, 3)}
+    out = roundtrip(value)
+    assert out["a"] == [1, 2.5, None, True, "s"] and out["b"] == (float("inf"), float("-inf"))
+    assert isinstance(out["c"], np.ndarray) and np.array_equal(out["c"], value["c"])
+
+
+def test_meta_tensors_cross_without_bytes():
+    blobs = []
+    header = wire.encode(torch.empty(2, 3, device="meta"), blobs)
+    assert blobs == [] and wire.device_of(wire.decode(header, blobs)) == "meta"
+
+
+class Liar(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize("value, type_name", [
+    (Liar(), "Liar"),
+    (torch.nn.Parameter(torch.ones(2)), "Parameter"),
+    ({1, 2}, "builtins.set"),
+    (object(), "builtins.object"),
+    (torch.ones(2, dtype=torch.complex64), "torch.Tensor"),
+])
+def test_anything_else_crosses_as_its_type_name_only(value, type_name):
+    out = roundtrip(value)
+    assert isinstance(out, wire.Opaque) and type_name in out.type_name
+
+
+@pytest.mark.parametrize("header, blobs", [
+    ({"kind": "tensor", "dtype": "object", "shape": [1], "blob": 0}, [b"x" * 8]),
+    ({"kind": "tensor", "dtype": "float32", "shape": [2], "blob": 0}, [b"x" * 4]),
+    ({"kind": "tensor", "dtype": "float32", "shape": [-1], "blob": 0}, [b""]),
+    ({"kind": "tensor", "dtype": "float32", "shape": [1], "blob": 3}, [b"xxxx"]),
+    ({"kind": "pickle", "data": "gASVAAAAAAAAAAA="}, []),
+    ([1, 2], []),
+])
+def test_malformed_descriptions_are_refused(header, blobs):
+    with pytest.raises(wire.WireError):
+        wire.decode(header, blobs)
+
+
+def test_frames_round_trip_and_bad_frames_are_refused():
+    r, w = os.pipe()
+    wire.write_frame(w, {"op": "call"}, [b"abc", b""])
+    assert wire.read_frame(r) == ({"op": "call", "blobs": [3, 0]}, [b"abc", b""])
+    os.write(w, struct.pack(">I", 5) + b"nope!")
+    with pytest.raises(wire.WireError):
+        wire.read_frame(r)
+    os.write(w, struct.pack(">I", wire.MAX_HEADER_BYTES + 1))
+    with pytest.raises(wire.WireError):
+        wire.read_frame(r)
+    os.close(w)
+    with pytest.raises(wire.Closed):
+        wire.read_frame(r)
+    os.close(r)
+
+
+def test_a_silent_peer_times_out():
+    import time
+    r, w = os.pipe()
+    with pytest.raises(wire.Timeout):
+        wire.read_frame(r, deadline=time.monotonic() + 0.2)
+    os.close(r), os.close(w)
