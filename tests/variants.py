@@ -58,6 +58,11 @@ BUGGY = [
         "split_heads", "split_heads.view_no_transpose",
     ),
     Variant(
+        "split_heads_no_transpose",
+        "def split_heads(x, num_heads):\n    B, T, D = x.shape\n    return x.reshape(B, T, num_heads, D // num_heads)",
+        "split_heads", "split_heads.no_transpose",
+    ),
+    Variant(
         "split_heads_interleaved",
         "def split_heads(x, num_heads):\n    B, T, D = x.shape\n"
         "    return x.reshape(B, T, D // num_heads, num_heads).permute(0, 3, 1, 2)",
@@ -81,6 +86,21 @@ BUGGY = [
     Variant(
         "scale_scores_unscaled", "def scale_scores(scores, head_dim):\n    return scores", "scale_scores",
         "scale_scores.unscaled",
+    ),
+    Variant(
+        "scale_scores_upcast",
+        "def scale_scores(scores, head_dim):\n    return scores.double() / math.sqrt(head_dim)",
+        "scale_scores",
+    ),
+    Variant(
+        "apply_mask_none_unhandled",
+        "def apply_mask(scores, mask):\n    return scores.masked_fill(~mask, float('-inf'))",
+        "apply_mask",
+    ),
+    Variant(
+        "apply_mask_selects_allowed",
+        "def apply_mask(scores, mask):\n    return scores if mask is None else scores[mask.expand_as(scores)]",
+        "apply_mask",
     ),
     Variant(
         "apply_mask_inverted",
@@ -134,6 +154,11 @@ BUGGY = [
         "merge_heads_no_transpose",
         "def merge_heads(x):\n    B, H, T, Dh = x.shape\n    return x.reshape(B, T, H * Dh)",
         "merge_heads", "merge_heads.no_transpose",
+    ),
+    Variant(
+        "merge_heads_flatten_from_1",
+        "def merge_heads(x):\n    return x.transpose(1, 2).flatten(1)",
+        "merge_heads",
     ),
     Variant(
         "merge_heads_interleaved",

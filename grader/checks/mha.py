@@ -93,6 +93,11 @@ def test_project_device(candidate, rng, device):
 
 SPLIT_MISTAKES = (
     Mistake(
+        "split_heads.no_transpose",
+        "the head axis must come before the token axis: transpose(1, 2) after the view to (B, T, H, Dh)",
+        lambda x, h: x.reshape(x.shape[0], x.shape[1], h, x.shape[2] // h),
+    ),
+    Mistake(
         "split_heads.view_no_transpose",
         "heads split with view and no transpose: view (B, T, H, Dh), then transpose(1, 2)",
         lambda x, h: x.reshape(x.shape[0], h, x.shape[1], x.shape[2] // h),
