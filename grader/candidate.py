@@ -1,21 +1,24 @@
-"""Stage 2 of a grade: run the candidate's code in its worker process and bring back plain data.
+"""Stage 2 of a grade: run the candidate's code in a worker process and bring back plain data.
 
-`Candidate` is the grader's handle on one worker (grader/worker.py). Every call has a
-wall-clock deadline; a worker that misses it, dies or sends garbage is killed with its
-whole process group, and the next call starts a fresh one. A function that hung or
-killed its worker once is not called again: its later checks fail at once with the same
-message, so no step waits twice on a hang or pays twice for a restart.
+`Candidate` is the grader's handle on one candidate file. It starts a zygote
+(grader/worker.py) that imports torch once, and asks it to fork a worker child that
+imports a private copy of the file and answers calls. Every call has a wall-clock
+deadline, and the whole file one more; a child that misses it, dies or sends garbage is
+killed with everything it started, and the next call gets a fresh child, forked in
+milliseconds. A function that hung or killed its child once is not called again: its later
+checks fail at once with the same message, so no step waits twice on a hang.
 
 Nothing here imports torch at module level: `start()` runs before the grader imports
-torch, so the worker and the grader import it side by side.
+torch, so the zygote and the grader import it side by side.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import resource
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,13 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grader import wire
+from grader.exercise import GraderBug
 
 WORKER_PATH = Path(__file__).resolve().parent / "worker.py"
 DEFAULT_TIMEOUT = 10.0  # seconds per call
+DEFAULT_FILE_TIMEOUT = 300.0  # seconds for all of a file's calls together
 DEFAULT_IMPORT_TIMEOUT = 60.0  # seconds for torch and the candidate file to import
 DEFAULT_MEMORY_LIMIT_MB = 4096
 OUTPUT_CAP = 64 * 1024  # bytes of the candidate's stdout and stderr kept
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME")
+ZYGOTE_REPLY_TIMEOUT = 10.0
 
 
 class CandidateError(Exception):
@@ -56,63 +62,125 @@ class Strided:
     tensor: object
 
 
+class Zygote:
+    """The process that imports torch once and forks a worker child per request (grader/worker.py).
+
+    One zygote serves one candidate at a time: killing a child also ends every process
+    left below the zygote. Reuse one for many files in a row (tests, watch, batch).
+    """
+
+    def __init__(self, warm_device: bool = False):
+        self._private = tempfile.mkdtemp(prefix="attn-grade-")  # its home and its log
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
+        env.update(HOME=self._private, TMPDIR=self._private, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
+        if warm_device:
+            env["ATTN_GRADE_WARM"] = "device"
+        with open(Path(self._private) / "zygote.log", "wb") as log:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-u", str(WORKER_PATH), str(theirs.fileno()), wire.__file__],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self._private,
+                env=env,
+                start_new_session=True,  # away from the terminal's Ctrl-C; the grader ends it
+            )
+        theirs.close()
+        self._control = ours
+
+    def spawn(self, request: dict, fds: list[int]) -> None:
+        """Ask for a child; its pid comes back through `reply`."""
+        try:
+            socket.send_fds(self._control, [json.dumps(request).encode()], fds)
+        except OSError as exc:
+            raise GraderBug(f"the worker zygote is gone: {exc}\n{self.log()}") from None
+
+    def ask(self, request: dict | None, deadline: float) -> dict:
+        """Send a request (None: only read the pending reply) and read the reply."""
+        try:
+            if request is not None:
+                self._control.sendall(json.dumps(request).encode())
+            self._control.settimeout(max(0.01, deadline - time.monotonic()))
+            data = self._control.recv(65536)
+            if not data:
+                raise OSError("it closed its socket")
+            return json.loads(data)
+        except (OSError, ValueError) as exc:
+            raise GraderBug(f"the worker zygote stopped answering: {exc}\n{self.log()}") from None
+
+    def log(self) -> str:
+        try:
+            return (Path(self._private) / "zygote.log").read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        self._control.close()  # the zygote kills what is left below it and exits
+        try:
+            self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait()
+        shutil.rmtree(self._private, ignore_errors=True)
+
+    def __enter__(self) -> Zygote:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class Candidate:
     def __init__(
         self,
         path: Path,
         timeout: float = DEFAULT_TIMEOUT,
         memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
+        file_timeout: float = DEFAULT_FILE_TIMEOUT,
         import_timeout: float = DEFAULT_IMPORT_TIMEOUT,
         warm_device: bool = False,
+        zygote: Zygote | None = None,
     ):
         self.path = Path(path).resolve()
         self.timeout = timeout
         self.memory_limit_mb = memory_limit_mb
+        self.file_timeout = file_timeout
         self.import_timeout = import_timeout
         self.warm_device = warm_device
         self.info: dict = {}  # the worker's hello: torch version, CUDA availability
         self.workers_started = 0
-        self._proc: subprocess.Popen | None = None
-        self._hello_pending = False
+        self._zygote = zygote  # borrowed, or started (and closed) by this candidate
+        self._owns_zygote = zygote is None
+        self._child: int | None = None  # pid of the live worker child
+        self._fds: tuple[int, int] = (-1, -1)  # (send, receive) pipes to that child
+        self._state = "none"  # none | spawning | hello | ready
         self._import_error: CandidateError | None = None
         self._broken: dict[str, tuple[str, str]] = {}  # function name -> (kind, message) of its hang or crash
         self._output = bytearray()
         self._output_total = 0
-        self._workdir = tempfile.mkdtemp(prefix="attn-grade-")
+        self._workdir = tempfile.mkdtemp(prefix="attn-grade-worker-")  # the candidate's
+        self._copy = Path(self._workdir) / self.path.name  # a private copy: nothing beside the file is seen
+        shutil.copyfile(self.path, self._copy)
+        self._file_deadline: float | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start a worker; it imports torch and the candidate file while the caller goes on."""
-        to_worker_r, to_worker_w = os.pipe()
-        from_worker_r, from_worker_w = os.pipe()
-        env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
-        env.update(HOME=self._workdir, TMPDIR=self._workdir, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
-        if self.warm_device:
-            env["ATTN_GRADE_WARM"] = "device"
-        limit = self.memory_limit_mb * 1024 * 1024
-        self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-u", str(WORKER_PATH), str(to_worker_r), str(from_worker_w), wire.__file__, str(self.path)],
-            pass_fds=(to_worker_r, from_worker_w),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=self._workdir,
-            env=env,
-            start_new_session=True,  # one process group to kill, away from the terminal's Ctrl-C
-            preexec_fn=(lambda: _limit_memory(limit)) if limit > 0 else None,
-        )
-        os.close(to_worker_r)
-        os.close(from_worker_w)
-        os.set_blocking(to_worker_w, False)
-        self._send_fd, self._recv_fd = to_worker_w, from_worker_r
-        self._hello_pending = True
-        self.workers_started += 1
-        threading.Thread(target=self._drain, args=(self._proc.stdout,), daemon=True).start()
+        """Start a zygote unless one was lent, and ask for a first worker; both go on while the caller imports torch."""
+        if self._zygote is None:
+            self._zygote = Zygote(self.warm_device)
+        self._spawn()
 
     def close(self) -> None:
-        self._kill()
-        shutil.rmtree(self._workdir, ignore_errors=True)
+        try:
+            self._kill()
+        finally:
+            if self._owns_zygote and self._zygote is not None:
+                self._zygote.close()
+            self._zygote = None
+            shutil.rmtree(self._workdir, ignore_errors=True)
 
     def __enter__(self) -> Candidate:
         self.start()
@@ -130,29 +198,34 @@ class Candidate:
         return text
 
     def ready(self) -> dict:
-        """Wait for the worker's hello; raise CandidateError if the candidate file cannot be imported."""
+        """Wait for a worker's hello; raise CandidateError if the candidate file cannot be imported."""
         if self._import_error:  # a fresh exception each time: re-raising one would grow its traceback
             raise CandidateError(self._import_error.kind, self._import_error.message)
-        if self._proc is None or self._proc.poll() is not None and not self._hello_pending:
-            self.start()
-        if self._hello_pending:
-            self._hello_pending = False
+        if self._state == "none":
+            self._spawn()
+        if self._state == "spawning":
+            reply = self._zygote.ask(None, time.monotonic() + self.import_timeout)
+            self._child, self._state = int(reply["pid"]), "hello"
+        if self._state == "hello":
+            self._state = "ready"
             try:
-                hello, _ = wire.read_frame(self._recv_fd, time.monotonic() + self.import_timeout)
+                hello, _ = wire.read_frame(self._fds[1], time.monotonic() + self.import_timeout)
             except wire.Timeout:
                 self._kill()
                 self._import_error = CandidateError("import", f"timed out after {self.import_timeout:g} s while importing")
-                raise self._import_error from None
+                raise CandidateError(self._import_error.kind, self._import_error.message) from None
             except wire.Closed:
-                self._import_error = CandidateError("import", f"candidate exited while importing ({self._exit_status()})")
-                raise self._import_error from None
+                status = self._kill()
+                self._import_error = CandidateError("import", f"candidate exited while importing ({status})")
+                raise CandidateError(self._import_error.kind, self._import_error.message) from None
             except wire.WireError as exc:
                 self._kill()
                 raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None
             if not hello.get("ok"):
+                self._kill()
                 error = hello.get("error") or {}
                 self._import_error = CandidateError("import", f"could not import: {_text(error.get('message'))}")
-                raise self._import_error
+                raise CandidateError(self._import_error.kind, self._import_error.message)
             self.info = {"torch": _text(hello.get("torch")), "cuda": hello.get("cuda") is True}
         return self.info
 
@@ -195,37 +268,35 @@ class Candidate:
         if name in self._broken:  # it hung or killed its worker once: no check waits on it again
             kind, message = self._broken[name]
             raise CandidateError(kind, f"{message} (an earlier call to {name} did)")
+        if self._file_deadline is None:
+            self._file_deadline = time.monotonic() + self.file_timeout
+        if time.monotonic() >= self._file_deadline:
+            raise CandidateError("timeout", f"the whole-file time limit ({self.file_timeout:g} s) ran out")
         self.ready()
         blobs: list[bytes] = []
         header = dict(header, args=[_encode_arg(a, blobs) for a in args])
         header["kwargs"] = {k: _encode_arg(v, blobs) for k, v in kwargs.items()}
         for key, value in extra.items():
             header[key] = wire.encode(value, blobs)
-        deadline = time.monotonic() + self.timeout
+        deadline = min(time.monotonic() + self.timeout, self._file_deadline)
         try:
-            wire.write_frame(self._send_fd, header, blobs, deadline)
-            answer, answer_blobs = wire.read_frame(self._recv_fd, deadline)
+            wire.write_frame(self._fds[0], header, blobs, deadline)
+            answer, answer_blobs = wire.read_frame(self._fds[1], deadline)
         except wire.Timeout:
             self._kill()
+            if deadline == self._file_deadline:
+                raise CandidateError("timeout", f"the whole-file time limit ({self.file_timeout:g} s) ran out") from None
             self._broken[name] = ("timeout", f"timed out after {self.timeout:g} s")
             raise CandidateError(*self._broken[name]) from None
         except wire.Closed:
-            self._broken[name] = ("died", f"worker died ({self._exit_status()})")
+            self._broken[name] = ("died", f"worker died ({self._kill()})")
             raise CandidateError(*self._broken[name]) from None
         except wire.WireError as exc:
             self._kill()
             raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None
         called = frozenset(_text(n) for n in answer.get("called", []) if isinstance(n, str))
         if not answer.get("ok"):
-            error = answer.get("error") if isinstance(answer.get("error"), dict) else {}
-            kind = {"NotImplementedError": "not_implemented", "MemoryError": "memory"}.get(error.get("type"), "raised")
-            message = _text(error.get("message")) or "raised an exception"
-            if kind == "not_implemented":
-                line = error.get("line")
-                message = "not implemented yet" + (f" (NotImplementedError at line {line})" if type(line) is int else "")
-            if kind == "memory":
-                message = f"memory limit exceeded ({self.memory_limit_mb} MB): {message}"
-            raise CandidateError(kind, message)
+            raise _error(answer.get("error"), self.memory_limit_mb)
         try:
             value = wire.decode(answer.get("value"), answer_blobs)
         except wire.WireError as exc:
@@ -233,55 +304,75 @@ class Candidate:
             raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None
         return Answer(value, called)
 
-    # -- internals -----------------------------------------------------------------------
+    # -- the zygote and its children ----------------------------------------------------
 
-    def _kill(self) -> None:
-        proc, self._proc = self._proc, None
-        self._hello_pending = False
-        if proc is None:
-            return
+    def _spawn(self) -> None:
+        """Ask the zygote for a fresh worker child; its pid and hello are read in ready()."""
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        output_r, output_w = os.pipe()
+        request = {
+            "op": "spawn",
+            "candidate": str(self._copy),
+            "workdir": self._workdir,
+            "memory_limit": self.memory_limit_mb * 1024 * 1024,
+        }
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        proc.wait()
-        for fd in (self._send_fd, self._recv_fd):
-            try:
+            self._zygote.spawn(request, [to_child_r, from_child_w, output_w])
+        finally:
+            for fd in (to_child_r, from_child_w, output_w):
                 os.close(fd)
-            except OSError:
-                pass
+        os.set_blocking(to_child_w, False)
+        self._fds = (to_child_w, from_child_r)
+        self._state = "spawning"
+        self.workers_started += 1
+        threading.Thread(target=self._drain, args=(output_r,), daemon=True).start()
 
-    def _exit_status(self) -> str:
-        """How the worker ended, for a message; reaps it and starts none."""
-        proc = self._proc
-        if proc is None:
-            return "killed"
-        try:
-            code = proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            code = None
-        self._kill()
-        if code is None:
-            return "closed its pipe"
-        if code < 0:
-            return f"killed by signal {signal.Signals(-code).name}" if -code in signal.Signals._value2member_map_ else f"signal {-code}"
-        return f"exit code {code}"
+    def _kill(self) -> str:
+        """End the live child and all it started; return how it ended ('exit code 0', ...)."""
+        state, self._state = self._state, "none"
+        if state == "spawning":  # the zygote will still answer the spawn: take the pid first
+            try:
+                self._child = int(self._zygote.ask(None, time.monotonic() + self.import_timeout)["pid"])
+            except GraderBug:
+                self._child = None
+        status = "killed"
+        if self._child is not None:
+            status = str(self._zygote.ask({"op": "kill", "pid": self._child}, time.monotonic() + ZYGOTE_REPLY_TIMEOUT)["status"])
+            self._child = None
+        for fd in self._fds:
+            if fd >= 0:
+                os.close(fd)
+        self._fds = (-1, -1)
+        return status
 
-    def _drain(self, stream) -> None:
+    def _drain(self, fd: int) -> None:
         """Keep the first OUTPUT_CAP bytes of the candidate's output; read and drop the rest."""
-        fd = stream.fileno()
         while True:
             try:
                 chunk = os.read(fd, 65536)
             except OSError:
-                return
+                chunk = b""
             if not chunk:
-                stream.close()
+                os.close(fd)
                 return
             self._output_total += len(chunk)
             room = OUTPUT_CAP - len(self._output)
             if room > 0:
                 self._output += chunk[:room]
+
+
+def _error(error, memory_limit_mb: int) -> CandidateError:
+    """The CandidateError for an exception the candidate's code raised in the worker."""
+    error = error if isinstance(error, dict) else {}
+    kind = {"NotImplementedError": "not_implemented", "MemoryError": "memory"}.get(error.get("type"), "raised")
+    message = _text(error.get("message")) or "raised an exception"
+    if kind == "not_implemented":
+        line = error.get("line")
+        message = "not implemented yet" + (f" (NotImplementedError at line {line})" if type(line) is int else "")
+    if kind == "memory":
+        message = f"memory limit exceeded ({memory_limit_mb} MB): {message}"
+    return CandidateError(kind, message)
 
 
 def _encode_arg(value, blobs: list[bytes]):
@@ -294,9 +385,3 @@ def _text(value) -> str:
     """A string from the worker, made safe to print: capped, no control characters."""
     text = value if isinstance(value, str) else ""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:500])
-
-
-def _limit_memory(limit_bytes: int) -> None:
-    # RLIMIT_DATA, not RLIMIT_AS: CUDA reserves huge address ranges it never fills,
-    # which RLIMIT_AS would refuse; RLIMIT_DATA counts the memory the process can write to.
-    resource.setrlimit(resource.RLIMIT_DATA, (limit_bytes, limit_bytes))

@@ -12,7 +12,7 @@ import traceback
 
 import click
 
-from grader.candidate import DEFAULT_MEMORY_LIMIT_MB, DEFAULT_TIMEOUT
+from grader.candidate import DEFAULT_FILE_TIMEOUT, DEFAULT_MEMORY_LIMIT_MB, DEFAULT_TIMEOUT
 from grader.exercise import UsageError
 
 EXIT_FULL_MARKS, EXIT_POINTS_LOST, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
@@ -59,16 +59,18 @@ def main() -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the grader's random inputs.")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=DEFAULT_TIMEOUT, show_default=True,
               help="Seconds one call into your code may take before it is killed.")
+@click.option("--file-timeout", "file_timeout", type=click.FloatRange(min=0.1), default=DEFAULT_FILE_TIMEOUT,
+              show_default=True, help="Seconds all the calls into your file may take together.")
 @click.option("--memory-limit", "memory_limit", type=click.IntRange(min=0), default=DEFAULT_MEMORY_LIMIT_MB,
               show_default=True, metavar="MB", help="Memory cap of the process running your code (0: none).")
 @click.option("-v", "--verbose", is_flag=True, help="Show every check and what your code printed.")
-def grade(file, exercise, fmt, device, seed, timeout, memory_limit, verbose) -> None:
+def grade(file, exercise, fmt, device, seed, timeout, file_timeout, memory_limit, verbose) -> None:
     """Grade FILE and report a score for every step."""
     from grader.grade import grade as run_grade  # imported here: `attn-grade --help` stays instant
     from grader import report
 
     try:
-        result = run_grade(file, exercise, device, seed, timeout, memory_limit)
+        result = run_grade(file, exercise, device, seed, timeout, memory_limit, file_timeout)
     except UsageError as error:
         raise click.UsageError(str(error)) from None
     except Exception:

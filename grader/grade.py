@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grader.candidate import DEFAULT_MEMORY_LIMIT_MB, DEFAULT_TIMEOUT, Candidate
+from grader.candidate import DEFAULT_FILE_TIMEOUT, DEFAULT_MEMORY_LIMIT_MB, DEFAULT_TIMEOUT, Candidate, Zygote
 from grader.exercise import UsageError, find_exercise
 from grader.score import Grade, score
 
@@ -21,14 +21,20 @@ def grade(
     seed: int = 0,
     timeout: float = DEFAULT_TIMEOUT,
     memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
+    file_timeout: float = DEFAULT_FILE_TIMEOUT,
+    zygote: Zygote | None = None,
 ) -> Grade:
-    """Grade one candidate file. Raises UsageError for bad input, GraderBug for a fault of the grader's."""
+    """Grade one candidate file. Raises UsageError for bad input, GraderBug for a fault of the grader's.
+
+    Pass a `zygote` to grade many files in a row without importing torch for each.
+    """
     if device not in DEVICES:
         raise UsageError(f"unknown device '{device}'; use one of {', '.join(DEVICES)}.")
     path = Path(path)
     found = find_exercise(path, exercise)
     warm = found.device_checks and device != "cpu"
-    with Candidate(path, timeout=timeout, memory_limit_mb=memory_limit_mb, warm_device=warm) as candidate:
+    candidate = Candidate(path, timeout, memory_limit_mb, file_timeout, warm_device=warm, zygote=zygote)
+    with candidate:
         # The worker is importing torch now; the grader imports pytest and torch beside it.
         import torch
 

@@ -1,57 +1,262 @@
-"""The worker: the only process that runs candidate code.
+"""The worker side: a zygote that imports torch once, and the forked children that run candidate code.
 
-The grader starts it as `python -I worker.py READ_FD WRITE_FD WIRE_PY CANDIDATE` in a
-new session, an empty working directory and a scrubbed environment (ATTN_GRADE_WARM=device
-asks it to warm up the device the checks will use before the candidate is imported). It imports torch,
-then the candidate file, says hello, and answers requests one at a time:
+The grader starts `python -I -u worker.py CONTROL_FD WIRE_PY` in a new session with a
+scrubbed environment. This zygote never runs candidate code. It imports torch (and warms
+the device the checks will use), then answers the grader on its control socket:
+
+    {"op": "spawn", ...} with three file descriptors -> {"pid": N}
+        fork a child that drops into its own sandbox (below), imports the candidate file,
+        says hello on its pipe and answers requests there.
+    {"op": "kill", "pid": N} -> {"status": "exit code 0" | "killed by signal SIGSEGV" | ...}
+        kill that child's process group, then every process the candidate left behind,
+        and say how the child ended.
+
+The zygote is a child subreaper, so a process the candidate starts in a new session or
+double-forks is re-parented here and found by `_kill_descendants`. When the grader goes
+away (the control socket closes) the zygote kills everything below it and exits.
+
+A child answers requests one at a time:
 
     {"op": "call", "name": "softmax", "args": [...], "kwargs": {...}, "device": "meta"}
     {"op": "module", "name": "MultiHeadAttention", "init": [...], "init_kwargs": {...},
      "state": {...}, "args": [...], "kwargs": {...}, "device": "cpu",
      "grad_output": <tensor or None>, "grad_args": [0, 1]}
 
-Each answer is {"ok": true, "value": ..., "called": [...]} or {"ok": false, "error": {...}}.
+with {"ok": true, "value": ..., "called": [...]} or {"ok": false, "error": {...}}.
 "called" names every torch function the candidate's code called (seen through a
-TorchFunctionMode, so aliases and getattr do not hide a call); the grader decides
-which of them were forbidden. Nothing here decides a score: the worker only runs code
-and reports what came back, because everything in this process is untrusted.
+TorchFunctionMode, so aliases and getattr do not hide a call); the grader decides which
+were forbidden. Nothing here decides a score: everything in a child is untrusted.
 """
 
+import ctypes
 import importlib.util
+import json
 import os
+import resource
+import signal
+import socket
 import sys
 import traceback
 
 BLOCKED_PACKAGES = ("grader", "solutions")
 MAX_MESSAGE = 500
+CHILD_PROCESS_LIMIT = 64  # processes a worker child may have below it: a fork bomb stops there
+PIDS_CGROUP = "/sys/fs/cgroup/pids"  # cgroup v1's pids hierarchy, used when the grader runs as root
+FILE_SIZE_LIMIT = 64 * 1024 * 1024  # bytes a child may write to one file
+PR_SET_CHILD_SUBREAPER = 36
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+
+
+# -- the zygote ------------------------------------------------------------------------
 
 
 def main() -> None:
-    read_fd, write_fd = int(sys.argv[1]), int(sys.argv[2])
-    wire = _load_by_path("_attn_grade_wire", sys.argv[3])
-    candidate_path = sys.argv[4]
+    control = socket.socket(fileno=int(sys.argv[1]))
+    wire = _load_by_path("_attn_grade_wire", sys.argv[2])
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # ask NVML, so no CUDA context exists to break fork
 
+    import numpy  # noqa: F401  (imported once here, not in every child)
     import torch
 
     torch.set_num_threads(1)  # the grader needs the other core; the inputs are small
-    if os.environ.get("ATTN_GRADE_WARM") == "device":
-        _warm_device(torch)
+    if os.environ.get("ATTN_GRADE_WARM") == "device" and not torch.cuda.is_available():
+        _warm_meta(torch)
+    _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    spawned = set()
+
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(control, 65536, 3)
+        except OSError:
+            data, fds = b"", []
+        if not data:  # the grader is gone
+            for pid in spawned:
+                _kill(pid)
+            _kill_descendants()
+            os._exit(0)
+        request = json.loads(data)
+        if request["op"] == "spawn":
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                _child(wire, torch, request, fds)  # never returns
+            spawned.add(pid)
+            for fd in fds:
+                os.close(fd)
+            control.sendall(json.dumps({"pid": pid}).encode())
+        elif request["op"] == "kill":
+            spawned.discard(request["pid"])
+            control.sendall(json.dumps({"status": _kill(request["pid"])}).encode())
+
+
+def _kill(pid: int) -> str:
+    """Kill a child's process group and whatever the candidate left; say how the child ended."""
+    for kill in (os.killpg, os.kill):  # the group, and the child itself in case it has no group yet
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        status = None
+    _kill_descendants()
+    try:
+        os.rmdir(_cgroup(pid))
+    except OSError:
+        pass
+    if status is None:
+        return "already reaped"
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else str(number)
+        return f"killed by signal {name}"
+    return f"exit code {os.WEXITSTATUS(status)}"
+
+
+def _kill_descendants() -> None:
+    """SIGKILL every process below the zygote, again until none is left, and reap them."""
+    me = os.getpid()
+    for _ in range(100):
+        parents = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat", "rb") as f:
+                        stat = f.read()
+                    parents[int(entry)] = int(stat[stat.rindex(b")") + 2 :].split()[1])
+                except (OSError, ValueError, IndexError):
+                    pass
+        below, frontier = set(), {me}
+        while frontier:
+            frontier = {pid for pid, parent in parents.items() if parent in frontier and pid not in below}
+            below |= frontier
+        if not below:
+            break
+        for pid in below:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+
+
+def _warm_meta(torch) -> None:
+    """Pay for the meta device's first use now, while the grader is still importing torch."""
+    _skip_lazy_dynamo_import(torch)
+    x = torch.ones(2, 2, device="meta")
+    (x @ x.T).exp().amax(-1, keepdim=True).masked_fill(x[:, :1] > 0, 0.0)
+
+
+def _skip_lazy_dynamo_import(torch) -> None:
+    """Spare the meta device's first elementwise op an import of torch._dynamo (over a second).
+
+    torch wraps its Python meta kernels in torch._disable_dynamo, which imports
+    torch._dynamo on a function's first call only to wrap it so torch.compile will not
+    trace it. Nothing is compiled here, so each wrapper gets its function as is.
+    """
+    import gc
+
+    inner = torch._compile._disable_dynamo(_warm_meta).__code__
+    slot = inner.co_freevars.index("fn")
+    for obj in gc.get_objects():
+        if type(obj) is type(_warm_meta) and obj.__code__ is inner:
+            fn = obj.__closure__[slot].cell_contents
+            if getattr(fn, "__dynamo_disable", None) is None:
+                fn.__dynamo_disable = fn
+
+
+# -- a child: the sandbox, then the candidate ------------------------------------------
+
+
+def _child(wire, torch, request, fds) -> None:
+    read_fd, write_fd, output_fd = fds
+    try:
+        _enter_sandbox(request, output_fd, keep=(read_fd, write_fd))
+        _serve(wire, torch, request["candidate"], read_fd, write_fd)
+    finally:
+        os._exit(0)
+
+
+def _enter_sandbox(request, output_fd, keep) -> None:
+    """A session of its own, output to the grader's pipe, an empty directory, limits, no network."""
+    os.setsid()
+    os.dup2(output_fd, 1)
+    os.dup2(output_fd, 2)
+    for fd in range(3, 1024):  # nothing of the zygote's stays open (its control socket included)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    workdir = request["workdir"]
+    os.chdir(workdir)
+    os.environ.update(HOME=workdir, TMPDIR=workdir)
+    if request["memory_limit"] > 0:
+        # RLIMIT_DATA, not RLIMIT_AS: CUDA reserves huge address ranges it never fills,
+        # which RLIMIT_AS would refuse; RLIMIT_DATA counts the memory the process can write to.
+        resource.setrlimit(resource.RLIMIT_DATA, (request["memory_limit"],) * 2)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT,) * 2)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
+    _limit_processes()
+    # A network namespace of its own has only a loopback that is down. Root may make one;
+    # another user only inside a user namespace, where the system allows those.
+    _libc().unshare(CLONE_NEWNET if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWNET)
+
+
+def _limit_processes() -> None:
+    """At most CHILD_PROCESS_LIMIT processes below this child: a fork bomb stops there.
+
+    RLIMIT_NPROC counts a user's processes, and does not bind root at all; for root a
+    pids cgroup of the child's own does the job, where the system has one we may write.
+    """
+    if os.geteuid() != 0:
+        mine = sum(1 for p in os.listdir("/proc") if p.isdigit() and _owner(p) == os.geteuid())
+        resource.setrlimit(resource.RLIMIT_NPROC, (mine + CHILD_PROCESS_LIMIT,) * 2)
+        return
+    group = _cgroup(os.getpid())
+    try:
+        os.mkdir(group)
+        with open(f"{group}/pids.max", "w") as f:
+            f.write(str(CHILD_PROCESS_LIMIT))
+        with open(f"{group}/cgroup.procs", "w") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        pass  # no writable pids cgroup: the zygote's sweep still ends every process (see the README)
+
+
+def _cgroup(pid: int) -> str:
+    return f"{PIDS_CGROUP}/attn-grade-{pid}"
+
+
+def _owner(pid: str) -> int:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return -1
+
+
+def _serve(wire, torch, candidate_path, read_fd, write_fd) -> None:
     sys.meta_path.insert(0, _BlockGrader())
     spy = _make_spy(torch)
-
     hello = {"ok": True, "torch": torch.__version__, "cuda": torch.cuda.is_available()}
     module, error = _import_candidate(candidate_path)
     if error:
         hello = dict(hello, ok=False, error=error)
     wire.write_frame(write_fd, hello, [])
     if error:
-        os._exit(0)
-
+        return
     while True:
         try:
             request, blobs = wire.read_frame(read_fd)
         except wire.Closed:
-            os._exit(0)
+            return
         blobs_out: list[bytes] = []
         try:
             value, called = _handle(torch, wire, spy, module, request, blobs, blobs_out)
@@ -107,35 +312,6 @@ def _to_device(torch, value, device, description):
     if isinstance(description, dict) and description.get("strided") and value.dim() >= 2:
         value = value.transpose(-1, -2).contiguous().transpose(-1, -2)
     return value
-
-
-def _warm_device(torch):
-    """Pay for the device's first use now, while the grader is still importing, not in the first check."""
-    if torch.cuda.is_available():
-        device = "cuda"
-    else:
-        device = "meta"
-        _skip_lazy_dynamo_import(torch)
-    x = torch.ones(2, 2, device=device)
-    (x @ x.T).exp().amax(-1, keepdim=True).masked_fill(x[:, :1] > 0, 0.0)
-
-
-def _skip_lazy_dynamo_import(torch):
-    """Spare the meta device's first elementwise op an import of torch._dynamo (over a second).
-
-    torch wraps its Python meta kernels in torch._disable_dynamo, which imports
-    torch._dynamo on a function's first call only to wrap it so torch.compile will not
-    trace it. Nothing is compiled here, so each wrapper gets its function as is.
-    """
-    import gc
-
-    inner = torch._compile._disable_dynamo(_warm_device).__code__
-    slot = inner.co_freevars.index("fn")
-    for obj in gc.get_objects():
-        if type(obj) is type(_warm_device) and obj.__code__ is inner:
-            fn = obj.__closure__[slot].cell_contents
-            if getattr(fn, "__dynamo_disable", None) is None:
-                fn.__dynamo_disable = fn
 
 
 def _make_spy(torch):
@@ -195,6 +371,10 @@ class _BlockGrader:
         if name.split(".")[0] in BLOCKED_PACKAGES:
             raise ImportError(f"the candidate may not import '{name}' while being graded")
         return None
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _load_by_path(name, path):

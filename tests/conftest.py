@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from grader.candidate import Zygote
 from grader.grade import grade
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,14 +35,21 @@ def explain(result) -> str:
     )
 
 
+@pytest.fixture(scope="session")
+def zygote():
+    """One torch import for the whole session: every grade forks its workers from it."""
+    with Zygote(warm_device=True) as shared:
+        yield shared
+
+
 @pytest.fixture
-def grade_source(tmp_path):
+def grade_source(tmp_path, zygote):
     """Grade a candidate made of the reference with `override` appended (later definitions win)."""
 
     def run(override: str = "", *, base: str = REFERENCE, name: str = "mha.py", **options):
         path = tmp_path / name
         path.write_text(base + "\n\n" + textwrap.dedent(override))
         options.setdefault("device", "cpu")  # device checks have tests of their own; this keeps the suite fast
-        return grade(path, **options)
+        return grade(path, zygote=zygote, **options)
 
     return run
