@@ -2,7 +2,9 @@
 
 `Candidate` is the grader's handle on one candidate file. It starts a zygote
 (grader/worker.py) that imports torch once, and asks it to fork a worker child that
-imports a private copy of the file and answers calls. Every call has a wall-clock
+imports a private copy of the file and answers calls. Each function or class is called
+in a child of its own, so what one step's code patches, starts or breaks never reaches
+another step. Every call has a wall-clock
 deadline, and the whole file one more; a child that misses it, dies or sends garbage is
 killed with everything it started, and the next call gets a fresh child, forked in
 milliseconds. A function that hung or killed its child once is not called again: its later
@@ -154,6 +156,7 @@ class Candidate:
         self._zygote = zygote  # borrowed, or started (and closed) by this candidate
         self._owns_zygote = zygote is None
         self._child: int | None = None  # pid of the live worker child
+        self._serving: str | None = None  # the one function or class that child has been called for
         self._fds: tuple[int, int] = (-1, -1)  # (send, receive) pipes to that child
         self._state = "none"  # none | spawning | hello | ready
         self._import_error: CandidateError | None = None
@@ -272,7 +275,10 @@ class Candidate:
             self._file_deadline = time.monotonic() + self.file_timeout
         if time.monotonic() >= self._file_deadline:
             raise CandidateError("timeout", f"the whole-file time limit ({self.file_timeout:g} s) ran out")
+        if self._serving not in (None, name):  # each step gets a fresh child: nothing one step's code
+            self._kill()  # patched, started or left behind reaches the next step
         self.ready()
+        self._serving = name
         blobs: list[bytes] = []
         header = dict(header, args=[_encode_arg(a, blobs) for a in args])
         header["kwargs"] = {k: _encode_arg(v, blobs) for k, v in kwargs.items()}
@@ -330,7 +336,7 @@ class Candidate:
 
     def _kill(self) -> str:
         """End the live child and all it started; return how it ended ('exit code 0', ...)."""
-        state, self._state = self._state, "none"
+        state, self._state, self._serving = self._state, "none", None
         if state == "spawning":  # the zygote will still answer the spawn: take the pid first
             try:
                 self._child = int(self._zygote.ask(None, time.monotonic() + self.import_timeout)["pid"])

@@ -80,7 +80,10 @@ def test_project_extra_leading_dims_noncontiguous(candidate, rng):
 
 @step("project", points=1)
 def test_project_rules(candidate, rng, forbidden):
-    expect_allowed(candidate.call("project", *_project_inputs(rng)), forbidden)
+    args = _project_inputs(rng)
+    answer = candidate.call("project", *args)
+    expect_allowed(answer, forbidden)
+    expect_close(answer.value, ref.project(*args), PROJECT_MISTAKES, args)  # no points for a rule kept by garbage
 
 
 @step("project", points=1)
@@ -420,7 +423,10 @@ def test_softmax_noncontiguous_matrix(candidate, rng):
 
 @step("softmax", points=1)
 def test_softmax_rules(candidate, rng, forbidden):
-    expect_allowed(candidate.call("softmax", randn(rng, B, TQ, TK)), forbidden)
+    x = randn(rng, B, TQ, TK)
+    answer = candidate.call("softmax", x)
+    expect_allowed(answer, forbidden)
+    expect_close(answer.value, ref.softmax(x), SOFTMAX_MISTAKES, (x,))  # no points for a rule kept by garbage
 
 
 @step("softmax", points=1)
@@ -662,8 +668,11 @@ def _expect_gradient(got, expected, what):
 
 @step("MultiHeadAttention", points=2)
 def test_module_rules(candidate, rng, forbidden):
-    query, key = randn(rng, B, TQ, D), randn(rng, B, TK, D)
-    expect_allowed(_run_module(candidate, _state(rng), query, key, mask=_mask(rng, TQ, TK)), forbidden)
+    state, query, key, mask = _state(rng), randn(rng, B, TQ, D), randn(rng, B, TK, D), _mask(rng, TQ, TK)
+    answer = _run_module(candidate, state, query, key, mask=mask)
+    expect_allowed(answer, forbidden)
+    args = (state, query, key, None, mask)
+    expect_close(answer.value["output"], attend(*args), MODULE_MISTAKES, args)  # no points for a rule kept by garbage
 
 
 @step("MultiHeadAttention", points=2)

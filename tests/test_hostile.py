@@ -1,0 +1,426 @@
+"""Hostile and broken candidate files: every case ends in bounded time with true scores for the rest.
+
+Each test is one candidate (the reference with something appended, which runs at import
+or replaces a step) and the outcome it must get. Numbers refer to the cases of issue 3.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from grader import cli, report
+from tests.conftest import REFERENCE, explain, lost
+
+STEPS_OF_MODULE = {"MultiHeadAttention"}
+
+
+def step(result, step_id):
+    return next(s for s in result.steps if s.id == step_id)
+
+
+def messages(result, step_id=None):
+    return {c.message for s in result.steps if step_id in (None, s.id) for c in s.checks if c.points < c.max_points}
+
+
+# 1. -------------------------------------------------------------------------------------
+
+
+def test_1_syntax_error_scores_0_with_its_line_and_the_report_still_prints(tmp_path):
+    path = tmp_path / "mha.py"
+    path.write_text(REFERENCE + "\ndef broken(:\n    pass\n")
+    result = CliRunner().invoke(cli.main, [str(path), "--device", "cpu"])
+    line = len(REFERENCE.splitlines()) + 2
+    assert result.exit_code == 1
+    assert f"could not import: SyntaxError at line {line}" in result.stdout and "Total: 0/100" in result.stdout
+
+
+def test_1_import_error_scores_0_and_names_the_module(grade_source):
+    result = grade_source("import no_such_package_here")
+    assert result.score == 0
+    assert messages(result) == {
+        f"could not import: ModuleNotFoundError: No module named 'no_such_package_here' (line {len(REFERENCE.splitlines()) + 3})"
+    }
+
+
+# 2. -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", ["import sys\nsys.exit(0)", "exit()", "import os\nos._exit(0)"])
+def test_2_exiting_at_import_is_never_a_pass(grade_source, code):
+    result = grade_source(code)
+    assert result.score == 0
+    assert all("candidate exited while importing" in m for m in messages(result)), messages(result)
+
+
+# 3. -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code, status", [
+    ("import os\ndef merge_heads(x):\n    os._exit(0)", "exit code 0"),
+    ("import ctypes\ndef merge_heads(x):\n    return ctypes.string_at(0)", "killed by signal SIGSEGV"),
+])
+def test_3_a_worker_dying_in_one_step_costs_only_that_step(grade_source, code, status):
+    result = grade_source(code)
+    assert set(lost(result)) == {"merge_heads"} | STEPS_OF_MODULE, explain(result)
+    assert step(result, "merge_heads").score == 0
+    assert all(f"worker died ({status})" in m for m in messages(result, "merge_heads")), explain(result)
+
+
+# 4. and 5. ------------------------------------------------------------------------------
+
+HANGS = """
+import signal
+signal.signal(signal.SIGALRM, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+def softmax(scores, dim=-1):
+    while True:
+        pass
+
+def attention_scores(q, k):
+    big = torch.ones(12000, 12000)
+    return big @ big  # one long torch op: minutes on one thread
+"""
+
+
+def test_4_5_hangs_are_killed_at_their_timeout_and_the_run_stays_bounded(grade_source):
+    start = time.monotonic()
+    result = grade_source(HANGS, timeout=1.0)
+    elapsed = time.monotonic() - start
+    assert set(lost(result)) == {"softmax", "attention_scores"} | STEPS_OF_MODULE, explain(result)
+    for step_id in ("softmax", "attention_scores", "MultiHeadAttention"):
+        assert step(result, step_id).score == 0
+        assert all("timed out after 1 s" in m for m in messages(result, step_id)), explain(result)
+    assert elapsed < 3 * 1.0 + 5, elapsed  # three hanging functions, each waited on once
+
+
+def test_whole_file_timeout_fires_and_is_reported(grade_source):
+    slow = "import time\ndef project(x, weight, bias=None):\n    time.sleep(0.4)\n    return x @ weight.T + (0 if bias is None else bias)"
+    start = time.monotonic()
+    result = grade_source(slow, timeout=5.0, file_timeout=1.0)
+    assert time.monotonic() - start < 10
+    assert any("whole-file time limit (1 s) ran out" in m for m in messages(result)), explain(result)
+
+
+# 6. -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [
+    "def softmax(scores, dim=-1):\n    hoard = []\n    while True:\n        hoard.append(bytearray(50_000_000))",
+    "def softmax(scores, dim=-1):\n    return torch.empty(10**11)",
+])
+def test_6_memory_bombs_hit_the_memory_limit(grade_source, code):
+    result = grade_source(code, memory_limit_mb=1024)
+    assert set(lost(result)) == {"softmax"} | STEPS_OF_MODULE, explain(result)
+    assert all("memory limit exceeded (1024 MB)" in m for m in messages(result, "softmax")), explain(result)
+
+
+# 7. -------------------------------------------------------------------------------------
+
+ESCAPES = """
+import os, subprocess
+def merge_heads(x):
+    if os.path.exists("escaped"):  # once is enough: the sleepers hold on to the process limit
+        B, H, T, Dh = x.shape
+        return x.transpose(1, 2).reshape(B, T, H * Dh)
+    open("escaped", "w").close()
+    subprocess.Popen(["setsid", "sleep", "4242"])  # a new session, holding our output pipe
+    if os.fork() == 0:  # a double fork whose grandchild outlives its parent
+        os.setsid()
+        if os.fork() == 0:
+            os.execvp("sleep", ["sleep", "4243"])
+        os._exit(0)
+    for _ in range(300):  # a fork bomb, held back by the process limit
+        try:
+            if os.fork() == 0:
+                import time
+                time.sleep(4244)
+        except OSError:
+            break
+    B, H, T, Dh = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * Dh)
+"""
+
+
+def test_7_no_process_the_candidate_started_outlives_the_grade(grade_source):
+    start = time.monotonic()
+    result = grade_source(ESCAPES)
+    assert time.monotonic() - start < 60
+    assert result.full_marks, explain(result)
+    left = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert not [line for line in left.splitlines() if "424" in line and "sleep" in line], left
+
+
+# 8. -------------------------------------------------------------------------------------
+
+
+def test_8_threads_left_running_do_not_hold_up_the_grade(grade_source):
+    code = """
+    import threading, time
+    def spin():
+        while True:
+            time.sleep(0.01)
+    threading.Thread(target=spin).start()  # not a daemon
+    threading.Thread(target=lambda: time.sleep(10_000)).start()
+    """
+    start = time.monotonic()
+    result = grade_source(code)
+    assert result.full_marks, explain(result)
+    assert time.monotonic() - start < 30
+
+
+# 9. -------------------------------------------------------------------------------------
+
+
+def test_9_patching_comparisons_and_builtins_earns_nothing(grade_source):
+    code = """
+    import builtins, math, numpy, torch
+    torch.allclose = lambda *a, **k: True
+    torch.equal = lambda *a, **k: True
+    torch.testing.assert_close = lambda *a, **k: None
+    numpy.allclose = lambda *a, **k: True
+    math.isclose = lambda *a, **k: True
+    torch.Tensor.__eq__ = lambda self, other: True
+    def scale_scores(scores, head_dim):
+        builtins.isinstance = lambda *a: True
+        return scores * 0
+    def weighted_sum(weights, v):
+        return torch.zeros(1)
+    """
+    result = grade_source(code)
+    # The patches may break the candidate's own correct steps too (Tensor.__eq__ does): never the verdicts.
+    assert step(result, "scale_scores").score == 0 and step(result, "weighted_sum").score == 0, explain(result)
+    assert {"project", "split_heads", "merge_heads"}.isdisjoint(lost(result)), explain(result)
+
+
+# 10. ------------------------------------------------------------------------------------
+
+LIARS = """
+import os
+class Agreeable:
+    def __eq__(self, other):
+        return True
+class Close(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return True
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch {marker}",))
+def project(x, weight, bias=None):
+    return Agreeable()
+def split_heads(x, num_heads):
+    return torch.zeros(1).as_subclass(Close)
+def attention_scores(q, k):
+    return Payload()
+def scale_scores(scores, head_dim):
+    return (scores / head_dim ** 0.5).numpy()
+def merge_heads(x):
+    return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], -1).tolist()
+"""
+
+
+def test_10_lying_results_are_refused_by_type_and_never_unpickled(grade_source, tmp_path):
+    marker = tmp_path / "unpickled"
+    result = grade_source(LIARS.replace("{marker}", str(marker)))
+    assert set(lost(result)) == {"project", "split_heads", "attention_scores", "scale_scores", "merge_heads"} | STEPS_OF_MODULE
+    for step_id, type_name in [("project", "candidate.Agreeable"), ("split_heads", "candidate.Close"),
+                               ("attention_scores", "candidate.Payload"), ("scale_scores", "numpy.ndarray"),
+                               ("merge_heads", "builtins.list")]:
+        assert step(result, step_id).score == 0, explain(result)
+        assert f"expected a torch.Tensor, got {type_name}" in messages(result, step_id), explain(result)
+    assert not marker.exists()
+
+
+# 11. ------------------------------------------------------------------------------------
+
+NOISE = r"""
+import sys
+print('{"exercise": "mha", "score": 100, "max_score": 100, "steps": []}')
+print("==================== 61 passed in 0.1s ====================")
+print("Total: 100/100 \x1b[2J\x1b[31mall green\x1b[0m")
+sys.stdout.write("x" * 100_000_000)
+def scale_scores(scores, head_dim):
+    print('{"score": 100}')
+    return scores
+"""
+
+
+def test_11_fake_output_changes_nothing_and_shows_only_escaped_with_verbose(tmp_path):
+    path = tmp_path / "mha.py"
+    path.write_text(REFERENCE + NOISE)
+    runner = CliRunner()
+    as_json = runner.invoke(cli.main, [str(path), "--format", "json", "--device", "cpu"])
+    data = json.loads(as_json.stdout)  # exactly one JSON object, ours
+    assert as_json.exit_code == 1 and data["score"] < 100 and "candidate_output" not in data
+    text = runner.invoke(cli.main, [str(path), "--device", "cpu"])
+    assert text.exit_code == 1 and "all green" not in text.stdout and "61 passed" not in text.stdout
+    verbose = runner.invoke(cli.main, [str(path), "--device", "cpu", "-v"])
+    assert "\x1b[2J" not in verbose.stdout and "\\x1b[2J\\x1b[31mall green" in verbose.stdout
+    assert "more bytes not kept" in verbose.stdout and len(verbose.stdout) < 1_000_000
+
+
+# 12. ------------------------------------------------------------------------------------
+
+PEEKS = """
+import gc, os, sys
+def look():
+    found = []
+    for name in ("solutions", "grader", "solutions.mha", "grader.checks.mha"):
+        try:
+            __import__(name)
+            found.append("imported " + name)
+        except ImportError as error:
+            print("refused:", error)
+    found += [m for m in sys.modules if m.startswith(("solutions", "grader"))]
+    found += ["env " + k for k in os.environ if "SECRET" in k]
+    found += ["file " + f for f in os.listdir(".") if f not in ("mha.py", "__pycache__")]
+    found += ["big tensor" for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.numel() > 10**4]
+    print("FOUND:", found)
+def softmax(scores, dim=-1):
+    look()
+    m = scores.amax(dim, keepdim=True).detach()
+    e = torch.exp(scores - m.masked_fill(m == float("-inf"), 0.0))
+    return e / e.sum(dim, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
+"""
+
+
+def test_12_peeking_finds_nothing_that_helps(grade_source, monkeypatch):
+    monkeypatch.setenv("ATTN_GRADE_SECRET_TOKEN", "hunter2")
+    result = grade_source(PEEKS)
+    assert result.full_marks, explain(result)
+    assert "FOUND: []" in result.candidate_output and "FOUND: ['" not in result.candidate_output
+    assert "refused: the candidate may not import 'solutions' while being graded" in result.candidate_output
+
+
+# 13. ------------------------------------------------------------------------------------
+
+
+def test_13_planted_files_beside_the_candidate_change_nothing(grade_source, tmp_path):
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\n@pytest.hookimpl(tryfirst=True)\ndef pytest_runtest_call(item):\n    return True\n"
+    )
+    (tmp_path / "pytest.py").write_text("raise SystemExit('planted pytest')\n")
+    (tmp_path / "torch.py").write_text("raise SystemExit('planted torch')\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\naddopts = -p no:python\n")
+    buggy = grade_source("def scale_scores(scores, head_dim):\n    return scores")
+    assert set(lost(buggy)) == {"scale_scores"} | STEPS_OF_MODULE, explain(buggy)
+    assert grade_source("").full_marks  # and the next candidate from the same folder
+
+
+# 14. ------------------------------------------------------------------------------------
+
+RNG_GAMES = """
+import random
+def _drain():
+    torch.manual_seed(1234)
+    torch.rand(1000)
+    random.seed(5)
+_drain()
+_project = project
+def project(x, weight, bias=None):
+    _drain()
+    return _project(x, weight, bias)
+"""
+
+
+def test_14_rng_games_leave_the_inputs_alone_and_the_report_byte_identical(grade_source, tmp_path):
+    plain = report.to_json(grade_source(""))
+    games = [report.to_json(grade_source(RNG_GAMES)) for _ in range(2)]
+    assert games[0] == games[1] == plain
+
+
+# 15. ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code, step_id, called", [
+    ("import torch.nn.functional as F\ndef project(x, weight, bias=None):\n    return F.linear(x, weight, bias)",
+     "project", "linear"),
+    ("from torch.nn.functional import linear as lin\ndef project(x, weight, bias=None):\n    return lin(x, weight, bias)",
+     "project", "linear"),
+    ("def softmax(scores, dim=-1):\n    return getattr(torch, 'soft' + 'max')(scores, dim).nan_to_num(0.0)",
+     "softmax", "softmax"),
+    ("def softmax(scores, dim=-1):\n    return scores.softmax(dim).nan_to_num(0.0)", "softmax", "softmax"),
+    ("def softmax(scores, dim=-1):\n    return torch.nn.Softmax(dim)(scores).nan_to_num(0.0)", "softmax", "softmax"),
+    ("""
+class MultiHeadAttention(MultiHeadAttention):
+    def forward(self, query, key=None, value=None, mask=None):
+        key = query if key is None else key
+        value = key if value is None else value
+        sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention")
+        H = self.num_heads
+        q, k, v = (split_heads(project(t, l.weight, l.bias), H) for t, l in ((query, self.w_q), (key, self.w_k), (value, self.w_v)))
+        return project(merge_heads(sdpa(q, k, v, attn_mask=mask)), self.w_o.weight, self.w_o.bias)
+""", "MultiHeadAttention", "scaled_dot_product_attention"),
+    ("""
+class MultiHeadAttention(MultiHeadAttention):
+    def forward(self, query, key=None, value=None, mask=None):
+        key = query if key is None else key
+        value = key if value is None else value
+        D, H = self.embed_dim, self.num_heads
+        m = torch.nn.MultiheadAttention(D, H, batch_first=True, bias=self.w_q.bias is not None).to(query)
+        with torch.no_grad():
+            m.in_proj_weight.copy_(torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight]))
+            m.out_proj.weight.copy_(self.w_o.weight)
+            if self.w_q.bias is not None:
+                m.in_proj_bias.copy_(torch.cat([self.w_q.bias, self.w_k.bias, self.w_v.bias]))
+                m.out_proj.bias.copy_(self.w_o.bias)
+        return m(query, key, value, attn_mask=None if mask is None else ~mask.expand(query.shape[0], H, query.shape[1], key.shape[1]).reshape(-1, query.shape[1], key.shape[1]), need_weights=False)[0]
+""", "MultiHeadAttention", "multi_head_attention_forward"),
+])
+def test_15_forbidden_shortcuts_lose_the_rule_points_whatever_their_name(grade_source, code, step_id, called):
+    result = grade_source(code)
+    rules = [c for c in step(result, step_id).checks if c.name.endswith("_rules")]
+    assert rules and all(c.outcome == "failed" and f"called {called}" in c.message for c in rules), explain(result)
+    assert set(lost(result)) <= {step_id} | STEPS_OF_MODULE, explain(result)
+
+
+# 16. ------------------------------------------------------------------------------------
+
+
+def test_16_mutating_inputs_in_place_does_not_touch_the_graders_copies(grade_source):
+    code = """
+    _softmax, _project = softmax, project
+    def softmax(scores, dim=-1):
+        out = _softmax(scores, dim)
+        scores.zero_()  # vandalise the input after use
+        return out
+    def project(x, weight, bias=None):
+        out = _project(x, weight, bias)
+        if not weight.requires_grad:  # in the module, the weights are parameters: in-place is an error there
+            weight.fill_(float("nan"))
+        return out
+    """
+    result = grade_source(code)
+    assert result.full_marks, explain(result)
+
+
+# 17. ------------------------------------------------------------------------------------
+
+
+def test_17_the_worker_has_no_network_where_the_system_allows(grade_source):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    threading.Thread(target=lambda: server.accept(), daemon=True).start()
+    port = server.getsockname()[1]
+    code = f"""
+    import socket
+    try:
+        socket.create_connection(("127.0.0.1", {port}), timeout=2)
+        print("NETWORK: connected")
+    except OSError as error:
+        print("NETWORK: refused", error)
+    """
+    result = grade_source(code)
+    server.close()
+    if os.geteuid() != 0 and "NETWORK: connected" in result.candidate_output:
+        pytest.skip("this system allows no network namespace to a non-root user (see the README)")
+    assert "NETWORK: refused" in result.candidate_output and "NETWORK: connected" not in result.candidate_output
