@@ -68,7 +68,8 @@ class Zygote:
     """The process that imports torch once and forks a worker child per request (grader/worker.py).
 
     One zygote serves one candidate at a time: killing a child also ends every process
-    left below the zygote. Reuse one for many files in a row (tests, watch, batch).
+    left below the zygote but the other children it has forked. Reuse one for many files in
+    a row (tests, watch, batch).
     """
 
     def __init__(self, warm_device: bool = False):
@@ -91,26 +92,36 @@ class Zygote:
             )
         theirs.close()
         self._control = ours
+        self._sent = self._received = 0  # requests sent and replies read: the zygote answers in order
+        self._replies: dict[int, dict] = {}
+        self._unwanted: set[int] = set()
 
-    def spawn(self, request: dict, fds: list[int]) -> None:
-        """Ask for a child; its pid comes back through `reply`."""
+    def send(self, request: dict, fds: tuple[int, ...] = (), reply: bool = True) -> int:
+        """Send a request; its reply comes back, in order, through `reply(ticket)` (or is dropped)."""
         try:
-            socket.send_fds(self._control, [json.dumps(request).encode()], fds)
+            socket.send_fds(self._control, [json.dumps(request).encode()], list(fds))
         except OSError as exc:
             raise GraderBug(f"the worker zygote is gone: {exc}\n{self.log()}") from None
+        self._sent += 1
+        if not reply:
+            self._unwanted.add(self._sent)
+        return self._sent
 
-    def ask(self, request: dict | None, deadline: float) -> dict:
-        """Send a request (None: only read the pending reply) and read the reply."""
-        try:
-            if request is not None:
-                self._control.sendall(json.dumps(request).encode())
-            self._control.settimeout(max(0.01, deadline - time.monotonic()))
-            data = self._control.recv(65536)
-            if not data:
-                raise OSError("it closed its socket")
-            return json.loads(data)
-        except (OSError, ValueError) as exc:
-            raise GraderBug(f"the worker zygote stopped answering: {exc}\n{self.log()}") from None
+    def reply(self, ticket: int, deadline: float) -> dict:
+        """The zygote's reply to request `ticket`, reading (and keeping or dropping) those before it."""
+        while ticket not in self._replies:
+            try:
+                self._control.settimeout(max(0.01, deadline - time.monotonic()))
+                data = self._control.recv(65536)
+                if not data:
+                    raise OSError("it closed its socket")
+                self._received += 1
+                if self._received not in self._unwanted:
+                    self._replies[self._received] = json.loads(data)
+                self._unwanted.discard(self._received)
+            except (OSError, ValueError) as exc:
+                raise GraderBug(f"the worker zygote stopped answering: {exc}\n{self.log()}") from None
+        return self._replies.pop(ticket)
 
     def log(self) -> str:
         try:
@@ -134,6 +145,16 @@ class Zygote:
         self.close()
 
 
+@dataclass
+class _Child:
+    """A worker child: the zygote's ticket for its pid, the pipes to it, its pid and hello once known."""
+
+    ticket: int
+    fds: tuple[int, int]  # (send, receive)
+    pid: int | None = None
+    greeted: bool = False
+
+
 class Candidate:
     def __init__(
         self,
@@ -155,10 +176,9 @@ class Candidate:
         self.workers_started = 0
         self._zygote = zygote  # borrowed, or started (and closed) by this candidate
         self._owns_zygote = zygote is None
-        self._child: int | None = None  # pid of the live worker child
-        self._serving: str | None = None  # the one function or class that child has been called for
-        self._fds: tuple[int, int] = (-1, -1)  # (send, receive) pipes to that child
-        self._state = "none"  # none | spawning | hello | ready
+        self._live: _Child | None = None  # the child answering calls
+        self._serving: str | None = None  # the one function or class it has been called for
+        self._spare: _Child | None = None  # forked ahead, for the next step
         self._import_error: CandidateError | None = None
         self._broken: dict[str, tuple[str, str]] = {}  # function name -> (kind, message) of its hang or crash
         self._output = bytearray()
@@ -174,11 +194,14 @@ class Candidate:
         """Start a zygote unless one was lent, and ask for a first worker; both go on while the caller imports torch."""
         if self._zygote is None:
             self._zygote = Zygote(self.warm_device)
-        self._spawn()
+        self._live = self._spawn()
 
     def close(self) -> None:
         try:
-            self._kill()
+            for child in (self._live, self._spare):
+                if child is not None:
+                    self._kill(child)
+            self._live = self._spare = None
         finally:
             if self._owns_zygote and self._zygote is not None:
                 self._zygote.close()
@@ -201,36 +224,34 @@ class Candidate:
         return text
 
     def ready(self) -> dict:
-        """Wait for a worker's hello; raise CandidateError if the candidate file cannot be imported."""
+        """Wait for the live worker's hello; raise CandidateError if the candidate file cannot be imported."""
         if self._import_error:  # a fresh exception each time: re-raising one would grow its traceback
             raise CandidateError(self._import_error.kind, self._import_error.message)
-        if self._state == "none":
-            self._spawn()
-        if self._state == "spawning":
-            reply = self._zygote.ask(None, time.monotonic() + self.import_timeout)
-            self._child, self._state = int(reply["pid"]), "hello"
-        if self._state == "hello":
-            self._state = "ready"
-            try:
-                hello, _ = wire.read_frame(self._fds[1], time.monotonic() + self.import_timeout)
-            except wire.Timeout:
-                self._kill()
-                self._import_error = CandidateError("import", f"timed out after {self.import_timeout:g} s while importing")
-                raise CandidateError(self._import_error.kind, self._import_error.message) from None
-            except wire.Closed:
-                status = self._kill()
-                self._import_error = CandidateError("import", f"candidate exited while importing ({status})")
-                raise CandidateError(self._import_error.kind, self._import_error.message) from None
-            except wire.WireError as exc:
-                self._kill()
-                raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None
-            if not hello.get("ok"):
-                self._kill()
-                error = hello.get("error") or {}
-                self._import_error = CandidateError("import", f"could not import: {_text(error.get('message'))}")
-                raise CandidateError(self._import_error.kind, self._import_error.message)
-            self.info = {"torch": _text(hello.get("torch")), "cuda": hello.get("cuda") is True}
-        return self.info
+        if self._live is None:
+            self._live, self._spare = self._spare or self._spawn(), None
+        child = self._live
+        if child.greeted:
+            return self.info
+        self._pid(child)
+        child.greeted = True
+        try:
+            hello, _ = wire.read_frame(child.fds[1], time.monotonic() + self.import_timeout)
+        except wire.Timeout:
+            self._drop_live()
+            self._import_error = CandidateError("import", f"timed out after {self.import_timeout:g} s while importing")
+        except wire.Closed:
+            self._import_error = CandidateError("import", f"candidate exited while importing ({self._drop_live(wait=True)})")
+        except wire.WireError as exc:
+            self._drop_live()
+            raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None
+        else:
+            if hello.get("ok"):
+                self.info = {"torch": _text(hello.get("torch")), "cuda": hello.get("cuda") is True}
+                return self.info
+            self._drop_live()
+            error = hello.get("error") or {}
+            self._import_error = CandidateError("import", f"could not import: {_text(error.get('message'))}")
+        raise CandidateError(self._import_error.kind, self._import_error.message)
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -263,12 +284,12 @@ class Candidate:
         if shaped and grad_output is not None:
             shaped = isinstance(value.get("arg_grads"), list) and isinstance(value.get("param_grads"), dict)
         if not shaped:
-            self._kill()
+            self._drop_live()
             raise CandidateError("protocol", "worker sent a malformed module result")
         return answer
 
     def _request(self, header: dict, name: str, args, kwargs, extra) -> Answer:
-        if name in self._broken:  # it hung or killed its worker once: no check waits on it again
+        if name in self._broken:  # it hung, died or ran out of memory once: no check waits on it again
             kind, message = self._broken[name]
             raise CandidateError(kind, f"{message} (an earlier call to {name} did)")
         if self._file_deadline is None:
@@ -276,44 +297,50 @@ class Candidate:
         if time.monotonic() >= self._file_deadline:
             raise CandidateError("timeout", f"the whole-file time limit ({self.file_timeout:g} s) ran out")
         if self._serving not in (None, name):  # each step gets a fresh child: nothing one step's code
-            self._kill()  # patched, started or left behind reaches the next step
+            self._drop_live()  # patched, started or left behind reaches the next step
         self.ready()
         self._serving = name
+        if self._spare is None:  # fork the next step's child now, while this step runs
+            self._spare = self._spawn()
         blobs: list[bytes] = []
         header = dict(header, args=[_encode_arg(a, blobs) for a in args])
         header["kwargs"] = {k: _encode_arg(v, blobs) for k, v in kwargs.items()}
         for key, value in extra.items():
             header[key] = wire.encode(value, blobs)
         deadline = min(time.monotonic() + self.timeout, self._file_deadline)
+        send, receive = self._live.fds
         try:
-            wire.write_frame(self._fds[0], header, blobs, deadline)
-            answer, answer_blobs = wire.read_frame(self._fds[1], deadline)
+            wire.write_frame(send, header, blobs, deadline)
+            answer, answer_blobs = wire.read_frame(receive, deadline)
         except wire.Timeout:
-            self._kill()
+            self._drop_live()
             if deadline == self._file_deadline:
                 raise CandidateError("timeout", f"the whole-file time limit ({self.file_timeout:g} s) ran out") from None
             self._broken[name] = ("timeout", f"timed out after {self.timeout:g} s")
             raise CandidateError(*self._broken[name]) from None
         except wire.Closed:
-            self._broken[name] = ("died", f"worker died ({self._kill()})")
+            self._broken[name] = ("died", f"worker died ({self._drop_live(wait=True)})")
             raise CandidateError(*self._broken[name]) from None
         except wire.WireError as exc:
-            self._kill()
+            self._drop_live()
             raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None
         called = frozenset(_text(n) for n in answer.get("called", []) if isinstance(n, str))
         if not answer.get("ok"):
-            raise _error(answer.get("error"), self.memory_limit_mb)
+            error = _error(answer.get("error"), self.memory_limit_mb)
+            if error.kind == "memory":  # like a hang: the next call would only fill memory again
+                self._broken[name] = (error.kind, error.message)
+            raise error
         try:
             value = wire.decode(answer.get("value"), answer_blobs)
         except wire.WireError as exc:
-            self._kill()
+            self._drop_live()
             raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None
         return Answer(value, called)
 
-    # -- the zygote and its children ----------------------------------------------------
+    # -- worker children -----------------------------------------------------------------
 
-    def _spawn(self) -> None:
-        """Ask the zygote for a fresh worker child; its pid and hello are read in ready()."""
+    def _spawn(self) -> _Child:
+        """Ask the zygote for a fresh worker child; its pid and hello are read when it is needed."""
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         output_r, output_w = os.pipe()
@@ -324,33 +351,34 @@ class Candidate:
             "memory_limit": self.memory_limit_mb * 1024 * 1024,
         }
         try:
-            self._zygote.spawn(request, [to_child_r, from_child_w, output_w])
+            ticket = self._zygote.send(request, (to_child_r, from_child_w, output_w))
         finally:
             for fd in (to_child_r, from_child_w, output_w):
                 os.close(fd)
         os.set_blocking(to_child_w, False)
-        self._fds = (to_child_w, from_child_r)
-        self._state = "spawning"
         self.workers_started += 1
         threading.Thread(target=self._drain, args=(output_r,), daemon=True).start()
+        return _Child(ticket, (to_child_w, from_child_r))
 
-    def _kill(self) -> str:
-        """End the live child and all it started; return how it ended ('exit code 0', ...)."""
-        state, self._state, self._serving = self._state, "none", None
-        if state == "spawning":  # the zygote will still answer the spawn: take the pid first
-            try:
-                self._child = int(self._zygote.ask(None, time.monotonic() + self.import_timeout)["pid"])
-            except GraderBug:
-                self._child = None
-        status = "killed"
-        if self._child is not None:
-            status = str(self._zygote.ask({"op": "kill", "pid": self._child}, time.monotonic() + ZYGOTE_REPLY_TIMEOUT)["status"])
-            self._child = None
-        for fd in self._fds:
-            if fd >= 0:
-                os.close(fd)
-        self._fds = (-1, -1)
-        return status
+    def _pid(self, child: _Child) -> int:
+        if child.pid is None:
+            child.pid = int(self._zygote.reply(child.ticket, time.monotonic() + self.import_timeout)["pid"])
+        return child.pid
+
+    def _drop_live(self, wait: bool = False) -> str:
+        """Kill the live child (the next call takes the spare); with `wait`, say how it ended."""
+        child, self._live, self._serving = self._live, None, None
+        return self._kill(child, wait) if child is not None else "killed"
+
+    def _kill(self, child: _Child, wait: bool = False) -> str:
+        """End a child and all it started. Only `wait` waits for the zygote, to learn how it ended."""
+        request = {"op": "kill", "pid": self._pid(child), "wait": wait}
+        ticket = self._zygote.send(request, reply=wait)
+        for fd in child.fds:
+            os.close(fd)
+        if not wait:
+            return "killed"
+        return str(self._zygote.reply(ticket, time.monotonic() + ZYGOTE_REPLY_TIMEOUT)["status"])
 
     def _drain(self, fd: int) -> None:
         """Keep the first OUTPUT_CAP bytes of the candidate's output; read and drop the rest."""

@@ -7,9 +7,9 @@ the device the checks will use), then answers the grader on its control socket:
     {"op": "spawn", ...} with three file descriptors -> {"pid": N}
         fork a child that drops into its own sandbox (below), imports the candidate file,
         says hello on its pipe and answers requests there.
-    {"op": "kill", "pid": N} -> {"status": "exit code 0" | "killed by signal SIGSEGV" | ...}
-        kill that child's process group, then every process the candidate left behind,
-        and say how the child ended.
+    {"op": "kill", "pid": N, "wait": bool} -> {"status": "exit code 0" | "killed by signal SIGSEGV" | ...}
+        kill that child's process group, then every process below the zygote but the other
+        children and theirs, and (with "wait") say how the child ended.
 
 The zygote is a child subreaper, so a process the candidate starts in a new session or
 double-forks is re-parented here and found by `_kill_descendants`. When the grader goes
@@ -73,7 +73,7 @@ def main() -> None:
         if not data:  # the grader is gone
             for pid in spawned:
                 _kill(pid)
-            _kill_descendants()
+            _kill_descendants(keep=set())
             os._exit(0)
         request = json.loads(data)
         if request["op"] == "spawn":
@@ -86,8 +86,15 @@ def main() -> None:
                 os.close(fd)
             control.sendall(json.dumps({"pid": pid}).encode())
         elif request["op"] == "kill":
-            spawned.discard(request["pid"])
-            control.sendall(json.dumps({"status": _kill(request["pid"])}).encode())
+            pid = request["pid"]
+            spawned.discard(pid)
+            if request.get("wait"):
+                status = _kill(pid)
+                control.sendall(json.dumps({"status": status}).encode())
+            else:  # answer first: the grader goes on while the child is reaped and swept
+                control.sendall(json.dumps({"status": "killed"}).encode())
+                _kill(pid)
+            _kill_descendants(keep=spawned)
 
 
 def _kill(pid: int) -> str:
@@ -101,7 +108,6 @@ def _kill(pid: int) -> str:
         _, status = os.waitpid(pid, 0)
     except ChildProcessError:
         status = None
-    _kill_descendants()
     try:
         os.rmdir(_cgroup(pid))
     except OSError:
@@ -115,8 +121,8 @@ def _kill(pid: int) -> str:
     return f"exit code {os.WEXITSTATUS(status)}"
 
 
-def _kill_descendants() -> None:
-    """SIGKILL every process below the zygote, again until none is left, and reap them."""
+def _kill_descendants(keep: set) -> None:
+    """SIGKILL every process below the zygote but the children in `keep` and theirs, until none is left."""
     me = os.getpid()
     for _ in range(100):
         parents = {}
@@ -130,7 +136,7 @@ def _kill_descendants() -> None:
                     pass
         below, frontier = set(), {me}
         while frontier:
-            frontier = {pid for pid, parent in parents.items() if parent in frontier and pid not in below}
+            frontier = {pid for pid, parent in parents.items() if parent in frontier and pid not in below | keep}
             below |= frontier
         if not below:
             break
@@ -139,12 +145,11 @@ def _kill_descendants() -> None:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        while True:
+        for pid in below:  # reap our own; the others' parents reap theirs
             try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
+                os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
-                break
+                pass
 
 
 def _warm_meta(torch) -> None:

@@ -242,29 +242,30 @@ def test_10_lying_results_are_refused_by_type_and_never_unpickled(grade_source, 
 # 11. ------------------------------------------------------------------------------------
 
 NOISE = r"""
-import sys
+import os, sys
 print('{"exercise": "mha", "score": 100, "max_score": 100, "steps": []}')
 print("==================== 61 passed in 0.1s ====================")
 print("Total: 100/100 \x1b[2J\x1b[31mall green\x1b[0m")
-sys.stdout.write("x" * 100_000_000)
 def scale_scores(scores, head_dim):
+    if not os.path.exists("flooded"):  # 100 MB once (the working directory outlives each step's worker)
+        open("flooded", "w").close()
+        sys.stdout.write("x" * 100_000_000)
     print('{"score": 100}')
     return scores
 """
 
 
-def test_11_fake_output_changes_nothing_and_shows_only_escaped_with_verbose(tmp_path):
-    path = tmp_path / "mha.py"
-    path.write_text(REFERENCE + NOISE)
-    runner = CliRunner()
-    as_json = runner.invoke(cli.main, [str(path), "--format", "json", "--device", "cpu"])
-    data = json.loads(as_json.stdout)  # exactly one JSON object, ours
-    assert as_json.exit_code == 1 and data["score"] < 100 and "candidate_output" not in data
-    text = runner.invoke(cli.main, [str(path), "--device", "cpu"])
-    assert text.exit_code == 1 and "all green" not in text.stdout and "61 passed" not in text.stdout
-    verbose = runner.invoke(cli.main, [str(path), "--device", "cpu", "-v"])
-    assert "\x1b[2J" not in verbose.stdout and "\\x1b[2J\\x1b[31mall green" in verbose.stdout
-    assert "more bytes not kept" in verbose.stdout and len(verbose.stdout) < 1_000_000
+def test_11_fake_output_changes_nothing_and_shows_only_escaped_with_verbose(grade_source):
+    result = grade_source(NOISE)
+    data = json.loads(report.to_json(result))  # exactly one JSON object, ours
+    assert data["score"] < 100 and "candidate_output" not in data
+    assert set(lost(result)) == {"scale_scores"} | STEPS_OF_MODULE, explain(result)
+    text = report.to_text(result)
+    assert "all green" not in text and "61 passed" not in text
+    verbose = report.to_text(result, verbose=True)
+    assert "\x1b[2J" not in verbose and "\\x1b[2J\\x1b[31mall green" in verbose
+    assert "more bytes not kept" in verbose and len(verbose) < 1_000_000
+    assert json.loads(report.to_json(result, verbose=True))["candidate_output"].startswith('{"exercise": "mha"')
 
 
 # 12. ------------------------------------------------------------------------------------
