@@ -64,6 +64,13 @@ class Strided:
     tensor: object
 
 
+@dataclass(frozen=True)
+class Seeded:
+    """An input the worker hands to the candidate as a torch.Generator seeded with `seed`."""
+
+    seed: int
+
+
 class Zygote:
     """The process that imports torch once and forks a worker child per request (grader/worker.py).
 
@@ -412,6 +419,8 @@ def _error(error, memory_limit_mb: int) -> CandidateError:
 def _encode_arg(value, blobs: list[bytes]):
     if isinstance(value, Strided):
         return dict(wire.encode(value.tensor, blobs), strided=True)
+    if isinstance(value, Seeded):
+        return {"kind": "generator", "seed": int(value.seed)}
     return wire.encode(value, blobs)
 
 

@@ -43,8 +43,9 @@ def grade(
         cuda = torch.cuda.is_available()
         if device == "cuda" and not cuda:
             raise UsageError("--device cuda: torch sees no CUDA device here. Use --device auto to check on the meta device instead.")
-        # The device checks run on CUDA, or on the meta device as a stand-in; --device cpu runs them on the CPU.
-        under_test = "cpu" if device == "cpu" or not found.device_checks else ("cuda" if cuda else "meta")
+        # The device checks run on CUDA, or on the meta device as a stand-in; --device cpu runs them on the
+        # CPU. An exercise without them (NumPy) says so rather than skipping them silently.
+        under_test = "none" if not found.device_checks else "cpu" if device == "cpu" else "cuda" if cuda else "meta"
         outcomes = run_checks(found, candidate, seed, under_test, timeout)
         environment = {"torch": torch.__version__, "device": under_test, "cuda_available": cuda}
         return score(found, outcomes, str(path), environment, candidate.output)

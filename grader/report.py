@@ -12,6 +12,7 @@ DEVICE_NOTE = {
     "cuda": "device checks ran on CUDA",
     "meta": "device checks ran on the meta device (no CUDA device here)",
     "cpu": "device checks ran on the CPU (--device cpu)",
+    "none": "no device checks (a NumPy exercise)",
 }
 
 

@@ -99,6 +99,11 @@ class _Plugin:
         return self._device
 
     @pytest.fixture
+    def source(self) -> str:
+        """The candidate file's text, for rules the grader checks without running it."""
+        return self._candidate.path.read_text(encoding="utf-8", errors="replace")
+
+    @pytest.fixture
     def forbidden(self, request) -> tuple[str, ...]:
         return self.exercise.step(_marker(request.node)[0]).forbidden
 

@@ -274,8 +274,8 @@ def _serve(wire, torch, candidate_path, read_fd, write_fd) -> None:
 
 def _handle(torch, wire, spy, module, request, blobs, blobs_out):
     device = request.get("device", "cpu")
-    args = [_to_device(torch, wire.decode(a, blobs), device, a) for a in request.get("args", [])]
-    kwargs = {k: _to_device(torch, wire.decode(v, blobs), device, v) for k, v in request.get("kwargs", {}).items()}
+    args = [_to_device(torch, _decode(wire, a, blobs), device, a) for a in request.get("args", [])]
+    kwargs = {k: _to_device(torch, _decode(wire, v, blobs), device, v) for k, v in request.get("kwargs", {}).items()}
     target = getattr(module, request["name"])
     spy.seen = set()
 
@@ -309,8 +309,15 @@ def _handle(torch, wire, spy, module, request, blobs, blobs_out):
     return wire.encode(result, blobs_out), spy.seen
 
 
+def _decode(wire, item, blobs):
+    """An input as the grader described it; a generator is built in _to_device."""
+    return None if isinstance(item, dict) and item.get("kind") == "generator" else wire.decode(item, blobs)
+
+
 def _to_device(torch, value, device, description):
     """Move a decoded input tensor to the device under test; 'strided' asks for a non-contiguous copy."""
+    if isinstance(description, dict) and description.get("kind") == "generator":
+        return torch.Generator(device=device if device != "meta" else "cpu").manual_seed(description["seed"])
     if type(value) is not torch.Tensor:
         return value
     value = value.to(device)

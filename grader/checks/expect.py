@@ -116,6 +116,22 @@ def expect_allowed(answer, forbidden: tuple[str, ...]) -> None:
         raise CheckFailed(f"called {', '.join(used)}, which this step must not use: write it with basic tensor ops")
 
 
+def expect_no_import(source: str, module: str) -> None:
+    """The candidate file does not import `module` (read, never run: the grader parses it)."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        raise CheckFailed("the file does not parse") from None
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        if any(n == module or n.startswith(module + ".") for n in names):
+            raise CheckFailed(f"imports {module} at line {node.lineno}: this exercise must not use it")
+
+
 def call_on_device(candidate, device: str, name: str, *args, **kwargs):
     """Run a candidate function on the device under test; skip what the meta device cannot run."""
     try:
