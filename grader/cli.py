@@ -7,13 +7,19 @@ message on stderr says what to do); 3 an internal error of the grader's.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import time
 import traceback
+from pathlib import Path
 
 import click
 
+from grader import workspace
 from grader.candidate import DEFAULT_FILE_TIMEOUT, DEFAULT_MEMORY_LIMIT_MB, DEFAULT_TIMEOUT
-from grader.exercise import UsageError
+from grader.exercise import UsageError, find_exercise, load_manifest
+from grader.progress import Progress
+from grader.report import FORMATS, render
 
 EXIT_FULL_MARKS, EXIT_POINTS_LOST, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
 BUG_REPORT = "This is a bug in attn-grade, not in your code: please report it with the output above."
@@ -50,35 +56,209 @@ def main() -> None:
     """Grade your attention exercises step by step: attn-grade exercises/mha.py"""
 
 
+GRADE_OPTIONS = [
+    click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+                 help="Where the device checks run: auto is CUDA if present, else the meta device."),
+    click.option("--seed", type=int, default=0, show_default=True, help="Seed of the grader's random inputs."),
+    click.option("--timeout", type=click.FloatRange(min=0.1), default=DEFAULT_TIMEOUT, show_default=True,
+                 help="Seconds one call into the candidate's code may take before it is killed."),
+    click.option("--file-timeout", "file_timeout", type=click.FloatRange(min=0.1), default=DEFAULT_FILE_TIMEOUT,
+                 show_default=True, help="Seconds all the calls into one file may take together."),
+    click.option("--memory-limit", "memory_limit_mb", type=click.IntRange(min=0), default=DEFAULT_MEMORY_LIMIT_MB,
+                 show_default=True, metavar="MB", help="Memory cap of the process running the candidate's code (0: none)."),
+    click.option("--exercise", metavar="NAME", help="Which exercise the file is (default: from its name, mha.py is mha)."),
+]
+
+
+def grade_options(command):
+    for option in reversed(GRADE_OPTIONS):
+        command = option(command)
+    return command
+
+
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False))
-@click.option("--exercise", metavar="NAME", help="Which exercise the file is (default: from its name, mha.py is mha).")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True, help="Report format.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="Where the device checks run: auto is CUDA if present, else the meta device.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the grader's random inputs.")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=DEFAULT_TIMEOUT, show_default=True,
-              help="Seconds one call into your code may take before it is killed.")
-@click.option("--file-timeout", "file_timeout", type=click.FloatRange(min=0.1), default=DEFAULT_FILE_TIMEOUT,
-              show_default=True, help="Seconds all the calls into your file may take together.")
-@click.option("--memory-limit", "memory_limit", type=click.IntRange(min=0), default=DEFAULT_MEMORY_LIMIT_MB,
-              show_default=True, metavar="MB", help="Memory cap of the process running your code (0: none).")
-@click.option("-v", "--verbose", is_flag=True, help="Show every check and what your code printed.")
-def grade(file, exercise, fmt, device, seed, timeout, file_timeout, memory_limit, verbose) -> None:
+@grade_options
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True, help="Report format.")
+@click.option("--output", type=click.Path(dir_okay=False, writable=True), help="Write the report to this file, not stdout.")
+@click.option("-v", "--verbose", is_flag=True, help="Show every check and what the code printed.")
+def grade(file, fmt, output, verbose, **options) -> None:
     """Grade FILE and report a score for every step."""
     from grader.grade import grade as run_grade  # imported here: `attn-grade --help` stays instant
-    from grader import report
 
+    result = _run(run_grade, file, **options)
+    progress = Progress.find(Path(file).parent)
+    if progress:
+        progress.record_grade(result)
+        progress.save()
+    text = render(fmt, result, verbose, progress)
+    if output:
+        Path(output).write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+    else:
+        click.echo(text)
+    sys.exit(EXIT_FULL_MARKS if result.full_marks else EXIT_POINTS_LOST)
+
+
+@main.command(name="list")
+@click.option("--workspace", "folder", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="The folder whose progress to show.")
+def list_(folder) -> None:
+    """List the exercises with their steps, points and, in a workspace, the best score so far."""
+    progress = Progress.find(Path(folder))
+    for exercise in load_manifest().values():
+        best = [progress.best(exercise.name, s.id) for s in exercise.steps] if progress else []
+        total = f"  best {sum(b or 0 for b in best)}/{exercise.max_score}" if any(b is not None for b in best) else ""
+        click.echo(click.style(f"{exercise.name}: {exercise.title} ({exercise.file}, {exercise.max_score} points){total}", bold=True))
+        for i, step in enumerate(exercise.steps):
+            mine = f"  best {best[i]}/{step.points}" if best and best[i] is not None else ""
+            click.echo(f"  {step.id:<22} {step.points:>3}  {step.title}{mine}")
+
+
+@main.command()
+@click.argument("folder", type=click.Path(file_okay=False), default=".")
+@click.option("--exercise", metavar="NAME", help="Copy only this exercise's stub (default: all).")
+@click.option("--force", is_flag=True, help="Replace files that already hold work.")
+def init(folder, exercise, force) -> None:
+    """Copy fresh stubs into FOLDER (default: here) and start tracking progress there."""
+    written = _run(workspace.init, Path(folder), _exercises(exercise), force)
+    for path in written:
+        click.echo(f"wrote {path}")
+    click.echo(f"Next: attn-grade watch {written[0]}")
+
+
+@main.command()
+@click.argument("exercise")
+@click.argument("step")
+@click.option("--level", type=click.IntRange(min=1), default=1, show_default=True,
+              help="1 is a nudge; higher levels come close to the answer.")
+@click.option("--workspace", "folder", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="The workspace that records hints used.")
+def hint(exercise, step, level, folder) -> None:
+    """Show a hint for one STEP of EXERCISE."""
+    found = _step(exercise, step)
+    if level > len(found.hints):
+        raise click.UsageError(f"{step} has {len(found.hints)} hint levels; pass --level 1 to {len(found.hints)}.")
+    click.echo(f"{exercise}/{step}, hint {level} of {len(found.hints)}: {found.hints[level - 1]}")
+    progress = Progress.find(Path(folder))
+    if progress:
+        progress.record_hint(exercise, step, level)
+        progress.save()
+
+
+@main.command()
+@click.argument("exercise")
+@click.argument("step", required=False)
+@click.option("--yes", is_flag=True, help="Show it without asking.")
+@click.option("--workspace", "folder", type=click.Path(file_okay=False), default=".", show_default=True,
+              help="The workspace whose progress tells whether you solved the step.")
+def solution(exercise, step, yes, folder) -> None:
+    """Show the model answer for EXERCISE, or one STEP of it."""
+    found = _exercises(exercise)[0]
+    steps = [_step(exercise, step)] if step else list(found.steps)
+    progress = Progress.find(Path(folder))
+    solved = progress is not None and all(progress.full_marks(exercise, s.id) for s in steps)
+    if not (yes or solved):
+        what = f"the model answer for {exercise}/{step}" if step else f"the whole model answer for {exercise}"
+        click.confirm(f"Show {what}? Trying first teaches more", abort=True, err=True)
+    reference = found.stub_path.parent.parent / "solutions" / found.file
+    click.echo(workspace.step_source(reference, step) if step else reference.read_text(encoding="utf-8"))
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--step", metavar="STEP", help="Reset only this step (default: the whole file).")
+@click.option("--exercise", metavar="NAME", help="Which exercise the file is (default: from its name).")
+@click.option("--yes", is_flag=True, help="Reset without asking.")
+def reset(file, step, exercise, yes) -> None:
+    """Put a fresh stub back into FILE (or only one STEP of it); your version of it is lost."""
+    found = _run(find_exercise, Path(file), exercise)
+    if step:
+        _step(found.name, step)
+    if not yes:
+        click.confirm(f"Replace {'step ' + step if step else 'all of'} {file} with the stub?", abort=True, err=True)
+    if step:
+        _run(workspace.reset_step, Path(file), found.stub_path, step)
+    else:
+        shutil.copyfile(found.stub_path, file)
+    click.echo(f"reset {file}" + (f" ({step})" if step else ""))
+
+
+@main.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@grade_options
+def watch(file, **options) -> None:
+    """Regrade FILE on every save (Ctrl-C to stop)."""
+    from grader.watch import watch as run_watch
+
+    _run(find_exercise, Path(file), options.get("exercise"))
+    run_watch(Path(file), options)
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@grade_options
+@click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Files graded at once.")
+@click.option("--output", type=click.Path(dir_okay=False, writable=True), help="Write the CSV here, not stdout.")
+def batch(paths, jobs, output, **options) -> None:
+    """Grade every file in PATHS (every exercise file under a folder) into one CSV row each."""
+    from grader import batch as batch_
+
+    files = _run(batch_.find_files, list(paths))
+    if not files:
+        raise click.UsageError("no exercise files found in those paths (looking for " +
+                               ", ".join(e.file for e in load_manifest().values()) + ").")
+    started = time.monotonic()
+    if sys.stderr.isatty():
+        with click.progressbar(length=len(files), label="grading", file=sys.stderr) as bar:
+            rows = batch_.grade_all(files, jobs, options, on_done=lambda row: bar.update(1))
+    else:
+        rows = batch_.grade_all(files, jobs, options)
+    text = batch_.to_csv(rows)
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
+    else:
+        click.echo(text, nl=False)
+    click.echo(f"graded {len(rows)} files in {time.monotonic() - started:.1f} s", err=True)
+
+
+@main.command(name="gradescope-bundle")
+@click.argument("out", type=click.Path(dir_okay=False, writable=True))
+@click.option("--exercise", default="mha", show_default=True, help="The exercise students submit.")
+def gradescope_bundle(out, exercise) -> None:
+    """Write OUT.zip, a ready Gradescope autograder for one exercise."""
+    from grader.bundle import write_bundle
+
+    names = write_bundle(Path(out), _exercises(exercise)[0])
+    click.echo(f"wrote {out} ({len(names)} files): upload it as the assignment's autograder")
+
+
+def _run(function, *args, **kwargs):
+    """Call the library; a usage error is one line and exit 2, anything else a grader bug and exit 3."""
     try:
-        result = run_grade(file, exercise, device, seed, timeout, memory_limit, file_timeout)
+        return function(*args, **kwargs)
     except UsageError as error:
         raise click.UsageError(str(error)) from None
     except Exception:
         click.echo(traceback.format_exc(), err=True)
         click.echo(f"attn-grade: internal error. {BUG_REPORT}", err=True)
         sys.exit(EXIT_INTERNAL)
-    click.echo(report.to_json(result, verbose) if fmt == "json" else report.to_text(result, verbose))
-    sys.exit(EXIT_FULL_MARKS if result.full_marks else EXIT_POINTS_LOST)
+
+
+def _exercises(name: str | None) -> list:
+    exercises = load_manifest()
+    if name is None:
+        return list(exercises.values())
+    if name not in exercises:
+        raise click.UsageError(f"unknown exercise '{name}' (known: {', '.join(exercises)}).")
+    return [exercises[name]]
+
+
+def _step(exercise: str, step: str):
+    found = _exercises(exercise)[0]
+    try:
+        return found.step(step)
+    except KeyError:
+        raise click.UsageError(f"{exercise} has no step '{step}' (steps: {', '.join(s.id for s in found.steps)}).") from None
 
 
 def entry() -> None:

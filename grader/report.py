@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
+from pathlib import Path
 
 import click
 
@@ -104,3 +108,134 @@ def _details(step: StepResult, verbose: bool) -> list[str]:
 def _escape(text: str) -> str:
     """Show control characters (ANSI escapes included) as escapes, keep newlines."""
     return "\n".join("".join(c if c.isprintable() else repr(c)[1:-1] for c in line) for line in text.split("\n"))
+
+
+def to_markdown(grade: Grade, progress=None) -> str:
+    """A report to paste into an interview scorecard."""
+    env = grade.environment
+    lines = [
+        f"# {grade.title} ({grade.exercise}): {grade.score}/{grade.max_score}",
+        "",
+        f"- File: `{grade.file}` (sha256 `{_sha256(grade.file)}`)",
+        f"- Graded: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- torch {env.get('torch', '?')}; {DEVICE_NOTE.get(env.get('device'), env.get('device'))}",
+        "",
+    ]
+    green = progress.time_to_green(grade.exercise) if progress else {}
+    lines += ["| Step | Score | Max | Time to green |", "| --- | ---: | ---: | ---: |"]
+    for step in grade.steps:
+        mark = _mark(step)[0]
+        lines.append(f"| {mark} `{step.id}` | {step.score} | {step.max_score} | {_duration(green.get(step.id))} |")
+    lines.append(f"| **Total** | **{grade.score}** | **{grade.max_score}** | |")
+    lost = [(s, c) for s in grade.steps for c in s.checks if c.points < c.max_points]
+    if lost:
+        lines += ["", "## Failed checks", ""]
+        for step, check in lost:
+            lines.append(f"- `{step.id}` / `{check.name}` ({check.outcome}): {_md(check.message)}")
+            if check.mistake:
+                lines.append(f"  - likely mistake: {_md(check.mistake)}")
+    hints = progress.hints(grade.exercise) if progress else []
+    lines += ["", "## Hints used", ""]
+    lines += [f"- `{h['step']}` level {h['level']} at {h['at']}" for h in hints] or ["- none recorded"]
+    return "\n".join(lines) + "\n"
+
+
+def to_junit(grade: Grade) -> str:
+    """JUnit XML: a testsuite per step, a testcase per check."""
+    suites = ET.Element("testsuites", name=f"attn-grade {grade.exercise}", tests=str(_count(grade)),
+                        failures=str(_count(grade, "failed")), errors=str(_count(grade, "error")))
+    for step in grade.steps:
+        suite = ET.SubElement(
+            suites, "testsuite", name=f"{grade.exercise}.{step.id}", tests=str(len(step.checks)),
+            failures=str(sum(c.outcome == "failed" for c in step.checks)),
+            errors=str(sum(c.outcome == "error" for c in step.checks)),
+            skipped=str(sum(c.outcome == "skipped" for c in step.checks)),
+        )
+        for check in step.checks:
+            case = ET.SubElement(suite, "testcase", classname=f"{grade.exercise}.{step.id}", name=check.name, time="0")
+            text = check.message + (f"\nlikely mistake: {check.mistake}" if check.mistake else "")
+            if check.outcome in ("failed", "error", "skipped"):
+                tag = {"failed": "failure", "error": "error", "skipped": "skipped"}[check.outcome]
+                ET.SubElement(case, tag, message=_xml(check.message)).text = _xml(text)
+    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def to_gradescope(grade: Grade) -> str:
+    """Gradescope's results.json: one test per step."""
+    tests = [
+        {
+            "name": f"{step.id}: {step.title}",
+            "score": step.score,
+            "max_score": step.max_score,
+            "status": "passed" if step.score == step.max_score else "failed",
+            "output": "\n".join(_details(step, verbose=False)).strip() or "All checks passed.",
+            "visibility": "visible",
+        }
+        for step in grade.steps
+    ]
+    env = grade.environment
+    output = f"{grade.title}: {grade.score}/{grade.max_score} (torch {env.get('torch')}; {DEVICE_NOTE.get(env.get('device'))})"
+    return json.dumps({"score": grade.score, "output": output, "tests": tests}, indent=2, ensure_ascii=False)
+
+
+def to_github(grade: Grade) -> str:
+    """The GitHub Classroom runner result (version 3): one test per step."""
+    tests = [
+        {
+            "name": step.id,
+            "status": "pass" if step.score == step.max_score else "fail",
+            "score": step.score,
+            "max_score": step.max_score,
+            "message": "; ".join(_plain(c) for c in step.checks if c.points < c.max_points) or None,
+            "filename": grade.file,
+            "line_no": 0,
+            "duration": 0,
+        }
+        for step in grade.steps
+    ]
+    status = "pass" if grade.full_marks else "fail"
+    return json.dumps({"version": 3, "status": status, "max_score": grade.max_score, "tests": tests}, indent=2)
+
+
+FORMATS = ("text", "json", "markdown", "junit", "gradescope", "github")
+
+
+def render(fmt: str, grade: Grade, verbose: bool = False, progress=None) -> str:
+    if fmt == "text":
+        return to_text(grade, verbose)
+    if fmt == "json":
+        return to_json(grade, verbose)
+    if fmt == "markdown":
+        return to_markdown(grade, progress)
+    return {"junit": to_junit, "gradescope": to_gradescope, "github": to_github}[fmt](grade)
+
+
+def _plain(check) -> str:
+    return f"{check.name}: {check.message}" + (f" (likely mistake: {check.mistake})" if check.mistake else "")
+
+
+def _count(grade: Grade, outcome: str | None = None) -> int:
+    return sum(1 for s in grade.steps for c in s.checks if outcome in (None, c.outcome))
+
+
+def _sha256(path: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return "unreadable"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
+def _md(text: str) -> str:
+    return _escape(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _xml(text: str) -> str:
+    """XML 1.0 has no place for most control characters: drop them."""
+    return "".join(c for c in text if c in "\t\n\r" or ord(c) >= 32)

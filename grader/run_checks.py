@@ -65,6 +65,8 @@ def run_checks(exercise: Exercise, candidate: Candidate, seed: int, device: str,
         for key, value in saved.items():
             if value is not None:
                 os.environ[key] = value
+    if code == pytest.ExitCode.INTERRUPTED:  # Ctrl-C: pytest caught it; the caller should see it
+        raise KeyboardInterrupt
     if plugin.bug is not None:
         raise plugin.bug
     if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):

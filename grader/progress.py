@@ -1,0 +1,91 @@
+"""A candidate's progress in a workspace: best score per step, when each step first went green, hints seen.
+
+It lives in `.attn-grade.json` in the workspace folder (the folder `attn-grade init`
+fills, which holds the exercise files). Grading a file in a folder that has one updates
+it; a folder without one is left alone, so an interviewer grading a candidate's file
+writes nothing beside it. The format (version 1):
+
+    {"version": 1,
+     "exercises": {"mha": {
+        "started": "2026-11-22T10:00:00+00:00",            # init, or the first grade here
+        "steps": {"project": {"best": 10, "max": 10,
+                              "first_green": "2026-11-22T10:04:10+00:00"}},
+        "hints": [{"step": "softmax", "level": 1, "at": "2026-11-22T10:07:00+00:00"}]}}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+FILE_NAME = ".attn-grade.json"
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+class Progress:
+    def __init__(self, folder: Path, data: dict | None = None):
+        self.path = Path(folder) / FILE_NAME
+        self.data = data or {"version": 1, "exercises": {}}
+
+    @classmethod
+    def find(cls, folder: Path) -> Progress | None:
+        """The workspace's progress, or None where the folder is no workspace (or the file is unreadable)."""
+        path = Path(folder) / FILE_NAME
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("exercises"), dict):
+            return None
+        return cls(folder, data)
+
+    def exercise(self, name: str) -> dict:
+        entry = self.data["exercises"].setdefault(name, {})
+        entry.setdefault("started", now())
+        entry.setdefault("steps", {})
+        entry.setdefault("hints", [])
+        return entry
+
+    def record_grade(self, grade) -> None:
+        entry = self.exercise(grade.exercise)
+        for step in grade.steps:
+            seen = entry["steps"].setdefault(step.id, {"best": 0, "max": step.max_score, "first_green": None})
+            seen["best"], seen["max"] = max(seen["best"], step.score), step.max_score
+            if step.score == step.max_score and not seen["first_green"]:
+                seen["first_green"] = now()
+
+    def record_hint(self, exercise: str, step: str, level: int) -> None:
+        self.exercise(exercise)["hints"].append({"step": step, "level": level, "at": now()})
+
+    def best(self, exercise: str, step: str) -> int | None:
+        return self.data["exercises"].get(exercise, {}).get("steps", {}).get(step, {}).get("best")
+
+    def full_marks(self, exercise: str, step: str) -> bool:
+        seen = self.data["exercises"].get(exercise, {}).get("steps", {}).get(step)
+        return bool(seen) and seen["best"] == seen["max"]
+
+    def hints(self, exercise: str) -> list[dict]:
+        return list(self.data["exercises"].get(exercise, {}).get("hints", []))
+
+    def time_to_green(self, exercise: str) -> dict[str, float]:
+        """Seconds from the start of the exercise to each step's first full marks."""
+        entry = self.data["exercises"].get(exercise, {})
+        if "started" not in entry:
+            return {}
+        start = datetime.fromisoformat(entry["started"])
+        return {
+            step: (datetime.fromisoformat(seen["first_green"]) - start).total_seconds()
+            for step, seen in entry.get("steps", {}).items()
+            if seen.get("first_green")
+        }
+
+    def save(self) -> None:
+        """Write atomically: a crash mid-write never leaves half a file."""
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, self.path)

@@ -1,0 +1,251 @@
+"""The practice and classroom workflow: init, hint, solution, reset, list, watch, batch, report formats, bundles."""
+
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+import zipfile
+from pathlib import Path
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+
+from grader import cli, report
+from grader.progress import FILE_NAME, Progress
+from tests.conftest import REFERENCE, ROOT
+
+SCHEMAS = Path(__file__).parent / "schemas"
+STUB = (ROOT / "exercises" / "mha.py").read_text()
+BUGGY = REFERENCE + "\ndef scale_scores(scores, head_dim):\n    return scores\n"
+
+
+def schema(name):
+    return json.loads((SCHEMAS / name).read_text())
+
+
+def invoke(*args, input=None):
+    result = CliRunner().invoke(cli.main, [str(a) for a in args], input=input)
+    print(result.output)
+    return result
+
+
+@pytest.fixture(scope="module")
+def buggy_grade(tmp_path_factory, zygote):
+    from grader.grade import grade
+
+    path = tmp_path_factory.mktemp("buggy") / "mha.py"
+    path.write_text(BUGGY)
+    return grade(path, device="cpu", zygote=zygote)
+
+
+# -- formats ----------------------------------------------------------------------------
+
+
+def test_markdown_report_has_hash_table_mistakes_and_hints(buggy_grade, tmp_path):
+    progress = Progress(tmp_path)
+    progress.record_hint("mha", "scale_scores", 1)
+    progress.record_grade(buggy_grade)
+    text = report.to_markdown(buggy_grade, progress)
+    lines = text.splitlines()
+    position = 0
+    for pattern in schema("markdown.schema.json")["required_lines"]:
+        found = [i for i, line in enumerate(lines) if i >= position and re.match(pattern, line)]
+        assert found, f"no line matches {pattern!r} after line {position}:\n{text}"
+        position = found[0]
+    assert "likely mistake: returned the scores unscaled" in text
+    assert "`scale_scores` level 1" in text
+    assert re.search(r"\| ✓ `project` \| 10 \| 10 \| \d+ s \|", text)  # time to green, from the progress file
+
+
+def test_junit_is_one_testcase_per_check_grouped_by_step(buggy_grade):
+    root = ET.fromstring(report.to_junit(buggy_grade))
+    jsonschema.validate(_as_dict(root), schema("junit.schema.json"))
+    suites = {s.get("name"): s for s in root}
+    assert list(suites) == [f"mha.{s.id}" for s in buggy_grade.steps]
+    failures = suites["mha.scale_scores"].findall("testcase/failure")
+    assert failures and "likely mistake" in failures[0].text
+    assert int(root.get("tests")) == sum(len(s.checks) for s in buggy_grade.steps)
+
+
+def test_gradescope_results_one_test_per_step(buggy_grade):
+    data = json.loads(report.to_gradescope(buggy_grade))
+    jsonschema.validate(data, schema("gradescope.schema.json"))
+    assert data["score"] == buggy_grade.score and len(data["tests"]) == len(buggy_grade.steps)
+    failed = [t for t in data["tests"] if t["status"] == "failed"]
+    assert {t["name"].split(":")[0] for t in failed} == {"scale_scores", "MultiHeadAttention"}
+
+
+def test_github_classroom_result_version_3(buggy_grade):
+    data = json.loads(report.to_github(buggy_grade))
+    jsonschema.validate(data, schema("github.schema.json"))
+    assert data["status"] == "fail" and data["max_score"] == 100
+    assert sum(t["score"] for t in data["tests"]) == buggy_grade.score
+
+
+def test_output_writes_the_report_to_a_file_and_keeps_the_exit_code(tmp_path):
+    out = tmp_path / "results.json"
+    result = invoke(ROOT / "solutions" / "mha.py", "--format", "gradescope", "--output", out, "--device", "cpu")
+    assert result.exit_code == 0 and result.stdout == ""
+    assert json.loads(out.read_text())["score"] == 100
+
+
+# -- init, hint, solution, reset, list -------------------------------------------------
+
+
+def test_init_copies_stubs_and_refuses_to_overwrite_work(tmp_path):
+    assert invoke("init", tmp_path, "--exercise", "mha").exit_code == 0
+    assert (tmp_path / "mha.py").read_text() == STUB and (tmp_path / FILE_NAME).exists()
+    (tmp_path / "mha.py").write_text(STUB + "# my work\n")
+    refused = invoke("init", tmp_path, "--exercise", "mha")
+    assert refused.exit_code == 2 and "--force" in refused.stderr
+    assert (tmp_path / "mha.py").read_text().endswith("# my work\n")
+    assert invoke("init", tmp_path, "--exercise", "mha", "--force").exit_code == 0
+    assert (tmp_path / "mha.py").read_text() == STUB
+
+
+def test_hints_come_in_levels_and_are_recorded(tmp_path):
+    invoke("init", tmp_path, "--exercise", "mha")
+    first = invoke("hint", "mha", "softmax", "--workspace", tmp_path)
+    second = invoke("hint", "mha", "softmax", "--level", "2", "--workspace", tmp_path)
+    assert "hint 1 of 2" in first.stdout and "hint 2 of 2" in second.stdout and first.stdout != second.stdout
+    assert [h["level"] for h in Progress.find(tmp_path).hints("mha")] == [1, 2]
+    assert invoke("hint", "mha", "softmax", "--level", "9").exit_code == 2
+    assert invoke("hint", "mha", "nope").exit_code == 2
+
+
+def test_solution_asks_first_unless_the_step_has_full_marks(tmp_path):
+    invoke("init", tmp_path, "--exercise", "mha")
+    declined = invoke("solution", "mha", "softmax", "--workspace", tmp_path, input="n\n")
+    assert declined.exit_code == 1 and "def softmax" not in declined.stdout
+    shown = invoke("solution", "mha", "softmax", "--workspace", tmp_path, "--yes")
+    assert shown.exit_code == 0 and shown.stdout.startswith("def softmax")
+    (tmp_path / "mha.py").write_text(REFERENCE)
+    invoke(tmp_path / "mha.py", "--device", "cpu")  # full marks recorded in the workspace
+    solved = invoke("solution", "mha", "softmax", "--workspace", tmp_path)
+    assert solved.exit_code == 0 and "def softmax" in solved.stdout
+
+
+def test_reset_restores_one_step_or_the_whole_file(tmp_path):
+    path = tmp_path / "mha.py"
+    path.write_text(REFERENCE)
+    assert invoke("reset", path, "--step", "softmax", "--yes").exit_code == 0
+    text = path.read_text()
+    assert 'raise NotImplementedError("softmax: not implemented yet")' in text
+    assert "def merge_heads" in text and "return x.reshape(B, T, H * Dh)" in text  # the rest is kept
+    assert invoke("reset", path, input="n\n").exit_code == 1 and path.read_text() == text
+    assert invoke("reset", path, "--yes").exit_code == 0 and path.read_text() == STUB
+
+
+def test_list_shows_steps_points_and_best_so_far(tmp_path):
+    plain = invoke("list")
+    assert "mha: Multi-head attention" in plain.stdout and "softmax" in plain.stdout and "best" not in plain.stdout
+    invoke("init", tmp_path, "--exercise", "mha")
+    (tmp_path / "mha.py").write_text(BUGGY)
+    invoke(tmp_path / "mha.py", "--device", "cpu")
+    listed = invoke("list", "--workspace", tmp_path)
+    assert re.search(r"scale_scores +8 .*best 1/8", listed.stdout), listed.stdout
+    assert "best 75/100" in listed.stdout
+
+
+# -- watch ------------------------------------------------------------------------------
+
+
+def test_watch_regrades_on_save_shows_syntax_errors_and_stops_on_ctrl_c(tmp_path):
+    path = tmp_path / "mha.py"
+    path.write_text(STUB)
+    command = [shutil.which("attn-grade"), "watch", str(path), "--device", "cpu"]
+    watcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert "Total: 0/100" in _next_total(watcher)
+        for text, expected in [(REFERENCE, "Total: 100/100"), (REFERENCE + "\ndef broken(:\n", "SyntaxError at line")]:
+            time.sleep(0.05)  # a new modification time
+            path.write_text(text)
+            screen = _next_total(watcher)
+            assert expected in screen, screen
+            assert "Traceback" not in screen
+        watcher.send_signal(signal.SIGINT)
+        rest = watcher.communicate(timeout=20)[0]
+        assert watcher.returncode == 0 and "Stopped watching." in rest
+    finally:
+        watcher.kill()
+
+
+def _next_total(process, timeout=60) -> str:
+    """Lines up to the next screen's total line."""
+    lines, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("Total:"):
+            return "".join(lines)
+    raise AssertionError("no regrade seen:\n" + "".join(lines))
+
+
+# -- batch ------------------------------------------------------------------------------
+
+
+def test_batch_grades_a_folder_and_a_hang_costs_only_its_row(tmp_path):
+    for name, text in {
+        "alice": REFERENCE,
+        "bob": STUB,
+        "carol": BUGGY,
+        "dave": REFERENCE + "\ndef softmax(scores, dim=-1):\n    while True:\n        pass\n",
+        "erin": "def broken(:\n",
+    }.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "mha.py").write_text(text)
+    (tmp_path / "notes.txt").write_text("not a submission")
+    out = tmp_path / "results.csv"
+    result = invoke("batch", tmp_path, "--jobs", "2", "--timeout", "1", "--device", "cpu", "--output", out)
+    assert result.exit_code == 0
+    rows = {Path(r["file"]).parent.name: r for r in csv.DictReader(io.StringIO(out.read_text()))}
+    assert set(rows) == {"alice", "bob", "carol", "dave", "erin"}
+    assert rows["alice"]["total"] == "100" and rows["alice"]["status"] == "full marks"
+    assert rows["bob"]["total"] == "0" and rows["erin"]["total"] == "0"
+    assert rows["carol"]["scale_scores"] == "1"
+    assert rows["dave"]["softmax"] == "0" and rows["dave"]["project"] == "10"
+    assert all(float(r["seconds"]) > 0 for r in rows.values())
+
+
+def test_batch_with_nothing_to_grade_is_a_usage_error(tmp_path):
+    assert invoke("batch", tmp_path).exit_code == 2
+    assert invoke("batch", tmp_path / "missing").exit_code == 2
+
+
+# -- Gradescope bundle ------------------------------------------------------------------
+
+
+def test_gradescope_bundle_runs_like_gradescope_runs_it(tmp_path):
+    bundle = tmp_path / "autograder.zip"
+    assert invoke("gradescope-bundle", bundle).exit_code == 0
+    names = zipfile.ZipFile(bundle).namelist()
+    assert {"setup.sh", "run_autograder", "kit/pyproject.toml", "kit/grader/worker.py"} <= set(names)
+    root = tmp_path / "autograder"
+    zipfile.ZipFile(bundle).extractall(root / "source")
+    (root / "submission").mkdir()
+    (root / "submission" / "mha.py").write_text(BUGGY)
+    run = root / "source" / "run_autograder"
+    run.chmod(0o755)
+    env = dict(os.environ, AUTOGRADER_ROOT=str(root), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    done = subprocess.run([str(run)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    results = json.loads((root / "results" / "results.json").read_text())
+    jsonschema.validate(results, schema("gradescope.schema.json"))
+    assert results["score"] == 78 and len(results["tests"]) == 9  # the meta device check sees only shapes
+    (root / "submission" / "mha.py").unlink()
+    subprocess.run([str(run)], env=env, capture_output=True, text=True, timeout=60)
+    assert "No mha.py in the submission" in json.loads((root / "results" / "results.json").read_text())["output"]
+
+
+def _as_dict(element) -> dict:
+    return {"tag": element.tag, "attrib": dict(element.attrib), "children": [_as_dict(c) for c in element], "text": element.text}
