@@ -3,7 +3,7 @@
 pytest runs in the grader's process with plugin autoloading off, the grader's own ini
 file, rootdir and confcutdir, so nothing beside the candidate file (a conftest.py, a
 pytest.ini) takes part. A small plugin hands the checks their fixtures and collects one
-CheckOutcome per check, reading the exception itself rather than pytest's text.
+CheckResult per check, reading the exception itself rather than pytest's text.
 pytest-timeout is the last-resort bound on every check; the worker's own per-call
 deadline normally ends a hang long before.
 """
@@ -13,13 +13,12 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from dataclasses import dataclass
-
 import pytest
 
 from grader.candidate import Candidate, CandidateError
 from grader.checks.expect import CheckFailed, generator
 from grader.exercise import CHECKS_DIR, Exercise, GraderBug
+from grader.score import CheckResult
 
 UNUSED_PLUGINS = (
     "logging", "warnings", "unraisableexception", "threadexception", "faulthandler", "junitxml",
@@ -28,18 +27,7 @@ UNUSED_PLUGINS = (
 )
 
 
-@dataclass(frozen=True)
-class CheckOutcome:
-    step: str
-    name: str
-    outcome: str  # passed | failed | error | skipped
-    max_points: int
-    message: str = ""
-    mistake_id: str | None = None
-    mistake: str | None = None
-
-
-def run_checks(exercise: Exercise, candidate: Candidate, seed: int, device: str, timeout: float) -> list[CheckOutcome]:
+def run_checks(exercise: Exercise, candidate: Candidate, seed: int, device: str, timeout: float) -> list[CheckResult]:
     """Run every check of `exercise`; `device` is where the device checks run ('cuda', 'meta' or 'cpu')."""
     plugin = _Plugin(exercise, candidate, seed, device)
     args = [
@@ -85,7 +73,7 @@ class _Plugin:
         self._candidate = candidate
         self.seed = seed
         self._device = device
-        self.outcomes: list[CheckOutcome] = []
+        self.outcomes: list[CheckResult] = []
         self.bug: GraderBug | None = None
 
     @pytest.fixture
@@ -128,26 +116,26 @@ class _Plugin:
             return pytest.TestReport(item.nodeid, item.location, {}, status, longrepr, call.when)
         return pytest.TestReport(item.nodeid, item.location, {}, "failed" if failed else "passed", None, call.when)
 
-    def _outcome(self, item, excinfo) -> CheckOutcome:
+    def _outcome(self, item, excinfo) -> CheckResult:
         step_id, points = _marker(item)
         name = item.name.removeprefix("test_")
         if excinfo is None:
-            return CheckOutcome(step_id, name, "passed", points)
+            return CheckResult(step_id, name, "passed", points)
         error = excinfo.value
         if excinfo.errisinstance(pytest.skip.Exception):
-            return CheckOutcome(step_id, name, "skipped", points, str(error.msg))
+            return CheckResult(step_id, name, "skipped", points, str(error.msg))
         if isinstance(error, CheckFailed):
             mistake = error.mistake
-            return CheckOutcome(
+            return CheckResult(
                 step_id, name, "failed", points, error.message,
                 mistake.id if mistake else None, mistake.message if mistake else None,
             )
         if isinstance(error, CandidateError):
-            return CheckOutcome(step_id, name, "error", points, error.message)
+            return CheckResult(step_id, name, "error", points, error.message)
         if excinfo.errisinstance(pytest.fail.Exception) and "Timeout" in str(error):
-            return CheckOutcome(step_id, name, "error", points, "the check ran past the grader's last-resort time limit")
+            return CheckResult(step_id, name, "error", points, "the check ran past the grader's last-resort time limit")
         self.bug = self.bug or GraderBug(f"check {item.nodeid} crashed:\n{excinfo.getrepr(style='short')}")
-        return CheckOutcome(step_id, name, "error", points, "internal error in the grader")
+        return CheckResult(step_id, name, "error", points, "internal error in the grader")
 
 
 def _marker(item) -> tuple[str | None, int | None]:

@@ -9,18 +9,15 @@ errored check earns none.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from grader.exercise import Exercise, GraderBug
-
-if TYPE_CHECKING:  # run_checks imports pytest and torch, which a grade imports only after starting its worker
-    from grader.run_checks import CheckOutcome
 
 EARNING = ("passed", "skipped")
 
 
 @dataclass(frozen=True)
 class CheckResult:
+    step: str
     name: str
     outcome: str  # passed | failed | error | skipped
     max_points: int
@@ -70,15 +67,11 @@ class Grade:
         return self.score == self.max_score
 
 
-def score(exercise: Exercise, outcomes: list[CheckOutcome], file: str, environment: dict, candidate_output: str = "") -> Grade:
+def score(exercise: Exercise, checks_run: list[CheckResult], file: str, environment: dict, candidate_output: str = "") -> Grade:
     """The grade, steps in manifest order; a step whose checks do not add up to its points is a grader bug."""
     steps = []
     for step in exercise.steps:
-        checks = tuple(
-            CheckResult(o.name, o.outcome, o.max_points, o.message, o.mistake_id, o.mistake)
-            for o in outcomes
-            if o.step == step.id
-        )
+        checks = tuple(c for c in checks_run if c.step == step.id)
         result = StepResult(step.id, step.title, checks)
         if not checks or result.max_score != step.points:
             raise GraderBug(
