@@ -183,13 +183,13 @@ def _skip_lazy_dynamo_import(torch) -> None:
 def _child(wire, torch, request, fds) -> None:
     read_fd, write_fd, output_fd = fds
     try:
-        _enter_sandbox(request, output_fd, keep=(read_fd, write_fd))
+        _enter_sandbox(request, output_fd, keep=(read_fd, write_fd), cuda=torch.cuda.is_available())
         _serve(wire, torch, request["candidate"], read_fd, write_fd)
     finally:
         os._exit(0)
 
 
-def _enter_sandbox(request, output_fd, keep) -> None:
+def _enter_sandbox(request, output_fd, keep, cuda: bool = False) -> None:
     """A session of its own, output to the grader's pipe, an empty directory, limits, no network."""
     os.setsid()
     os.dup2(output_fd, 1)
@@ -203,9 +203,9 @@ def _enter_sandbox(request, output_fd, keep) -> None:
     workdir = request["workdir"]
     os.chdir(workdir)
     os.environ.update(HOME=workdir, TMPDIR=workdir)
-    if request["memory_limit"] > 0:
-        # RLIMIT_DATA, not RLIMIT_AS: CUDA reserves huge address ranges it never fills,
-        # which RLIMIT_AS would refuse; RLIMIT_DATA counts the memory the process can write to.
+    if request["memory_limit"] > 0 and not cuda:
+        # RLIMIT_DATA counts the memory the process can write to. Not where CUDA is: its
+        # driver maps host memory in ways no rlimit was made for; the GPU bounds its own.
         resource.setrlimit(resource.RLIMIT_DATA, (request["memory_limit"],) * 2)
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT,) * 2)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
