@@ -180,3 +180,94 @@ def _difference(value: torch.Tensor, expected: torch.Tensor) -> str:
 
 def _name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+# -- NumPy exercises ----------------------------------------------------------------------
+# The same expectations for exercises whose functions take and return np.ndarray. Arrays are
+# compared as tensors (torch.from_numpy), with expect_close's tolerances, difference message
+# and named-mistake matching. A mistake's `variant` gets the check's NumPy inputs and may
+# return an ndarray or a tensor; its `test` gets the candidate's ndarray and those inputs.
+
+import warnings  # noqa: E402  (this section is appended; the torch-only helpers above need neither)
+
+import numpy as np  # noqa: E402
+
+KEPT_FLOAT64 = Mistake(
+    "kept_float64",
+    "kept float64: a float32 input came back float64. NumPy upcasts float32 when it meets a float64 array "
+    "or NumPy scalar (np.sqrt(d), np.zeros(shape), np.full(shape, -np.inf)): use Python floats, "
+    "or give dtype=x.dtype",
+    test=lambda value, *args: isinstance(value, np.ndarray) and value.dtype == np.float64,
+)
+
+
+def expect_array(value, shape=None, dtype=None) -> np.ndarray:
+    """The value is a plain np.ndarray with this shape and dtype; float32 upcast to float64 is named."""
+    if isinstance(value, Opaque):
+        raise CheckFailed(f"expected a numpy.ndarray, got {value.type_name}")
+    if not isinstance(value, np.ndarray):
+        raise CheckFailed(f"expected a numpy.ndarray, got {type(value).__module__}.{type(value).__qualname__}")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise CheckFailed(f"expected shape {tuple(shape)}, got {tuple(value.shape)}")
+    if dtype is not None and value.dtype != np.dtype(dtype):
+        upcast = np.dtype(dtype) == np.float32 and value.dtype == np.float64
+        raise CheckFailed(
+            f"expected dtype {np.dtype(dtype).name} (the input's), got {value.dtype.name}", KEPT_FLOAT64 if upcast else None
+        )
+    return value
+
+
+def expect_array_close(value, expected, mistakes=(), args: tuple = (), tolerances=TOLERANCES) -> None:
+    """The array matches the reference (an ndarray or a tensor); if not, name the first mistake that explains it."""
+    want = as_array(expected)
+    try:
+        expect_array(value, want.shape, want.dtype)
+        got, want_t = as_tensor(value), as_tensor(want)
+        if not _close(got, want_t, tolerances):
+            raise CheckFailed(_difference(got, want_t))
+    except CheckFailed as failure:
+        if failure.mistake is None and isinstance(value, np.ndarray):
+            for mistake in mistakes:
+                if explains_array(mistake, value, args):
+                    raise CheckFailed(failure.message, mistake) from None
+        raise
+
+
+def explains_array(mistake: Mistake, value: np.ndarray, args: tuple) -> bool:
+    """Mistake.explains for NumPy answers: a variant's result is compared as a tensor, like expect_close does."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():  # a variant's overflow is not the grader's output
+        warnings.simplefilter("ignore")
+        if mistake.test is not None:
+            return bool(mistake.test(value, *args))
+        try:
+            wrong = as_tensor(mistake.variant(*args))
+        except Exception:  # a variant that cannot be formed for these inputs (shapes) explains nothing
+            return False
+    return _close(as_tensor(value), wrong)
+
+
+def expect_numpy_only(answer, source: str) -> None:
+    """The rules of a NumPy exercise: the file imports no torch, and the call ran no torch function."""
+    expect_no_import(source, "torch")
+    if answer.called:
+        used = sorted(answer.called)
+        more = f" and {len(used) - 5} more" if len(used) > 5 else ""
+        raise CheckFailed(f"called torch ({', '.join(used[:5])}{more}): this exercise is NumPy only")
+
+
+def as_tensor(value) -> torch.Tensor:
+    """An ndarray as a tensor (sharing its memory where it can); a tensor as it is."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    raise TypeError(f"not an array: {type(value).__qualname__}")
+
+
+def as_array(value) -> np.ndarray:
+    """A CPU tensor as an ndarray; an ndarray as it is."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    raise TypeError(f"not an array: {type(value).__qualname__}")
