@@ -1,0 +1,193 @@
+"""Candidates for `masks` made from the reference by redefining one thing (Python keeps the last definition).
+
+BUGGY: one mistake each, with the step that must lose points and the named mistake the
+grader must find (None where the mistake has no name and a plain failure is right).
+CORRECT: unusual but right ways to write the steps; each must score 100.
+"""
+
+from tests.variants import Variant
+
+REFERENCE_DROPOUT = """\
+        keep = torch.rand(w.shape, generator=generator, device=w.device) >= dropout_p
+        w = w * keep / (1 - dropout_p)"""
+
+
+def causal(body: str) -> str:
+    return f"def causal_mask(t_q, t_k, device=None):\n    return {body}"
+
+
+def attention_with(middle: str = "", dropout: str = REFERENCE_DROPOUT, end: str = "return w @ v, w") -> str:
+    """An attention whose scores, softmax and dropout are the reference's but for what is replaced."""
+    return f"""
+def attention(q, k, v, mask=None, dropout_p=0.0, training=False, generator=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    w = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+{middle}    if training and dropout_p > 0:
+{dropout}
+    {end}
+"""
+
+
+BUGGY = [
+    # -- causal_mask
+    Variant("causal_top_left", causal("torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril()"),
+            "causal_mask", "causal_mask.top_left"),
+    Variant("causal_inverted_triu",  # the tutorials' mask of the blocked positions
+            causal("torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(diagonal=t_k - t_q + 1)"),
+            "causal_mask", "causal_mask.inverted"),
+    Variant("causal_upper", causal("torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(diagonal=t_k - t_q)"),
+            "causal_mask", "causal_mask.upper"),
+    Variant("causal_no_diagonal",
+            causal("torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q - 1)"),
+            "causal_mask", "causal_mask.no_diagonal"),
+    Variant("causal_float", causal("torch.tril(torch.ones(t_q, t_k, device=device), diagonal=t_k - t_q)"),
+            "causal_mask", "causal_mask.float_mask"),
+    # -- padding_mask
+    Variant("padding_inverted",
+            "def padding_mask(lengths, t):\n    return torch.arange(t, device=lengths.device) >= lengths[:, None]",
+            "padding_mask", "padding_mask.inverted"),
+    Variant("padding_off_by_one",
+            "def padding_mask(lengths, t):\n    return torch.arange(t, device=lengths.device) <= lengths[:, None]",
+            "padding_mask", "padding_mask.off_by_one"),
+    Variant("padding_max_length",
+            "def padding_mask(lengths, t):\n"
+            "    return torch.arange(int(lengths.max()), device=lengths.device) < lengths[:, None]",
+            "padding_mask", "padding_mask.max_length"),
+    Variant("padding_one_hot",  # one_hot wants int64 lengths: int32 fails
+            "import torch.nn.functional as F\n"
+            "def padding_mask(lengths, t):\n"
+            "    ends = F.one_hot(lengths, t + 1)  # (B, t + 1): a 1 at each sequence's end\n"
+            "    return ends.cumsum(-1)[:, :t] == 0",
+            "padding_mask"),
+    # -- combine_masks
+    Variant("combine_or", "def combine_masks(padding, causal):\n    return padding[:, None, None, :] | causal",
+            "combine_masks", "combine_masks.or"),
+    Variant("combine_padding_on_queries",
+            "def combine_masks(padding, causal):\n    return padding[:, None, :, None] & causal",
+            "combine_masks", "combine_masks.padding_on_queries"),
+    Variant("combine_no_head_axis", "def combine_masks(padding, causal):\n    return padding[:, None, :] & causal",
+            "combine_masks", "combine_masks.no_head_axis"),
+    Variant("combine_rebuilds_causal",  # ignores the causal mask it is given
+            "def combine_masks(padding, causal):\n"
+            "    t_q, t_k = causal.shape\n"
+            "    return padding[:, None, None, :] & causal_mask(t_q, t_k, padding.device)",
+            "combine_masks"),
+    # -- attention
+    Variant("attention_mask_inverted",
+            attention_with().replace("masked_fill(~mask,", "masked_fill(mask,"),
+            "attention", "attention.mask_inverted"),
+    Variant("attention_unscaled", attention_with().replace(" / math.sqrt(q.shape[-1])", ""),
+            "attention", "attention.unscaled"),
+    Variant("attention_scaled_by_value_width", attention_with().replace("q.shape[-1]", "v.shape[-1]"),
+            "attention", "attention.scaled_by_value_width"),
+    Variant("attention_masked_after_softmax",
+            attention_with("    w = w if mask is None else w.masked_fill(~mask, 0.0)\n").replace(
+                "scores = scores.masked_fill(~mask, float(\"-inf\"))", "pass"),
+            "attention", "attention.masked_after_softmax"),
+    Variant("attention_softmax_query_axis", attention_with().replace("dim=-1", "dim=-2"),
+            "attention", "attention.softmax_query_axis"),
+    Variant("attention_nan_rows", attention_with().replace(".nan_to_num(0.0)", ""),
+            "attention", "attention.nan_rows"),
+    Variant("attention_output_only", attention_with(end="return w @ v"), "attention"),
+    Variant("attention_mask_none_unhandled",
+            attention_with().replace("    if mask is not None:\n        scores", "    if True:\n        scores"),
+            "attention"),
+    Variant("attention_mask_view",  # the mask must broadcast, not have the scores' shape
+            attention_with().replace("masked_fill(~mask,", "masked_fill(~mask.view(scores.shape),"),
+            "attention"),
+    Variant("attention_four_dims_only", attention_with().replace("k.transpose(-2, -1)", "k.transpose(2, 3)"),
+            "attention"),
+    Variant("attention_dropout_at_eval", attention_with().replace("if training and dropout_p > 0", "if dropout_p > 0"),
+            "attention", "attention.dropout_at_eval"),
+    Variant("attention_dropout_no_rescale", attention_with().replace(" / (1 - dropout_p)", ""),
+            "attention", "attention.dropout_no_rescale"),
+    Variant("attention_dropout_keep_prob", attention_with().replace(">= dropout_p", "< dropout_p"),
+            "attention", "attention.dropout_keep_prob"),
+    Variant("attention_no_dropout_in_training", attention_with(dropout="        pass"),
+            "attention", "attention.no_dropout_in_training"),
+    Variant("attention_dropout_on_output",
+            attention_with(dropout="        pass", end="""out = w @ v
+    if training and dropout_p > 0:
+        keep = torch.rand(out.shape, generator=generator, device=out.device) >= dropout_p
+        out = out * keep / (1 - dropout_p)
+    return out, w"""),
+            "attention", "attention.dropout_on_output"),
+    Variant("attention_returned_undropped_weights",
+            attention_with(dropout="        pass", end="""out = w @ v
+    if training and dropout_p > 0:
+        keep = torch.rand(w.shape, generator=generator, device=w.device) >= dropout_p
+        out = (w * keep / (1 - dropout_p)) @ v
+    return out, w"""),
+            "attention", "attention.returned_undropped_weights"),
+    Variant("attention_f_dropout",  # right in distribution, but F.dropout cannot take the generator
+            "import torch.nn.functional as F\n"
+            + attention_with(dropout="        w = F.dropout(w, dropout_p, training=True)"),
+            "attention", "attention.generator_ignored"),
+    Variant("attention_sdpa",
+            "import torch.nn.functional as F\n"
+            + attention_with(end="return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), w"),
+            "attention"),
+]
+
+CORRECT = [
+    Variant(
+        "index_comparisons",
+        """
+        def causal_mask(t_q, t_k, device=None):
+            rows = torch.arange(t_q, device=device)[:, None] + (t_k - t_q)  # absolute position of each query
+            return rows >= torch.arange(t_k, device=device)
+
+        def padding_mask(lengths, t):
+            return lengths.unsqueeze(-1) > torch.arange(t, device=lengths.device)
+
+        def combine_masks(padding, causal):
+            B, Tk = padding.shape
+            return torch.logical_and(padding.view(B, 1, 1, Tk), causal.view(1, 1, *causal.shape))
+        """,
+    ),
+    Variant(
+        "bernoulli_dropout_and_finfo_min",
+        """
+        def attention(q, k, v, mask=None, dropout_p=0.0, training=False, generator=None):
+            scores = torch.einsum("...qd,...kd->...qk", q, k) * q.shape[-1] ** -0.5
+            if mask is not None:
+                scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
+            w = torch.softmax(scores, dim=-1)
+            if mask is not None:
+                w = w.masked_fill(~mask.any(-1, keepdim=True), 0.0)  # a row with nothing to attend to
+            if training and dropout_p > 0:
+                keep = torch.bernoulli(torch.full_like(w, 1 - dropout_p), generator=generator)
+                w = w * keep / (1 - dropout_p)
+            return torch.einsum("...qk,...kd->...qd", w, v), w
+        """,
+    ),
+    Variant(
+        "own_softmax_uniform_dropout",
+        """
+        def attention(q, k, v, mask=None, dropout_p=0.0, training=False, generator=None):
+            scores = torch.matmul(q, k.mT) / q.size(-1) ** 0.5
+            if mask is not None:
+                scores = scores.masked_fill(mask.logical_not(), float("-inf"))
+            m = scores.amax(-1, keepdim=True)
+            m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+            e = (scores - m).exp()
+            w = e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
+            if training and dropout_p > 0:
+                u = torch.empty_like(w).uniform_(0, 1, generator=generator)
+                w = w.masked_fill(u < dropout_p, 0.0) / (1 - dropout_p)
+            return torch.matmul(w, v), w
+        """,
+    ),
+]
+
+# Graded with the device checks on (the meta device here, CUDA where there is one).
+DEVICE_BUGGY = [
+    Variant("causal_mask_on_cpu",  # device= forgotten: built on the CPU whatever was asked
+            causal("torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=t_k - t_q)"), "causal_mask"),
+    Variant("padding_positions_on_cpu",
+            "def padding_mask(lengths, t):\n    return torch.arange(t) < lengths[:, None]", "padding_mask"),
+    Variant("attention_dropout_mask_on_cpu",
+            attention_with().replace(", device=w.device", ""), "attention"),
+]
