@@ -157,6 +157,7 @@ def to_junit(grade: Grade) -> str:
             if check.outcome in ("failed", "error", "skipped"):
                 tag = {"failed": "failure", "error": "error", "skipped": "skipped"}[check.outcome]
                 ET.SubElement(case, tag, message=_xml(check.message)).text = _xml(text)
+    ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 
 
