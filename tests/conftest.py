@@ -12,7 +12,6 @@ from grader.grade import grade
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = (ROOT / "solutions" / "mha.py").read_text()
-CANDIDATES = Path(__file__).resolve().parent / "candidates"
 
 
 def lost(result) -> dict[str, int]:
