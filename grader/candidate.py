@@ -331,6 +331,9 @@ class Candidate:
         except wire.WireError as exc:
             self._drop_live()
             raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None
+        except BaseException:  # pytest-timeout or Ctrl-C mid-call: that child's next answer would be stale
+            self._drop_live()
+            raise
         called = frozenset(_text(n) for n in answer.get("called", []) if isinstance(n, str))
         if not answer.get("ok"):
             error = _error(answer.get("error"), self.memory_limit_mb)

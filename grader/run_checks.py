@@ -23,8 +23,8 @@ from grader.score import CheckResult
 UNUSED_PLUGINS = (
     "logging", "warnings", "unraisableexception", "threadexception", "faulthandler", "junitxml",
     "pastebin", "doctest", "tmpdir", "monkeypatch", "recwarn", "setuponly", "setupplan", "stepwise",
-    "cacheprovider", "terminal", "legacypath",
-)
+    "cacheprovider", "legacypath",
+)  # not "terminal": pytest-timeout needs it to end a check (its output goes to `chatter` below)
 
 
 def run_checks(exercise: Exercise, candidate: Candidate, seed: int, device: str, timeout: float) -> list[CheckResult]:
@@ -39,6 +39,7 @@ def run_checks(exercise: Exercise, candidate: Candidate, seed: int, device: str,
         # Built-in plugins the checks do not use cost time on every check (logging alone 0.2 s a grade).
         *[arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")],
         "--timeout", str(_last_resort_timeout(timeout, candidate.import_timeout)),
+        "-qq",
         "--capture=no",
         "--assert=plain",
         "--import-mode=importlib",
