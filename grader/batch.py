@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import multiprocessing
+import multiprocessing.util
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -66,6 +67,7 @@ def _start(options: dict) -> None:
     from grader.candidate import Zygote
 
     _zygote = Zygote(warm_device=options.get("device") != "cpu")
+    multiprocessing.util.Finalize(None, _zygote.close, exitpriority=10)  # the pool's exit ends it too
 
 
 def _grade_one(path: str, options: dict) -> dict:

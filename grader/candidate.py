@@ -71,6 +71,10 @@ class Seeded:
     seed: int
 
 
+class ZygoteGone(GraderBug):
+    """The zygote process died; if a candidate's child was running, the candidate killed it."""
+
+
 class Zygote:
     """The process that imports torch once and forks a worker child per request (grader/worker.py).
 
@@ -80,7 +84,12 @@ class Zygote:
     """
 
     def __init__(self, warm_device: bool = False):
+        self.warm_device = warm_device
+        self._start()
+
+    def _start(self) -> None:
         self._private = tempfile.mkdtemp(prefix="attn-grade-")  # its home and its log
+        warm_device = self.warm_device
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
         env.update(HOME=self._private, TMPDIR=self._private, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
@@ -108,7 +117,7 @@ class Zygote:
         try:
             socket.send_fds(self._control, [json.dumps(request).encode()], list(fds))
         except OSError as exc:
-            raise GraderBug(f"the worker zygote is gone: {exc}\n{self.log()}") from None
+            self._fail(exc)
         self._sent += 1
         if not reply:
             self._unwanted.add(self._sent)
@@ -127,8 +136,25 @@ class Zygote:
                     self._replies[self._received] = json.loads(data)
                 self._unwanted.discard(self._received)
             except (OSError, ValueError) as exc:
-                raise GraderBug(f"the worker zygote stopped answering: {exc}\n{self.log()}") from None
+                self._fail(exc)
         return self._replies.pop(ticket)
+
+    def _fail(self, exc: Exception):
+        """A zygote killed from outside (a candidate can signal it) is ZygoteGone; anything else a grader bug."""
+        try:
+            self._process.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            raise GraderBug(f"the worker zygote stopped answering: {exc}\n{self.log()}") from None
+        raise ZygoteGone(f"the worker zygote died ({self._process.returncode})") from None
+
+    @property
+    def alive(self) -> bool:
+        return self._process.poll() is None
+
+    def restart(self) -> None:
+        """A fresh zygote in place of a dead one, for whoever holds this object."""
+        self.close()
+        self._start()
 
     def log(self) -> str:
         try:
@@ -199,6 +225,7 @@ class Candidate:
 
     def start(self) -> None:
         """Start a zygote unless one was lent, and ask for a first worker; both go on while the caller imports torch."""
+        self._file_deadline = time.monotonic() + self.file_timeout  # the whole file's clock starts now
         if self._zygote is None:
             self._zygote = Zygote(self.warm_device)
         self._live = self._spawn()
@@ -207,7 +234,10 @@ class Candidate:
         try:
             for child in (self._live, self._spare):
                 if child is not None:
-                    self._kill(child)
+                    try:
+                        self._kill(child)
+                    except GraderBug:
+                        pass  # the zygote is gone: closing it below ends what is left
             self._live = self._spare = None
         finally:
             if self._owns_zygote and self._zygote is not None:
@@ -240,23 +270,28 @@ class Candidate:
         if child.greeted:
             return self.info
         self._pid(child)
-        child.greeted = True
         try:
-            hello, _ = wire.read_frame(child.fds[1], time.monotonic() + self.import_timeout)
+            hello, _ = wire.read_frame(child.fds[1], self._deadline(self.import_timeout))
+            child.greeted = True
         except wire.Timeout:
             self._drop_live()
-            self._import_error = CandidateError("import", f"timed out after {self.import_timeout:g} s while importing")
+            late = time.monotonic() >= self._file_deadline
+            limit = f"the whole-file time limit ({self.file_timeout:g} s) ran out" if late else f"timed out after {self.import_timeout:g} s"
+            self._import_error = CandidateError("import", f"{limit} while importing")
         except wire.Closed:
             self._import_error = CandidateError("import", f"candidate exited while importing ({self._drop_live(wait=True)})")
         except wire.WireError as exc:
             self._drop_live()
             raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None
+        except BaseException:  # interrupted mid-read: this child's next frame could be its hello
+            self._drop_live()
+            raise
         else:
-            if hello.get("ok"):
+            if hello.get("ok") is True:
                 self.info = {"torch": _text(hello.get("torch")), "cuda": hello.get("cuda") is True}
                 return self.info
             self._drop_live()
-            error = hello.get("error") or {}
+            error = hello.get("error") if isinstance(hello.get("error"), dict) else {}
             self._import_error = CandidateError("import", f"could not import: {_text(error.get('message'))}")
         raise CandidateError(self._import_error.kind, self._import_error.message)
 
@@ -296,11 +331,25 @@ class Candidate:
         return answer
 
     def _request(self, header: dict, name: str, args, kwargs, extra) -> Answer:
+        try:
+            return self._call_child(header, name, args, kwargs, extra)
+        except ZygoteGone:  # the candidate's code killed the zygote (os.kill(os.getppid(), ...))
+            for child in (self._live, self._spare):
+                if child is not None and child.pid is not None:
+                    _kill_group(child.pid)
+                if child is not None:
+                    for fd in child.fds:
+                        os.close(fd)
+            self._live = self._spare = None
+            self._serving = None
+            self._zygote.restart()
+            self._broken[name] = ("died", f"the worker's zygote was killed while running {name}")
+            raise CandidateError(*self._broken[name]) from None
+
+    def _call_child(self, header: dict, name: str, args, kwargs, extra) -> Answer:
         if name in self._broken:  # it hung, died or ran out of memory once: no check waits on it again
             kind, message = self._broken[name]
             raise CandidateError(kind, f"{message} (an earlier call to {name} did)")
-        if self._file_deadline is None:
-            self._file_deadline = time.monotonic() + self.file_timeout
         if time.monotonic() >= self._file_deadline:
             raise CandidateError("timeout", f"the whole-file time limit ({self.file_timeout:g} s) ran out")
         if self._serving not in (None, name):  # each step gets a fresh child: nothing one step's code
@@ -334,18 +383,22 @@ class Candidate:
         except BaseException:  # pytest-timeout or Ctrl-C mid-call: that child's next answer would be stale
             self._drop_live()
             raise
-        called = frozenset(_text(n) for n in answer.get("called", []) if isinstance(n, str))
-        if not answer.get("ok"):
-            error = _error(answer.get("error"), self.memory_limit_mb)
-            if error.kind == "memory":  # like a hang: the next call would only fill memory again
-                self._broken[name] = (error.kind, error.message)
-            raise error
+        if not self._zygote.alive:  # killed by this call's code: say so here, not at the next step
+            raise ZygoteGone("the worker zygote died")
         try:
-            value = wire.decode(answer.get("value"), answer_blobs)
-        except wire.WireError as exc:
+            called = answer.get("called")
+            called = frozenset(_text(n) for n in called if isinstance(n, str)) if isinstance(called, list) else frozenset()
+            if answer.get("ok") is not True:
+                error = _error(answer.get("error"), self.memory_limit_mb)
+                if error.kind == "memory":  # like a hang: the next call would only fill memory again
+                    self._broken[name] = (error.kind, error.message)
+                raise error
+            return Answer(wire.decode(answer.get("value"), answer_blobs), called)
+        except CandidateError:
+            raise
+        except Exception as exc:  # anything a forged frame can make the decoding do
             self._drop_live()
-            raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None
-        return Answer(value, called)
+            raise CandidateError("protocol", f"worker sent malformed data: {type(exc).__name__}: {exc}"[:300]) from None
 
     # -- worker children -----------------------------------------------------------------
 
@@ -375,10 +428,17 @@ class Candidate:
             child.pid = int(self._zygote.reply(child.ticket, time.monotonic() + self.import_timeout)["pid"])
         return child.pid
 
+    def _deadline(self, seconds: float) -> float:
+        """Now plus `seconds`, but never past the whole file's deadline once it runs."""
+        return min(time.monotonic() + seconds, self._file_deadline)
+
     def _drop_live(self, wait: bool = False) -> str:
-        """Kill the live child (the next call takes the spare); with `wait`, say how it ended."""
+        """Kill the live child (the next call takes the spare); with `wait`, say how it ended.
+
+        With CUDA, always wait: the next child must not meet a dying child's CUDA context.
+        """
         child, self._live, self._serving = self._live, None, None
-        return self._kill(child, wait) if child is not None else "killed"
+        return self._kill(child, wait or self.info.get("cuda", False)) if child is not None else "killed"
 
     def _kill(self, child: _Child, wait: bool = False) -> str:
         """End a child and all it started. Only `wait` waits for the zygote, to learn how it ended."""
@@ -409,7 +469,7 @@ class Candidate:
 def _error(error, memory_limit_mb: int) -> CandidateError:
     """The CandidateError for an exception the candidate's code raised in the worker."""
     error = error if isinstance(error, dict) else {}
-    kind = {"NotImplementedError": "not_implemented", "MemoryError": "memory"}.get(error.get("type"), "raised")
+    kind = {"NotImplementedError": "not_implemented", "MemoryError": "memory"}.get(_text(error.get("type")), "raised")
     message = _text(error.get("message")) or "raised an exception"
     if kind == "not_implemented":
         line = error.get("line")
@@ -431,3 +491,10 @@ def _text(value) -> str:
     """A string from the worker, made safe to print: capped, no control characters."""
     text = value if isinstance(value, str) else ""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:500])
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

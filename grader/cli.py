@@ -93,7 +93,7 @@ def grade(file, fmt, output, verbose, **options) -> None:
         progress.save()
     text = render(fmt, result, verbose, progress)
     if output:
-        Path(output).write_text(text if text.endswith("\n") else text + "\n", encoding="utf-8")
+        _write(output, click.unstyle(text) if text.endswith("\n") else click.unstyle(text) + "\n")
     else:
         click.echo(text)
     sys.exit(EXIT_FULL_MARKS if result.full_marks else EXIT_POINTS_LOST)
@@ -215,7 +215,7 @@ def batch(paths, jobs, output, **options) -> None:
         rows = batch_.grade_all(files, jobs, options)
     text = batch_.to_csv(rows)
     if output:
-        Path(output).write_text(text, encoding="utf-8")
+        _write(output, text)
     else:
         click.echo(text, nl=False)
     click.echo(f"graded {len(rows)} files in {time.monotonic() - started:.1f} s", err=True)
@@ -230,6 +230,13 @@ def gradescope_bundle(out, exercise) -> None:
 
     names = write_bundle(Path(out), _exercises(exercise)[0])
     click.echo(f"wrote {out} ({len(names)} files): upload it as the assignment's autograder")
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text, encoding="utf-8")
+    except OSError as error:
+        raise click.UsageError(f"cannot write {path}: {error.strerror}. Pass --output a path in a folder you can write to.") from None
 
 
 def _run(function, *args, **kwargs):
@@ -274,6 +281,10 @@ def entry() -> None:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         if not isinstance(exit_.code, (int, type(None))):
             click.echo(exit_.code, err=True)
+    except Exception:  # outside the library calls: still a grader bug, never a traceback with exit 1
+        click.echo(traceback.format_exc(), err=True)
+        click.echo(f"attn-grade: internal error. {BUG_REPORT}", err=True)
+        code = EXIT_INTERNAL
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -94,6 +94,10 @@ def find_exercise(candidate: Path, name: str | None = None) -> Exercise:
         raise UsageError(f"no such file: {candidate}. Pass the path to your exercise file, e.g. exercises/mha.py.")
     if not candidate.is_file():
         raise UsageError(f"{candidate} is not a file. Pass the path to your exercise file, e.g. exercises/mha.py.")
+    try:
+        candidate.read_bytes()
+    except OSError as error:
+        raise UsageError(f"cannot read {candidate}: {error.strerror}. Check its permissions.") from None
     exercises = load_manifest()
     known = ", ".join(exercises)
     if name is not None:

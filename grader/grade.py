@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grader.candidate import DEFAULT_FILE_TIMEOUT, DEFAULT_MEMORY_LIMIT_MB, DEFAULT_TIMEOUT, Candidate, Zygote
+from grader.candidate import (
+    DEFAULT_FILE_TIMEOUT,
+    DEFAULT_MEMORY_LIMIT_MB,
+    DEFAULT_TIMEOUT,
+    Candidate,
+    CandidateError,
+    Zygote,
+)
 from grader.exercise import UsageError, find_exercise
 from grader.score import Grade, score
 
@@ -40,7 +47,10 @@ def grade(
 
         from grader.run_checks import run_checks
 
-        cuda = torch.cuda.is_available()
+        try:  # the worker's view decides: it is where the candidate's code runs
+            cuda = candidate.ready()["cuda"]
+        except CandidateError:  # the file does not import: every check says so, whatever the device
+            cuda = torch.cuda.is_available()
         if device == "cuda" and not cuda:
             raise UsageError("--device cuda: torch sees no CUDA device here. Use --device auto to check on the meta device instead.")
         # The device checks run on CUDA, or on the meta device as a stand-in; --device cpu runs them on the

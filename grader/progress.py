@@ -40,8 +40,8 @@ class Progress:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
-        if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("exercises"), dict):
-            return None
+        if not _well_formed(data):
+            return None  # not ours, or broken: treated as no workspace, and never overwritten
         return cls(folder, data)
 
     def exercise(self, name: str) -> dict:
@@ -89,3 +89,17 @@ class Progress:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, self.path)
+
+
+def _well_formed(data) -> bool:
+    if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("exercises"), dict):
+        return False
+    for entry in data["exercises"].values():
+        if not isinstance(entry, dict) or not isinstance(entry.get("steps", {}), dict):
+            return False
+        if not isinstance(entry.get("hints", []), list) or not isinstance(entry.get("started", ""), str):
+            return False
+        for seen in entry.get("steps", {}).values():
+            if not isinstance(seen, dict) or not isinstance(seen.get("best"), int) or not isinstance(seen.get("max"), int):
+                return False
+    return True

@@ -169,7 +169,7 @@ def to_gradescope(grade: Grade) -> str:
             "score": step.score,
             "max_score": step.max_score,
             "status": "passed" if step.score == step.max_score else "failed",
-            "output": "\n".join(_details(step, verbose=False)).strip() or "All checks passed.",
+            "output": click.unstyle("\n".join(_details(step, verbose=False))).strip() or "All checks passed.",
             "visibility": "visible",
         }
         for step in grade.steps

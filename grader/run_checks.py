@@ -16,7 +16,7 @@ import os
 import pytest
 
 from grader.candidate import Candidate, CandidateError
-from grader.checks.expect import CheckFailed, generator
+from grader.checks.expect import CheckFailed, Rules, generator
 from grader.exercise import CHECKS_DIR, Exercise, GraderBug
 from grader.score import CheckResult
 
@@ -95,8 +95,10 @@ class _Plugin:
         return self._candidate.path.read_text(encoding="utf-8", errors="replace")
 
     @pytest.fixture
-    def forbidden(self, request) -> tuple[str, ...]:
-        return self.exercise.step(_marker(request.node)[0]).forbidden
+    def forbidden(self, request, source) -> Rules:
+        rules = Rules(self.exercise.step(_marker(request.node)[0]).forbidden)
+        rules.source = source
+        return rules
 
     def pytest_collection_modifyitems(self, items) -> None:
         steps = {s.id for s in self.exercise.steps}

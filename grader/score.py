@@ -2,13 +2,14 @@
 
 Results are small frozen dataclasses whose totals are computed from their parts. A
 passed check earns its points; so does a skipped one (a check the grader could not
-run, such as an op the meta device lacks, costs the candidate nothing); a failed or
-errored check earns none.
+run, such as an op the meta device lacks, costs the candidate nothing), but only in a
+step whose other checks all passed, so code that cannot run at all earns nothing by
+being unrunnable on the meta device; a failed or errored check earns none.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from grader.exercise import Exercise, GraderBug
 
@@ -24,10 +25,11 @@ class CheckResult:
     message: str = ""
     mistake_id: str | None = None
     mistake: str | None = None
+    counts: bool = True  # a skipped check earns its points only when this is true (see above)
 
     @property
     def points(self) -> int:
-        return self.max_points if self.outcome in EARNING else 0
+        return self.max_points if self.outcome == "passed" or (self.outcome == "skipped" and self.counts) else 0
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,12 @@ def score(exercise: Exercise, checks_run: list[CheckResult], file: str, environm
     steps = []
     for step in exercise.steps:
         checks = tuple(c for c in checks_run if c.step == step.id)
+        if any(c.outcome not in EARNING for c in checks):
+            checks = tuple(
+                replace(c, counts=False, message=c.message + " (no points: other checks of this step failed)")
+                if c.outcome == "skipped" else c
+                for c in checks
+            )
         result = StepResult(step.id, step.title, checks)
         if not checks or result.max_score != step.points:
             raise GraderBug(

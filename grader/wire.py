@@ -72,7 +72,7 @@ def read_frame(fd: int, deadline: float | None = None) -> tuple[dict, list[bytes
         raise WireError(f"header of {length} bytes is over the limit")
     try:
         header = json.loads(_read_exact(fd, length, deadline))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise WireError(f"header is not JSON: {exc}") from exc
     sizes = header.get("blobs") if isinstance(header, dict) else None
     if not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes):
@@ -180,9 +180,14 @@ def decode(item, blobs: list[bytes]):
         dtype, shape = item.get("dtype"), item.get("shape")
         if dtype not in dtypes:
             raise WireError(f"dtype {dtype!r} is not allowed")
-        if type(shape) is not list or not all(type(n) is int and 0 <= n < 2**40 for n in shape):
-            raise WireError(f"shape {shape!r} is not a list of sizes")
-        if kind == "tensor" and item.get("device", "cpu").split(":")[0] == "meta":
+        if type(shape) is not list or not all(type(n) is int and 0 <= n < 2**40 for n in shape) or len(shape) > 16:
+            raise WireError(f"shape {str(shape)[:80]} is not a list of sizes")
+        if math.prod(shape) > MAX_BLOB_BYTES:
+            raise WireError(f"shape {shape} is too large")
+        device = item.get("device", "cpu")
+        if type(device) is not str:
+            raise WireError("device is not a string")
+        if kind == "tensor" and device.split(":")[0] == "meta":
             return torch.empty(shape, dtype=getattr(torch, dtype), device="meta")
         blob = item.get("blob")
         if type(blob) is not int or not 0 <= blob < len(blobs):
@@ -197,9 +202,11 @@ def decode(item, blobs: list[bytes]):
         if len(data) != math.prod(shape) * torch_dtype.itemsize:
             raise WireError(f"{len(data)} bytes do not fill shape {shape} of {dtype}")
         if not data:
-            return torch.empty(shape, dtype=torch_dtype)
+            tensor = torch.empty(shape, dtype=torch_dtype)
+            tensor.worker_device = device[:40]
+            return tensor
         tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(torch_dtype).reshape(shape)
-        tensor.worker_device = str(item.get("device", "cpu"))[:40]  # where the worker had it; see device_of
+        tensor.worker_device = device[:40]  # where the worker had it; see device_of
         return tensor
     raise WireError(f"unknown kind {kind!r}")
 

@@ -59,7 +59,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)  # the grader needs the other core; the inputs are small
-    if os.environ.get("ATTN_GRADE_WARM") == "device" and not torch.cuda.is_available():
+    cuda = torch.cuda.is_available()  # asked once, here: NVML's handles would not survive the sandbox
+    if os.environ.get("ATTN_GRADE_WARM") == "device" and not cuda:
         _warm_meta(torch)
     _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -74,13 +75,15 @@ def main() -> None:
             for pid in spawned:
                 _kill(pid)
             _kill_descendants(keep=set())
+            for pid in spawned:
+                _remove_cgroup(pid)
             os._exit(0)
         request = json.loads(data)
         if request["op"] == "spawn":
             pid = os.fork()
             if pid == 0:
                 control.close()
-                _child(wire, torch, request, fds)  # never returns
+                _child(wire, torch, request, fds, cuda)  # never returns
             spawned.add(pid)
             for fd in fds:
                 os.close(fd)
@@ -95,6 +98,7 @@ def main() -> None:
                 control.sendall(json.dumps({"status": "killed"}).encode())
                 _kill(pid)
             _kill_descendants(keep=spawned)
+            _remove_cgroup(pid)  # empty only now that the sweep has ended what the child left
 
 
 def _kill(pid: int) -> str:
@@ -108,10 +112,6 @@ def _kill(pid: int) -> str:
         _, status = os.waitpid(pid, 0)
     except ChildProcessError:
         status = None
-    try:
-        os.rmdir(_cgroup(pid))
-    except OSError:
-        pass
     if status is None:
         return "already reaped"
     if os.WIFSIGNALED(status):
@@ -180,11 +180,11 @@ def _skip_lazy_dynamo_import(torch) -> None:
 # -- a child: the sandbox, then the candidate ------------------------------------------
 
 
-def _child(wire, torch, request, fds) -> None:
+def _child(wire, torch, request, fds, cuda: bool) -> None:
     read_fd, write_fd, output_fd = fds
     try:
-        _enter_sandbox(request, output_fd, keep=(read_fd, write_fd), cuda=torch.cuda.is_available())
-        _serve(wire, torch, request["candidate"], read_fd, write_fd)
+        _enter_sandbox(request, output_fd, keep=(read_fd, write_fd), cuda=cuda)
+        _serve(wire, torch, request["candidate"], read_fd, write_fd, cuda)
     finally:
         os._exit(0)
 
@@ -208,6 +208,7 @@ def _enter_sandbox(request, output_fd, keep, cuda: bool = False) -> None:
         # driver maps host memory in ways no rlimit was made for; the GPU bounds its own.
         resource.setrlimit(resource.RLIMIT_DATA, (request["memory_limit"],) * 2)
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT,) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash is reported, not dumped
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
     _limit_processes()
     # A network namespace of its own has only a loopback that is down. Root may make one;
@@ -222,7 +223,7 @@ def _limit_processes() -> None:
     pids cgroup of the child's own does the job, where the system has one we may write.
     """
     if os.geteuid() != 0:
-        mine = sum(1 for p in os.listdir("/proc") if p.isdigit() and _owner(p) == os.geteuid())
+        mine = sum(_threads(p) for p in os.listdir("/proc") if p.isdigit() and _owner(p) == os.geteuid())
         resource.setrlimit(resource.RLIMIT_NPROC, (mine + CHILD_PROCESS_LIMIT,) * 2)
         return
     group = _cgroup(os.getpid())
@@ -240,6 +241,21 @@ def _cgroup(pid: int) -> str:
     return f"{PIDS_CGROUP}/attn-grade-{pid}"
 
 
+def _remove_cgroup(pid: int) -> None:
+    try:
+        os.rmdir(_cgroup(pid))
+    except OSError:
+        pass
+
+
+def _threads(pid: str) -> int:
+    """RLIMIT_NPROC counts threads, not processes."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
+
+
 def _owner(pid: str) -> int:
     try:
         return os.stat(f"/proc/{pid}").st_uid
@@ -247,10 +263,10 @@ def _owner(pid: str) -> int:
         return -1
 
 
-def _serve(wire, torch, candidate_path, read_fd, write_fd) -> None:
+def _serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool) -> None:
     sys.meta_path.insert(0, _BlockGrader())
     spy = _make_spy(torch)
-    hello = {"ok": True, "torch": torch.__version__, "cuda": torch.cuda.is_available()}
+    hello = {"ok": True, "torch": torch.__version__, "cuda": cuda}
     module, error = _import_candidate(candidate_path)
     if error:
         hello = dict(hello, ok=False, error=error)

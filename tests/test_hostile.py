@@ -349,6 +349,7 @@ def test_14_rng_games_leave_the_inputs_alone_and_the_report_byte_identical(grade
     ("def softmax(scores, dim=-1):\n    return getattr(torch, 'soft' + 'max')(scores, dim).nan_to_num(0.0)",
      "softmax", "softmax"),
     ("def softmax(scores, dim=-1):\n    return scores.softmax(dim).nan_to_num(0.0)", "softmax", "softmax"),
+    ("def softmax(scores, dim=-1):\n    return torch._safe_softmax(scores, dim)", "softmax", "_safe_softmax"),
     ("def softmax(scores, dim=-1):\n    return torch.nn.Softmax(dim)(scores).nan_to_num(0.0)", "softmax", "softmax"),
     ("""
 class MultiHeadAttention(MultiHeadAttention):
@@ -379,7 +380,7 @@ class MultiHeadAttention(MultiHeadAttention):
 def test_15_forbidden_shortcuts_lose_the_rule_points_whatever_their_name(grade_source, code, step_id, called):
     result = grade_source(code)
     rules = [c for c in step(result, step_id).checks if c.name.endswith("_rules")]
-    assert rules and all(c.outcome == "failed" and f"called {called}" in c.message for c in rules), explain(result)
+    assert rules and all(c.outcome == "failed" and called in c.message for c in rules), explain(result)
     assert set(lost(result)) <= {step_id} | STEPS_OF_MODULE, explain(result)
 
 
@@ -425,3 +426,52 @@ def test_17_the_worker_has_no_network_where_the_system_allows(grade_source):
     if os.geteuid() != 0 and "NETWORK: connected" in result.candidate_output:
         pytest.skip("this system allows no network namespace to a non-root user (see the README)")
     assert "NETWORK: refused" in result.candidate_output and "NETWORK: connected" not in result.candidate_output
+
+
+# Found in review: ways around the cases above. ----------------------------------------------
+
+
+def test_killing_the_zygote_costs_only_the_steps_that_do_it(grade_source):
+    code = "import os, signal\ndef softmax(scores, dim=-1):\n    os.kill(os.getppid(), signal.SIGKILL)\n"
+    result = grade_source(code)
+    assert set(lost(result)) == {"softmax"} | STEPS_OF_MODULE, explain(result)
+    assert step(result, "softmax").score == 0
+
+
+def test_code_that_cannot_run_anywhere_earns_nothing_by_failing_like_meta(grade_source):
+    code = """
+    def _no(*a, **k):
+        raise RuntimeError("meta tensors")
+    project = split_heads = attention_scores = scale_scores = apply_mask = softmax = weighted_sum = merge_heads = _no
+    class MultiHeadAttention:
+        def __init__(self, *a, **k):
+            raise RuntimeError("meta tensors")
+    """
+    assert grade_source(code, device="auto").score == 0
+
+
+def test_forged_answers_are_refused_and_never_crash_the_grader(grade_source):
+    code = """
+    import sys
+    def scale_scores(scores, head_dim):
+        frame = sys._getframe()
+        while frame and "write_fd" not in frame.f_locals:
+            frame = frame.f_back
+        wire, fd = frame.f_locals["wire"], frame.f_locals["write_fd"]
+        wire.write_frame(fd, {"ok": True, "value": None, "called": 1}, [])
+        wire.write_frame(fd, {"ok": True, "value": {"kind": "tensor", "dtype": "float32", "shape": [2**39, 2**39],
+                                                    "device": "meta"}, "called": []}, [])
+        return scores / head_dim ** 0.5
+    """
+    result = grade_source(code)
+    assert set(lost(result)) <= {"scale_scores"} | STEPS_OF_MODULE, explain(result)
+    assert step(result, "scale_scores").score == 0
+    assert any("malformed" in m for m in messages(result, "scale_scores")), explain(result)
+
+
+def test_switching_off_the_call_record_costs_every_rule(grade_source):
+    code = "def softmax(scores, dim=-1):\n    with torch._C.DisableTorchFunction():\n        return torch.softmax(scores, dim).nan_to_num(0.0)"
+    result = grade_source(code)
+    failed = {c.name for s in result.steps for c in s.checks if c.points < c.max_points}
+    assert failed == {"project_rules", "softmax_rules", "module_rules"}, explain(result)
+    assert all("DisableTorchFunction" in m for m in messages(result)), explain(result)

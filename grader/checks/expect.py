@@ -54,9 +54,11 @@ class Mistake:
     test: Callable | None = None
 
     def explains(self, value, args: tuple) -> bool:
-        if self.test is not None:
-            return bool(self.test(value, *args))
+        if not isinstance(value, torch.Tensor) or value.is_meta:
+            return False
         try:
+            if self.test is not None:
+                return bool(self.test(value, *args))
             wrong = self.variant(*args)
         except Exception:  # a variant that cannot be formed for these inputs (shapes) explains nothing
             return False
@@ -109,9 +111,28 @@ def expect_close(value, expected: torch.Tensor, mistakes=(), args: tuple = (), t
         raise
 
 
+# Ways to switch off the worker's record of torch calls; a file that names one keeps no rule.
+TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_set_torch_function_mode", "torch.ops.")
+
+
+class Rules(tuple):
+    """A step's forbidden torch function names, with the candidate's source to check for tampering."""
+
+    source: str = ""
+
+
 def expect_allowed(answer, forbidden: tuple[str, ...]) -> None:
-    """The candidate's code called none of the step's forbidden torch functions."""
-    used = sorted(set(forbidden) & answer.called)
+    """The candidate's code called none of the step's forbidden torch functions, under any alias.
+
+    A name matches when it contains a forbidden one, so `_safe_softmax`, `special_softmax`
+    and `_softmax.default` (reached through torch.ops) all count as `softmax`.
+    """
+    source = getattr(forbidden, "source", "")
+    tampering = [t for t in TAMPERING if forbidden and t in source]
+    if tampering:
+        raise CheckFailed(f"the file uses {tampering[0]}, which hides torch calls from the rules check")
+    wanted = {f.lstrip("_") for f in forbidden}
+    used = sorted(n for n in answer.called if any(f in n.split(".")[0] for f in wanted))
     if used:
         raise CheckFailed(f"called {', '.join(used)}, which this step must not use: write it with basic tensor ops")
 

@@ -336,7 +336,7 @@ def _pair(value, q, v, tk, device="cpu"):
 def _explains(mistake, value, args) -> bool:
     """Does a mistake explain the whole (output, weights) pair?"""
     if mistake.test is not None:
-        return any(isinstance(x, torch.Tensor) and mistake.test(x, *args) for x in value)
+        return any(mistake.explains(x, args) for x in value)
     parts = [Mistake(mistake.id, mistake.message, lambda *a, i=i: mistake.variant(*a)[i]) for i in range(2)]
     return all(part.explains(x, args) for part, x in zip(parts, value))
 
