@@ -83,11 +83,13 @@ def read_frame(fd: int, deadline: float | None = None) -> tuple[dict, list[bytes
 
 
 def _wait(fd: int, deadline: float, write: bool = False) -> None:
+    """Until fd can be read (or written), or the deadline. poll, not select: fds may be over 1024."""
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise Timeout()
-    ready = select.select([], [fd], [], remaining)[1] if write else select.select([fd], [], [], remaining)[0]
-    if not ready:
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT if write else select.POLLIN)
+    if not poller.poll(remaining * 1000):
         raise Timeout()
 
 
