@@ -334,12 +334,13 @@ class Candidate:
         try:
             return self._call_child(header, name, args, kwargs, extra)
         except ZygoteGone:  # the candidate's code killed the zygote (os.kill(os.getppid(), ...))
+            orphans = [c.pid for c in (self._live, self._spare) if c is not None and c.pid is not None]
             for child in (self._live, self._spare):
-                if child is not None and child.pid is not None:
-                    _kill_group(child.pid)
                 if child is not None:
                     for fd in child.fds:
                         os.close(fd)
+            for pid in orphans:
+                _kill_group(pid)
             self._live = self._spare = None
             self._serving = None
             self._zygote.restart()
@@ -494,7 +495,18 @@ def _text(value) -> str:
 
 
 def _kill_group(pid: int) -> None:
+    """End a child its dead zygote can no longer end, and remove its pids cgroup once empty."""
+    from grader.worker import _cgroup  # the zygote's naming, in the one place it is defined
+
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    for _ in range(50):  # the child's new parent reaps it in a moment
+        try:
+            os.rmdir(_cgroup(pid))
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.02)

@@ -63,6 +63,7 @@ def main() -> None:
     if os.environ.get("ATTN_GRADE_WARM") == "device" and not cuda:
         _warm_meta(torch)
     _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    _remove_stale_cgroups()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     spawned = set()
 
@@ -239,6 +240,19 @@ def _limit_processes() -> None:
 
 def _cgroup(pid: int) -> str:
     return f"{PIDS_CGROUP}/attn-grade-{pid}"
+
+
+def _remove_stale_cgroups() -> None:
+    """Empty cgroups left by a zygote that was killed (a candidate can do that): rmdir spares full ones."""
+    try:
+        names = [n for n in os.listdir(PIDS_CGROUP) if n.startswith("attn-grade-")]
+    except OSError:
+        return
+    for name in names:
+        try:
+            os.rmdir(f"{PIDS_CGROUP}/{name}")
+        except OSError:
+            pass
 
 
 def _remove_cgroup(pid: int) -> None:
