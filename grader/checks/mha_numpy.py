@@ -102,12 +102,17 @@ def test_project_extra_leading_dims(candidate, rng):
     expect_array_close(candidate.call("project", *args).value, _ref("project", *args), PROJECT_MISTAKES, args)
 
 
+
+def _expect_rules(candidate, source, name, args, mistakes):
+    """NumPy only, and the right values too: no rule points for garbage that keeps the rule."""
+    answer = candidate.call(name, *args)
+    expect_numpy_only(answer, source)
+    expect_array_close(answer.value, _ref(name, *args), mistakes, args)
+
 @step("project", points=2)
 def test_project_rules(candidate, rng, source):
     args = _project_inputs(rng)
-    answer = candidate.call("project", *args)
-    expect_numpy_only(answer, source)
-    expect_array_close(answer.value, _ref("project", *args), PROJECT_MISTAKES, args)  # no points for a rule kept by garbage
+    _expect_rules(candidate, source, "project", args, PROJECT_MISTAKES)
 
 
 # -- split_heads --------------------------------------------------------------------------
@@ -159,9 +164,7 @@ def test_split_heads_single_head(candidate, rng):
 @step("split_heads", points=2)
 def test_split_heads_rules(candidate, rng, source):
     x = _randn(rng, B, TQ, D)
-    answer = candidate.call("split_heads", x, H)
-    expect_numpy_only(answer, source)
-    expect_array_close(answer.value, _ref("split_heads", x, H), SPLIT_MISTAKES, (x, H))
+    _expect_rules(candidate, source, "split_heads", (x, H), SPLIT_MISTAKES)
 
 
 # -- attention_scores ---------------------------------------------------------------------
@@ -213,9 +216,7 @@ def test_attention_scores_any_leading_dims(candidate, rng):
 @step("attention_scores", points=1)
 def test_attention_scores_rules(candidate, rng, source):
     args = _qk(rng)
-    answer = candidate.call("attention_scores", *args)
-    expect_numpy_only(answer, source)
-    expect_array_close(answer.value, _ref("attention_scores", *args), SCORES_MISTAKES, args)
+    _expect_rules(candidate, source, "attention_scores", args, SCORES_MISTAKES)
 
 
 # -- scale_scores -------------------------------------------------------------------------
@@ -259,9 +260,7 @@ def test_scale_scores_any_shape(candidate, rng):
 @step("scale_scores", points=1)
 def test_scale_scores_rules(candidate, rng, source):
     args = (_randn(rng, B, H, TQ, TK, scale=4.0), 16)
-    answer = candidate.call("scale_scores", *args)
-    expect_numpy_only(answer, source)
-    expect_array_close(answer.value, _ref("scale_scores", *args), SCALE_MISTAKES, args)
+    _expect_rules(candidate, source, "scale_scores", args, SCALE_MISTAKES)
 
 
 # -- apply_mask ---------------------------------------------------------------------------
@@ -513,9 +512,7 @@ def test_weighted_sum_any_leading_dims(candidate, rng):
 @step("weighted_sum", points=1)
 def test_weighted_sum_rules(candidate, rng, source):
     args = _weights_v(rng)
-    answer = candidate.call("weighted_sum", *args)
-    expect_numpy_only(answer, source)
-    expect_array_close(answer.value, _ref("weighted_sum", *args), WEIGHTED_MISTAKES, args)
+    _expect_rules(candidate, source, "weighted_sum", args, WEIGHTED_MISTAKES)
 
 
 # -- merge_heads --------------------------------------------------------------------------
@@ -567,9 +564,7 @@ def test_merge_heads_single_head(candidate, rng):
 @step("merge_heads", points=2)
 def test_merge_heads_rules(candidate, rng, source):
     x = _randn(rng, B, H, TQ, DH)
-    answer = candidate.call("merge_heads", x)
-    expect_numpy_only(answer, source)
-    expect_array_close(answer.value, _ref("merge_heads", x), MERGE_MISTAKES, (x,))
+    _expect_rules(candidate, source, "merge_heads", (x,), MERGE_MISTAKES)
 
 
 # -- multi_head_attention -----------------------------------------------------------------
