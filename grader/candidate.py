@@ -40,6 +40,8 @@ DEFAULT_MEMORY_LIMIT_MB = 4096
 OUTPUT_CAP = 64 * 1024  # bytes of the candidate's stdout and stderr kept
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME")
 ZYGOTE_REPLY_TIMEOUT = 10.0
+CHILD_END_GRACE = 0.5  # seconds a child whose pipe closed has to end by itself, so its cause of death is its own
+STOP_CHECK_INTERVAL = 0.5  # how soon a zygote a candidate stopped (SIGSTOP) is noticed
 
 
 class CandidateError(Exception):
@@ -83,8 +85,9 @@ class Zygote:
     a row (tests, watch, batch).
     """
 
-    def __init__(self, warm_device: bool = False):
+    def __init__(self, warm_device: bool = False, pid_namespace: bool = True):
         self.warm_device = warm_device
+        self.pid_namespace = pid_namespace  # False only to test the grader where the system has none
         self._start()
 
     def _start(self) -> None:
@@ -127,8 +130,13 @@ class Zygote:
         """The zygote's reply to request `ticket`, reading (and keeping or dropping) those before it."""
         while ticket not in self._replies:
             try:
-                self._control.settimeout(max(0.01, deadline - time.monotonic()))
-                data = self._control.recv(65536)
+                self._control.settimeout(min(STOP_CHECK_INTERVAL, max(0.01, deadline - time.monotonic())))
+                try:
+                    data = self._control.recv(65536)
+                except TimeoutError:
+                    if time.monotonic() < deadline and not _stopped(self._process.pid):
+                        continue
+                    raise
                 if not data:
                     raise OSError("it closed its socket")
                 self._received += 1
@@ -144,12 +152,19 @@ class Zygote:
         try:
             self._process.wait(timeout=1)
         except subprocess.TimeoutExpired:
-            raise GraderBug(f"the worker zygote stopped answering: {exc}\n{self.log()}") from None
+            if not _stopped(self._process.pid):
+                raise GraderBug(f"the worker zygote stopped answering: {exc}\n{self.log()}") from None
+            os.killpg(self._process.pid, signal.SIGKILL)  # SIGSTOP from a candidate: as good as dead
+            self._process.wait()
         raise ZygoteGone(f"the worker zygote died ({self._process.returncode})") from None
 
-    @property
-    def alive(self) -> bool:
-        return self._process.poll() is None
+    def check_alive(self) -> None:
+        """Raise ZygoteGone if the zygote was sent a signal that ends or stops it.
+
+        A signal a child sends is pending before the child can answer, and a zygote with a
+        fatal signal pending answers nothing more: a ping is exact where poll() would race.
+        """
+        self.reply(self.send({"op": "ping"}), time.monotonic() + ZYGOTE_REPLY_TIMEOUT)
 
     def restart(self) -> None:
         """A fresh zygote in place of a dead one, for whoever holds this object."""
@@ -205,7 +220,9 @@ class Candidate:
         self.file_timeout = file_timeout
         self.import_timeout = import_timeout
         self.warm_device = warm_device
-        self.info: dict = {}  # the worker's hello: torch version, CUDA availability
+        # The worker's hello: torch version, CUDA, whether it runs in a PID namespace of its
+        # own. Its code wrote it, so a lie there costs the candidate only its own score.
+        self.info: dict = {}
         self.workers_started = 0
         self._zygote = zygote  # borrowed, or started (and closed) by this candidate
         self._owns_zygote = zygote is None
@@ -279,7 +296,7 @@ class Candidate:
             limit = f"the whole-file time limit ({self.file_timeout:g} s) ran out" if late else f"timed out after {self.import_timeout:g} s"
             self._import_error = CandidateError("import", f"{limit} while importing")
         except wire.Closed:
-            self._import_error = CandidateError("import", f"candidate exited while importing ({self._drop_live(wait=True)})")
+            self._import_error = CandidateError("import", f"candidate exited while importing ({self._drop_live(ended=True)})")
         except wire.WireError as exc:
             self._drop_live()
             raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None
@@ -288,7 +305,11 @@ class Candidate:
             raise
         else:
             if hello.get("ok") is True:
-                self.info = {"torch": _text(hello.get("torch")), "cuda": hello.get("cuda") is True}
+                self.info = {
+                    "torch": _text(hello.get("torch")),
+                    "cuda": hello.get("cuda") is True,
+                    "pid_namespace": hello.get("pid_namespace") is True,
+                }
                 return self.info
             self._drop_live()
             error = hello.get("error") if isinstance(hello.get("error"), dict) else {}
@@ -344,7 +365,7 @@ class Candidate:
             self._live = self._spare = None
             self._serving = None
             self._zygote.restart()
-            self._broken[name] = ("died", f"the worker's zygote was killed while running {name}")
+            self._broken[name] = ("died", f"the worker's zygote was killed or stopped while running {name}")
             raise CandidateError(*self._broken[name]) from None
 
     def _call_child(self, header: dict, name: str, args, kwargs, extra) -> Answer:
@@ -376,7 +397,7 @@ class Candidate:
             self._broken[name] = ("timeout", f"timed out after {self.timeout:g} s")
             raise CandidateError(*self._broken[name]) from None
         except wire.Closed:
-            self._broken[name] = ("died", f"worker died ({self._drop_live(wait=True)})")
+            self._broken[name] = ("died", f"worker died ({self._drop_live(ended=True)})")
             raise CandidateError(*self._broken[name]) from None
         except wire.WireError as exc:
             self._drop_live()
@@ -384,8 +405,8 @@ class Candidate:
         except BaseException:  # pytest-timeout or Ctrl-C mid-call: that child's next answer would be stale
             self._drop_live()
             raise
-        if not self._zygote.alive:  # killed by this call's code: say so here, not at the next step
-            raise ZygoteGone("the worker zygote died")
+        if not self.info["pid_namespace"]:  # else the zygote is out of the candidate's reach
+            self._zygote.check_alive()  # killed by this call's code: say so here, not at the next step
         try:
             called = answer.get("called")
             called = frozenset(_text(n) for n in called if isinstance(n, str)) if isinstance(called, list) else frozenset()
@@ -413,6 +434,7 @@ class Candidate:
             "candidate": str(self._copy),
             "workdir": self._workdir,
             "memory_limit": self.memory_limit_mb * 1024 * 1024,
+            "pid_namespace": self._zygote.pid_namespace,
         }
         try:
             ticket = self._zygote.send(request, (to_child_r, from_child_w, output_w))
@@ -433,17 +455,19 @@ class Candidate:
         """Now plus `seconds`, but never past the whole file's deadline once it runs."""
         return min(time.monotonic() + seconds, self._file_deadline)
 
-    def _drop_live(self, wait: bool = False) -> str:
-        """Kill the live child (the next call takes the spare); with `wait`, say how it ended.
+    def _drop_live(self, ended: bool = False) -> str:
+        """Kill the live child (the next call takes the spare); if it `ended` (closed its pipe), say how.
 
         With CUDA, always wait: the next child must not meet a dying child's CUDA context.
         """
         child, self._live, self._serving = self._live, None, None
-        return self._kill(child, wait or self.info.get("cuda", False)) if child is not None else "killed"
+        if child is None:
+            return "killed"
+        return self._kill(child, wait=ended or self.info.get("cuda", False), grace=CHILD_END_GRACE if ended else 0)
 
-    def _kill(self, child: _Child, wait: bool = False) -> str:
+    def _kill(self, child: _Child, wait: bool = False, grace: float = 0) -> str:
         """End a child and all it started. Only `wait` waits for the zygote, to learn how it ended."""
-        request = {"op": "kill", "pid": self._pid(child), "wait": wait}
+        request = {"op": "kill", "pid": self._pid(child), "wait": wait, "grace": grace}
         ticket = self._zygote.send(request, reply=wait)
         for fd in child.fds:
             os.close(fd)
@@ -492,6 +516,14 @@ def _text(value) -> str:
     """A string from the worker, made safe to print: capped, no control characters."""
     text = value if isinstance(value, str) else ""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:500])
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] in "Tt"  # the state follows the command name
 
 
 def _kill_group(pid: int) -> None:

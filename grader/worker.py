@@ -7,9 +7,11 @@ the device the checks will use), then answers the grader on its control socket:
     {"op": "spawn", ...} with three file descriptors -> {"pid": N}
         fork a child that drops into its own sandbox (below), imports the candidate file,
         says hello on its pipe and answers requests there.
-    {"op": "kill", "pid": N, "wait": bool} -> {"status": "exit code 0" | "killed by signal SIGSEGV" | ...}
+    {"op": "kill", "pid": N, "wait": bool, "grace": seconds} -> {"status": "exit code 0" | "killed by signal SIGSEGV" | ...}
         kill that child's process group, then every process below the zygote but the other
         children and theirs, and (with "wait") say how the child ended.
+    {"op": "ping"} -> {"alive": true}
+        so the grader knows no child's code has killed (or stopped) the zygote.
 
 The zygote is a child subreaper, so a process the candidate starts in a new session or
 double-forks is re-parented here and found by `_kill_descendants`. When the grader goes
@@ -36,6 +38,7 @@ import resource
 import signal
 import socket
 import sys
+import time
 import traceback
 
 BLOCKED_PACKAGES = ("grader", "solutions")
@@ -44,7 +47,7 @@ CHILD_PROCESS_LIMIT = 64  # processes a worker child may have below it: a fork b
 PIDS_CGROUP = "/sys/fs/cgroup/pids"  # cgroup v1's pids hierarchy, used when the grader runs as root
 FILE_SIZE_LIMIT = 64 * 1024 * 1024  # bytes a child may write to one file
 PR_SET_CHILD_SUBREAPER = 36
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 
 
 # -- the zygote ------------------------------------------------------------------------
@@ -89,11 +92,13 @@ def main() -> None:
             for fd in fds:
                 os.close(fd)
             _reply(control, {"pid": pid})
+        elif request["op"] == "ping":
+            _reply(control, {"alive": True})
         elif request["op"] == "kill":
             pid = request["pid"]
             spawned.discard(pid)
             if request.get("wait"):
-                status = _kill(pid)
+                status = _kill(pid, grace=min(float(request.get("grace", 0)), 1.0))
                 _reply(control, {"status": status})
             else:  # answer first: the grader goes on while the child is reaped and swept
                 _reply(control, {"status": "killed"})
@@ -110,19 +115,42 @@ def _reply(control, answer: dict) -> None:
         pass
 
 
-def _kill(pid: int) -> str:
-    """Kill a child's process group and whatever the candidate left; say how the child ended."""
+def _kill(pid: int, grace: float = 0.0) -> str:
+    """Kill a child's process group and whatever the candidate left; say how the child ended.
+
+    With `grace`, first give a child that is ending by itself that long to end: its candidate
+    process has died, and it is passing that death on (`_fork_into_pid_namespace`).
+    """
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            ended, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if ended:  # reaped: its pid may be reused, its group's remaining members are not
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            return _describe_status(status)
+        time.sleep(0.001)
+    _kill_group_of(pid)
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return "already reaped"
+    return _describe_status(status)
+
+
+def _kill_group_of(pid: int) -> None:
     for kill in (os.killpg, os.kill):  # the group, and the child itself in case it has no group yet
         try:
             kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    try:
-        _, status = os.waitpid(pid, 0)
-    except ChildProcessError:
-        status = None
-    if status is None:
-        return "already reaped"
+
+
+def _describe_status(status: int) -> str:
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
         name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else str(number)
@@ -192,14 +220,46 @@ def _skip_lazy_dynamo_import(torch) -> None:
 def _child(wire, torch, request, fds, cuda: bool) -> None:
     read_fd, write_fd, output_fd = fds
     try:
-        _enter_sandbox(request, output_fd, keep=(read_fd, write_fd), cuda=cuda)
-        _serve(wire, torch, request["candidate"], read_fd, write_fd, cuda)
+        pid_namespace = _enter_sandbox(request, output_fd, keep=(read_fd, write_fd), cuda=cuda)
+        if pid_namespace:
+            _fork_into_pid_namespace()
+        _serve(wire, torch, request["candidate"], read_fd, write_fd, cuda, pid_namespace)
     finally:
         os._exit(0)
 
 
-def _enter_sandbox(request, output_fd, keep, cuda: bool = False) -> None:
-    """A session of its own, output to the grader's pipe, an empty directory, limits, no network."""
+def _fork_into_pid_namespace() -> None:
+    """Run the candidate as the first process of the new PID namespace; here, pass on how it ended.
+
+    Inside, no process of the grader's has a pid: `os.kill(-1, ...)`, the grader's pid read
+    from /proc, or the zygote's, reach nothing. Killing this process's group (the zygote's
+    way) still ends both, and when the namespace's first process dies, all in it die.
+    """
+    pid = os.fork()
+    if pid == 0:
+        return
+    for fd in range(1024):  # the pipes stay open in the candidate's process only
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:  # killed by a signal: die of the same one, so the zygote reports it
+        try:
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(os.getpid(), -code)
+        except (OSError, ValueError):
+            pass
+        os._exit(128 - code)
+    os._exit(code)
+
+
+def _enter_sandbox(request, output_fd, keep, cuda: bool = False) -> bool:
+    """A session of its own, output to the grader's pipe, an empty directory, limits, no network.
+
+    True when it also unshared a PID namespace, which the next fork enters.
+    """
     os.setsid()
     os.dup2(output_fd, 1)
     os.dup2(output_fd, 2)
@@ -220,9 +280,14 @@ def _enter_sandbox(request, output_fd, keep, cuda: bool = False) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash is reported, not dumped
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
     _limit_processes()
-    # A network namespace of its own has only a loopback that is down. Root may make one;
-    # another user only inside a user namespace, where the system allows those.
-    _libc().unshare(CLONE_NEWNET if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWNET)
+    # Namespaces of its own: a network one has only a loopback that is down, a PID one no
+    # pid outside it. Root may make them; another user only inside a user namespace, where
+    # the system allows those. unshare makes all it is asked for or none.
+    user = 0 if os.geteuid() == 0 else CLONE_NEWUSER
+    if request.get("pid_namespace", True) and _libc().unshare(user | CLONE_NEWNET | CLONE_NEWPID) == 0:
+        return True
+    _libc().unshare(user | CLONE_NEWNET)
+    return False
 
 
 def _limit_processes() -> None:
@@ -285,10 +350,10 @@ def _owner(pid: str) -> int:
         return -1
 
 
-def _serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool) -> None:
+def _serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, pid_namespace: bool) -> None:
     sys.meta_path.insert(0, _BlockGrader())
     spy = _make_spy(torch)
-    hello = {"ok": True, "torch": torch.__version__, "cuda": cuda}
+    hello = {"ok": True, "torch": torch.__version__, "cuda": cuda, "pid_namespace": pid_namespace}
     module, error = _import_candidate(candidate_path)
     if error:
         hello = dict(hello, ok=False, error=error)

@@ -15,6 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from grader import cli, report
+from grader.candidate import Zygote
+from grader.grade import grade
 from tests.conftest import REFERENCE, explain, lost
 
 STEPS_OF_MODULE = {"MultiHeadAttention"}
@@ -431,11 +433,71 @@ def test_17_the_worker_has_no_network_where_the_system_allows(grade_source):
 # Found in review: ways around the cases above. ----------------------------------------------
 
 
-def test_killing_the_zygote_costs_only_the_steps_that_do_it(grade_source):
-    code = "import os, signal\ndef softmax(scores, dim=-1):\n    os.kill(os.getppid(), signal.SIGKILL)\n"
+FIND_ANCESTORS = """
+import os, signal
+
+def _parent(pid):
+    stat = open(f"/proc/{pid}/stat").read()
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+def _worker(pid):
+    return b"worker.py" in open(f"/proc/{pid}/cmdline", "rb").read()
+
+def zygote():  # the oldest forked worker.py, found through /proc: it shows real pids even in a PID namespace
+    pid = int(os.readlink("/proc/self"))
+    while _worker(_parent(pid)):
+        pid = _parent(pid)
+    return pid
+
+def grader():
+    return _parent(zygote())
+"""
+
+
+@pytest.fixture(scope="session")
+def in_pid_namespace(zygote, tmp_path_factory):
+    """Whether workers run in a PID namespace of their own here (root, or user namespaces allowed)."""
+    path = tmp_path_factory.mktemp("probe") / "mha.py"
+    path.write_text("import os\nprint('PID', os.getpid())\n")
+    return "PID 1\n" in grade(path, zygote=zygote, device="cpu").candidate_output
+
+
+@pytest.fixture(scope="module")
+def zygote_without_pid_namespace():
+    """Workers as on a system that allows them no PID namespace: the zygote is within their reach."""
+    with Zygote(pid_namespace=False) as zygote:
+        yield zygote
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGSTOP"])
+def test_signalling_the_zygote_costs_only_the_steps_that_do_it(grade_source, signal_name, in_pid_namespace):
+    code = FIND_ANCESTORS + f"def softmax(scores, dim=-1):\n    os.kill(zygote(), signal.{signal_name})\n"
     result = grade_source(code)
     assert set(lost(result)) == {"softmax"} | STEPS_OF_MODULE, explain(result)
-    assert step(result, "softmax").score == 0
+    expected = "ProcessLookupError" if in_pid_namespace else "zygote was killed"  # out of reach, or killed and noticed
+    assert expected in step(result, "softmax").checks[0].message, explain(result)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGSTOP"])
+def test_a_zygote_within_reach_that_is_signalled_costs_only_the_steps_that_do_it(
+    tmp_path, zygote_without_pid_namespace, signal_name
+):
+    path = tmp_path / "mha.py"
+    path.write_text(REFERENCE + FIND_ANCESTORS + f"def softmax(scores, dim=-1):\n    os.kill(zygote(), signal.{signal_name})\n")
+    result = grade(path, zygote=zygote_without_pid_namespace, device="cpu")
+    assert set(lost(result)) == {"softmax"} | STEPS_OF_MODULE, explain(result)
+    assert "zygote was killed or stopped while running softmax" in step(result, "softmax").checks[0].message
+    assert zygote_without_pid_namespace.pid_namespace is False  # a restart keeps the setting
+
+
+@pytest.mark.parametrize("how", ["os.kill(grader(), signal.SIGKILL)", "os.kill(-1, signal.SIGKILL)", "os.kill(0, signal.SIGKILL)"])
+def test_the_grader_and_every_other_process_are_out_of_reach(grade_source, how, in_pid_namespace):
+    if not in_pid_namespace:  # without one these would kill this test run (and, as root, the machine)
+        pytest.skip("no PID namespace for workers on this system (see the README)")
+    code = FIND_ANCESTORS + f"def softmax(scores, dim=-1):\n    {how}\n    return scores\n"
+    result = grade_source(code)
+    assert set(lost(result)) <= {"softmax"} | STEPS_OF_MODULE, explain(result)
+    assert step(result, "softmax").score < step(result, "softmax").max_score
 
 
 def test_code_that_cannot_run_anywhere_earns_nothing_by_failing_like_meta(grade_source):
