@@ -46,8 +46,11 @@ MAX_MESSAGE = 500
 CHILD_PROCESS_LIMIT = 64  # processes a worker child may have below it: a fork bomb stops there
 PIDS_CGROUP = "/sys/fs/cgroup/pids"  # cgroup v1's pids hierarchy, used when the grader runs as root
 FILE_SIZE_LIMIT = 64 * 1024 * 1024  # bytes a child may write to one file
-PR_SET_CHILD_SUBREAPER = 36
-CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+PR_SET_CHILD_SUBREAPER, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 36, 24, 38
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
+MS_REC, MS_PRIVATE = 16384, 1 << 18
 
 
 # -- the zygote ------------------------------------------------------------------------
@@ -279,19 +282,54 @@ def _enter_sandbox(request, output_fd, keep, cuda: bool = False) -> bool:
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT,) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash is reported, not dumped
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
-    _limit_processes()
+    in_cgroup = _limit_processes()
     # Namespaces of its own: a network one has only a loopback that is down, a PID one no
     # pid outside it. Root may make them; another user only inside a user namespace, where
     # the system allows those. unshare makes all it is asked for or none.
     user = 0 if os.geteuid() == 0 else CLONE_NEWUSER
-    if request.get("pid_namespace", True) and _libc().unshare(user | CLONE_NEWNET | CLONE_NEWPID) == 0:
-        return True
-    _libc().unshare(user | CLONE_NEWNET)
-    return False
+    pid_namespace = request.get("pid_namespace", True) and _libc().unshare(user | CLONE_NEWNET | CLONE_NEWPID) == 0
+    if not pid_namespace:
+        _libc().unshare(user | CLONE_NEWNET)
+    if in_cgroup:
+        _freeze_cgroup_membership()
+    _drop_capabilities()
+    return pid_namespace
 
 
-def _limit_processes() -> None:
+def _freeze_cgroup_membership() -> None:
+    """Make the pids cgroups read-only for this process and all it starts.
+
+    Moving a process to another cgroup needs only root's uid, not a capability, so dropping
+    capabilities alone would let a fork bomb leave its group. In a mount namespace of its
+    own, private so nothing reaches the grader's mounts, the pids hierarchy goes read-only.
+    """
+    libc = _libc()
+    if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        return  # the sweep still ends every process (see the README)
+    kept = os.statvfs(PIDS_CGROUP).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)  # a remount must restate them
+    libc.mount(None, PIDS_CGROUP.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept, None)
+
+
+def _drop_capabilities() -> None:
+    """Give up every capability, for good: root's (or a user namespace's) powers end here.
+
+    The uid stays (files the grader's user owns stay readable), but nothing can raise the
+    rlimits back, leave the namespaces (setns), or read the grader's memory or environment
+    through /proc (that needs all the capabilities the grader holds); exec regains none.
+    """
+    libc = _libc()
+    for cap in range(64):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break  # past the kernel's last capability
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)  # this process
+    libc.capset(header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable: all empty
+
+
+def _limit_processes() -> bool:
     """At most CHILD_PROCESS_LIMIT processes below this child: a fork bomb stops there.
+
+    True when it joined a pids cgroup of its own (which must then stay joined).
 
     RLIMIT_NPROC counts a user's processes, and does not bind root at all; for root a
     pids cgroup of the child's own does the job, where the system has one we may write.
@@ -299,7 +337,7 @@ def _limit_processes() -> None:
     if os.geteuid() != 0:
         mine = sum(_threads(p) for p in os.listdir("/proc") if p.isdigit() and _owner(p) == os.geteuid())
         resource.setrlimit(resource.RLIMIT_NPROC, (mine + CHILD_PROCESS_LIMIT,) * 2)
-        return
+        return False
     group = _cgroup(os.getpid())
     try:
         os.mkdir(group)
@@ -308,7 +346,8 @@ def _limit_processes() -> None:
         with open(f"{group}/cgroup.procs", "w") as f:
             f.write(str(os.getpid()))
     except OSError:
-        pass  # no writable pids cgroup: the zygote's sweep still ends every process (see the README)
+        return False  # no writable pids cgroup: the zygote's sweep still ends every process (see the README)
+    return True
 
 
 def _cgroup(pid: int) -> str:

@@ -117,6 +117,9 @@ def test_whole_file_timeout_fires_and_is_reported(grade_source):
 @pytest.mark.parametrize("code", [
     "def softmax(scores, dim=-1):\n    hoard = []\n    while True:\n        hoard.append(bytearray(50_000_000))",
     "def softmax(scores, dim=-1):\n    return torch.empty(10**11)",
+    # root may raise a hard limit; a worker holds no capability that would let it
+    "import resource\ndef softmax(scores, dim=-1):\n    try:\n        resource.setrlimit(resource.RLIMIT_DATA, (-1, -1))\n"
+    "    except (ValueError, OSError):\n        pass\n    return [bytearray(100_000_000) for _ in range(20)]",
 ])
 def test_6_memory_bombs_hit_the_memory_limit(grade_source, code):
     result = grade_source(code, memory_limit_mb=1024)
@@ -498,6 +501,35 @@ def test_the_grader_and_every_other_process_are_out_of_reach(grade_source, how, 
     result = grade_source(code)
     assert set(lost(result)) <= {"softmax"} | STEPS_OF_MODULE, explain(result)
     assert step(result, "softmax").score < step(result, "softmax").max_score
+
+
+REACH_OUT = FIND_ANCESTORS + """
+def softmax(scores, dim=-1):
+    attempts = {
+        "grader environ": lambda: open(f"/proc/{grader()}/environ", "rb").read(),
+        "grader memory": lambda: open(f"/proc/{grader()}/mem", "rb"),
+        "enter the grader's PID namespace": lambda: open(f"/proc/{grader()}/ns/pid"),
+        "leave the pids cgroup": lambda: open("/sys/fs/cgroup/pids/cgroup.procs", "w").write("0"),
+    }
+    for what, attempt in attempts.items():
+        try:
+            attempt()
+            print("DID:", what)
+        except OSError as error:
+            print("refused:", what, type(error).__name__)
+    return torch.zeros_like(scores)
+"""
+
+
+def test_root_powers_are_dropped_in_the_worker(grade_source, in_pid_namespace, monkeypatch):
+    if not in_pid_namespace:  # a plain child of the same user may read the grader's /proc files
+        pytest.skip("no PID namespace for workers on this system (see the README)")
+    monkeypatch.setenv("ATTN_GRADE_SECRET_TOKEN", "hunter2")
+    result = grade_source(REACH_OUT)
+    assert "DID:" not in result.candidate_output and "hunter2" not in result.candidate_output, result.candidate_output
+    assert result.candidate_output.count("refused: grader environ PermissionError") >= 1, result.candidate_output
+    if os.geteuid() == 0 and os.access("/sys/fs/cgroup/pids", os.W_OK):
+        assert "refused: leave the pids cgroup OSError" in result.candidate_output, result.candidate_output
 
 
 def test_code_that_cannot_run_anywhere_earns_nothing_by_failing_like_meta(grade_source):
