@@ -40,7 +40,7 @@ DEFAULT_MEMORY_LIMIT_MB = 4096
 OUTPUT_CAP = 64 * 1024  # bytes of the candidate's stdout and stderr kept
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME")
 ZYGOTE_REPLY_TIMEOUT = 10.0
-CHILD_END_GRACE = 0.5  # seconds a child whose pipe closed has to end by itself, so its cause of death is its own
+CHILD_END_GRACE = 0.5  # seconds a child whose pipe closed gets to end by itself, so its cause of death is its own
 STOP_CHECK_INTERVAL = 0.5  # how soon a zygote a candidate stopped (SIGSTOP) is noticed
 
 
@@ -230,7 +230,7 @@ class Candidate:
         self._serving: str | None = None  # the one function or class it has been called for
         self._spare: _Child | None = None  # forked ahead, for the next step
         self._import_error: CandidateError | None = None
-        self._broken: dict[str, tuple[str, str]] = {}  # function name -> (kind, message) of its hang or crash
+        self._broken: dict[str, tuple[str, str]] = {}  # function name -> (kind, message) of why it is not called again
         self._output = bytearray()
         self._output_total = 0
         self._workdir = tempfile.mkdtemp(prefix="attn-grade-worker-")  # the candidate's
@@ -369,7 +369,7 @@ class Candidate:
             raise CandidateError(*self._broken[name]) from None
 
     def _call_child(self, header: dict, name: str, args, kwargs, extra) -> Answer:
-        if name in self._broken:  # it hung, died or ran out of memory once: no check waits on it again
+        if name in self._broken:  # it hung, ran out of memory or killed the zygote once: no check waits on it again
             kind, message = self._broken[name]
             raise CandidateError(kind, f"{message} (an earlier call to {name} did)")
         if time.monotonic() >= self._file_deadline:
@@ -396,9 +396,8 @@ class Candidate:
                 raise CandidateError("timeout", f"the whole-file time limit ({self.file_timeout:g} s) ran out") from None
             self._broken[name] = ("timeout", f"timed out after {self.timeout:g} s")
             raise CandidateError(*self._broken[name]) from None
-        except wire.Closed:
-            self._broken[name] = ("died", f"worker died ({self._drop_live(ended=True)})")
-            raise CandidateError(*self._broken[name]) from None
+        except wire.Closed:  # a crash costs only this check: the next call gets a fresh child
+            raise CandidateError("died", f"worker died ({self._drop_live(ended=True)})") from None
         except wire.WireError as exc:
             self._drop_live()
             raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None

@@ -37,8 +37,9 @@ class DefaultGroup(click.Group):
         """Run a command; a usage error is one line on stderr and exit 2."""
         try:
             return super().main(args, prog_name, standalone_mode=False, **extra)
-        except click.exceptions.NoArgsIsHelpError as error:
-            click.echo(error.format_message(), err=True)
+        except click.exceptions.NoArgsIsHelpError:
+            click.echo("attn-grade: give a file to grade (attn-grade exercises/mha.py) or a command; "
+                       "attn-grade --help lists them.", err=True)
             sys.exit(EXIT_USAGE)
         except click.UsageError as error:
             click.echo(f"attn-grade: {error.format_message()}", err=True)
@@ -143,6 +144,8 @@ def hint(exercise, step, level, folder) -> None:
     if progress:
         progress.record_hint(exercise, step, level)
         progress.save()
+    else:
+        click.echo(f"(not recorded: {folder} is no attn-grade workspace; pass --workspace DIR to record it)", err=True)
 
 
 @main.command()

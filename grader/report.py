@@ -125,7 +125,8 @@ def to_markdown(grade: Grade, progress=None) -> str:
     lines += ["| Step | Score | Max | Time to green |", "| --- | ---: | ---: | ---: |"]
     for step in grade.steps:
         mark = _mark(step)[0]
-        lines.append(f"| {mark} `{step.id}` | {step.score} | {step.max_score} | {_duration(green.get(step.id))} |")
+        to_green = green.get(step.id) if step.score == step.max_score else None  # green once, failing now: none
+        lines.append(f"| {mark} `{step.id}` | {step.score} | {step.max_score} | {_duration(to_green)} |")
     lines.append(f"| **Total** | **{grade.score}** | **{grade.max_score}** | |")
     lost = [(s, c) for s in grade.steps for c in s.checks if c.points < c.max_points]
     if lost:

@@ -42,6 +42,7 @@ import time
 import traceback
 
 BLOCKED_PACKAGES = ("grader", "solutions")
+HIDDEN_FROM_CANDIDATES = ("solutions", "tests", ".git")  # beside grader/: what a worker must not read
 MAX_MESSAGE = 500
 CHILD_PROCESS_LIMIT = 64  # processes a worker child may have below it: a fork bomb stops there
 PIDS_CGROUP = "/sys/fs/cgroup/pids"  # cgroup v1's pids hierarchy, used when the grader runs as root
@@ -60,6 +61,7 @@ def main() -> None:
     control = socket.socket(fileno=int(sys.argv[1]))
     wire = _load_by_path("_attn_grade_wire", sys.argv[2])
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # ask NVML, so no CUDA context exists to break fork
+    own_pid_namespace = _own_pid_namespace()
 
     import numpy  # noqa: F401  (imported once here, not in every child)
     import torch
@@ -87,10 +89,17 @@ def main() -> None:
             os._exit(0)
         request = json.loads(data)
         if request["op"] == "spawn":
+            # The next child is the first process of a PID namespace of its own: no process
+            # outside has a pid it can name (`os.kill(-1, ...)`, the grader's or the zygote's
+            # pid read from /proc reach nothing), and when it dies, all it started die too.
+            wanted = request.get("pid_namespace", True) and own_pid_namespace is not None
+            namespaced = wanted and _libc().unshare(CLONE_NEWPID) == 0
             pid = os.fork()
             if pid == 0:
                 control.close()
                 _child(wire, torch, request, fds, cuda)  # never returns
+            if namespaced:  # back to our own, so the next unshare makes the next child a new one
+                _libc().setns(own_pid_namespace, CLONE_NEWPID)
             spawned.add(pid)
             for fd in fds:
                 os.close(fd)
@@ -121,44 +130,45 @@ def _reply(control, answer: dict) -> None:
 def _kill(pid: int, grace: float = 0.0) -> str:
     """Kill a child's process group and whatever the candidate left; say how the child ended.
 
-    With `grace`, first give a child that is ending by itself that long to end: its candidate
-    process has died, and it is passing that death on (`_fork_into_pid_namespace`).
+    With `grace`, a child that is ending by itself first gets that long to end: one passing
+    on its candidate's death (`_fork_into_pid_namespace`) must not be killed mid-way.
     """
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
+    ended = 0
+    while not ended and time.monotonic() < deadline:
         try:
             ended, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            break
-        if ended:  # reaped: its pid may be reused, its group's remaining members are not
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            return _describe_status(status)
-        time.sleep(0.001)
-    _kill_group_of(pid)
-    try:
-        _, status = os.waitpid(pid, 0)
-    except ChildProcessError:
-        return "already reaped"
-    return _describe_status(status)
-
-
-def _kill_group_of(pid: int) -> None:
-    for kill in (os.killpg, os.kill):  # the group, and the child itself in case it has no group yet
+            return "already reaped"
+        if not ended:
+            time.sleep(0.001)
+    # The group, whose members outlive a reaped leader; and, not yet reaped (its pid still
+    # its own), the child itself, in case it has no group yet.
+    for kill in (os.killpg,) if ended else (os.killpg, os.kill):
         try:
             kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-
-
-def _describe_status(status: int) -> str:
+    if not ended:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            return "already reaped"
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
         name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else str(number)
         return f"killed by signal {name}"
     return f"exit code {os.WEXITSTATUS(status)}"
+
+
+def _own_pid_namespace() -> int | None:
+    """A handle on the zygote's PID namespace, where it may make new ones for its children (root)."""
+    if os.geteuid() != 0:
+        return None  # the children make their own, through a user namespace (`_enter_sandbox`)
+    try:
+        return os.open("/proc/self/ns/pid", os.O_RDONLY)
+    except OSError:
+        return None
 
 
 def _kill_descendants(keep: set) -> None:
@@ -223,20 +233,16 @@ def _skip_lazy_dynamo_import(torch) -> None:
 def _child(wire, torch, request, fds, cuda: bool) -> None:
     read_fd, write_fd, output_fd = fds
     try:
-        pid_namespace = _enter_sandbox(request, output_fd, keep=(read_fd, write_fd), cuda=cuda)
-        if pid_namespace:
+        if _enter_sandbox(request, output_fd, keep=(read_fd, write_fd), cuda=cuda):
             _fork_into_pid_namespace()
-        _serve(wire, torch, request["candidate"], read_fd, write_fd, cuda, pid_namespace)
+        _serve(wire, torch, request["candidate"], read_fd, write_fd, cuda, pid_namespace=os.getpid() == 1)
     finally:
         os._exit(0)
 
 
 def _fork_into_pid_namespace() -> None:
-    """Run the candidate as the first process of the new PID namespace; here, pass on how it ended.
-
-    Inside, no process of the grader's has a pid: `os.kill(-1, ...)`, the grader's pid read
-    from /proc, or the zygote's, reach nothing. Killing this process's group (the zygote's
-    way) still ends both, and when the namespace's first process dies, all in it die.
+    """Where this child could make a PID namespace only itself (not root): run the candidate
+    as its first process, and here only pass on how it ended, so the zygote reports that.
     """
     pid = os.fork()
     if pid == 0:
@@ -248,7 +254,7 @@ def _fork_into_pid_namespace() -> None:
             pass
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
-    if code < 0:  # killed by a signal: die of the same one, so the zygote reports it
+    if code < 0:  # killed by a signal: die of the same one
         try:
             signal.signal(-code, signal.SIG_DFL)
             os.kill(os.getpid(), -code)
@@ -259,9 +265,9 @@ def _fork_into_pid_namespace() -> None:
 
 
 def _enter_sandbox(request, output_fd, keep, cuda: bool = False) -> bool:
-    """A session of its own, output to the grader's pipe, an empty directory, limits, no network.
+    """A session of its own, output to the grader's pipe, an empty directory, limits, no network, no capabilities.
 
-    True when it also unshared a PID namespace, which the next fork enters.
+    True when it made a PID namespace that only its next fork enters (see `_fork_into_pid_namespace`).
     """
     os.setsid()
     os.dup2(output_fd, 1)
@@ -283,31 +289,40 @@ def _enter_sandbox(request, output_fd, keep, cuda: bool = False) -> bool:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash is reported, not dumped
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
     in_cgroup = _limit_processes()
-    # Namespaces of its own: a network one has only a loopback that is down, a PID one no
-    # pid outside it. Root may make them; another user only inside a user namespace, where
-    # the system allows those. unshare makes all it is asked for or none.
-    user = 0 if os.geteuid() == 0 else CLONE_NEWUSER
-    pid_namespace = request.get("pid_namespace", True) and _libc().unshare(user | CLONE_NEWNET | CLONE_NEWPID) == 0
-    if not pid_namespace:
-        _libc().unshare(user | CLONE_NEWNET)
-    if in_cgroup:
-        _freeze_cgroup_membership()
+    # A network namespace of its own has only a loopback that is down. Root may make one
+    # (its PID namespace the zygote made); another user only inside a user namespace, where
+    # the system allows those, and a PID namespace there too. unshare makes all or none.
+    fork_needed = False
+    if os.geteuid() == 0:
+        _libc().unshare(CLONE_NEWNET)
+    elif request.get("pid_namespace", True) and _libc().unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID) == 0:
+        fork_needed = True
+    else:
+        _libc().unshare(CLONE_NEWUSER | CLONE_NEWNET)
+    _private_mounts(in_cgroup)
     _drop_capabilities()
-    return pid_namespace
+    return fork_needed
 
 
-def _freeze_cgroup_membership() -> None:
-    """Make the pids cgroups read-only for this process and all it starts.
+def _private_mounts(in_cgroup: bool) -> None:
+    """In a mount namespace of its own (private: nothing reaches the grader's mounts), hide
+    the reference and freeze its pids cgroup membership, before the capabilities go.
 
-    Moving a process to another cgroup needs only root's uid, not a capability, so dropping
-    capabilities alone would let a fork bomb leave its group. In a mount namespace of its
-    own, private so nothing reaches the grader's mounts, the pids hierarchy goes read-only.
+    The kit's `solutions/`, `tests/` (correct variants) and `.git` are covered with empty,
+    read-only mounts. Moving a process to another cgroup needs only root's uid, not a
+    capability, so the pids hierarchy goes read-only too, or a fork bomb could leave it.
     """
     libc = _libc()
     if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        return  # the sweep still ends every process (see the README)
-    kept = os.statvfs(PIDS_CGROUP).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)  # a remount must restate them
-    libc.mount(None, PIDS_CGROUP.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept, None)
+        return  # no mount namespace here: see "What it is not" in the README
+    kit = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for hidden in HIDDEN_FROM_CANDIDATES:
+        path = os.path.join(kit, hidden)
+        if os.path.isdir(path):
+            libc.mount(b"none", path.encode(), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=4k")
+    if in_cgroup:
+        kept = os.statvfs(PIDS_CGROUP).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)  # a remount restates them
+        libc.mount(None, PIDS_CGROUP.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept, None)
 
 
 def _drop_capabilities() -> None:
@@ -338,13 +353,13 @@ def _limit_processes() -> bool:
         mine = sum(_threads(p) for p in os.listdir("/proc") if p.isdigit() and _owner(p) == os.geteuid())
         resource.setrlimit(resource.RLIMIT_NPROC, (mine + CHILD_PROCESS_LIMIT,) * 2)
         return False
-    group = _cgroup(os.getpid())
+    group = _cgroup(int(os.readlink("/proc/self")))  # the pid the zygote knows (here, os.getpid() is 1)
     try:
         os.mkdir(group)
         with open(f"{group}/pids.max", "w") as f:
             f.write(str(CHILD_PROCESS_LIMIT))
         with open(f"{group}/cgroup.procs", "w") as f:
-            f.write(str(os.getpid()))
+            f.write("0")  # this process
     except OSError:
         return False  # no writable pids cgroup: the zygote's sweep still ends every process (see the README)
     return True

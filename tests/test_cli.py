@@ -58,6 +58,7 @@ def test_verbose_shows_every_check_and_json_validates_with_mistakes(tmp_path):
         ([REFERENCE, "--device", "gpu"], "'gpu' is not one of"),
         ([REFERENCE, "--timeout", "0"], "--timeout"),
         (["grade"], "Missing argument 'FILE'"),
+        ([], "give a file to grade"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(args, says):

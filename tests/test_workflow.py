@@ -1,5 +1,6 @@
 """The practice and classroom workflow: init, hint, solution, reset, list, watch, batch, report formats, bundles."""
 
+import base64
 import csv
 import io
 import json
@@ -65,6 +66,14 @@ def test_markdown_report_has_hash_table_mistakes_and_hints(buggy_grade, tmp_path
     assert re.search(r"\| ✓ `project` \| 10 \| 10 \| \d+ s \|", text)  # time to green, from the progress file
 
 
+def test_markdown_report_gives_no_time_to_green_for_a_step_failing_now(buggy_grade, tmp_path):
+    progress = Progress(tmp_path)
+    progress.record_grade(buggy_grade)
+    progress.exercise("mha")["steps"]["scale_scores"]["first_green"] = progress.exercise("mha")["started"]  # green once
+    text = report.to_markdown(buggy_grade, progress)
+    assert re.search(r"\| ~ `scale_scores` \| \d \| 8 \| – \|", text), text
+
+
 def test_junit_is_one_testcase_per_check_grouped_by_step(buggy_grade):
     root = ET.fromstring(report.to_junit(buggy_grade))
     jsonschema.validate(_as_dict(root), schema("junit.schema.json"))
@@ -88,6 +97,23 @@ def test_github_classroom_result_version_3(buggy_grade):
     jsonschema.validate(data, schema("github.schema.json"))
     assert data["status"] == "fail" and data["max_score"] == 100
     assert sum(t["score"] for t in data["tests"]) == buggy_grade.score
+
+
+@pytest.mark.parametrize("submission", ["reference", "missing"])
+def test_readme_github_workflow_always_reports_a_valid_result(tmp_path, submission):
+    """The grading lines of the README's workflow, run as Actions runs them (bash -e)."""
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("        run: |\n") :].split("\n      - name:")[0]
+    script = "\n".join(line[10:] for line in block.splitlines()[1:] if not line.lstrip().startswith("pip install"))
+    if submission == "reference":
+        (tmp_path / "mha.py").write_text(REFERENCE)
+    output = tmp_path / "github_output"
+    env = dict(os.environ, GITHUB_OUTPUT=str(output), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    done = subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(base64.b64decode(output.read_text().strip().removeprefix("result=")))
+    jsonschema.validate(result, schema("github.schema.json"))
+    assert result["status"] == ("pass" if submission == "reference" else "error"), result
 
 
 def test_output_writes_the_report_to_a_file_and_keeps_the_exit_code(tmp_path):
