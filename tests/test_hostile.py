@@ -74,6 +74,20 @@ def test_3_a_worker_dying_in_one_step_costs_only_that_step(grade_source, code, s
     assert all(f"worker died ({status})" in m for m in messages(result, "merge_heads")), explain(result)
 
 
+def test_3_a_crash_on_one_input_costs_only_that_check(grade_source):
+    code = """
+    import ctypes
+    _merge_heads = merge_heads
+    def merge_heads(x):
+        if x.dtype == torch.float64:
+            ctypes.string_at(0)
+        return _merge_heads(x)
+    """
+    result = grade_source(code)
+    failed = {c.name for c in step(result, "merge_heads").checks if c.points < c.max_points}
+    assert failed == {"merge_heads_values[float64]"}, explain(result)
+
+
 # 4. and 5. ------------------------------------------------------------------------------
 
 HANGS = """
