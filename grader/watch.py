@@ -1,6 +1,6 @@
 """Grade a file on every save, with a warm zygote so a regrade costs only the checks.
 
-The file is polled (every 50 ms) rather than watched through an OS API: no extra
+The file is polled (every 20 ms) rather than watched through an OS API: no extra
 dependency, and editors that save by rename are seen the same way.
 """
 
@@ -18,7 +18,7 @@ from grader.grade import grade
 from grader.progress import Progress
 from grader.report import to_text
 
-POLL_SECONDS = 0.05
+POLL_SECONDS = 0.02
 
 
 def watch(path: Path, options: dict, rounds: int | None = None) -> None:

@@ -47,6 +47,7 @@ MAX_MESSAGE = 500
 CHILD_PROCESS_LIMIT = 64  # processes a worker child may have below it: a fork bomb stops there
 PIDS_CGROUP = "/sys/fs/cgroup/pids"  # cgroup v1's pids hierarchy, used when the grader runs as root
 FILE_SIZE_LIMIT = 64 * 1024 * 1024  # bytes a child may write to one file
+SHM_SIZE = "64m"  # its own /dev/shm
 PR_SET_CHILD_SUBREAPER, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 36, 24, 38
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
@@ -309,7 +310,7 @@ def _private_mounts(in_cgroup: bool) -> None:
     the reference and freeze its pids cgroup membership, before the capabilities go.
 
     The kit's `solutions/`, `tests/` (correct variants) and `.git` are covered with empty,
-    read-only mounts. Moving a process to another cgroup needs only root's uid, not a
+    read-only mounts; /dev/shm is a small tmpfs of its own (not shared with other workers). Moving a process to another cgroup needs only root's uid, not a
     capability, so the pids hierarchy goes read-only too, or a fork bomb could leave it.
     """
     libc = _libc()
@@ -320,6 +321,8 @@ def _private_mounts(in_cgroup: bool) -> None:
         path = os.path.join(kit, hidden)
         if os.path.isdir(path):
             libc.mount(b"none", path.encode(), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=4k")
+    if os.path.isdir("/dev/shm"):  # a small one of its own: tmpfs pages escape RLIMIT_DATA
+        libc.mount(b"none", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, f"size={SHM_SIZE}".encode())
     if in_cgroup:
         kept = os.statvfs(PIDS_CGROUP).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)  # a remount restates them
         libc.mount(None, PIDS_CGROUP.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept, None)

@@ -538,6 +538,28 @@ def softmax(scores, dim=-1):
     return torch.zeros_like(scores)
 """
 
+SHM_FILL = """
+import os
+def softmax(scores, dim=-1):
+    written = 0
+    try:
+        for i in range(40):  # 40 files of 32 MB: past the worker's /dev/shm, each under RLIMIT_FSIZE
+            with open(f"/dev/shm/attn-grade-test-fill-{os.getpid()}-{i}", "wb") as f:
+                f.write(bytes(32 * 1024 * 1024))
+            written += 32
+    except OSError as error:
+        print("SHM stopped at", written, "MB:", error.strerror)
+    return scores.softmax(dim)
+"""
+
+
+def test_dev_shm_is_small_and_private(grade_source, in_pid_namespace):
+    if not in_pid_namespace:
+        pytest.skip("no namespaces for workers on this system (see the README)")
+    result = grade_source(SHM_FILL)
+    assert "SHM stopped at" in result.candidate_output, result.candidate_output
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith("attn-grade-test-fill-")]
+
 
 def test_root_powers_are_dropped_in_the_worker(grade_source, in_pid_namespace, monkeypatch):
     if not in_pid_namespace:  # a plain child of the same user may read the grader's /proc files
