@@ -6,7 +6,8 @@ the device the checks will use), then answers the grader on its control socket:
 
     {"op": "spawn", ...} with three file descriptors -> {"pid": N}
         fork a child that drops into its own sandbox (below), imports the candidate file,
-        says hello on its pipe and answers requests there.
+        says hello on its pipe and answers requests there. As root, the zygote gives each
+        child a PID namespace of its own, whose first process the child is.
     {"op": "kill", "pid": N, "wait": bool, "grace": seconds} -> {"status": "exit code 0" | "killed by signal SIGSEGV" | ...}
         kill that child's process group, then every process below the zygote but the other
         children and theirs, and (with "wait") say how the child ended.
@@ -266,9 +267,10 @@ def _fork_into_pid_namespace() -> None:
 
 
 def _enter_sandbox(request, output_fd, keep, cuda: bool = False) -> bool:
-    """A session of its own, output to the grader's pipe, an empty directory, limits, no network, no capabilities.
+    """A session of its own, output to the grader's pipe, an empty directory, limits, no
+    network, private mounts, no capabilities.
 
-    True when it made a PID namespace that only its next fork enters (see `_fork_into_pid_namespace`).
+    True when it made a PID namespace that only its next fork enters (`_fork_into_pid_namespace`).
     """
     os.setsid()
     os.dup2(output_fd, 1)
@@ -310,8 +312,9 @@ def _private_mounts(in_cgroup: bool) -> None:
     the reference and freeze its pids cgroup membership, before the capabilities go.
 
     The kit's `solutions/`, `tests/` (correct variants) and `.git` are covered with empty,
-    read-only mounts; /dev/shm is a small tmpfs of its own (not shared with other workers). Moving a process to another cgroup needs only root's uid, not a
-    capability, so the pids hierarchy goes read-only too, or a fork bomb could leave it.
+    read-only mounts; /dev/shm is a small tmpfs of its own. Moving a process to another
+    cgroup needs only root's uid, not a capability, so the pids hierarchy goes read-only
+    too, or a fork bomb could leave it.
     """
     libc = _libc()
     if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
