@@ -31,6 +31,7 @@ from pathlib import Path
 
 from grader import wire
 from grader.exercise import GraderBug
+from grader.worker import BUG_EXIT
 
 WORKER_PATH = Path(__file__).resolve().parent / "worker.py"
 DEFAULT_TIMEOUT = 10.0  # seconds per call
@@ -156,6 +157,8 @@ class Zygote:
                 raise GraderBug(f"the worker zygote stopped answering: {exc}\n{self.log()}") from None
             os.killpg(self._process.pid, signal.SIGKILL)  # SIGSTOP from a candidate: as good as dead
             self._process.wait()
+        if self._process.returncode == BUG_EXIT:  # the zygote's own failure, never the candidate's
+            raise GraderBug(f"the worker zygote failed:\n{self.log()}")
         raise ZygoteGone(f"the worker zygote died ({self._process.returncode})") from None
 
     def check_alive(self) -> None:

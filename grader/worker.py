@@ -49,6 +49,7 @@ CHILD_PROCESS_LIMIT = 64  # processes a worker child may have below it: a fork b
 PIDS_CGROUP = "/sys/fs/cgroup/pids"  # cgroup v1's pids hierarchy, used when the grader runs as root
 FILE_SIZE_LIMIT = 64 * 1024 * 1024  # bytes a child may write to one file
 SHM_SIZE = "64m"  # its own /dev/shm
+BUG_EXIT = 70  # the zygote's exit status for "a bug here, not the candidate's doing" (EX_SOFTWARE)
 PR_SET_CHILD_SUBREAPER, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 36, 24, 38
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
@@ -100,8 +101,10 @@ def main() -> None:
             if pid == 0:
                 control.close()
                 _child(wire, torch, request, fds, cuda)  # never returns
-            if namespaced:  # back to our own, so the next unshare makes the next child a new one
-                _libc().setns(own_pid_namespace, CLONE_NEWPID)
+            if namespaced and _libc().setns(own_pid_namespace, CLONE_NEWPID) != 0:
+                # Back to our own failed: the next child would join this one's namespace.
+                print("attn-grade zygote: cannot return to its own PID namespace", flush=True)
+                os._exit(BUG_EXIT)
             spawned.add(pid)
             for fd in fds:
                 os.close(fd)
@@ -164,13 +167,24 @@ def _kill(pid: int, grace: float = 0.0) -> str:
 
 
 def _own_pid_namespace() -> int | None:
-    """A handle on the zygote's PID namespace, where it may make new ones for its children (root)."""
+    """A handle on the zygote's PID namespace, where it may make new ones for its children (root).
+
+    Each spawn unshares a new one for the next fork, then enters this one again (only then
+    is the following child's namespace new too): tried once here, so a spawn cannot fail so.
+    """
     if os.geteuid() != 0:
         return None  # the children make their own, through a user namespace (`_enter_sandbox`)
     try:
-        return os.open("/proc/self/ns/pid", os.O_RDONLY)
+        handle = os.open("/proc/self/ns/pid", os.O_RDONLY)
     except OSError:
         return None
+    if _libc().unshare(CLONE_NEWPID) != 0:
+        os.close(handle)
+        return None
+    if _libc().setns(handle, CLONE_NEWPID) != 0:
+        print("attn-grade zygote: cannot return to its own PID namespace", flush=True)
+        os._exit(BUG_EXIT)
+    return handle
 
 
 def _kill_descendants(keep: set) -> None:

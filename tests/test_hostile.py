@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -16,7 +17,9 @@ from click.testing import CliRunner
 
 from grader import cli, report
 from grader.candidate import Zygote
+from grader.exercise import GraderBug
 from grader.grade import grade
+from grader.worker import BUG_EXIT
 from tests.conftest import REFERENCE, explain, lost
 
 STEPS_OF_MODULE = {"MultiHeadAttention"}
@@ -570,6 +573,15 @@ def test_root_powers_are_dropped_in_the_worker(grade_source, in_pid_namespace, m
     assert result.candidate_output.count("refused: grader environ PermissionError") >= 1, result.candidate_output
     if os.geteuid() == 0 and os.access("/sys/fs/cgroup/pids", os.W_OK):
         assert "refused: leave the pids cgroup OSError" in result.candidate_output, result.candidate_output
+
+
+def test_a_zygote_that_fails_on_its_own_is_a_grader_bug_not_a_zero(tmp_path):
+    zygote = object.__new__(Zygote)  # its process replaced by one that exits as the zygote does on a bug
+    zygote._private = str(tmp_path)
+    zygote._process = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({BUG_EXIT})"])
+    zygote._process.wait()
+    with pytest.raises(GraderBug, match="the worker zygote failed"):
+        zygote._fail(OSError("it closed its socket"))
 
 
 def test_code_that_cannot_run_anywhere_earns_nothing_by_failing_like_meta(grade_source):
