@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -277,6 +278,7 @@ def entry() -> None:
     Python's orderly exit unloads torch and pytest, about half a second after the
     report is out; every file is flushed and every worker reaped by then.
     """
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a polite kill stops like Ctrl-C: cleaned up
     try:
         main()
         code = 0

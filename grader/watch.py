@@ -6,7 +6,6 @@ dependency, and editors that save by rename are seen the same way.
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
 
@@ -24,7 +23,6 @@ POLL_SECONDS = 0.02
 def watch(path: Path, options: dict, rounds: int | None = None) -> None:
     """Regrade `path` whenever it changes, until Ctrl-C (or `rounds` grades, for tests)."""
     on_terminal = click.get_text_stream("stdout").isatty()
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a polite kill stops like Ctrl-C
     zygote = Zygote(warm_device=options.get("device") != "cpu")
     seen, graded = None, 0
     try:

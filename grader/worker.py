@@ -36,6 +36,7 @@ import importlib.util
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import sys
@@ -77,21 +78,25 @@ def main() -> None:
     _remove_stale_cgroups()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     spawned = set()
+    workdirs, home = set(), os.getcwd()  # the candidates' folders and ours, all the grader's temporary ones
 
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(control, 65536, 3)
         except OSError:
             data, fds = b"", []
-        if not data:  # the grader is gone
+        if not data:  # the grader is gone (killed, maybe, with no time to clean up after us)
             for pid in spawned:
                 _kill(pid)
             _kill_descendants(keep=set())
             for pid in spawned:
                 _remove_cgroup(pid)
+            for folder in (*workdirs, home):  # gone already unless the grader was killed
+                shutil.rmtree(folder, ignore_errors=True)
             os._exit(0)
         request = json.loads(data)
         if request["op"] == "spawn":
+            workdirs.add(request["workdir"])
             # The next child is the first process of a PID namespace of its own: no process
             # outside has a pid it can name (`os.kill(-1, ...)`, the grader's or the zygote's
             # pid read from /proc reach nothing), and when it dies, all it started die too.

@@ -6,11 +6,13 @@ or replaces a step) and the outcome it must get. Numbers refer to the cases of i
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -20,7 +22,7 @@ from grader.candidate import Zygote
 from grader.exercise import GraderBug
 from grader.grade import grade
 from grader.worker import BUG_EXIT
-from tests.conftest import REFERENCE, explain, lost
+from tests.conftest import REFERENCE, ROOT, explain, lost
 
 STEPS_OF_MODULE = {"MultiHeadAttention"}
 
@@ -573,6 +575,37 @@ def test_root_powers_are_dropped_in_the_worker(grade_source, in_pid_namespace, m
     assert result.candidate_output.count("refused: grader environ PermissionError") >= 1, result.candidate_output
     if os.geteuid() == 0 and os.access("/sys/fs/cgroup/pids", os.W_OK):
         assert "refused: leave the pids cgroup OSError" in result.candidate_output, result.candidate_output
+
+
+def _processes_working_in(folder: Path) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd").startswith(str(folder)):
+                found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_grader_killed_mid_grade_leaves_no_process_or_folder_behind(tmp_path, how):
+    (tmp_path / "mha.py").write_text(REFERENCE + "\ndef softmax(scores, dim=-1):\n    while True:\n        pass\n")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    command = [sys.executable, "-c", "from grader.cli import entry; entry()", str(tmp_path / "mha.py"), "--device", "cpu"]
+    env = dict(os.environ, TMPDIR=str(temporary))
+    grader = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not any(p.name.startswith("attn-grade-worker-") for p in temporary.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(3)  # into the checks, softmax hanging
+    grader.send_signal(how)
+    grader.wait(timeout=30)
+    deadline = time.monotonic() + 15
+    while (list(temporary.iterdir()) or _processes_working_in(temporary)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert list(temporary.iterdir()) == [] and _processes_working_in(temporary) == []
 
 
 def test_a_zygote_that_fails_on_its_own_is_a_grader_bug_not_a_zero(tmp_path):
