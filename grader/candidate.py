@@ -31,7 +31,6 @@ from pathlib import Path
 
 from grader import wire
 from grader.exercise import GraderBug
-from grader.worker import BUG_EXIT
 
 WORKER_PATH = Path(__file__).resolve().parent / "worker.py"
 DEFAULT_TIMEOUT = 10.0  # seconds per call
@@ -157,8 +156,8 @@ class Zygote:
                 raise GraderBug(f"the worker zygote stopped answering: {exc}\n{self.log()}") from None
             os.killpg(self._process.pid, signal.SIGKILL)  # SIGSTOP from a candidate: as good as dead
             self._process.wait()
-        if self._process.returncode == BUG_EXIT:  # the zygote's own failure, never the candidate's
-            raise GraderBug(f"the worker zygote failed:\n{self.log()}")
+        if self._process.returncode >= 0:  # it exited (BUG_EXIT, a traceback): its own failure, never the candidate's
+            raise GraderBug(f"the worker zygote failed (exit code {self._process.returncode}):\n{self.log()}")
         raise ZygoteGone(f"the worker zygote died ({self._process.returncode})") from None
 
     def check_alive(self) -> None:
@@ -168,6 +167,10 @@ class Zygote:
         fatal signal pending answers nothing more: a ping is exact where poll() would race.
         """
         self.reply(self.send({"op": "ping"}), time.monotonic() + ZYGOTE_REPLY_TIMEOUT)
+
+    @property
+    def exited(self) -> bool:
+        return self._process.poll() is not None
 
     def restart(self) -> None:
         """A fresh zygote in place of a dead one, for whoever holds this object."""
@@ -203,6 +206,7 @@ class _Child:
     ticket: int
     fds: tuple[int, int]  # (send, receive)
     pid: int | None = None
+    namespaced: bool = False  # the zygote made its PID namespace: out of reach of the zygote and the grader
     greeted: bool = False
 
 
@@ -223,9 +227,7 @@ class Candidate:
         self.file_timeout = file_timeout
         self.import_timeout = import_timeout
         self.warm_device = warm_device
-        # The worker's hello: torch version, CUDA, whether it runs in a PID namespace of its
-        # own. Its code wrote it, so a lie there costs the candidate only its own score.
-        self.info: dict = {}
+        self.info: dict = {}  # the worker's hello: torch version, CUDA availability
         self.workers_started = 0
         self._zygote = zygote  # borrowed, or started (and closed) by this candidate
         self._owns_zygote = zygote is None
@@ -248,6 +250,8 @@ class Candidate:
         self._file_deadline = time.monotonic() + self.file_timeout  # the whole file's clock starts now
         if self._zygote is None:
             self._zygote = Zygote(self.warm_device)
+        elif self._zygote.exited:  # a borrowed one, ended by the last file in a way no one noticed
+            self._zygote.restart()
         self._live = self._spawn()
 
     def close(self) -> None:
@@ -289,7 +293,19 @@ class Candidate:
         child = self._live
         if child.greeted:
             return self.info
-        self._pid(child)
+        try:
+            self._pid(child)
+            self._greet(child)
+            if not child.namespaced:  # within the candidate's reach, and its import-time code has run
+                self._zygote.check_alive()
+        except ZygoteGone:  # killed by the file's import-time code: every child would do it again
+            self._replace_zygote()
+            self._import_error = CandidateError("import", "the worker's zygote was killed or stopped while importing")
+            raise CandidateError(self._import_error.kind, self._import_error.message) from None
+        return self.info
+
+    def _greet(self, child: _Child) -> None:
+        """Read the child's hello into `info`; raise CandidateError if the file did not import."""
         try:
             hello, _ = wire.read_frame(child.fds[1], self._deadline(self.import_timeout))
             child.greeted = True
@@ -308,12 +324,8 @@ class Candidate:
             raise
         else:
             if hello.get("ok") is True:
-                self.info = {
-                    "torch": _text(hello.get("torch")),
-                    "cuda": hello.get("cuda") is True,
-                    "pid_namespace": hello.get("pid_namespace") is True,
-                }
-                return self.info
+                self.info = {"torch": _text(hello.get("torch")), "cuda": hello.get("cuda") is True}
+                return
             self._drop_live()
             error = hello.get("error") if isinstance(hello.get("error"), dict) else {}
             self._import_error = CandidateError("import", f"could not import: {_text(error.get('message'))}")
@@ -358,18 +370,22 @@ class Candidate:
         try:
             return self._call_child(header, name, args, kwargs, extra)
         except ZygoteGone:  # the candidate's code killed the zygote (os.kill(os.getppid(), ...))
-            orphans = [c.pid for c in (self._live, self._spare) if c is not None and c.pid is not None]
-            for child in (self._live, self._spare):
-                if child is not None:
-                    for fd in child.fds:
-                        os.close(fd)
-            for pid in orphans:
-                _kill_group(pid)
-            self._live = self._spare = None
-            self._serving = None
-            self._zygote.restart()
+            self._replace_zygote()
             self._broken[name] = ("died", f"the worker's zygote was killed or stopped while running {name}")
             raise CandidateError(*self._broken[name]) from None
+
+    def _replace_zygote(self) -> None:
+        """End what the dead zygote left (it can no longer) and start a fresh one for the rest."""
+        orphans = [c.pid for c in (self._live, self._spare) if c is not None and c.pid is not None]
+        for child in (self._live, self._spare):
+            if child is not None:
+                for fd in child.fds:
+                    os.close(fd)
+        for pid in orphans:
+            _kill_group(pid)
+        self._live = self._spare = None
+        self._serving = None
+        self._zygote.restart()
 
     def _call_child(self, header: dict, name: str, args, kwargs, extra) -> Answer:
         if name in self._broken:  # it hung, ran out of memory or killed the zygote once: no check waits on it again
@@ -407,7 +423,7 @@ class Candidate:
         except BaseException:  # pytest-timeout or Ctrl-C mid-call: that child's next answer would be stale
             self._drop_live()
             raise
-        if not self.info["pid_namespace"]:  # else the zygote is out of the candidate's reach
+        if not self._live.namespaced:  # else the zygote is out of the candidate's reach
             self._zygote.check_alive()  # killed by this call's code: say so here, not at the next step
         try:
             called = answer.get("called")
@@ -450,7 +466,8 @@ class Candidate:
 
     def _pid(self, child: _Child) -> int:
         if child.pid is None:
-            child.pid = int(self._zygote.reply(child.ticket, time.monotonic() + self.import_timeout)["pid"])
+            reply = self._zygote.reply(child.ticket, time.monotonic() + self.import_timeout)
+            child.pid, child.namespaced = int(reply["pid"]), reply.get("namespaced") is True
         return child.pid
 
     def _deadline(self, seconds: float) -> float:

@@ -4,7 +4,7 @@ The grader starts `python -I -u worker.py CONTROL_FD WIRE_PY` in a new session w
 scrubbed environment. This zygote never runs candidate code. It imports torch (and warms
 the device the checks will use), then answers the grader on its control socket:
 
-    {"op": "spawn", ...} with three file descriptors -> {"pid": N}
+    {"op": "spawn", ...} with three file descriptors -> {"pid": N, "namespaced": bool}
         fork a child that drops into its own sandbox (below), imports the candidate file,
         says hello on its pipe and answers requests there. As root, the zygote gives each
         child a PID namespace of its own, whose first process the child is.
@@ -113,7 +113,7 @@ def main() -> None:
             spawned.add(pid)
             for fd in fds:
                 os.close(fd)
-            _reply(control, {"pid": pid})
+            _reply(control, {"pid": pid, "namespaced": namespaced})
         elif request["op"] == "ping":
             _reply(control, {"alive": True})
         elif request["op"] == "kill":
@@ -256,7 +256,7 @@ def _child(wire, torch, request, fds, cuda: bool) -> None:
     try:
         if _enter_sandbox(request, output_fd, keep=(read_fd, write_fd), cuda=cuda):
             _fork_into_pid_namespace()
-        _serve(wire, torch, request["candidate"], read_fd, write_fd, cuda, pid_namespace=os.getpid() == 1)
+        _serve(wire, torch, request["candidate"], read_fd, write_fd, cuda)
     finally:
         os._exit(0)
 
@@ -429,10 +429,10 @@ def _owner(pid: str) -> int:
         return -1
 
 
-def _serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, pid_namespace: bool) -> None:
+def _serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool) -> None:
     sys.meta_path.insert(0, _BlockGrader())
     spy = _make_spy(torch)
-    hello = {"ok": True, "torch": torch.__version__, "cuda": cuda, "pid_namespace": pid_namespace}
+    hello = {"ok": True, "torch": torch.__version__, "cuda": cuda}
     module, error = _import_candidate(candidate_path)
     if error:
         hello = dict(hello, ok=False, error=error)

@@ -516,6 +516,16 @@ def test_a_zygote_within_reach_that_is_signalled_costs_only_the_steps_that_do_it
     assert zygote_without_pid_namespace.pid_namespace is False  # a restart keeps the setting
 
 
+def test_a_zygote_within_reach_killed_at_import_costs_only_that_file(tmp_path, zygote_without_pid_namespace):
+    path = tmp_path / "mha.py"
+    path.write_text(REFERENCE + FIND_ANCESTORS + "os.kill(zygote(), signal.SIGKILL)\n")
+    result = grade(path, zygote=zygote_without_pid_namespace, device="cpu")
+    assert result.score == 0
+    assert all("zygote was killed or stopped while importing" in m for m in messages(result)), explain(result)
+    path.write_text(REFERENCE)  # the next file, on the same (borrowed) zygote, gets its true score
+    assert grade(path, zygote=zygote_without_pid_namespace, device="cpu").full_marks
+
+
 @pytest.mark.parametrize("how", ["os.kill(grader(), signal.SIGKILL)", "os.kill(-1, signal.SIGKILL)", "os.kill(0, signal.SIGKILL)"])
 def test_the_grader_and_every_other_process_are_out_of_reach(grade_source, how, in_pid_namespace):
     if not in_pid_namespace:  # without one these would kill this test run (and, as root, the machine)
@@ -611,7 +621,7 @@ def test_a_grader_killed_mid_grade_leaves_no_process_or_folder_behind(tmp_path, 
 def test_a_zygote_that_fails_on_its_own_is_a_grader_bug_not_a_zero(tmp_path):
     zygote = object.__new__(Zygote)  # its process replaced by one that exits as the zygote does on a bug
     zygote._private = str(tmp_path)
-    zygote._process = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({BUG_EXIT})"])
+    zygote._process = subprocess.Popen([sys.executable, "-c", f"raise SystemExit({BUG_EXIT})"])  # not a signal
     zygote._process.wait()
     with pytest.raises(GraderBug, match="the worker zygote failed"):
         zygote._fail(OSError("it closed its socket"))
