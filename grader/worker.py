@@ -35,10 +35,12 @@ import ctypes
 import importlib.util
 import json
 import os
+import re
 import resource
 import shutil
 import signal
 import socket
+import stat
 import sys
 import time
 import traceback
@@ -50,6 +52,7 @@ CHILD_PROCESS_LIMIT = 64  # processes a worker child may have below it: a fork b
 PIDS_CGROUP = "/sys/fs/cgroup/pids"  # cgroup v1's pids hierarchy, used when the grader runs as root
 FILE_SIZE_LIMIT = 64 * 1024 * 1024  # bytes a child may write to one file
 SHM_SIZE = "64m"  # its own /dev/shm
+MINIMAL_DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9)}
 BUG_EXIT = 70  # the zygote's exit status for "a bug here, not the candidate's doing" (EX_SOFTWARE)
 PR_SET_CHILD_SUBREAPER, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 36, 24, 38
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -310,7 +313,7 @@ def _enter_sandbox(request, output_fd, keep, cuda: bool = False) -> bool:
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT,) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash is reported, not dumped
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
-    in_cgroup = _limit_processes()
+    _limit_processes()
     # A network namespace of its own has only a loopback that is down. Root may make one
     # (its PID namespace the zygote made); another user only inside a user namespace, where
     # the system allows those, and a PID namespace there too. unshare makes all or none.
@@ -321,19 +324,21 @@ def _enter_sandbox(request, output_fd, keep, cuda: bool = False) -> bool:
         fork_needed = True
     else:
         _libc().unshare(CLONE_NEWUSER | CLONE_NEWNET)
-    _private_mounts(in_cgroup)
+    _private_mounts(workdir, cuda)
     _drop_capabilities()
     return fork_needed
 
 
-def _private_mounts(in_cgroup: bool) -> None:
+def _private_mounts(workdir: str, cuda: bool) -> None:
     """In a mount namespace of its own (private: nothing reaches the grader's mounts), hide
-    the reference and freeze its pids cgroup membership, before the capabilities go.
+    the reference and, for root, make the world read-only, before the capabilities go.
 
     The kit's `solutions/`, `tests/` (correct variants) and `.git` are covered with empty,
-    read-only mounts; /dev/shm is a small tmpfs of its own. Moving a process to another
-    cgroup needs only root's uid, not a capability, so the pids hierarchy goes read-only
-    too, or a fork bomb could leave it.
+    read-only mounts, and /dev/shm is a small tmpfs of its own (tmpfs escapes RLIMIT_DATA).
+    Root without capabilities still owns most files, /proc/sys and the disks, so for root
+    every mount but its working directory and /dev/shm goes read-only (its pids cgroup
+    included: leaving it needs only the uid), and /dev holds only null, zero, full, random
+    and urandom (with CUDA, the real /dev stays, for the GPU's device files).
     """
     libc = _libc()
     if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
@@ -343,11 +348,42 @@ def _private_mounts(in_cgroup: bool) -> None:
         path = os.path.join(kit, hidden)
         if os.path.isdir(path):
             libc.mount(b"none", path.encode(), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=4k")
-    if os.path.isdir("/dev/shm"):  # a small one of its own: tmpfs pages escape RLIMIT_DATA
+    root = os.geteuid() == 0
+    if root:
+        libc.mount(workdir.encode(), workdir.encode(), None, MS_BIND, None)  # its own mount: stays writable
+        os.chdir(workdir)  # onto that mount: the old working directory is on the one going read-only
+        if not cuda:
+            _minimal_dev(libc)
+    if os.path.isdir("/dev/shm"):
         libc.mount(b"none", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, f"size={SHM_SIZE}".encode())
-    if in_cgroup:
-        kept = os.statvfs(PIDS_CGROUP).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)  # a remount restates them
-        libc.mount(None, PIDS_CGROUP.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept, None)
+    if root:
+        for mount_point in _mount_points():
+            if mount_point in (workdir, "/dev/shm"):
+                continue
+            try:
+                kept = os.statvfs(mount_point).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)  # a remount restates them
+            except OSError:
+                continue  # under the new /dev, out of sight
+            libc.mount(None, mount_point.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept, None)
+
+
+def _minimal_dev(libc) -> None:
+    """A /dev of the character devices a process needs, and no disk to write to."""
+    libc.mount(b"none", b"/dev", b"tmpfs", MS_NOSUID | MS_NOEXEC, b"size=64k,mode=755")
+    for name, (major, minor) in MINIMAL_DEVICES.items():
+        os.mknod(f"/dev/{name}", 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+        os.chmod(f"/dev/{name}", 0o666)
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, f"/dev/{name}")
+    os.mkdir("/dev/shm")
+
+
+def _mount_points() -> list[str]:
+    """Every mount point this process sees (the fifth field of mountinfo, octal escapes undone)."""
+    with open("/proc/self/mountinfo", "rb") as f:
+        fields = [line.split()[4] for line in f]
+    return [re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m[1], 8)]), field).decode() for field in fields]
 
 
 def _drop_capabilities() -> None:
@@ -366,10 +402,8 @@ def _drop_capabilities() -> None:
     libc.capset(header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable: all empty
 
 
-def _limit_processes() -> bool:
+def _limit_processes() -> None:
     """At most CHILD_PROCESS_LIMIT processes below this child: a fork bomb stops there.
-
-    True when it joined a pids cgroup of its own (which must then stay joined).
 
     RLIMIT_NPROC counts a user's processes, and does not bind root at all; for root a
     pids cgroup of the child's own does the job, where the system has one we may write.
@@ -377,7 +411,7 @@ def _limit_processes() -> bool:
     if os.geteuid() != 0:
         mine = sum(_threads(p) for p in os.listdir("/proc") if p.isdigit() and _owner(p) == os.geteuid())
         resource.setrlimit(resource.RLIMIT_NPROC, (mine + CHILD_PROCESS_LIMIT,) * 2)
-        return False
+        return
     group = _cgroup(int(os.readlink("/proc/self")))  # the pid the zygote knows (here, os.getpid() is 1)
     try:
         os.mkdir(group)
@@ -386,8 +420,7 @@ def _limit_processes() -> bool:
         with open(f"{group}/cgroup.procs", "w") as f:
             f.write("0")  # this process
     except OSError:
-        return False  # no writable pids cgroup: the zygote's sweep still ends every process (see the README)
-    return True
+        pass  # no writable pids cgroup: the zygote's sweep still ends every process (see the README)
 
 
 def _cgroup(pid: int) -> str:

@@ -537,8 +537,23 @@ def test_the_grader_and_every_other_process_are_out_of_reach(grade_source, how, 
 
 
 REACH_OUT = FIND_ANCESTORS + """
+import stat, sys
+
+def _open_for_writing(path):  # opened, never written: nothing changes even where it succeeds
+    os.close(os.open(path, os.O_WRONLY))
+
+def _a_disk():
+    disks = [f"/dev/{n}" for n in os.listdir("/dev") if stat.S_ISBLK(os.stat(f"/dev/{n}").st_mode)]
+    if not disks:
+        raise OSError("no disk in /dev")
+    _open_for_writing(disks[0])
+
 def softmax(scores, dim=-1):
     attempts = {
+        "write a kernel setting": lambda: _open_for_writing("/proc/sys/kernel/core_pattern"),
+        "write /etc/passwd": lambda: _open_for_writing("/etc/passwd"),
+        "write the grader's code": lambda: _open_for_writing(sys.argv[0]),
+        "write a disk": _a_disk,
         "grader environ": lambda: open(f"/proc/{grader()}/environ", "rb").read(),
         "grader memory": lambda: open(f"/proc/{grader()}/mem", "rb"),
         "enter the grader's PID namespace": lambda: open(f"/proc/{grader()}/ns/pid"),
