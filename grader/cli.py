@@ -125,7 +125,8 @@ def init(folder, exercise, force) -> None:
     written = _run(workspace.init, Path(folder), _exercises(exercise), force)
     for path in written:
         click.echo(f"wrote {path}")
-    click.echo(f"Next: attn-grade watch {written[0]}")
+    into = "" if Path(folder).resolve() == Path.cwd() else f"cd {folder} && "  # hint and list read the workspace here
+    click.echo(f"Next: {into}attn-grade watch {Path(written[0]).name}")
 
 
 @main.command()
