@@ -42,15 +42,18 @@ PASSED_ENV = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH
 ZYGOTE_REPLY_TIMEOUT = 10.0
 CHILD_END_GRACE = 0.5  # seconds a child whose pipe closed gets to end by itself, so its cause of death is its own
 STOP_CHECK_INTERVAL = 0.5  # how soon a zygote a candidate stopped (SIGSTOP) is noticed
+MAX_QUESTIONS = 10_000  # step functions one call may ask the grader to answer
 
 
 class CandidateError(Exception):
     """The candidate's code gave no answer: it raised, was not implemented, hung, died or sent garbage."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, type: str = "", line: int | None = None):
         super().__init__(message)
         self.kind = kind  # raised | not_implemented | memory | timeout | died | import | protocol
         self.message = message
+        self.type = type  # the exception's class name, when the candidate's code raised
+        self.line = line  # the candidate's own line that raised it, if known
 
 
 @dataclass(frozen=True)
@@ -335,7 +338,15 @@ class Candidate:
 
     def call(self, name: str, *args, device: str = "cpu", **kwargs) -> Answer:
         """Call the candidate's function `name` on `device` with the grader's inputs."""
-        return self._request({"op": "call", "name": name, "device": device}, name, args, kwargs, {})
+        return self.invoke(name, args, kwargs, device)
+
+    def invoke(self, name: str, args: tuple, kwargs: dict, device: str = "cpu", answers=None) -> Answer:
+        """`call`, with the keyword arguments as a dict (one of them may be called `device`).
+
+        `answers` (see grader/checks/engine.py) answers the step functions the call asks the grader for.
+        """
+        header = {"op": "call", "name": name, "device": device, "answered": list(answers.names) if answers else []}
+        return self._request(header, name, args, kwargs, {}, answers)
 
     def module(
         self,
@@ -348,15 +359,22 @@ class Candidate:
         device: str = "cpu",
         grad_output=None,
         grad_args: tuple[int, ...] = (),
+        forward: bool = True,
+        answers=None,
+        repeat: bool = False,
     ) -> Answer:
-        """Build the candidate's module `name`, load `state`, run forward (and backward with `grad_output`).
+        """Build the candidate's module `name`, load `state`, run forward in eval mode (and backward with `grad_output`).
 
-        The answer's value is a dict: "output", "children" (child name to type name) and, with
-        grad_output, "arg_grads" and "param_grads".
+        The answer's value is a dict: "output", "children" (child name to the names of its
+        classes, its own first), "unloaded" (its parameters the state did not fill), with
+        repeat=True "again" (forward once more, same module and input), and with
+        grad_output "arg_grads" and "param_grads". With forward=False the module is only
+        built. `answers` as in `invoke`.
         """
-        header = {"op": "module", "name": name, "device": device, "grad_args": list(grad_args)}
+        header = {"op": "module", "name": name, "device": device, "grad_args": list(grad_args), "forward": forward,
+                  "answered": list(answers.names) if answers else [], "repeat": repeat}
         extra = {"init": list(init), "init_kwargs": init_kwargs or {}, "state": state or {}, "grad_output": grad_output}
-        answer = self._request(header, name, args, kwargs or {}, extra)
+        answer = self._request(header, name, args, kwargs or {}, extra, answers)
         value = answer.value
         shaped = isinstance(value, dict) and "output" in value and isinstance(value.get("children"), dict)
         if shaped and grad_output is not None:
@@ -366,9 +384,9 @@ class Candidate:
             raise CandidateError("protocol", "worker sent a malformed module result")
         return answer
 
-    def _request(self, header: dict, name: str, args, kwargs, extra) -> Answer:
+    def _request(self, header: dict, name: str, args, kwargs, extra, answers=None) -> Answer:
         try:
-            return self._call_child(header, name, args, kwargs, extra)
+            return self._call_child(header, name, args, kwargs, extra, answers)
         except ZygoteGone:  # the candidate's code killed the zygote (os.kill(os.getppid(), ...))
             self._replace_zygote()
             self._broken[name] = ("died", f"the worker's zygote was killed or stopped while running {name}")
@@ -387,7 +405,7 @@ class Candidate:
         self._serving = None
         self._zygote.restart()
 
-    def _call_child(self, header: dict, name: str, args, kwargs, extra) -> Answer:
+    def _call_child(self, header: dict, name: str, args, kwargs, extra, answers=None) -> Answer:
         if name in self._broken:  # it hung, ran out of memory or killed the zygote once: no check waits on it again
             kind, message = self._broken[name]
             raise CandidateError(kind, f"{message} (an earlier call to {name} did)")
@@ -408,7 +426,7 @@ class Candidate:
         send, receive = self._live.fds
         try:
             wire.write_frame(send, header, blobs, deadline)
-            answer, answer_blobs = wire.read_frame(receive, deadline)
+            answer, answer_blobs = self._read_answer(send, receive, deadline, answers)
         except wire.Timeout:
             self._drop_live()
             if deadline == self._file_deadline:
@@ -439,6 +457,22 @@ class Candidate:
         except Exception as exc:  # anything a forged frame can make the decoding do
             self._drop_live()
             raise CandidateError("protocol", f"worker sent malformed data: {type(exc).__name__}: {exc}"[:300]) from None
+
+    def _read_answer(self, send: int, receive: int, deadline: float, answers):
+        """The child's answer; before it, the questions it asks the grader (a composite's step functions)."""
+        asked = 0
+        while True:
+            frame, blobs = wire.read_frame(receive, deadline)
+            if frame.get("op") not in ("answer", "answer_grad"):
+                return frame, blobs
+            asked += 1
+            if answers is None or asked > MAX_QUESTIONS:
+                why = "no step is answered by the grader here" if answers is None else f"more than {MAX_QUESTIONS} questions"
+                reply, reply_blobs = {"ok": False, "error": why}, []
+            else:
+                reply_blobs = []
+                reply = answers.reply(frame, blobs, reply_blobs)
+            wire.write_frame(send, reply, reply_blobs, deadline)
 
     # -- worker children -----------------------------------------------------------------
 
@@ -513,14 +547,17 @@ class Candidate:
 def _error(error, memory_limit_mb: int) -> CandidateError:
     """The CandidateError for an exception the candidate's code raised in the worker."""
     error = error if isinstance(error, dict) else {}
-    kind = {"NotImplementedError": "not_implemented", "MemoryError": "memory"}.get(_text(error.get("type")), "raised")
+    name = _text(error.get("type"))
     message = _text(error.get("message")) or "raised an exception"
+    line = error.get("line") if type(error.get("line")) is int else None
+    kind = {"NotImplementedError": "not_implemented", "MemoryError": "memory"}.get(name, "raised")
+    if kind == "not_implemented" and "meta tensor" in message:  # torch's own, for an op the meta device lacks
+        kind = "raised"
     if kind == "not_implemented":
-        line = error.get("line")
-        message = "not implemented yet" + (f" (NotImplementedError at line {line})" if type(line) is int else "")
+        message = "not implemented yet" + (f" (NotImplementedError at line {line})" if line else "")
     if kind == "memory":
         message = f"memory limit exceeded ({memory_limit_mb} MB): {message}"
-    return CandidateError(kind, message)
+    return CandidateError(kind, message, name, line)
 
 
 def _encode_arg(value, blobs: list[bytes]):

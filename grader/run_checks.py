@@ -2,8 +2,9 @@
 
 pytest runs in the grader's process with plugin autoloading off, the grader's own ini
 file, rootdir and confcutdir, so nothing beside the candidate file (a conftest.py, a
-pytest.ini) takes part. A small plugin hands the checks their fixtures and collects one
-CheckResult per check, reading the exception itself rather than pytest's text.
+pytest.ini) takes part. A small plugin collects the exercise's spec module through the
+engine (grader/checks/engine.py) and one CheckResult per check, reading the exception
+itself rather than pytest's text.
 pytest-timeout is the last-resort bound on every check; the worker's own per-call
 deadline normally ends a hang long before.
 """
@@ -11,12 +12,15 @@ deadline normally ends a hang long before.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import os
+
 import pytest
 
 from grader.candidate import Candidate, CandidateError
-from grader.checks.expect import CheckFailed, Rules, generator
+from grader.checks.engine import Context, SpecFile, is_spec
+from grader.checks.expect import CheckFailed
 from grader.exercise import CHECKS_DIR, Exercise, GraderBug
 from grader.score import CheckResult
 
@@ -77,28 +81,18 @@ class _Plugin:
         self.outcomes: list[CheckResult] = []
         self.bug: GraderBug | None = None
 
-    @pytest.fixture
-    def candidate(self) -> Candidate:
-        return self._candidate
+    def pytest_collect_file(self, file_path, parent):
+        """A spec module (it declares EXERCISE) is collected by the engine: its steps become items."""
+        if file_path == self.exercise.checks_path:
+            name = f"grader.checks.{file_path.stem}"
+            if is_spec(importlib.import_module(name)):
+                return SpecFile.from_parent(parent, path=file_path, context=self.context(), module_name=name)
+        return None
 
-    @pytest.fixture
-    def rng(self, request):
-        return generator(self.seed, request.node.name)
-
-    @pytest.fixture
-    def device(self) -> str:
-        return self._device
-
-    @pytest.fixture
-    def source(self) -> str:
-        """The candidate file's text, for rules the grader checks without running it."""
-        return self._candidate.path.read_text(encoding="utf-8", errors="replace")
-
-    @pytest.fixture
-    def forbidden(self, request, source) -> Rules:
-        rules = Rules(self.exercise.step(_marker(request.node)[0]).forbidden)
-        rules.source = source
-        return rules
+    def context(self) -> Context:
+        source = self._candidate.path.read_text(encoding="utf-8", errors="replace")
+        forbidden = {step.id: step.forbidden for step in self.exercise.steps}
+        return Context(self._candidate, self.seed, self._device, source, forbidden)
 
     def pytest_collection_modifyitems(self, items) -> None:
         steps = {s.id for s in self.exercise.steps}
@@ -123,22 +117,28 @@ class _Plugin:
         step_id, points = _marker(item)
         name = item.name.removeprefix("test_")
         if excinfo is None:
-            return CheckResult(step_id, name, "passed", points)
+            return CheckResult(step_id, name, "passed", points, end_to_end=_end_to_end(item))
         error = excinfo.value
         if excinfo.errisinstance(pytest.skip.Exception):
             return CheckResult(step_id, name, "skipped", points, str(error.msg))
         if isinstance(error, CheckFailed):
             mistake = error.mistake
             return CheckResult(
-                step_id, name, "failed", points, error.message,
+                step_id, name, error.outcome, points, error.message,
                 mistake.id if mistake else None, mistake.message if mistake else None,
+                details=error.details, breach=error.breach, end_to_end=_end_to_end(item),
             )
         if isinstance(error, CandidateError):
-            return CheckResult(step_id, name, "error", points, error.message)
+            return CheckResult(step_id, name, "error", points, error.message, end_to_end=_end_to_end(item))
         if excinfo.errisinstance(pytest.fail.Exception) and "Timeout" in str(error):
             return CheckResult(step_id, name, "error", points, "the check ran past the grader's last-resort time limit")
         self.bug = self.bug or GraderBug(f"check {item.nodeid} crashed:\n{excinfo.getrepr(style='short')}")
         return CheckResult(step_id, name, "error", points, "internal error in the grader")
+
+
+def _end_to_end(item) -> bool:
+    check = getattr(item, "check", None)
+    return bool(check is not None and check.end_to_end)
 
 
 def _marker(item) -> tuple[str | None, int | None]:

@@ -26,6 +26,10 @@ class CheckResult:
     mistake_id: str | None = None
     mistake: str | None = None
     counts: bool = True  # a skipped check earns its points only when this is true (see above)
+    details: dict = field(default_factory=dict)  # a failure's numbers: max abs and relative error, where, ...
+    breach: bool = False  # a forbidden call: the whole step earns nothing
+    end_to_end: bool = False  # a composite run with the candidate's own steps
+    charged_elsewhere: tuple[str, ...] = ()  # an end-to-end loss whose cause other steps already paid for
 
     @property
     def points(self) -> int:
@@ -40,11 +44,16 @@ class StepResult:
 
     @property
     def score(self) -> int:
-        return sum(c.points for c in self.checks)
+        return 0 if self.breach else sum(c.points for c in self.checks)
 
     @property
     def max_score(self) -> int:
         return sum(c.max_points for c in self.checks)
+
+    @property
+    def breach(self) -> str | None:
+        """The broken rule's message, if the step's code called a forbidden function: the step earns nothing."""
+        return next((c.message for c in self.checks if c.breach), None)
 
 
 @dataclass(frozen=True)
@@ -72,8 +81,9 @@ class Grade:
 def score(exercise: Exercise, checks_run: list[CheckResult], file: str, environment: dict, candidate_output: str = "") -> Grade:
     """The grade, steps in manifest order; a step whose checks do not add up to its points is a grader bug."""
     steps = []
+    losing = {c.step for c in checks_run if c.points < c.max_points and not c.end_to_end}
     for step in exercise.steps:
-        checks = tuple(c for c in checks_run if c.step == step.id)
+        checks = tuple(_charged_elsewhere(c, checks_run, losing) for c in checks_run if c.step == step.id)
         if any(c.outcome not in EARNING for c in checks):
             checks = tuple(
                 replace(c, counts=False, message=c.message + " (no points: other checks of this step failed)")
@@ -87,3 +97,17 @@ def score(exercise: Exercise, checks_run: list[CheckResult], file: str, environm
             )
         steps.append(result)
     return Grade(exercise.name, exercise.title, file, tuple(steps), environment, candidate_output)
+
+
+def _charged_elsewhere(check: CheckResult, checks_run: list[CheckResult], losing: set[str]) -> CheckResult:
+    """An end-to-end check lost while the composite's own checks all passed and other steps lost points:
+    its cause is in those steps, already charged there; the report says so."""
+    if not check.end_to_end or check.outcome in EARNING:
+        return check
+    own = [c for c in checks_run if c.step == check.step and not c.end_to_end]
+    others = tuple(sorted(losing - {check.step}))
+    if others and all(c.outcome in EARNING for c in own):
+        steps = ", ".join(others)
+        return replace(check, charged_elsewhere=others,
+                       message=f"{check.message} (only through steps already charged: {steps})")
+    return check

@@ -113,7 +113,10 @@ def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
 
 
 def type_name(value) -> str:
-    cls = type(value)
+    return type_name_of(type(value))
+
+
+def type_name_of(cls) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"[:MAX_TYPE_NAME]
 
 

@@ -479,7 +479,7 @@ def _serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool) -> None:
             return
         blobs_out: list[bytes] = []
         try:
-            value, called = _handle(torch, wire, spy, module, request, blobs, blobs_out)
+            value, called = _handle(torch, wire, spy, module, request, blobs, blobs_out, (read_fd, write_fd))
             answer = {"ok": True, "value": value, "called": sorted(called)}
         except BaseException as exc:  # the candidate's exception, even SystemExit, is an answer
             blobs_out = []
@@ -487,19 +487,22 @@ def _serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool) -> None:
         wire.write_frame(write_fd, answer, blobs_out)
 
 
-def _handle(torch, wire, spy, module, request, blobs, blobs_out):
+def _handle(torch, wire, spy, module, request, blobs, blobs_out, fds):
     device = request.get("device", "cpu")
     args = [_to_device(torch, _decode(wire, a, blobs), device, a) for a in request.get("args", [])]
     kwargs = {k: _to_device(torch, _decode(wire, v, blobs), device, v) for k, v in request.get("kwargs", {}).items()}
     target = getattr(module, request["name"])
     spy.seen = set()
+    spy.device = device
+    answered = _Answered(torch, wire, spy, module, request.get("answered", []), fds)
 
     if request["op"] == "call":
-        with spy:
+        with spy, answered:
             value = target(*args, **kwargs)
         return wire.encode(value, blobs_out), spy.seen
 
     # op == "module": build it on the CPU, load the grader's weights, move it, run forward (and backward)
+    # in eval mode, as inference code runs: dropout is off.
     init_args = wire.decode(request.get("init"), blobs) or []
     init_kwargs = wire.decode(request.get("init_kwargs"), blobs) or {}
     state = wire.decode(request.get("state"), blobs) or {}
@@ -508,20 +511,125 @@ def _handle(torch, wire, spy, module, request, blobs, blobs_out):
         args[i] = args[i].detach().requires_grad_(True)
     with spy:
         instance = target(*init_args, **init_kwargs)
-        children = {name: wire.type_name(child) for name, child in instance.named_children()}
-        if state:
-            instance.load_state_dict(state, strict=True, assign=True)  # assign keeps the state's dtype
+        # every class a layer is, so the grader can ask isinstance (nn.LazyLinear is an nn.Linear)
+        children = {name: [wire.type_name_of(t) for t in type(child).__mro__] for name, child in instance.named_children()}
+        if not request.get("forward", True):
+            return wire.encode({"output": None, "children": children}, blobs_out), spy.seen
+        unloaded = _load(instance, state) if state else []
         instance.to(device)
-        output = instance(*args, **kwargs)
-    result = {"output": output, "children": children}
+        instance.eval()
+        with answered:
+            output = instance(*args, **kwargs)
+            again = instance(*args, **kwargs) if request.get("repeat") else None  # the same input once more
+    result = {"output": output, "children": children, "unloaded": unloaded}
+    if request.get("repeat"):
+        result["again"] = again
     grad_output = request.get("grad_output")
     if grad_output is not None:
         # sum(output * grad) has the same gradients as backward(grad), without the lazy
         # import (sympy, 0.7 s) that backward with an explicit gradient pays.
-        (output * wire.decode(grad_output, blobs).to(device)).sum().backward()
+        with spy, answered:
+            (output * wire.decode(grad_output, blobs).to(device)).sum().backward()
         result["arg_grads"] = [args[i].grad for i in grad_args]
         result["param_grads"] = {name: p.grad for name, p in instance.named_parameters()}
     return wire.encode(result, blobs_out), spy.seen
+
+
+def _load(instance, state) -> list:
+    """Load the grader's weights by the contract's names; the module may hold more (a causal-mask buffer).
+
+    Returns the names of its parameters the grader's weights did not fill.
+    """
+    missing, unexpected = instance.load_state_dict(state, strict=False, assign=True)  # assign keeps the state's dtype
+    parameters = [name for name, _ in instance.named_parameters()]
+    if unexpected:
+        raise LookupError(f"Unexpected key(s) in the grader's weights: {', '.join(unexpected)}; "
+                          f"the module's parameters are: {', '.join(parameters) or 'none'}")
+    return [name for name in missing if name in parameters]
+
+
+class _Answered:
+    """While active, the candidate's step functions named in `names` are answered by the grader.
+
+    A composite (the module) that calls `softmax` gets the reference's softmax of its own
+    inputs, asked for over the pipe: the grader computes it and sends the result back as
+    plain data, so no reference code is ever in this process. Gradients flow through these
+    answers too: backward asks the grader for the reference's vector-Jacobian product.
+    """
+
+    def __init__(self, torch, wire, spy, module, names, fds):
+        self.torch, self.wire, self.spy, self.module, self.names = torch, wire, spy, module, list(names)
+        self.read_fd, self.write_fd = fds
+        self.saved = {}
+
+    def __enter__(self):
+        for name in self.names:
+            if hasattr(self.module, name):
+                self.saved[name] = getattr(self.module, name)
+                setattr(self.module, name, self._proxy(name))
+        return self
+
+    def __exit__(self, *exc):
+        for name, function in self.saved.items():
+            setattr(self.module, name, function)
+        self.saved = {}
+
+    def ask(self, header):
+        """One question to the grader, and its answer; the torch calls made here are the grader's, not the candidate's."""
+        seen, self.spy.seen = self.spy.seen, set()
+        try:
+            blobs = []
+            header = {k: self.wire.encode(self._plain(v), blobs) if k in ("args", "kwargs", "grads") else v
+                      for k, v in header.items()}
+            self.wire.write_frame(self.write_fd, header, blobs)
+            reply, reply_blobs = self.wire.read_frame(self.read_fd)
+            if reply.get("ok") is not True:
+                raise RuntimeError(f"{header.get('name', 'a step')} (answered by the grader): {reply.get('error')}")
+            return self.wire.decode(reply.get("value"), reply_blobs), reply.get("index")
+        finally:
+            self.spy.seen = seen
+
+    def _proxy(self, name):
+        torch, answered = self.torch, self
+
+        class Answer(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, args, kwargs, *tensors):
+                value, ctx.index = answered.ask({"op": "answer", "name": name, "args": args, "kwargs": kwargs})
+                return answered.placed(value, tensors)
+
+            @staticmethod
+            def backward(ctx, *grads):
+                value, _ = answered.ask({"op": "answer_grad", "index": ctx.index, "grads": grads})
+                return (None, None, *answered.placed(tuple(value), grads))
+
+        def proxy(*args, **kwargs):
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            if not any(t.requires_grad for t in tensors):  # nothing to differentiate (NumPy, or no grad wanted)
+                return answered.placed(answered.ask({"op": "answer", "name": name, "args": args, "kwargs": kwargs})[0], tensors)
+            return Answer.apply(args, kwargs, *tensors)
+
+        proxy.__name__ = name
+        return proxy
+
+    def _plain(self, value):
+        """nn.Parameter and other tensor subclasses as plain tensors: only those cross."""
+        if isinstance(value, self.torch.Tensor) and type(value) is not self.torch.Tensor:
+            return self.torch.Tensor._make_subclass(self.torch.Tensor, value.detach())
+        if isinstance(value, (tuple, list)):
+            return type(value)(self._plain(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self._plain(v) for k, v in value.items()}
+        return value
+
+    def placed(self, value, like):
+        """Tensors of an answer moved to the device of the inputs (the grader answers on the CPU)."""
+        device = next((t.device for t in like if isinstance(t, self.torch.Tensor)), None)
+        if device is None or device.type in ("cpu", "meta"):
+            return value
+        if isinstance(value, tuple):
+            return tuple(v.to(device) if isinstance(v, self.torch.Tensor) else v for v in value)
+        return value.to(device) if isinstance(value, self.torch.Tensor) else value
 
 
 def _decode(wire, item, blobs):
@@ -545,15 +653,35 @@ def _make_spy(torch):
     from torch.overrides import TorchFunctionMode
 
     class Spy(TorchFunctionMode):
-        """Records the name of every torch function called while it is active."""
+        """Records the name of every torch function called while it is active.
+
+        On the meta device it also lets a 0-dim CPU tensor meet a meta one, as CUDA lets it
+        meet a CUDA tensor (torch.tensor(d).sqrt() is fine on a GPU; the meta device alone
+        would refuse it).
+        """
 
         seen: set = set()
+        device: str = "cpu"
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             self.seen.add(str(getattr(func, "__name__", "?")))
-            return func(*args, **(kwargs or {}))
+            kwargs = kwargs or {}
+            if self.device == "meta":
+                args, kwargs = _scalars_to_meta(torch, args, kwargs)
+            return func(*args, **kwargs)
 
     return Spy()
+
+
+def _scalars_to_meta(torch, args, kwargs):
+    values = [*args, *kwargs.values()]
+    if not any(type(v) is torch.Tensor and v.is_meta for v in values):
+        return args, kwargs
+
+    def moved(v):
+        return v.to("meta") if type(v) is torch.Tensor and v.dim() == 0 and v.device.type == "cpu" else v
+
+    return tuple(moved(a) for a in args), {k: moved(v) for k, v in kwargs.items()}
 
 
 def _import_candidate(path):

@@ -1,26 +1,33 @@
-"""Every exercise, graded on its variants: each buggy one loses points in its own step (and the step
-that composes the others, if the exercise has one) and nowhere else, with the right named mistake;
-each unusual but correct one scores 100; a device bug loses only device checks; and every check
-of every exercise is failed by some buggy variant (a check no candidate can fail is not a check).
+"""Every exercise, graded on its variants (tests/variants_NAME.py, one module per exercise of the manifest).
 
-The variants live in tests/variants*.py, one module per exercise."""
+- Each buggy variant loses points in its own step and nowhere else, with the named mistake it
+  is written to show; the only exception is a composite step's end-to-end check, which runs
+  the candidate's own steps and so says, in its message, that the steps it lost through are
+  charged already.
+- Each unusual but correct variant scores 100; a device bug loses only device checks; a rule
+  breaker loses its whole step (a file-level rule only its rules checks).
+- Every check of every exercise is failed by some buggy variant, and every named mistake of
+  the catalogue, the exercise's own and the general ones, is shown by some variant.
+"""
 
+import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
 import pytest
 
-from grader.checks.expect import Mistake
+from grader import catalogue
 from grader.exercise import load_manifest
-from tests import variants, variants_masks, variants_mha_numpy, variants_self_attention
 from tests.conftest import ROOT, explain, lost, mistakes
+
+MANIFEST = load_manifest()
 
 
 @dataclass(frozen=True)
 class Course:
     exercise: str
     variants: ModuleType
-    composer: str | None  # the step that calls the others, which a buggy step may cost too
+    composer: str | None  # the step that calls the others (its end-to-end check runs the candidate's own)
 
     @property
     def base(self) -> str:
@@ -29,15 +36,20 @@ class Course:
     def buggy(self) -> list:
         return self.variants.BUGGY + getattr(self.variants, "DEVICE_BUGGY", []) + getattr(self.variants, "RULES_ONLY", [])
 
+    def all(self) -> list:
+        return self.buggy() + getattr(self.variants, "CORRECT", []) + getattr(self.variants, "DEVICE_CORRECT", [])
 
-COURSES = [
-    Course("mha", variants, "MultiHeadAttention"),
-    Course("mha_numpy", variants_mha_numpy, "multi_head_attention"),
-    Course("self_attention", variants_self_attention, "SelfAttention"),
-    Course("masks", variants_masks, None),
-]
-LOST_CHECKS: dict[str, dict[str, set[str]]] = {c.exercise: {} for c in COURSES}  # for the coverage test
+
+def _course(name: str) -> Course:
+    spec = importlib.import_module(f"grader.checks.{name}").EXERCISE
+    composer = next((s.id for s in spec.steps if s.answered), None)
+    return Course(name, importlib.import_module(f"tests.variants_{name}"), composer)
+
+
+COURSES = [_course(name) for name in MANIFEST]
+LOST_CHECKS: dict[str, dict[str, set[str]]] = {c.exercise: {} for c in COURSES}  # for the coverage tests
 ALL_CHECKS: dict[str, set[str]] = {c.exercise: set() for c in COURSES}
+SHOWN: dict[str, dict[str, set[str]]] = {c.exercise: {} for c in COURSES}  # variant -> named mistakes shown
 
 
 def cases(attribute: str):
@@ -56,16 +68,25 @@ def grade_variant(grade_source):
         LOST_CHECKS[course.exercise][variant.name] = {
             c.name for s in result.steps for c in s.checks if c.points < c.max_points
         }
+        SHOWN[course.exercise][variant.name] = {c.mistake_id for s in result.steps for c in s.checks if c.mistake_id}
         return result
 
     return run
+
+
+def _collateral(result, course: Course, step: str) -> list:
+    """Checks lost outside `step`, but for the composite's end-to-end checks that say they were charged elsewhere."""
+    return [
+        f"{s.id}/{c.name}" for s in result.steps if s.id != step for c in s.checks
+        if c.points < c.max_points and not (s.id == course.composer and c.end_to_end and step in c.charged_elsewhere)
+    ]
 
 
 @pytest.mark.parametrize("course, variant", cases("BUGGY"))
 def test_buggy_variant_loses_points_in_its_own_step(grade_variant, course, variant):
     result = grade_variant(course, variant)
     assert variant.step in lost(result), explain(result)
-    assert set(lost(result)) <= {variant.step, course.composer}, explain(result)
+    assert not _collateral(result, course, variant.step), explain(result)
     if variant.mistake:
         assert variant.mistake in mistakes(result, variant.step), explain(result)
 
@@ -77,12 +98,15 @@ def test_correct_variant_scores_full_marks(grade_variant, course, variant):
 
 
 @pytest.mark.parametrize("course, variant", cases("RULES_ONLY"))
-def test_rule_breaker_loses_only_rule_points(grade_variant, course, variant):
+def test_rule_breaker_loses_its_step(grade_variant, course, variant):
     result = grade_variant(course, variant)
-    failed = {c.name for s in result.steps for c in s.checks if c.points < c.max_points}
-    assert failed and all(name.endswith("_rules") for name in failed), explain(result)
-    if variant.step is not None:  # None: the whole file breaks the rule (an import), every step pays
-        assert variant.step in lost(result) and set(lost(result)) <= {variant.step, course.composer}, explain(result)
+    if variant.step is None:  # the whole file breaks a rule that is no call (an import): only rules checks pay
+        failed = {c.name for s in result.steps for c in s.checks if c.points < c.max_points}
+        assert failed and all(name.endswith("_rules") for name in failed), explain(result)
+        return
+    step = next(s for s in result.steps if s.id == variant.step)
+    assert step.breach and step.score == 0, explain(result)
+    assert not _collateral(result, course, variant.step), explain(result)
 
 
 @pytest.mark.parametrize("course, variant", cases("DEVICE_BUGGY"))
@@ -91,30 +115,29 @@ def test_device_bug_loses_only_device_checks(grade_variant, course, variant):
     failed = {c.name for s in result.steps for c in s.checks if c.points < c.max_points}
     assert failed and all(name.endswith("_device") for name in failed), explain(result)
     assert variant.step in lost(result) and set(lost(result)) <= {variant.step, course.composer}, explain(result)
+    if variant.mistake:
+        assert variant.mistake in mistakes(result, variant.step), explain(result)
 
 
 @pytest.mark.parametrize("course, variant", cases("DEVICE_CORRECT"))
 def test_device_correct_variant_scores_full_marks(grade_variant, course, variant):
     result = grade_variant(course, variant, device="auto")
     assert result.full_marks, explain(result)
-    skipped = [c for s in result.steps for c in s.checks if c.outcome == "skipped"]
-    assert skipped and all("meta device cannot run" in c.message for c in skipped)
 
 
 @pytest.mark.parametrize("course", COURSES, ids=lambda c: c.exercise)
 def test_every_step_and_named_mistake_has_a_buggy_variant(course):
-    steps = {s.id for s in load_manifest()[course.exercise].steps}
-    assert {v.step for v in course.variants.BUGGY} == steps
-    checks = __import__(f"grader.checks.{course.exercise}", fromlist=["_"])
-    named = set()
-    for value in vars(checks).values():
-        items = value if isinstance(value, tuple) else (value,)
-        named |= {m.id for m in items if isinstance(m, Mistake)}
-    assert named <= {v.mistake for v in course.buggy() if v.mistake}, named - {v.mistake for v in course.buggy()}
+    assert {v.step for v in course.variants.BUGGY} == {s.id for s in MANIFEST[course.exercise].steps}
+    own = {e.id for e in catalogue.exercise_mistakes(course.exercise)}
+    written_for = {v.mistake for v in course.buggy() if v.mistake}
+    assert own == written_for & own, f"no variant is written to show: {sorted(own - written_for)}"
+    assert written_for <= catalogue.all_ids(course.exercise), f"not in the catalogue: {sorted(written_for - catalogue.all_ids(course.exercise))}"
 
 
-def test_mha_names_at_least_fifteen_mistakes_across_its_steps():
-    assert len({v.mistake for v in variants.BUGGY if v.mistake}) >= 15
+def test_every_general_mistake_has_a_buggy_variant_in_some_exercise():
+    written_for = {v.mistake for c in COURSES for v in c.buggy() if v.mistake}
+    general = {e.id for e in catalogue.general_mistakes()}
+    assert general <= written_for, f"no variant is written to show: {sorted(general - written_for)}"
 
 
 @pytest.mark.parametrize("course", COURSES, ids=lambda c: c.exercise)

@@ -5,7 +5,7 @@ grader must find (None where the mistake has no name and a plain failure is righ
 CORRECT: unusual but right ways to write the steps; each must score 100.
 """
 
-from tests.variants import Variant
+from tests.variants_mha import Variant
 
 REFERENCE_DROPOUT = """\
         keep = torch.rand(w.shape, generator=generator, device=w.device) >= dropout_p

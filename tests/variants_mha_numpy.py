@@ -6,7 +6,7 @@ RULES_ONLY: correct values, but a rule broken: each must lose its rule points an
 CORRECT: unusual but right ways to write the steps; each must score 100.
 """
 
-from tests.variants import Variant
+from tests.variants_mha import Variant
 
 MHA = "multi_head_attention"
 

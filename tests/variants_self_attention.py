@@ -7,7 +7,7 @@ CORRECT: unusual but right ways to write the steps; each must score 100.
 
 import textwrap
 
-from tests.variants import Variant
+from tests.variants_mha import Variant
 
 
 def module_with(body: str) -> str:

@@ -1,28 +1,31 @@
-"""What the hidden checks are written with: inputs, expectations, named mistakes.
+"""What an answer is held to: its form (type, shape, dtype, device), its values under the
+tolerance policy, and the rules of its step.
 
 Every comparison runs here, in the grader's process, on plain tensors decoded from the
 worker's bytes, so nothing the candidate patches in its own process can change a verdict.
 A failed expectation raises CheckFailed with a message that says what was expected and
-what came back; when values are wrong, the known wrong variants are tried on the same
-inputs and a match names the mistake.
+what came back, and the numbers as data (max abs and relative error, where, expected, got).
+
+The tolerance policy, stated once: the reference is computed in float64 (float32 for the
+half types, upcast); float32 and float64 answers are held to TOLERANCES; an answer in a
+half type is accepted within max(LOW_PRECISION_FACTOR x the error of the plain same-dtype
+implementation, the dtype's floor in TOLERANCES), the rule of the FlashAttention tests,
+so correct low-precision code never fails by luck and wrong code never passes.
 """
 
 from __future__ import annotations
 
+import ast
 import zlib
 from dataclasses import dataclass
-from typing import Callable
 
-import pytest
+import numpy as np
 import torch
 
-from grader.candidate import CandidateError
 from grader.wire import Opaque, device_of
 
-step = pytest.mark.step  # @step("softmax", points=3): the check belongs to that step and is worth that much
-
 # (rtol, atol) per dtype: loose enough for einsum, loops over heads and fused matmuls,
-# tight enough that every named mistake is far outside.
+# tight enough that every named mistake is far outside. For the half types, the floor.
 TOLERANCES = {
     torch.float64: (1e-7, 1e-9),
     torch.float32: (1e-4, 1e-5),
@@ -30,48 +33,32 @@ TOLERANCES = {
     torch.bfloat16: (2e-2, 2e-2),
 }
 DEVICE_TOLERANCES = {torch.float32: (1e-3, 1e-4)}  # another device sums in another order
+LOW_PRECISION_FACTOR = 2
+HALF_TYPES = (torch.float16, torch.bfloat16)
 
-# Error messages of ops that simply have no meta kernel, or need data a meta tensor lacks.
-META_UNSUPPORTED = ("'Meta' backend", "meta tensors", "Cannot copy out of meta tensor", "data-dependent", "register_meta")
+# Ways to switch off the worker's record of torch calls; a file that names one keeps no rule.
+TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_set_torch_function_mode", "torch.ops.")
 
 
 class CheckFailed(AssertionError):
-    """The candidate's answer is wrong; `mistake` names a known mistake that explains it."""
+    """The candidate's answer is wrong (or its code raised: outcome "error"); `mistake` names a
+    known mistake that explains it; `details` carry the numbers (max abs error, where, ...);
+    `breach` marks a broken rule, which costs the whole step.
+    """
 
-    def __init__(self, message: str, mistake: Mistake | None = None):
+    def __init__(self, message: str, mistake=None, details: dict | None = None, outcome: str = "failed",
+                 breach: bool = False):
         super().__init__(message)
         self.message = message
         self.mistake = mistake
-
-
-@dataclass(frozen=True)
-class Mistake:
-    """A known wrong answer: `variant` computes it from the check's inputs; or `test` spots it in the output."""
-
-    id: str
-    message: str
-    variant: Callable | None = None
-    test: Callable | None = None
-
-    def explains(self, value, args: tuple) -> bool:
-        if not isinstance(value, torch.Tensor) or value.is_meta:
-            return False
-        try:
-            if self.test is not None:
-                return bool(self.test(value, *args))
-            wrong = self.variant(*args)
-        except Exception:  # a variant that cannot be formed for these inputs (shapes) explains nothing
-            return False
-        return _close(value, wrong)
+        self.details = details or {}
+        self.outcome = outcome
+        self.breach = breach
 
 
 def generator(seed: int, name: str) -> torch.Generator:
     """A generator seeded from the grader's seed and the check's name: the same inputs on every run."""
     return torch.Generator().manual_seed(zlib.crc32(f"{seed}:{name}".encode()))
-
-
-def randn(rng: torch.Generator, *shape: int, dtype=torch.float32, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(shape, generator=rng, dtype=torch.float64) * scale).to(dtype)
 
 
 def random_mask(rng: torch.Generator, *shape: int, keep_first: bool = True) -> torch.Tensor:
@@ -98,49 +85,21 @@ def expect_tensor(value, shape=None, dtype=None, device: str = "cpu") -> torch.T
     return value
 
 
-def expect_close(value, expected: torch.Tensor, mistakes=(), args: tuple = (), tolerances=TOLERANCES, device="cpu"):
-    """The value matches the reference; if not, name the first mistake in `mistakes` that explains it."""
-    try:
-        expect_tensor(value, expected.shape, expected.dtype, device)
-        if not _close(value, expected, tolerances):
-            raise CheckFailed(_difference(value, expected))
-    except CheckFailed as failure:
-        for mistake in mistakes:
-            if isinstance(value, torch.Tensor) and mistake.explains(value, args):
-                raise CheckFailed(failure.message, mistake) from None
-        raise
-
-
-# Ways to switch off the worker's record of torch calls; a file that names one keeps no rule.
-TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_set_torch_function_mode", "torch.ops.")
-
-
-class Rules(tuple):
-    """A step's forbidden torch function names, with the candidate's source to check for tampering."""
-
-    source: str = ""
-
-
-def expect_allowed(answer, forbidden: tuple[str, ...]) -> None:
-    """The candidate's code called none of the step's forbidden torch functions, under any alias.
-
-    A name matches when it contains a forbidden one, so `_safe_softmax`, `special_softmax`
-    and `_softmax.default` (reached through torch.ops) all count as `softmax`.
-    """
-    source = getattr(forbidden, "source", "")
-    tampering = [t for t in TAMPERING if forbidden and t in source]
-    if tampering:
-        raise CheckFailed(f"the file uses {tampering[0]}, which hides torch calls from the rules check")
-    wanted = {f.lstrip("_") for f in forbidden}
-    used = sorted(n for n in answer.called if any(f in n.split(".")[0] for f in wanted))
-    if used:
-        raise CheckFailed(f"called {', '.join(used)}, which this step must not use: write it with basic tensor ops")
+def expect_array(value, shape=None, dtype=None) -> np.ndarray:
+    """The value is a plain np.ndarray with this shape and dtype."""
+    if isinstance(value, Opaque):
+        raise CheckFailed(f"expected a numpy.ndarray, got {value.type_name}")
+    if not isinstance(value, np.ndarray):
+        raise CheckFailed(f"expected a numpy.ndarray, got {type(value).__module__}.{type(value).__qualname__}")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise CheckFailed(f"expected shape {tuple(shape)}, got {tuple(value.shape)}")
+    if dtype is not None and value.dtype != np.dtype(dtype):
+        raise CheckFailed(f"expected dtype {np.dtype(dtype).name} (the input's), got {value.dtype.name}")
+    return value
 
 
 def expect_no_import(source: str, module: str) -> None:
     """The candidate file does not import `module` (read, never run: the grader parses it)."""
-    import ast
-
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -153,34 +112,22 @@ def expect_no_import(source: str, module: str) -> None:
             raise CheckFailed(f"imports {module} at line {node.lineno}: this exercise must not use it")
 
 
-def call_on_device(candidate, device: str, name: str, *args, **kwargs):
-    """Run a candidate function on the device under test; skip what the meta device cannot run."""
-    try:
-        return candidate.call(name, *args, device=device, **kwargs).value
-    except CandidateError as error:
-        skip_if_meta_unsupported(device, error)
-        raise
+def as_tensor(value) -> torch.Tensor:
+    """An ndarray as a tensor (sharing its memory where it can); a tensor as it is."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    raise TypeError(f"not an array: {type(value).__qualname__}")
 
 
-def skip_if_meta_unsupported(device: str, error: CandidateError) -> None:
-    if device == "meta" and error.kind == "raised" and any(s in error.message for s in META_UNSUPPORTED):
-        pytest.skip(f"the meta device cannot run this code, so it was not checked there: {error.message}")
-
-
-def expect_on_device(value, expected: torch.Tensor, device: str, args: tuple = (), mistakes=()) -> None:
-    """The result stayed on `device`; on a real device its values match the CPU reference too."""
-    if device == "meta":
-        expect_tensor(value, expected.shape, expected.dtype, "meta")
-    else:
-        expect_close(value, expected, mistakes, args, tolerances={**TOLERANCES, **DEVICE_TOLERANCES}, device=device)
-
-
-def _close(value: torch.Tensor, expected: torch.Tensor, tolerances=TOLERANCES) -> bool:
-    if not isinstance(value, torch.Tensor) or value.shape != expected.shape or value.is_meta:
-        return False
-    rtol, atol = tolerances.get(expected.dtype, TOLERANCES[torch.float32])
-    a, b = value.to(torch.float64), expected.to(torch.float64)
-    return bool(torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True).all())
+def as_array(value) -> np.ndarray:
+    """A CPU tensor as an ndarray; an ndarray as it is."""
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().numpy()
+    raise TypeError(f"not an array: {type(value).__qualname__}")
 
 
 def _difference(value: torch.Tensor, expected: torch.Tensor) -> str:
@@ -203,92 +150,185 @@ def _name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-# -- NumPy exercises ----------------------------------------------------------------------
-# The same expectations for exercises whose functions take and return np.ndarray. Arrays are
-# compared as tensors (torch.from_numpy), with expect_close's tolerances, difference message
-# and named-mistake matching. A mistake's `variant` gets the check's NumPy inputs and may
-# return an ndarray or a tensor; its `test` gets the candidate's ndarray and those inputs.
+@dataclass(frozen=True)
+class Tolerance:
+    """How close an answer must be: |got - expected| <= max(slack, atol + rtol·|expected|)."""
 
-import warnings  # noqa: E402  (this section is appended; the torch-only helpers above need neither)
+    rtol: float
+    atol: float
+    slack: float = 0.0  # LOW_PRECISION_FACTOR x the plain same-dtype implementation's max error
 
-import numpy as np  # noqa: E402
+    @classmethod
+    def of(cls, native, exact, device: str = "cpu") -> "Tolerance":
+        """The tolerance for an answer of `native`'s dtype, against the upcast reference `exact`."""
+        dtype = _first_tensor(native).dtype
+        table = {**TOLERANCES, **DEVICE_TOLERANCES} if device != "cpu" else TOLERANCES
+        rtol, atol = table.get(dtype, TOLERANCES[torch.float32])
+        slack = 0.0
+        if dtype in HALF_TYPES:
+            pairs = zip(native, exact) if isinstance(native, tuple) else [(native, exact)]
+            errors = [(a.double() - b.double()).abs().nan_to_num(0, 0, 0).max().item() for a, b in pairs if a.numel()]
+            slack = LOW_PRECISION_FACTOR * max(errors, default=0.0)
+        return cls(rtol, atol, slack)
 
-KEPT_FLOAT64 = Mistake(
-    "kept_float64",
-    "kept float64: a float32 input came back float64. NumPy upcasts float32 when it meets a float64 array "
-    "or NumPy scalar (np.sqrt(d), np.zeros(shape), np.full(shape, -np.inf)): use Python floats, "
-    "or give dtype=x.dtype",
-    test=lambda value, *args: isinstance(value, np.ndarray) and value.dtype == np.float64,
-)
+    @classmethod
+    def loose(cls, value) -> "Tolerance":
+        """For matching a mistake's variant: the floor of the answer's own dtype."""
+        first = _first_tensor(as_tensor_tree(value))
+        rtol, atol = TOLERANCES.get(getattr(first, "dtype", None), TOLERANCES[torch.float32])
+        return cls(rtol, atol)
+
+    def allowed(self, expected: torch.Tensor) -> torch.Tensor:
+        return (self.atol + self.rtol * expected.abs()).clamp_min(self.slack)
 
 
-def expect_array(value, shape=None, dtype=None) -> np.ndarray:
-    """The value is a plain np.ndarray with this shape and dtype; float32 upcast to float64 is named."""
-    if isinstance(value, Opaque):
-        raise CheckFailed(f"expected a numpy.ndarray, got {value.type_name}")
-    if not isinstance(value, np.ndarray):
-        raise CheckFailed(f"expected a numpy.ndarray, got {type(value).__module__}.{type(value).__qualname__}")
-    if shape is not None and tuple(value.shape) != tuple(shape):
-        raise CheckFailed(f"expected shape {tuple(shape)}, got {tuple(value.shape)}")
-    if dtype is not None and value.dtype != np.dtype(dtype):
-        upcast = np.dtype(dtype) == np.float32 and value.dtype == np.float64
-        raise CheckFailed(
-            f"expected dtype {np.dtype(dtype).name} (the input's), got {value.dtype.name}", KEPT_FLOAT64 if upcast else None
-        )
+def upcast(value):
+    """Tensors in float64 (float32 for the half types), inside tuples, lists and dicts too."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(torch.float32 if value.dtype in HALF_TYPES else torch.float64)
+    if isinstance(value, (tuple, list)):
+        return type(value)(upcast(v) for v in value)
+    if isinstance(value, dict):
+        return {k: upcast(v) for k, v in value.items()}
     return value
 
 
-def expect_array_close(value, expected, mistakes=(), args: tuple = (), tolerances=TOLERANCES) -> None:
-    """The array matches the reference (an ndarray or a tensor); if not, name the first mistake that explains it."""
-    want = as_array(expected)
+def as_tensor_tree(value):
+    """ndarrays as tensors, inside tuples and lists too."""
+    if isinstance(value, np.ndarray):
+        return as_tensor(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(as_tensor_tree(v) for v in value)
+    return value
+
+
+def expect_form(value, native, backend: str = "torch", device: str = "cpu", outputs: tuple = ()) -> None:
+    """The answer has the reference's type, shape and dtype, on `device`; tuples part by part."""
+    if isinstance(native, tuple):
+        parts = _parts(value, len(native), outputs)
+        for name, part, expected in zip(_names(outputs, len(native)), parts, native):
+            _prefixed(name, expect_form, part, expected, backend, device)
+        return
+    if backend == "numpy":
+        expect_array(value, tuple(native.shape), as_array(native[:0] if native.dim() else native).dtype)
+        return
+    expect_tensor(value, device=device)
+    if tuple(value.shape) != tuple(native.shape):
+        raise CheckFailed(f"expected shape {tuple(native.shape)}, got {tuple(value.shape)}",
+                          details={"expected_shape": list(native.shape), "got_shape": list(value.shape)})
+    if value.dtype != native.dtype:
+        what = "a bool mask (True = may attend)" if native.dtype == torch.bool else f"dtype {_name(native.dtype)}"
+        raise CheckFailed(f"expected {what}, got dtype {_name(value.dtype)}",
+                          details={"expected_dtype": _name(native.dtype), "got_dtype": _name(value.dtype)})
+
+
+def expect_close(value, expected, call=None, tolerance: Tolerance | None = None, outputs: tuple = ()) -> None:
+    """The answer equals the reference within `tolerance` (bool answers exactly); tuples part by part."""
+    if isinstance(expected, tuple):
+        parts = _parts(value, len(expected), outputs)
+        for name, part, want in zip(_names(outputs, len(expected)), parts, expected):
+            _prefixed(name, expect_close, part, want, call, tolerance, ())
+        return
+    got = as_tensor_tree(value)
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(expected.shape):
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        raise CheckFailed(f"expected shape {tuple(expected.shape)}, got {shape}")
+    if expected.dtype == torch.bool or not expected.is_floating_point():
+        if got.dtype != expected.dtype or not torch.equal(got, expected):
+            wrong = got.to(expected.dtype) != expected
+            where = tuple(int(i) for i in wrong.nonzero()[0]) if wrong.any() else ()
+            raise CheckFailed(
+                f"{int(wrong.sum())} of {wrong.numel()} entries differ from the reference"
+                + (f": expected {_item(expected[where])} at {where}, got {_item(got[where])}" if where else ""),
+                details={"wrong_entries": int(wrong.sum()), "where": list(where)},
+            )
+        return
+    tolerance = tolerance or Tolerance(*TOLERANCES.get(got.dtype, TOLERANCES[torch.float32]))
+    a, b = got.to(torch.float64), expected.to(torch.float64)
+    error = (a - b).abs()
+    error[a == b] = 0  # equal infinities are not an error
+    error = error.nan_to_num(nan=float("inf"))
+    error[torch.isnan(a) & torch.isnan(b)] = 0
+    if bool((error <= tolerance.allowed(b)).all()):
+        return
+    raise CheckFailed(_difference(got, expected), details=_error_details(a, b, error))
+
+
+def _error_details(a: torch.Tensor, b: torch.Tensor, error: torch.Tensor) -> dict:
+    flat = int(error.argmax())
+    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), a.shape))
+    relative = (error / b.abs().clamp_min(1e-12)).nan_to_num(nan=float("inf"))
+    return {
+        "max_abs_error": _finite(error.max().item()),
+        "max_rel_error": _finite(relative.max().item()),
+        "where": list(where),
+        "expected": _finite(b[where].item()),
+        "got": _finite(a[where].item()),
+    }
+
+
+def _finite(x: float):
+    """JSON has no inf or nan: say them as strings."""
+    return x if x == x and abs(x) != float("inf") else str(x)
+
+
+def _item(x: torch.Tensor):
+    return bool(x) if x.dtype == torch.bool else x.item()
+
+
+def _parts(value, n: int, outputs: tuple):
+    if isinstance(value, (tuple, list)) and len(value) == n:
+        return value
+    what = "(" + ", ".join(_names(outputs, n)) + ")"
+    if isinstance(value, (tuple, list)):
+        got = f"a {type(value).__name__} of {len(value)}"
+    else:
+        got = value.type_name if isinstance(value, Opaque) else f"a {type(value).__name__}"
+    raise CheckFailed(f"expected a tuple {what}, got {got}")
+
+
+def _names(outputs: tuple, n: int) -> tuple:
+    return outputs if len(outputs) == n else tuple(f"output {i}" for i in range(n))
+
+
+def _prefixed(name: str, expectation, *args) -> None:
     try:
-        expect_array(value, want.shape, want.dtype)
-        got, want_t = as_tensor(value), as_tensor(want)
-        if not _close(got, want_t, tolerances):
-            raise CheckFailed(_difference(got, want_t))
+        expectation(*args)
     except CheckFailed as failure:
-        if failure.mistake is None and isinstance(value, np.ndarray):
-            for mistake in mistakes:
-                if explains_array(mistake, value, args):
-                    raise CheckFailed(failure.message, mistake) from None
-        raise
+        raise CheckFailed(f"{name}: {failure.message}", failure.mistake, failure.details) from None
 
 
-def explains_array(mistake: Mistake, value: np.ndarray, args: tuple) -> bool:
-    """Mistake.explains for NumPy answers: a variant's result is compared as a tensor, like expect_close does."""
-    with np.errstate(all="ignore"), warnings.catch_warnings():  # a variant's overflow is not the grader's output
-        warnings.simplefilter("ignore")
-        if mistake.test is not None:
-            return bool(mistake.test(value, *args))
-        try:
-            wrong = as_tensor(mistake.variant(*args))
-        except Exception:  # a variant that cannot be formed for these inputs (shapes) explains nothing
-            return False
-    return _close(as_tensor(value), wrong)
+def _first_tensor(value):
+    while isinstance(value, (tuple, list)) and value:
+        value = value[0]
+    return value
 
 
-def expect_numpy_only(answer, source: str) -> None:
-    """The rules of a NumPy exercise: the file imports no torch, and the call ran no torch function."""
+def check_rules(called, forbidden: tuple[str, ...], source: str) -> None:
+    """The call used none of the step's forbidden torch functions, under any alias: a breach costs the step.
+
+    A name matches when it contains a forbidden one, so `_safe_softmax`, `special_softmax`
+    and `_softmax.default` (reached through torch.ops) all count as `softmax`.
+    """
+    tampering = [t for t in TAMPERING if forbidden and t in source]
+    if tampering:
+        raise CheckFailed(f"the file uses {tampering[0]}, which hides torch calls from the rules check")
+    wanted = {f.lstrip("_") for f in forbidden}
+    used = sorted(n for n in called if any(f in n.split(".")[0] for f in wanted))
+    if used:
+        from grader.checks.diagnose import FORBIDDEN_CALL
+
+        raise CheckFailed(f"called {', '.join(used)}, which this step must not use: write it with basic tensor ops",
+                          FORBIDDEN_CALL, details={"forbidden_calls": used}, breach=True)
+
+
+def numpy_only(answer, source: str) -> None:
+    """The rules of a NumPy exercise: the file imports no torch (a small cost), the call runs none (a breach)."""
     expect_no_import(source, "torch")
     if answer.called:
         used = sorted(answer.called)
         more = f" and {len(used) - 5} more" if len(used) > 5 else ""
-        raise CheckFailed(f"called torch ({', '.join(used[:5])}{more}): this exercise is NumPy only")
+        from grader.checks.diagnose import FORBIDDEN_CALL
 
-
-def as_tensor(value) -> torch.Tensor:
-    """An ndarray as a tensor (sharing its memory where it can); a tensor as it is."""
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(value))
-    raise TypeError(f"not an array: {type(value).__qualname__}")
-
-
-def as_array(value) -> np.ndarray:
-    """A CPU tensor as an ndarray; an ndarray as it is."""
-    if isinstance(value, np.ndarray):
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
-    raise TypeError(f"not an array: {type(value).__qualname__}")
+        raise CheckFailed(f"called torch ({', '.join(used[:5])}{more}): this exercise is NumPy only",
+                          FORBIDDEN_CALL, details={"forbidden_calls": used}, breach=True)

@@ -1,688 +1,417 @@
-"""Hidden checks for the `mha` exercise: one group per step, each graded with the grader's own inputs.
+"""The checks of `mha`: for each step, its inputs, the reference, its checks and its named mistakes.
 
-Every check calls exactly one candidate function (or builds the module), so a broken
-step costs only its own points. The reference runs here, in the grader's process.
-Points per step add up to the step's points in grader/manifest.toml.
+Read top-down: the dimensions once, then one block per step. Every check calls exactly
+one candidate function (or builds the module), with the grader's own inputs, so a broken
+step costs only its own points. grader/checks/engine.py runs them; mha_numpy reuses
+these steps with NumPy inputs.
 """
 
 import math
 
-import pytest
 import torch
 
-from grader.candidate import CandidateError, Strided
-from grader.checks.expect import (
-    CheckFailed,
-    Mistake,
-    call_on_device,
-    expect_allowed,
-    expect_close,
-    expect_on_device,
-    expect_tensor,
-    randn,
-    random_mask,
-    skip_if_meta_unsupported,
-    step,
-)
+from grader.candidate import CandidateError
+from grader.checks.diagnose import ASSERT_NOT_VALUEERROR
+from grader.checks.engine import end_to_end, gradients, linear_layers, matches_any
+from grader.checks.expect import CheckFailed, as_tensor_tree
+from grader.checks.spec import Call, Exercise, Mistake, Raises, Step, device, prop, rules, shape, values
 from solutions import mha as ref
 
-FLOATS = pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
-B, H, TQ, TK, DH = 2, 3, 5, 7, 4  # batch, heads, query and key tokens, head width: all different
+FLOATS = (torch.float32, torch.float64)
+B, H, TQ, TK, DH, DV = 2, 3, 5, 7, 4, 6  # batch, heads, query and key tokens, head width, value width: all different
 D = H * DH
+
 
 # -- project ------------------------------------------------------------------------------
 
-PROJECT_MISTAKES = (
-    Mistake("project.no_bias", "bias ignored: add bias (d_out,) when it is given", lambda x, w, b: x @ w.T),
-    Mistake(
-        "project.weight_not_transposed",
-        "used x @ weight: weight is stored (d_out, d_in), so multiply by weight.T",
-        lambda x, w, b: x @ w + (0 if b is None else b),
+
+def project_inputs(gen, dtype, lead=(B, TQ), d_in=6, d_out=4, bias=True):
+    x, w = gen.randn(*lead, d_in, dtype=dtype), gen.randn(d_out, d_in, dtype=dtype)
+    return Call((x, w, gen.randn(d_out, dtype=dtype) if bias else None), names=("x", "weight", "bias"))
+
+
+PROJECT = Step(
+    "project", project_inputs, ref.project,
+    checks=(
+        shape(), values("values", 2, FLOATS), values("without_bias", 1, bias=False),
+        values("square_weight", 1, d_in=5, d_out=5),  # d_in == d_out: a missing transpose runs but is wrong
+        values("extra_leading_dims_noncontiguous", 1, strided=(0,), lead=(2, 3, 4)), rules(), device(),
+    ),
+    mistakes=(
+        Mistake("project.no_bias", "bias ignored: add bias (d_out,) when it is given", lambda x, w, b: x @ w.T),
+        Mistake("project.weight_not_transposed", "used x @ weight: weight is stored (d_out, d_in), so multiply by weight.T",
+                lambda x, w, b: x @ w + (0 if b is None else b),
+                raises=Raises(message=r"cannot be multiplied|size of tensor|mismatch", line=r"@\s*weight\b(?!\.T|\.t\(|\.transpose|\.mT)")),
     ),
 )
-
-
-def _project_inputs(rng, dtype=torch.float32, d_in=6, d_out=4, bias=True):
-    return randn(rng, B, TQ, d_in, dtype=dtype), randn(rng, d_out, d_in, dtype=dtype), randn(rng, d_out, dtype=dtype) if bias else None
-
-
-@step("project", points=1)
-def test_project_shape(candidate, rng):
-    x, w, b = _project_inputs(rng)
-    expect_tensor(candidate.call("project", x, w, b).value, (B, TQ, 4), torch.float32)
-
-
-@step("project", points=2)
-@FLOATS
-def test_project_values(candidate, rng, dtype):
-    args = _project_inputs(rng, dtype)
-    expect_close(candidate.call("project", *args).value, ref.project(*args), PROJECT_MISTAKES, args)
-
-
-@step("project", points=1)
-def test_project_without_bias(candidate, rng):
-    args = _project_inputs(rng, bias=False)
-    expect_close(candidate.call("project", *args).value, ref.project(*args), PROJECT_MISTAKES, args)
-
-
-@step("project", points=1)
-def test_project_square_weight(candidate, rng):
-    args = _project_inputs(rng, d_in=5, d_out=5)  # d_in == d_out: a missing transpose runs but is wrong
-    expect_close(candidate.call("project", *args).value, ref.project(*args), PROJECT_MISTAKES, args)
-
-
-@step("project", points=1)
-def test_project_extra_leading_dims_noncontiguous(candidate, rng):
-    x, w, b = randn(rng, 2, 3, 4, 6), randn(rng, 5, 6), randn(rng, 5)
-    out = candidate.call("project", Strided(x), w, b).value
-    expect_close(out, ref.project(x, w, b), PROJECT_MISTAKES, (x, w, b))
-
-
-@step("project", points=1)
-def test_project_rules(candidate, rng, forbidden):
-    args = _project_inputs(rng)
-    answer = candidate.call("project", *args)
-    expect_allowed(answer, forbidden)
-    expect_close(answer.value, ref.project(*args), PROJECT_MISTAKES, args)  # no points for a rule kept by garbage
-
-
-@step("project", points=1)
-def test_project_device(candidate, rng, device):
-    args = _project_inputs(rng)
-    expect_on_device(call_on_device(candidate, device, "project", *args), ref.project(*args), device, args, PROJECT_MISTAKES)
-
 
 # -- split_heads --------------------------------------------------------------------------
 
-SPLIT_MISTAKES = (
-    Mistake(
-        "split_heads.no_transpose",
-        "the head axis must come before the token axis: transpose(1, 2) after the view to (B, T, H, Dh)",
-        lambda x, h: x.reshape(x.shape[0], x.shape[1], h, x.shape[2] // h),
+
+def split_inputs(gen, dtype, heads=H, lead=(B, TQ), width=D):
+    return Call((gen.randn(*lead, width, dtype=dtype), heads), names=("x", "num_heads"))
+
+
+def merge_reference_split(gen, run):
+    """The candidate's split, merged back by the reference merge, gives x back."""
+    call = split_inputs(gen, torch.float32, heads=4, lead=(3, 6), width=8)
+    out = run.answer(call).value
+    run.expect_form(out, call)
+    if not torch.allclose(ref.merge_heads(torch.as_tensor(out)), torch.as_tensor(call.args[0])):
+        raise CheckFailed("merging your heads back (the reference merge_heads) does not give x back",
+                          run.explain(out, call))
+
+
+SPLIT = Step(
+    "split_heads", split_inputs, ref.split_heads,
+    checks=(
+        shape(), values("values", 2, FLOATS), values("noncontiguous", 1, strided=(0,)),
+        prop("round_trip", 2, lambda run: merge_reference_split(run.gen, run)),
+        values("single_head", 1, heads=1), device(),
     ),
-    Mistake(
-        "split_heads.view_no_transpose",
-        "heads split with view and no transpose: view (B, T, H, Dh), then transpose(1, 2)",
-        lambda x, h: x.reshape(x.shape[0], h, x.shape[1], x.shape[2] // h),
-    ),
-    Mistake(
-        "split_heads.interleaved",
-        "interleaved heads: head h took every H-th feature; it must take the contiguous block [h·Dh, (h+1)·Dh)",
-        lambda x, h: x.reshape(x.shape[0], x.shape[1], x.shape[2] // h, h).permute(0, 3, 1, 2),
+    mistakes=(
+        Mistake("split_heads.no_transpose", "the head axis must come before the token axis: transpose(1, 2) after the view to (B, T, H, Dh)",
+                lambda x, h: x.reshape(x.shape[0], x.shape[1], h, x.shape[2] // h)),
+        Mistake("split_heads.view_no_transpose", "heads split with a view straight to (B, H, T, Dh): view (B, T, H, Dh), then transpose(1, 2)",
+                lambda x, h: x.reshape(x.shape[0], h, x.shape[1], x.shape[2] // h)),
+        Mistake("split_heads.interleaved", "interleaved heads: head h took every H-th feature; it must take the contiguous block [h·Dh, (h+1)·Dh)",
+                lambda x, h: x.reshape(x.shape[0], x.shape[1], x.shape[2] // h, h).permute(0, 3, 1, 2)),
+        Mistake("split_heads.head_width_last", "the axes came out (B, H, Dh, T): the head width goes last, (B, H, T, Dh)",
+                lambda x, h: x.reshape(x.shape[0], x.shape[1], h, x.shape[2] // h).permute(0, 2, 3, 1)),
     ),
 )
-
-
-@step("split_heads", points=1)
-def test_split_heads_shape(candidate, rng):
-    expect_tensor(candidate.call("split_heads", randn(rng, B, TQ, D), H).value, (B, H, TQ, DH), torch.float32)
-
-
-@step("split_heads", points=2)
-@FLOATS
-def test_split_heads_values(candidate, rng, dtype):
-    x = randn(rng, B, TQ, D, dtype=dtype)
-    expect_close(candidate.call("split_heads", x, H).value, ref.split_heads(x, H), SPLIT_MISTAKES, (x, H))
-
-
-@step("split_heads", points=1)
-def test_split_heads_noncontiguous(candidate, rng):
-    x = randn(rng, B, TQ, D)
-    expect_close(candidate.call("split_heads", Strided(x), H).value, ref.split_heads(x, H), SPLIT_MISTAKES, (x, H))
-
-
-@step("split_heads", points=2)
-def test_split_heads_round_trip(candidate, rng):
-    x = randn(rng, 3, 6, 8)  # merging the candidate's split with the reference merge gives x back
-    out = expect_tensor(candidate.call("split_heads", x, 4).value, (3, 4, 6, 2), torch.float32)
-    expect_close(ref.merge_heads(out), x)
-
-
-@step("split_heads", points=1)
-def test_split_heads_single_head(candidate, rng):
-    x = randn(rng, B, TQ, D)
-    expect_close(candidate.call("split_heads", x, 1).value, ref.split_heads(x, 1), SPLIT_MISTAKES, (x, 1))
-
-
-@step("split_heads", points=1)
-def test_split_heads_device(candidate, rng, device):
-    x = randn(rng, B, TQ, D)
-    expect_on_device(call_on_device(candidate, device, "split_heads", x, H), ref.split_heads(x, H), device, (x, H), SPLIT_MISTAKES)
-
 
 # -- attention_scores ---------------------------------------------------------------------
 
-SCORES_MISTAKES = (
-    Mistake(
-        "attention_scores.transposed",
-        "scores transposed: you computed k @ qᵀ; the result is (..., Tq, Tk) = q @ kᵀ",
-        lambda q, k: k @ q.transpose(-2, -1),
+
+def qk_inputs(gen, dtype, tq=TQ, tk=TK, lead=(B, H)):
+    return Call((gen.randn(*lead, tq, DH, dtype=dtype), gen.randn(*lead, tk, DH, dtype=dtype)), names=("q", "k"))
+
+
+SCORES = Step(
+    "attention_scores", qk_inputs, ref.attention_scores,
+    checks=(
+        shape(), values("values", 2, FLOATS), values("square", 1, tq=6, tk=6),  # Tq == Tk: a transposed result has the right shape
+        values("any_leading_dims", 1, lead=(B,)), device(),  # 3-D: k.transpose(2, 3) or 4-D-only code fails
+    ),
+    mistakes=(
+        Mistake("attention_scores.transposed", "scores transposed: you computed k @ qᵀ; the result is (..., Tq, Tk) = q @ kᵀ",
+                lambda q, k: k @ q.transpose(-2, -1)),
+        Mistake("attention_scores.fixed_axes", "transposed axes 1 and 2 of k: those are the last two only for 3-D input; use transpose(-2, -1)",
+                lambda q, k: q @ k.transpose(1, 2), raises=Raises(line=r"transpose\(\s*1\s*,\s*2\s*\)|permute\(")),
     ),
 )
-
-
-def _qk(rng, dtype=torch.float32, tq=TQ, tk=TK, lead=(B, H)):
-    return randn(rng, *lead, tq, DH, dtype=dtype), randn(rng, *lead, tk, DH, dtype=dtype)
-
-
-@step("attention_scores", points=1)
-def test_attention_scores_shape(candidate, rng):
-    expect_tensor(candidate.call("attention_scores", *_qk(rng)).value, (B, H, TQ, TK), torch.float32)
-
-
-@step("attention_scores", points=2)
-@FLOATS
-def test_attention_scores_values(candidate, rng, dtype):
-    args = _qk(rng, dtype)
-    expect_close(candidate.call("attention_scores", *args).value, ref.attention_scores(*args), SCORES_MISTAKES, args)
-
-
-@step("attention_scores", points=1)
-def test_attention_scores_square(candidate, rng):
-    args = _qk(rng, tq=6, tk=6)  # Tq == Tk: a transposed result has the right shape
-    expect_close(candidate.call("attention_scores", *args).value, ref.attention_scores(*args), SCORES_MISTAKES, args)
-
-
-@step("attention_scores", points=1)
-def test_attention_scores_any_leading_dims(candidate, rng):
-    for lead in [(B,), (2, 2, 3)]:
-        args = _qk(rng, lead=lead)
-        expect_close(candidate.call("attention_scores", *args).value, ref.attention_scores(*args), SCORES_MISTAKES, args)
-
-
-@step("attention_scores", points=1)
-def test_attention_scores_device(candidate, rng, device):
-    args = _qk(rng)
-    expect_on_device(call_on_device(candidate, device, "attention_scores", *args), ref.attention_scores(*args), device, args, SCORES_MISTAKES)
-
 
 # -- scale_scores -------------------------------------------------------------------------
 
-SCALE_MISTAKES = (
-    Mistake(
-        "scale_scores.multiplied",
-        "divided by head_dim**-0.5: you multiplied by √d instead of dividing",
-        lambda s, d: s * math.sqrt(d),
+
+def scale_inputs(gen, dtype, head_dim=16, lead=(B, H, TQ, TK), scale=4.0):
+    return Call((gen.randn(*lead, dtype=dtype, scale=scale), head_dim), names=("scores", "head_dim"))
+
+
+SCALE = Step(
+    "scale_scores", scale_inputs, ref.scale_scores,
+    checks=(
+        shape(), values("values", 2, FLOATS), values("irrational_root", 1, (torch.float64,), head_dim=8),  # √8 is no whole number
+        values("float16", 1, (torch.float16,)), device(),
     ),
-    Mistake("scale_scores.by_head_dim", "divided by head_dim instead of √head_dim", lambda s, d: s / d),
-    Mistake("scale_scores.unscaled", "returned the scores unscaled: divide by √head_dim", lambda s, d: s),
+    mistakes=(
+        Mistake("scale_scores.multiplied", "divided by head_dim**-0.5: you multiplied by √d instead of dividing",
+                lambda s, d: s * math.sqrt(d)),
+        Mistake("scale_scores.by_head_dim", "divided by head_dim instead of √head_dim", lambda s, d: s / d),
+        Mistake("scale_scores.unscaled", "returned the scores unscaled: divide by √head_dim", lambda s, d: s),
+        Mistake("scale_scores.precedence", "head_dim ** 1/2 is (head_dim ** 1) / 2: write head_dim ** 0.5 or math.sqrt(head_dim)",
+                lambda s, d: s / (d / 2)),
+        Mistake("scale_scores.integer_root", "the root was rounded to a whole number (math.isqrt, int(...), or //): use math.sqrt",
+                lambda s, d: s / math.isqrt(d) if math.isqrt(d) ** 2 != d else None),
+    ),
 )
-
-
-@step("scale_scores", points=1)
-def test_scale_scores_shape(candidate, rng):
-    expect_tensor(candidate.call("scale_scores", randn(rng, B, H, TQ, TK), 16).value, (B, H, TQ, TK), torch.float32)
-
-
-@step("scale_scores", points=2)
-@FLOATS
-def test_scale_scores_values(candidate, rng, dtype):
-    args = (randn(rng, B, H, TQ, TK, dtype=dtype, scale=4.0), 16)
-    expect_close(candidate.call("scale_scores", *args).value, ref.scale_scores(*args), SCALE_MISTAKES, args)
-
-
-@step("scale_scores", points=1)
-def test_scale_scores_irrational_root(candidate, rng):
-    args = (randn(rng, B, TQ, TK, dtype=torch.float64), 8)  # √8 is not a whole number
-    expect_close(candidate.call("scale_scores", *args).value, ref.scale_scores(*args), SCALE_MISTAKES, args)
-
-
-@step("scale_scores", points=1)
-def test_scale_scores_float16(candidate, rng):
-    args = (randn(rng, B, H, TQ, TK, dtype=torch.float16), 16)
-    expect_close(candidate.call("scale_scores", *args).value, ref.scale_scores(*args), SCALE_MISTAKES, args)
-
-
-@step("scale_scores", points=1)
-def test_scale_scores_device(candidate, rng, device):
-    args = (randn(rng, B, H, TQ, TK), 16)
-    expect_on_device(call_on_device(candidate, device, "scale_scores", *args), ref.scale_scores(*args), device, args, SCALE_MISTAKES)
-
 
 # -- apply_mask ---------------------------------------------------------------------------
 
-MASK_MISTAKES = (
-    Mistake(
-        "apply_mask.inverted",
-        "mask convention inverted (True must mean attend): fill where the mask is False",
-        lambda s, m: s.masked_fill(m, float("-inf")),
-    ),
-    Mistake(
-        "apply_mask.zero_fill",
-        "blocked scores set to 0 (multiplied by the mask): exp(0) still gives them weight; use -inf",
-        lambda s, m: s * m,
-    ),
-    Mistake(
-        "apply_mask.additive_too_small",
-        "blocked scores are not low enough: use -inf (or finfo(dtype).min), not a small offset",
-        test=lambda out, s, m: bool(((out > -1e4) & ~m & (out != s)).any()),
-    ),
-)
+
+def mask_inputs(gen, dtype, mask="random", scale=1.0):
+    scores = gen.randn(B, H, TQ, TK, dtype=dtype, scale=scale)
+    masks = {
+        "random": lambda: gen.mask(B, H, TQ, TK),
+        "causal": lambda: gen.native(torch.ones(TQ, TK, dtype=torch.bool).tril(diagonal=TK - TQ)),  # (Tq, Tk)
+        "padding": lambda: gen.native(torch.arange(TK) < torch.tensor([TK, 3]).view(B, 1, 1, 1)),  # (B, 1, 1, Tk)
+        "per_query": lambda: gen.mask(1, 1, TQ, TK),
+        "none": lambda: None,
+    }
+    return Call((scores, masks[mask]()), names=("scores", "mask"))
 
 
-def expect_masked(value, scores: torch.Tensor, mask: torch.Tensor | None, device: str = "cpu") -> None:
-    """Allowed entries keep their exact value; blocked entries are -inf or at most -1e4."""
-    expect_tensor(value, scores.shape, scores.dtype, device)
-    if device == "meta":
-        return
-    allowed = torch.ones_like(scores, dtype=torch.bool) if mask is None else mask.expand(scores.shape)
-    changed = (value != scores) & allowed
+def expect_masked(value, expected, call, tolerance=None, outputs=()):
+    """Entries the reference keeps are unchanged, exactly; those it blocks are -inf or at most -1e4."""
+    value, expected = as_tensor_tree(value), as_tensor_tree(expected)
+    blocked = expected.isneginf() | (expected <= -1e4)
+    changed = (value.to(torch.float64) != expected.to(torch.float64)) & ~blocked
     if changed.any():
         where = tuple(int(i) for i in changed.nonzero()[0])
-        raise CheckFailed(f"an allowed entry changed at {where}: expected {scores[where].item():.6g}, got {value[where].item():.6g}")
-    high = ~allowed & ~(value <= -1e4)
+        raise CheckFailed(f"an allowed entry changed at {where}: expected {expected[where].item():.6g}, got {value[where].item():.6g}",
+                          details={"where": list(where)})
+    high = blocked & ~(value <= -1e4)
     if high.any():
         where = tuple(int(i) for i in high.nonzero()[0])
-        raise CheckFailed(f"a blocked entry at {where} is {value[where].item():.6g}; blocked entries must be -inf or at most -1e4")
+        raise CheckFailed(f"a blocked entry at {where} is {value[where].item():.6g}; blocked entries must be -inf or at most -1e4",
+                          details={"where": list(where)})
 
 
-def _check_mask(candidate, scores, mask, device="cpu"):
-    value = candidate.call("apply_mask", scores, mask, device=device).value
-    try:
-        expect_masked(value, scores, mask if mask is None else mask.expand(scores.shape), device)
-    except CheckFailed as failure:
-        full = None if mask is None else mask.expand(scores.shape)
-        for mistake in MASK_MISTAKES:
-            if full is not None and isinstance(value, torch.Tensor) and value.shape == scores.shape and mistake.explains(value, (scores, full)):
-                raise CheckFailed(failure.message, mistake) from None
-        raise
-
-
-@step("apply_mask", points=1)
-def test_apply_mask_shape(candidate, rng):
-    scores = randn(rng, B, H, TQ, TK)
-    expect_tensor(candidate.call("apply_mask", scores, random_mask(rng, B, H, TQ, TK)).value, scores.shape, torch.float32)
-
-
-@step("apply_mask", points=2)
-@FLOATS
-def test_apply_mask_values(candidate, rng, dtype):
-    _check_mask(candidate, randn(rng, B, H, TQ, TK, dtype=dtype), random_mask(rng, B, H, TQ, TK))
-
-
-@step("apply_mask", points=1)
-def test_apply_mask_broadcast_causal(candidate, rng):
-    causal = torch.ones(TQ, TK, dtype=torch.bool).tril(diagonal=TK - TQ)  # (Tq, Tk) for every batch and head
-    _check_mask(candidate, randn(rng, B, H, TQ, TK), causal)
-
-
-@step("apply_mask", points=1)
-def test_apply_mask_broadcast_padding(candidate, rng):
-    padding = torch.arange(TK) < torch.tensor([TK, 3]).view(B, 1, 1, 1)  # (B, 1, 1, Tk)
-    _check_mask(candidate, randn(rng, B, H, TQ, TK), padding)
-
-
-@step("apply_mask", points=1)
-def test_apply_mask_none(candidate, rng):
-    _check_mask(candidate, randn(rng, B, H, TQ, TK), None)
-
-
-@step("apply_mask", points=1)
-def test_apply_mask_large_scores(candidate, rng):
-    _check_mask(candidate, randn(rng, B, H, TQ, TK, scale=5e3), random_mask(rng, B, H, TQ, TK))
-
-
-@step("apply_mask", points=1)
-def test_apply_mask_float16(candidate, rng):
-    _check_mask(candidate, randn(rng, B, H, TQ, TK, dtype=torch.float16), random_mask(rng, B, H, TQ, TK))
-
-
-@step("apply_mask", points=1)
-def test_apply_mask_bfloat16(candidate, rng):
-    _check_mask(candidate, randn(rng, B, H, TQ, TK, dtype=torch.bfloat16), random_mask(rng, B, H, TQ, TK))
-
-
-@step("apply_mask", points=1)
-def test_apply_mask_device(candidate, rng, device):
-    try:
-        _check_mask(candidate, randn(rng, B, H, TQ, TK), random_mask(rng, 1, 1, TQ, TK), device)
-    except CandidateError as error:
-        skip_if_meta_unsupported(device, error)
-        raise
-
+MASK = Step(
+    "apply_mask", mask_inputs, ref.apply_mask, compare=expect_masked,
+    checks=(
+        shape(), values("values", 2, FLOATS), values("broadcast_causal", 1, mask="causal"),
+        values("broadcast_padding", 1, mask="padding"), values("none", 1, mask="none"),
+        values("large_scores", 1, scale=5e3), values("float16", 1, (torch.float16,)),
+        values("bfloat16", 1, (torch.bfloat16,)), device(mask="per_query"),
+    ),
+    mistakes=(
+        Mistake("apply_mask.inverted", "mask convention inverted (True must mean attend): fill where the mask is False",
+                lambda s, m: s.masked_fill(m, float("-inf"))),
+        Mistake("apply_mask.zero_fill", "blocked scores set to 0 (multiplied by the mask): exp(0) still gives them weight; use -inf",
+                lambda s, m: s * m),
+        Mistake("apply_mask.added_mask", "added the mask to the scores: a bool mask is not a bias; fill the blocked entries with -inf",
+                lambda s, m: s + m),
+        Mistake("apply_mask.additive_too_small", "blocked scores are not low enough: use -inf (or finfo(dtype).min), not a small offset",
+                test=lambda out, s, m: m is not None and out.shape == s.shape and bool(((out > -1e4) & ~m.expand(s.shape) & (out != s)).any())),
+        Mistake("apply_mask.bool_arithmetic", "arithmetic on a bool mask (1 - mask): use ~mask or mask.logical_not()",
+                raises=Raises(message=r"with a bool tensor is not supported")),
+        Mistake("apply_mask.index_no_broadcast", "indexing the scores with a mask of another shape does not broadcast: use scores.masked_fill(~mask, float('-inf'))",
+                raises=Raises(message=r"shape of the mask .* does not match the shape of the indexed tensor")),
+    ),
+)
 
 # -- softmax ------------------------------------------------------------------------------
 
 
-def _has_nan_or_inf(out, *args):
-    return bool((~torch.isfinite(out.to(torch.float64))).any())
+def softmax_inputs(gen, dtype, lead=(B, H, TQ, TK), dim=None, scale=3.0, blocked=False):
+    x = gen.randn(*lead, dtype=dtype, scale=scale)
+    if blocked:
+        x[0, 1] = float("-inf")  # a fully blocked query row
+        x[1, :, 2] = float("-inf")  # and a blocked key column, which is fine
+    return Call((x,) if dim is None else (x, dim), names=("scores", "dim"))
+
+
+def _nonfinite(out, x, dim=-1, blocked_slices=False):
+    """Non-finite entries: in slices that are all -inf (blocked_slices), or in others (an overflow)."""
+    bad = ~torch.isfinite(out.to(torch.float64))
+    all_blocked = torch.isneginf(x).all(dim, keepdim=True).expand(x.shape)
+    return bool((bad & (all_blocked if blocked_slices else ~all_blocked)).any())
+
+
+def _exp_over(x, dim, keepdim=True):
+    e = torch.exp(x)
+    return e / e.sum(dim, keepdim=keepdim)
 
 
 SOFTMAX_MISTAKES = (
-    Mistake(
-        "softmax.ignored_dim",
-        "softmax over the last axis whatever dim says: normalize along dim",
-        lambda x, dim=-1: ref.softmax(x, -1),
-    ),
-    Mistake(
-        "softmax.whole_tensor",
-        "normalized over the whole tensor: sum along dim with keepdim=True",
-        lambda x, dim=-1: torch.exp(x) / torch.exp(x).sum(),
-    ),
-    Mistake(
-        "softmax.no_keepdim",
-        "the sum lost its axis (no keepdim=True), so it broadcast against the wrong axis",
-        lambda x, dim=-1: torch.exp(x) / torch.exp(x).sum(dim),
-    ),
+    Mistake("softmax.ignored_dim", "softmax over the last axis whatever dim says: normalize along dim", lambda x, dim=-1: ref.softmax(x, -1)),
+    Mistake("softmax.dim_0", "normalized along dim 0 (the tutorials' softmax_naive on a 1-D tensor): sum along dim",
+            lambda x, dim=-1: _exp_over(x, 0)),
+    Mistake("softmax.whole_tensor", "normalized over the whole tensor: sum along dim with keepdim=True", lambda x, dim=-1: torch.exp(x) / torch.exp(x).sum()),
+    Mistake("softmax.no_keepdim", "the sum lost its axis (no keepdim=True), so it broadcast against the wrong axis",
+            lambda x, dim=-1: _exp_over(x, dim, keepdim=False)),
+    Mistake("softmax.global_max", "subtracted the max of the whole tensor, not of each slice along dim: rows far below it underflow to 0/0",
+            lambda x, dim=-1: _exp_over(x - x.max(), dim)),
+    Mistake("softmax.max_no_keepdim", "the max lost its axis (no keepdim=True), so each slice had another slice's max subtracted: "
+            "x.amax(dim, keepdim=True)", lambda x, dim=-1: _exp_over(x - x.amax(dim), dim)),
+    Mistake("softmax.max_over_last_axis", "the max was taken over the last axis, not along dim: the shift must be constant along dim",
+            lambda x, dim=-1: _exp_over(x - x.amax(-1, keepdim=True), dim)),
+    Mistake("softmax.max_namedtuple", "Tensor.max(dim) returns (values, indices): take .values, or use amax",
+            raises=Raises(message=r"return_types\.max")),
 )
-UNSTABLE = Mistake(
-    "softmax.unstable",
-    "not numerically stable: exp overflows for large logits; subtract the max along dim first",
-    test=_has_nan_or_inf,
+UNSTABLE = Mistake("softmax.unstable", "not numerically stable: exp overflows for large logits; subtract the max along dim first", test=_nonfinite)
+NAN_ROWS = Mistake("softmax.nan_rows", "a slice that is all -inf gives NaN: give it zeros (replace a -inf max by 0 and guard the zero sum)",
+                   test=lambda out, x, dim=-1: _nonfinite(out, x, dim, blocked_slices=True))
+
+SOFTMAX = Step(
+    "softmax", softmax_inputs, ref.softmax,
+    checks=(
+        shape(), values("values", 2, FLOATS), values("dim_0", 1, lead=(4, 5, 6), dim=0),
+        values("dim_minus_2", 1, dim=-2), values("large_logits", 2, lead=(B, TQ, TK), scale=1e4),  # exp overflows float32
+        values("all_masked_rows", 2, lead=(B, TQ, TK), scale=1.0, blocked=True),
+        values("noncontiguous_matrix", 1, strided=(0,), lead=(6, 6)),  # a square matrix: a lost keepdim broadcasts silently
+        rules(), device(),
+    ),
+    mistakes=(*SOFTMAX_MISTAKES, UNSTABLE, NAN_ROWS),
 )
-NAN_ROWS = Mistake(
-    "softmax.nan_rows",
-    "a slice that is all -inf gives NaN: give it zeros (replace a -inf max by 0 and guard the zero sum)",
-    test=_has_nan_or_inf,
-)
-
-
-@step("softmax", points=1)
-def test_softmax_shape(candidate, rng):
-    expect_tensor(candidate.call("softmax", randn(rng, B, H, TQ, TK)).value, (B, H, TQ, TK), torch.float32)
-
-
-@step("softmax", points=2)
-@FLOATS
-def test_softmax_values(candidate, rng, dtype):
-    x = randn(rng, B, H, TQ, TK, dtype=dtype, scale=3.0)
-    expect_close(candidate.call("softmax", x).value, ref.softmax(x), SOFTMAX_MISTAKES, (x,))
-
-
-@step("softmax", points=1)
-def test_softmax_dim_0(candidate, rng):
-    x = randn(rng, 4, 5, 6, scale=3.0)
-    expect_close(candidate.call("softmax", x, dim=0).value, ref.softmax(x, dim=0), SOFTMAX_MISTAKES, (x, 0))
-
-
-@step("softmax", points=1)
-def test_softmax_dim_minus_2(candidate, rng):
-    x = randn(rng, B, H, TQ, TK, scale=3.0)
-    expect_close(candidate.call("softmax", x, dim=-2).value, ref.softmax(x, dim=-2), SOFTMAX_MISTAKES, (x, -2))
-
-
-@step("softmax", points=2)
-def test_softmax_large_logits(candidate, rng):
-    x = randn(rng, B, TQ, TK) * 1e4  # entries of ±1e4: exp overflows float32 without the max subtraction
-    expect_close(candidate.call("softmax", x).value, ref.softmax(x), (UNSTABLE, *SOFTMAX_MISTAKES), (x,))
-
-
-@step("softmax", points=2)
-def test_softmax_all_masked_rows(candidate, rng):
-    x = randn(rng, B, TQ, TK)
-    x[0, 1] = float("-inf")  # a fully blocked query row
-    x[1, :, 2] = float("-inf")  # and a blocked key column, which is fine
-    expect_close(candidate.call("softmax", x).value, ref.softmax(x), (NAN_ROWS,), (x,))
-
-
-@step("softmax", points=1)
-def test_softmax_noncontiguous_matrix(candidate, rng):
-    x = randn(rng, 6, 6, scale=3.0)  # a plain square matrix: a sum without keepdim broadcasts silently
-    expect_close(candidate.call("softmax", Strided(x)).value, ref.softmax(x), SOFTMAX_MISTAKES, (x,))
-
-
-@step("softmax", points=1)
-def test_softmax_rules(candidate, rng, forbidden):
-    x = randn(rng, B, TQ, TK)
-    answer = candidate.call("softmax", x)
-    expect_allowed(answer, forbidden)
-    expect_close(answer.value, ref.softmax(x), SOFTMAX_MISTAKES, (x,))  # no points for a rule kept by garbage
-
-
-@step("softmax", points=1)
-def test_softmax_device(candidate, rng, device):
-    x = randn(rng, B, H, TQ, TK)
-    expect_on_device(call_on_device(candidate, device, "softmax", x), ref.softmax(x), device, (x,), SOFTMAX_MISTAKES)
-
 
 # -- weighted_sum -------------------------------------------------------------------------
 
-WEIGHTED_MISTAKES = (
-    Mistake(
-        "weighted_sum.transposed_weights",
-        "weights transposed in the weighted sum: use weights @ v, not weightsᵀ @ v",
-        lambda w, v: w.transpose(-2, -1) @ v,
+
+def weighted_inputs(gen, dtype, tq=TQ, tk=TK, lead=(B, H)):
+    weights = ref.softmax(torch.as_tensor(gen.randn(*lead, tq, tk, dtype=dtype, scale=2.0)))
+    return Call((gen.native(weights), gen.randn(*lead, tk, DV, dtype=dtype)), names=("weights", "v"))
+
+
+WEIGHTED = Step(
+    "weighted_sum", weighted_inputs, ref.weighted_sum,
+    checks=(shape(), values("values", 2, FLOATS), values("square", 1, tq=TK), values("any_leading_dims", 1, lead=(3,)), device()),
+    mistakes=(
+        Mistake("weighted_sum.transposed_weights", "weights transposed in the weighted sum: use weights @ v, not weightsᵀ @ v",
+                lambda w, v: w.transpose(-2, -1) @ v),
+        Mistake("weighted_sum.summed_over_queries", "summed over the query axis: each output row mixes the value rows, so sum over the keys, giving (..., Tq, Dv)",
+                lambda w, v: (w.unsqueeze(-1) * v.unsqueeze(-3)).sum(-3)),
+        Mistake("weighted_sum.broadcast_for_2d", "a broadcast written for 2-D inputs: index from the end, (w[..., :, :, None] * v[..., None, :, :]).sum(-2), or simply weights @ v",
+                raises=Raises(message=r"must match the size|could not be broadcast", source=r"None\]|unsqueeze")),
     ),
 )
-
-
-def _weights_v(rng, dtype=torch.float32, tq=TQ, tk=TK, lead=(B, H)):
-    return ref.softmax(randn(rng, *lead, tq, tk, dtype=dtype, scale=2.0)), randn(rng, *lead, tk, 6, dtype=dtype)
-
-
-@step("weighted_sum", points=1)
-def test_weighted_sum_shape(candidate, rng):
-    expect_tensor(candidate.call("weighted_sum", *_weights_v(rng)).value, (B, H, TQ, 6), torch.float32)
-
-
-@step("weighted_sum", points=2)
-@FLOATS
-def test_weighted_sum_values(candidate, rng, dtype):
-    args = _weights_v(rng, dtype)
-    expect_close(candidate.call("weighted_sum", *args).value, ref.weighted_sum(*args), WEIGHTED_MISTAKES, args)
-
-
-@step("weighted_sum", points=1)
-def test_weighted_sum_square(candidate, rng):
-    args = _weights_v(rng, tq=TK)  # Tq == Tk: transposed weights have the right shape
-    expect_close(candidate.call("weighted_sum", *args).value, ref.weighted_sum(*args), WEIGHTED_MISTAKES, args)
-
-
-@step("weighted_sum", points=1)
-def test_weighted_sum_any_leading_dims(candidate, rng):
-    args = _weights_v(rng, lead=(3,))
-    expect_close(candidate.call("weighted_sum", *args).value, ref.weighted_sum(*args), WEIGHTED_MISTAKES, args)
-
-
-@step("weighted_sum", points=1)
-def test_weighted_sum_device(candidate, rng, device):
-    args = _weights_v(rng)
-    expect_on_device(call_on_device(candidate, device, "weighted_sum", *args), ref.weighted_sum(*args), device, args, WEIGHTED_MISTAKES)
-
 
 # -- merge_heads --------------------------------------------------------------------------
 
-MERGE_MISTAKES = (
-    Mistake(
-        "merge_heads.no_transpose",
-        "merged heads without moving the head axis back: transpose(1, 2) before the reshape",
-        lambda x: x.reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3]),
+
+def merge_inputs(gen, dtype, heads=H, width=DH):
+    return Call((gen.randn(B, heads, TQ, width, dtype=dtype),), names=("x",))
+
+
+def merge_reference_split_back(run):
+    """The candidate's merge undoes the reference split."""
+    x = run.gen.randn(3, 6, 8)
+    call = Call((run.gen.native(ref.split_heads(torch.as_tensor(x), 4)),), names=("x",))
+    out = run.answer(call).value
+    run.expect_form(out, call)
+    if not torch.allclose(torch.as_tensor(out), torch.as_tensor(x)):
+        raise CheckFailed("your merge of the reference's split does not give x back", run.explain(out, call))
+
+
+MERGE = Step(
+    "merge_heads", merge_inputs, ref.merge_heads,
+    checks=(
+        shape(), values("values", 2, FLOATS), values("noncontiguous", 1, strided=(0,)),
+        prop("round_trip", 2, merge_reference_split_back), values("single_head", 1, heads=1, width=D), device(),
     ),
-    Mistake(
-        "merge_heads.interleaved",
-        "heads interleaved: features of one head must stay together, as (B, T, H, Dh) flattened",
-        lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3]),
+    mistakes=(
+        Mistake("merge_heads.no_transpose", "merged heads without moving the head axis back: transpose(1, 2) before the reshape",
+                lambda x: x.reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3])),
+        Mistake("merge_heads.interleaved", "heads interleaved: features of one head must stay together, as (B, T, H, Dh) flattened",
+                lambda x: x.permute(0, 2, 3, 1).reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3])),
+        Mistake("merge_heads.flattened_tokens", "flatten(1) merged the tokens too: flatten only the last two axes, flatten(2) or reshape(B, T, H * Dh)",
+                lambda x: x.transpose(1, 2).flatten(1)),
     ),
 )
-
-
-@step("merge_heads", points=1)
-def test_merge_heads_shape(candidate, rng):
-    expect_tensor(candidate.call("merge_heads", randn(rng, B, H, TQ, DH)).value, (B, TQ, D), torch.float32)
-
-
-@step("merge_heads", points=2)
-@FLOATS
-def test_merge_heads_values(candidate, rng, dtype):
-    x = randn(rng, B, H, TQ, DH, dtype=dtype)
-    expect_close(candidate.call("merge_heads", x).value, ref.merge_heads(x), MERGE_MISTAKES, (x,))
-
-
-@step("merge_heads", points=1)
-def test_merge_heads_noncontiguous(candidate, rng):
-    x = randn(rng, B, H, TQ, DH)
-    expect_close(candidate.call("merge_heads", Strided(x)).value, ref.merge_heads(x), MERGE_MISTAKES, (x,))
-
-
-@step("merge_heads", points=2)
-def test_merge_heads_round_trip(candidate, rng):
-    x = randn(rng, 3, 6, 8)  # the candidate's merge undoes the reference split
-    split = ref.split_heads(x, 4)
-    expect_close(candidate.call("merge_heads", split).value, x, MERGE_MISTAKES, (split,))
-
-
-@step("merge_heads", points=1)
-def test_merge_heads_single_head(candidate, rng):
-    x = randn(rng, B, 1, TQ, D)
-    expect_close(candidate.call("merge_heads", x).value, ref.merge_heads(x), MERGE_MISTAKES, (x,))
-
-
-@step("merge_heads", points=1)
-def test_merge_heads_device(candidate, rng, device):
-    x = randn(rng, B, H, TQ, DH)
-    expect_on_device(call_on_device(candidate, device, "merge_heads", x), ref.merge_heads(x), device, (x,), MERGE_MISTAKES)
-
 
 # -- MultiHeadAttention -------------------------------------------------------------------
 
-LINEAR = "torch.nn.modules.linear.Linear"
 
-
-def attend(state, query, key=None, value=None, mask=None, *, heads=H, scale_by="head", softmax_dim=-1,
-           invert_mask=False, value_from="value", out_proj=True):
-    """The module's forward from reference steps; the keyword arguments make the named wrong variants."""
+def attend(state, query, key=None, value=None, mask=None, *, heads=H, split=None, scale="head", softmax_dim=-1,
+           mask_mode="before", value_from="value", key_weight="w_k", layout="batch", out_proj=True, values_are_keys=False,
+           no_bias=None, untransposed=False):
+    """The module's forward from reference steps; the keyword arguments after `heads` make the named wrong variants."""
     key = query if key is None else key
-    value = key if value is None else value
-    value = {"value": value, "key": key}[value_from]
+    value = {"value": key if value is None else value, "key": key, "query": query if value is None else value}[value_from]
+    if layout == "time_first":  # read (B, T, D) as if it were (T, B, D)
+        query, key, value = (x.transpose(0, 1) for x in (query, key, value))
     embed = query.shape[-1]
-    q, k, v = (
-        ref.split_heads(ref.project(x, state[f"{n}.weight"], state.get(f"{n}.bias")), heads)
-        for x, n in ((query, "w_q"), (key, "w_k"), (value, "w_v"))
-    )
-    scores = ref.attention_scores(q, k)
-    scores = {"head": scores / math.sqrt(embed // heads), "embed": scores / math.sqrt(embed), "none": scores}[scale_by]
-    if mask is not None:
-        scores = ref.apply_mask(scores, ~mask if invert_mask else mask)
-    out = ref.merge_heads(ref.weighted_sum(ref.softmax(scores, softmax_dim), v))
-    return ref.project(out, state["w_o.weight"], state.get("w_o.bias")) if out_proj else out
+
+    def proj(x, name):
+        weight = state[f"{name}.weight"]
+        return ref.project(x, weight.T if untransposed else weight, None if name == no_bias else state.get(f"{name}.bias"))
+
+    q, k, v = (ref.split_heads(proj(x, n), split or heads) for x, n in ((query, "w_q"), (key, key_weight), (value, "w_v")))
+    if values_are_keys:
+        v = k
+    root = {"head": math.sqrt(embed // heads), "embed": math.sqrt(embed), "heads": math.sqrt(heads), "none": 1.0,
+            "keys": math.sqrt(key.shape[-2]), "after_softmax": 1.0}[scale]
+    scores = ref.attention_scores(q, k) / root
+    # mask_mode "ignored" applies no mask at all
+    if mask is not None and mask_mode == "before":
+        scores = ref.apply_mask(scores, mask)
+    elif mask is not None and mask_mode == "inverted":
+        scores = ref.apply_mask(scores, ~mask)
+    weights = ref.softmax(scores, softmax_dim)
+    if scale == "after_softmax":
+        weights = weights / math.sqrt(embed // heads)
+    if mask is not None and mask_mode == "after_softmax":
+        weights = weights.masked_fill(~mask, 0.0)
+    out = ref.merge_heads(ref.weighted_sum(weights, v))
+    out = proj(out, "w_o") if out_proj else out
+    return out.transpose(0, 1) if layout == "time_first" else out
 
 
+def _variant(**wrong):
+    return lambda state, *args, **kwargs: attend(state, *args, **kwargs, **wrong)
+
+
+def _bias_dropped(out, state, *args, **kwargs):
+    return "w_q.bias" in state and matches_any(out, [attend(state, *args, **kwargs, no_bias=n) for n in ("w_q", "w_k", "w_v", "w_o")])
+
+
+NO_WIDTH_CHECK = Mistake("MultiHeadAttention.no_width_check", "embed_dim not divisible by num_heads was accepted: raise ValueError in __init__")
 MODULE_MISTAKES = (
-    Mistake("MultiHeadAttention.scaled_by_embed_dim", "scaled by √embed_dim instead of √head_dim",
-            lambda s, *a, **k: attend(s, *a, **k, scale_by="embed")),
-    Mistake("MultiHeadAttention.unscaled", "scores not scaled: divide by √head_dim before the softmax",
-            lambda s, *a, **k: attend(s, *a, **k, scale_by="none")),
-    Mistake("MultiHeadAttention.softmax_query_axis", "softmax over the query axis: normalize over keys, dim=-1",
-            lambda s, *a, **k: attend(s, *a, **k, softmax_dim=-2)),
-    Mistake("MultiHeadAttention.mask_inverted", "mask convention inverted (True must mean attend)",
-            lambda s, *a, **k: attend(s, *a, **k, invert_mask=True)),
-    Mistake("MultiHeadAttention.key_as_value", "used the key as the value: project `value` with w_v",
-            lambda s, *a, **k: attend(s, *a, **k, value_from="key")),
-    Mistake("MultiHeadAttention.no_output_projection", "forgot the output projection w_o after merging heads",
-            lambda s, *a, **k: attend(s, *a, **k, out_proj=False)),
+    Mistake("MultiHeadAttention.scaled_by_embed_dim", "scaled by √embed_dim instead of √head_dim", _variant(scale="embed")),
+    Mistake("MultiHeadAttention.scaled_by_num_heads", "scaled by √num_heads instead of √head_dim", _variant(scale="heads")),
+    Mistake("MultiHeadAttention.scaled_by_key_count", "scaled by √(number of keys) instead of √head_dim", _variant(scale="keys")),
+    Mistake("MultiHeadAttention.unscaled", "scores not scaled: divide by √head_dim before the softmax", _variant(scale="none")),
+    Mistake("MultiHeadAttention.scaled_after_softmax", "scaled the weights after the softmax: scale the scores before it", _variant(scale="after_softmax")),
+    Mistake("MultiHeadAttention.softmax_query_axis", "softmax over the query axis: normalize over keys, dim=-1", _variant(softmax_dim=-2)),
+    Mistake("MultiHeadAttention.mask_inverted", "mask convention inverted (True must mean attend)", _variant(mask_mode="inverted")),
+    Mistake("MultiHeadAttention.mask_ignored", "the mask was never applied: pass it to apply_mask before the softmax", _variant(mask_mode="ignored")),
+    Mistake("MultiHeadAttention.mask_after_softmax", "masked the weights after the softmax: the blocked keys still took their share; mask the scores before it",
+            _variant(mask_mode="after_softmax")),
+    Mistake("MultiHeadAttention.key_as_value", "used the key as the value: project `value` with w_v", _variant(value_from="key")),
+    Mistake("MultiHeadAttention.value_defaults_to_query", "value defaulted to query: it defaults to key (value = key if value is None)", _variant(value_from="query")),
+    Mistake("MultiHeadAttention.keys_as_values", "multiplied the weights by the keys (weights @ k): multiply by the values v", _variant(values_are_keys=True)),
+    Mistake("MultiHeadAttention.w_q_for_keys", "projected the keys with w_q: keys use w_k", _variant(key_weight="w_q")),
+    Mistake("MultiHeadAttention.one_head", "attended with one head over the whole width: split into num_heads heads first", _variant(split=1)),
+    Mistake("MultiHeadAttention.time_first", "read the input as (T, B, D): the contract is batch first, (B, T, D)", _variant(layout="time_first")),
+    Mistake("MultiHeadAttention.weight_not_transposed", "projected with x @ W: the weights are stored (out, in), as nn.Linear keeps them; "
+            "use x @ W.T (or the layer itself)", _variant(untransposed=True)),
+    Mistake("MultiHeadAttention.no_output_projection", "forgot the output projection w_o after merging heads", _variant(out_proj=False)),
+    Mistake("MultiHeadAttention.bias_dropped", "one projection's bias was dropped: each of w_q, w_k, w_v, w_o adds its own bias", test=_bias_dropped),
+    NO_WIDTH_CHECK,
+    Mistake("MultiHeadAttention.mask_reshaped", "the mask was unsqueezed for one layout only: masks come broadcastable to (B, H, Tq, Tk); pass them as they are",
+            raises=Raises(message=r"must match the size|broadcast", source=r"mask\s*\.\s*unsqueeze|mask\s*\[\s*:\s*,\s*None|mask\.view")),
 )
 
 
-def _state(rng, bias=True, dtype=torch.float32, embed=D):
+def module_inputs(gen, dtype, tk=None, key=False, value=False, mask=None, bias=True, embed=D):
     names = ("w_q", "w_k", "w_v", "w_o")
-    state = {f"{n}.weight": randn(rng, embed, embed, dtype=dtype, scale=embed**-0.5) for n in names}
+    state = {f"{n}.weight": torch.as_tensor(gen.randn(embed, embed, dtype=dtype, scale=embed**-0.5)) for n in names}
     if bias:
-        state.update({f"{n}.bias": randn(rng, embed, dtype=dtype, scale=0.1) for n in names})
-    return state
+        state.update({f"{n}.bias": torch.as_tensor(gen.randn(embed, dtype=dtype, scale=0.1)) for n in names})
+    tk = tk or TQ
+    query = gen.randn(B, TQ, embed, dtype=dtype)
+    key_ = gen.randn(B, tk, embed, dtype=dtype) if key else None
+    value_ = gen.randn(B, tk, embed, dtype=dtype) if value else None
+    m = None
+    if mask is not None:
+        m = gen.mask(*{"batch": (B, 1, TQ, tk), "plain": (TQ, tk)}[mask])
+        m[..., 1] = False  # the mask and its inverse block no row entirely (such rows are graded in softmax)
+    return Call((query, key_, value_), {"mask": m}, ("query", "key", "value"), init=(embed, H), init_kwargs={"bias": bias},
+                state=state)
 
 
-def _mask(rng, *shape):
-    """A mask that, and whose inverse, blocks no row entirely (such rows are graded in softmax)."""
-    mask = random_mask(rng, *shape)
-    mask[..., 1] = False
-    return mask
-
-
-def _run_module(candidate, state, query, key=None, value=None, mask=None, bias=True, device="cpu", **extra):
-    answer = candidate.module(
-        "MultiHeadAttention", init=(query.shape[-1], H), init_kwargs={"bias": bias}, state=state,
-        args=(query,), kwargs={"key": key, "value": value, "mask": mask}, device=device, **extra,
-    )
-    return answer
-
-
-def _check_module(candidate, state, query, key=None, value=None, mask=None, bias=True):
-    result = _run_module(candidate, state, query, key, value, mask, bias).value
-    args = (state, query, key, value, mask)
-    expect_close(result["output"], attend(*args), MODULE_MISTAKES, args)
-
-
-@step("MultiHeadAttention", points=2)
-def test_module_structure(candidate, rng):
-    children = _run_module(candidate, _state(rng), randn(rng, B, TQ, D)).value["children"]
-    for name in ("w_q", "w_k", "w_v", "w_o"):
-        if children.get(name) != LINEAR:
-            raise CheckFailed(f"expected {name} to be an nn.Linear(embed_dim, embed_dim), got {children.get(name, 'nothing')}")
-
-
-@step("MultiHeadAttention", points=2)
-@FLOATS
-def test_module_self_attention(candidate, rng, dtype):
-    _check_module(candidate, _state(rng, dtype=dtype), randn(rng, B, TQ, D, dtype=dtype))
-
-
-@step("MultiHeadAttention", points=2)
-def test_module_cross_attention(candidate, rng):
-    query, key, value = randn(rng, B, TQ, D), randn(rng, B, TK, D), randn(rng, B, TK, D)
-    _check_module(candidate, _state(rng), query, key, value)
-
-
-@step("MultiHeadAttention", points=1)
-def test_module_value_defaults_to_key(candidate, rng):
-    _check_module(candidate, _state(rng), randn(rng, B, TQ, D), randn(rng, B, TK, D))
-
-
-@step("MultiHeadAttention", points=2)
-def test_module_masks(candidate, rng):
-    query, key = randn(rng, B, TQ, D), randn(rng, B, TK, D)
-    state = _state(rng)
-    _check_module(candidate, state, query, key, mask=_mask(rng, B, 1, TQ, TK))
-    _check_module(candidate, state, query, key, mask=_mask(rng, TQ, TK))
-
-
-@step("MultiHeadAttention", points=2)
-def test_module_without_bias(candidate, rng):
-    _check_module(candidate, _state(rng, bias=False), randn(rng, B, TQ, D), bias=False)
-
-
-@step("MultiHeadAttention", points=3)
-def test_module_gradients(candidate, rng):
-    state = _state(rng)
-    query, key, value = randn(rng, B, TQ, D), randn(rng, B, TK, D), randn(rng, B, TK, D)
-    mask, grad_output = _mask(rng, B, 1, TQ, TK), randn(rng, B, TQ, D)
-    result = candidate.module(
-        "MultiHeadAttention", init=(D, H), state=state, args=(query, key, value), kwargs={"mask": mask},
-        grad_output=grad_output, grad_args=(0, 1, 2),
-    ).value
-    expect_close(result["output"], attend(state, query, key, value, mask))
-    inputs = [x.detach().requires_grad_(True) for x in (query, key, value)]
-    params = {k: v.detach().requires_grad_(True) for k, v in state.items()}
-    (attend(params, *inputs, mask=mask) * grad_output).sum().backward()  # = backward(grad_output), cheaper
-    for name, x, got in zip(("query", "key", "value"), inputs, result["arg_grads"]):
-        _expect_gradient(got, x.grad, f"the gradient of {name}")
-    for name, p in params.items():
-        _expect_gradient(result["param_grads"].get(name), p.grad, f"the gradient of {name}")
-
-
-def _expect_gradient(got, expected, what):
+def module_validates_width(run):
+    """MultiHeadAttention(10, 3) raises ValueError: 10 is not divisible by 3 (an assert would vanish under python -O)."""
     try:
-        expect_close(got, expected)
-    except CheckFailed as failure:
-        raise CheckFailed(f"{what}: {failure.message}") from None
-
-
-@step("MultiHeadAttention", points=2)
-def test_module_rules(candidate, rng, forbidden):
-    state, query, key, mask = _state(rng), randn(rng, B, TQ, D), randn(rng, B, TK, D), _mask(rng, TQ, TK)
-    answer = _run_module(candidate, state, query, key, mask=mask)
-    expect_allowed(answer, forbidden)
-    args = (state, query, key, None, mask)
-    expect_close(answer.value["output"], attend(*args), MODULE_MISTAKES, args)  # no points for a rule kept by garbage
-
-
-@step("MultiHeadAttention", points=2)
-def test_module_device(candidate, rng, device):
-    state, query, key = _state(rng), randn(rng, B, TQ, D), randn(rng, B, TK, D)
-    mask = _mask(rng, TQ, TK)
-    try:
-        output = _run_module(candidate, state, query, key, mask=mask, device=device).value["output"]
+        run.ctx.candidate.module("MultiHeadAttention", init=(10, 3), forward=False)
     except CandidateError as error:
-        skip_if_meta_unsupported(device, error)
-        raise
-    args = (state, query, key, None, mask)
-    expect_on_device(output, attend(*args), device, args, MODULE_MISTAKES)
+        if error.type == "ValueError":
+            return
+        if error.kind == "not_implemented":
+            raise
+        mistake = ASSERT_NOT_VALUEERROR if error.type == "AssertionError" else None
+        raise CheckFailed(f"MultiHeadAttention(10, 3) raised {error.message}; the contract says ValueError", mistake) from None
+    raise CheckFailed("MultiHeadAttention(10, 3) was built without complaint: 10 is not divisible by 3, so raise ValueError",
+                      NO_WIDTH_CHECK)
+
+
+
+MODULE = Step(
+    "MultiHeadAttention", module_inputs, attend, module=True, prefix="module",
+    answered=("project", "split_heads", "attention_scores", "scale_scores", "apply_mask", "softmax", "weighted_sum", "merge_heads"),
+    checks=(
+        prop("structure", 1, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, H), "an nn.Linear(embed_dim, embed_dim)")),
+        prop("validates_width", 1, module_validates_width),
+        values("self_attention", 2, FLOATS), values("cross_attention", 2, tk=TK, key=True, value=True),
+        values("value_defaults_to_key", 1, tk=TK, key=True), values("mask_per_batch", 1, tk=TK, key=True, mask="batch"),
+        values("mask_plain", 1, tk=TK, key=True, mask="plain"), values("without_bias", 2, bias=False),
+        prop("gradients", 2, gradients(tk=TK, key=True, value=True, mask="batch")), rules(2, tk=TK, key=True, mask="plain"),
+        device(1, tk=TK, key=True, mask="plain"),
+        prop("end_to_end", 2, end_to_end(tk=TK, key=True, value=True, mask="batch"), end_to_end=True),
+    ),
+    mistakes=MODULE_MISTAKES,
+)
+
+EXERCISE = Exercise((PROJECT, SPLIT, SCORES, SCALE, MASK, SOFTMAX, WEIGHTED, MERGE, MODULE))

@@ -1,0 +1,206 @@
+"""The mistakes any exercise can make, and how each is recognised from what came back.
+
+A step's own mistakes (its spec) are tried first; these come after, from every signal a
+failed check has: the exception the candidate's code raised (its type, its message and the
+candidate's own line), the answer's dtype, its shape, and its device. Each entry is a
+Mistake of the catalogue (`attn-grade mistakes` lists them with every exercise's own).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from grader.checks.spec import Mistake, Raises
+from grader.wire import device_of
+
+META_UNSUPPORTED = ("'Meta' backend", "meta tensors", "meta tensor", "data-dependent", "register_meta", "Meta device")
+
+CPU_DEVICE_HINT = (
+    "create it on the input's device (torch.tensor(..., device=x.device), torch.ones(..., device=x.device)) or "
+    "use a Python float (math.sqrt(d)). The grader ran this step on a stand-in for a GPU (torch's meta device); "
+    "on a GPU this line fails the same way"
+)
+
+# Exceptions, recognised by type, message and the candidate's own line.
+TRANSPOSE_ALL_AXES = Mistake(
+    "transpose_all_axes",
+    "`.T` reverses every axis of a batched tensor, not just the last two: use k.transpose(-2, -1) "
+    "(k.mT; in NumPy np.swapaxes(k, -1, -2))",
+    raises=Raises(message=r"size|shape|mismatch|dimension|aligned|mat1|mat2", line=r"\.T\b"),
+)
+VIEW_NON_CONTIGUOUS = Mistake(
+    "view_non_contiguous",
+    "view() on a non-contiguous tensor (after a transpose or permute, or an input that is not contiguous): "
+    "use reshape(), or .contiguous().view()",
+    raises=Raises(message=r"view size is not compatible|view\(\) on a non-contiguous|Use \.reshape"),
+)
+FILL_OVERFLOWS_HALF = Mistake(
+    "fill_overflows_half",
+    "a fill value such as -1e9 does not fit in float16 (its range ends at ±65504): fill with float('-inf') "
+    "or torch.finfo(scores.dtype).min",
+    raises=Raises(message=r"cannot be converted to type .*(Half|BFloat16).* without overflow"),
+)
+NONE_UNHANDLED = Mistake(
+    "none_unhandled",
+    "an optional argument given as None (mask=None, bias=None) is not handled: use it only when it is given "
+    "(if mask is not None: ...)",
+    raises=Raises(message=r"NoneType", when=lambda call: any(a is None for a in (*call.args, *call.kwargs.values()))),
+)
+TENSOR_TRUTHINESS = Mistake(
+    "tensor_truthiness",
+    "a tensor was asked for one truth value (`key or query`, `if mask:`): compare with None instead "
+    "(key if key is not None else query)",
+    raises=Raises(message=r"Boolean value of Tensor with more than one|truth value of an array with more than one"),
+)
+DTYPE_MISMATCH = Mistake(
+    "dtype_mismatch",
+    "tensors of two dtypes met in one operation: a tensor was cast (.float()) or made without dtype=; keep the "
+    "input's dtype (dtype=x.dtype, or cast back with .to(x.dtype))",
+    raises=Raises(message=r"same dtype|expected (scalar type|m1 and m2)|dtype .* but got|found dtype"),
+)
+KEEPDIM_LOST = Mistake(
+    "keepdim_lost",
+    "a reduction lost its axis (sum/max/amax without keepdim=True), so it broadcast against the wrong axis: "
+    "pass keepdim=True",
+    raises=Raises(message=r"must match the size|could not be broadcast|operands could not", source=r"\.(sum|max|amax|logsumexp)\((?![^)]*keepdim)"),
+)
+FIXED_RANK = Mistake(
+    "fixed_rank",
+    "the step works for one number of axes only (B, T, D = x.shape, torch.bmm, an einsum without ...) where its "
+    "contract allows any number of leading dims: use x.shape[-1], @ (torch.matmul), '...' in einsum, "
+    "transpose(-2, -1)",
+    raises=Raises(message=r"values to unpack|must be a 3D tensor|batch\d must be a 3D|number of subscripts|"
+                          r"does not match the number of dimensions|Dimension out of range|axis \d+ is out of bounds"),
+)
+TENSOR_ON_CPU = Mistake(
+    "tensor_on_cpu",
+    f"a tensor was created on the CPU inside the step (torch.FloatTensor([...]), or torch.tensor, torch.ones, "
+    f"torch.arange without device=): {CPU_DEVICE_HINT}",
+    raises=Raises(message=r"is not on the expected device|Expected all tensors to be on the same device|"
+                          r"found at least two devices|device type (cpu|cuda) .* does not match"),
+)
+LAYER_NAMES = Mistake(
+    "layer_names",
+    "the module's layers are not named or shaped as the contract says, so the grader's weights cannot be loaded "
+    "into them: use exactly the nn.Linear attributes the docstring names",
+    raises=Raises(message=r"Unexpected key|Missing key|size mismatch for|state_dict"),
+)
+ASSERT_NOT_VALUEERROR = Mistake(
+    "assert_not_valueerror",
+    "an invalid argument raised AssertionError: `assert` is stripped by python -O; raise ValueError with a message",
+    raises=Raises(types=("AssertionError",)),
+)
+DOT_ON_BATCHED = Mistake(
+    "dot_on_batched",
+    "np.dot on batched arrays contracts the last axis of the first with the second-to-last of the second over "
+    "every batch pair: use np.matmul (the @ operator), which batches",
+    raises=Raises(message=r"not aligned|shapes .* not aligned", line=r"\bdot\("),
+)
+
+# Answers of the wrong dtype, shape or device.
+DTYPE_PROMOTED = Mistake(
+    "dtype_promoted",
+    "the result was promoted to a wider dtype (float32 to float64, or a half type to float32): a float64 "
+    "constant, tensor or NumPy scalar (np.sqrt(d), np.zeros(shape), torch.tensor(d)) entered the computation; "
+    "use Python floats, or dtype=x.dtype",
+)
+DTYPE_NARROWED = Mistake(
+    "dtype_narrowed",
+    "the result came back in a narrower dtype (float64 computed as float32): a tensor made without dtype= "
+    "(torch.zeros(...), torch.full(...), torch.tensor(...)) defaults to float32; use dtype=x.dtype or zeros_like",
+)
+AXES_SWAPPED = Mistake(
+    "axes_swapped",
+    "the result's axes are in another order than the contract's: same sizes, wrong places; check every "
+    "transpose and permute against the shapes in the docstring",
+)
+AXIS_MISSING = Mistake(
+    "axis_missing",
+    "the result has one axis too few: a sum, squeeze or indexing dropped an axis the contract keeps",
+)
+AXIS_EXTRA = Mistake(
+    "axis_extra",
+    "the result has one axis too many: an unsqueeze or a broadcast added an axis the contract does not have",
+)
+WRONG_AXIS_SIZE = Mistake(
+    "wrong_axis_size",
+    "an axis of the result has another size than the contract's (for example Tk where Tq belongs): the "
+    "reduction or product ran over the wrong axis",
+)
+RESULT_ON_CPU = Mistake(
+    "result_on_cpu",
+    f"the result came back on the CPU while the inputs were elsewhere: a tensor created without device= "
+    f"ended up in the result; {CPU_DEVICE_HINT}",
+)
+
+# What a module's own checks see.
+PARAMETERS_NOT_LOADED = Mistake(
+    "parameters_not_loaded",
+    "the module has parameters the contract does not name, which kept their random start (a bias although "
+    "bias=False, or a layer of its own): honour the constructor's arguments, nn.Linear(..., bias=bias)",
+)
+GRADIENT_CUT = Mistake(
+    "gradient_cut",
+    "no gradient reached a weight or an input: .data, .detach(), torch.no_grad() or a new tensor built from "
+    "values (torch.tensor(x)) cut it off the graph; compute with the tensors themselves",
+)
+FORBIDDEN_CALL = Mistake(
+    "forbidden_call",
+    "the step called a function its contract forbids (torch.softmax in softmax, F.linear in project, "
+    "F.scaled_dot_product_attention in a module): the step earns nothing; write it with basic tensor ops",
+)
+
+# A module that gives two answers to the same input in eval mode.
+DROPOUT_AT_EVAL = Mistake(
+    "dropout_at_eval",
+    "the module gave different outputs for the same input in eval mode: dropout still acts at eval; use "
+    "nn.Dropout (off after model.eval()) or F.dropout(x, p, training=self.training)",
+)
+
+ERRORS = (VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED, TENSOR_TRUTHINESS, DTYPE_MISMATCH,
+          TRANSPOSE_ALL_AXES, DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK, LAYER_NAMES, ASSERT_NOT_VALUEERROR)
+FORMS = (DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE, RESULT_ON_CPU)
+CATALOGUE = (*ERRORS, *FORMS, PARAMETERS_NOT_LOADED, GRADIENT_CUT, DROPOUT_AT_EVAL, FORBIDDEN_CALL)
+
+
+def meta_unsupported(error) -> bool:
+    """The meta device cannot run this code (no kernel, or it needs data): not the candidate's fault."""
+    return error.kind in ("raised", "not_implemented") and any(s in error.message for s in META_UNSUPPORTED)
+
+
+def error(error, line: str, source: str, call, device: str):
+    """The generic mistake an exception shows, if any."""
+    return next((m for m in ERRORS if m.raises.matches(error, line, source, call)), None)
+
+
+def form(value, native, backend: str = "torch", device: str = "cpu"):
+    """The generic mistake a wrong dtype, shape or device shows, if any."""
+    value, native = _first(value), _first(native)
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(np.ascontiguousarray(value))
+    if not isinstance(value, torch.Tensor) or not isinstance(native, torch.Tensor):
+        return None
+    if tuple(value.shape) != tuple(native.shape):
+        return _shape_mistake(tuple(value.shape), tuple(native.shape))
+    if value.dtype != native.dtype and value.is_floating_point() and native.is_floating_point():
+        return DTYPE_PROMOTED if value.dtype.itemsize > native.dtype.itemsize else DTYPE_NARROWED
+    if device not in ("cpu", "none") and device_of(value).split(":")[0] != device.split(":")[0]:
+        return RESULT_ON_CPU
+    return None
+
+
+def _shape_mistake(got: tuple, expected: tuple):
+    if len(got) == len(expected) - 1:
+        return AXIS_MISSING
+    if len(got) == len(expected) + 1:
+        return AXIS_EXTRA
+    if len(got) == len(expected):
+        return AXES_SWAPPED if sorted(got) == sorted(expected) else WRONG_AXIS_SIZE
+    return None
+
+
+def _first(value):
+    while isinstance(value, (tuple, list)) and value:
+        value = value[0]
+    return value

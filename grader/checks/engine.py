@@ -1,0 +1,472 @@
+"""How an exercise's declared checks run: each becomes a pytest item that makes its inputs,
+calls the candidate in its worker, compares the answer with the reference, and diagnoses a
+failure.
+
+pytest collects a spec module (grader/checks/NAME.py, which declares `EXERCISE`) through
+`SpecFile`, pytest's own way of collecting non-Python tests: the module says what to
+check, this one runner says how. Every comparison runs here, in the grader's process, on
+plain tensors decoded from the worker's bytes.
+
+A composite step (a module that calls the exercise's other steps) is graded on its own
+wiring: while its checks run, the worker asks the grader for the answers of the step
+functions it calls (`Step.answered`), and the grader answers with the reference's, so a
+bug in `softmax` costs `softmax` and not the module. A check marked `end_to_end` runs the
+module with the candidate's own steps, so an interviewer also sees whether the whole
+thing works; when only it fails and other steps have lost points, the report says so.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from grader import wire
+from grader.candidate import CandidateError, Strided
+from grader.checks import diagnose
+from grader.checks.expect import (
+    CheckFailed,
+    Tolerance,
+    as_tensor,
+    as_tensor_tree,
+    check_rules,
+    expect_close,
+    expect_form,
+    generator,
+    random_mask,
+    upcast,
+)
+from grader.checks.spec import Call, Check, Exercise, Step
+
+VALUE_DRAWS = 2  # a values check runs on this many draws of its inputs
+
+
+def is_spec(module) -> bool:
+    return isinstance(getattr(module, "EXERCISE", None), Exercise)
+
+
+class SpecFile(pytest.File):
+    """A spec module as a pytest file: one item per check (and per dtype of a check)."""
+
+    def __init__(self, *, context, module_name: str, **kwargs):
+        super().__init__(**kwargs)
+        self.context = context
+        self.module_name = module_name
+
+    def collect(self):
+        spec = importlib.import_module(self.module_name).EXERCISE
+        for step in spec.steps:
+            for check in step.checks:
+                for dtype in check.dtypes or (None,):
+                    several = len(check.dtypes) > 1
+                    name = f"{step.check_prefix}_{check.name}" + (f"[{_dtype_name(dtype)}]" if several else "")
+                    item = SpecItem.from_parent(self, name=name, spec=spec, step=step, check=check, dtype=dtype)
+                    item.add_marker(pytest.mark.step(step.id, points=check.points))
+                    yield item
+
+
+class SpecItem(pytest.Item):
+    def __init__(self, *, spec: Exercise, step: Step, check: Check, dtype, **kwargs):
+        super().__init__(**kwargs)
+        self.spec, self.step, self.check, self.dtype = spec, step, check, dtype
+
+    def runtest(self) -> None:
+        context = self.parent.context
+        Run(context, self.spec, self.step, self.check, self.dtype, self.name).run()
+
+    def reportinfo(self):
+        return self.path, None, self.name
+
+
+@dataclass
+class Context:
+    """What every check of one grade shares: the candidate, the seed, the device under test, the source."""
+
+    candidate: object
+    seed: int
+    device: str  # where device checks run: cuda, meta, cpu, or none
+    source: str
+    forbidden: dict  # step id -> forbidden torch function names, from the manifest
+
+
+class Gen:
+    """The check's own seeded inputs, as tensors (torch exercises) or arrays (NumPy exercises)."""
+
+    def __init__(self, rng: torch.Generator, backend: str):
+        self.rng, self.backend = rng, backend
+
+    def randn(self, *shape: int, dtype=torch.float32, scale: float = 1.0):
+        x = torch.randn(shape, generator=self.rng, dtype=torch.float64) * scale
+        return self.native(x.to(torch_dtype(dtype)))
+
+    def mask(self, *shape: int, keep_first: bool = True):
+        return self.native(random_mask(self.rng, *shape, keep_first=keep_first))
+
+    def native(self, x):
+        """A tensor as the exercise's functions take it."""
+        return x.numpy() if self.backend == "numpy" and isinstance(x, torch.Tensor) else x
+
+    def seed(self) -> int:
+        return int(torch.randint(2**31 - 1, (1,), generator=self.rng))
+
+
+class Run:
+    """One check, run: the inputs, the call, the comparison, the diagnosis."""
+
+    def __init__(self, context: Context, spec: Exercise, step: Step, check: Check, dtype, name: str):
+        self.ctx, self.spec, self.step, self.check = context, spec, step, check
+        self.dtype = dtype if dtype is not None else torch.float32
+        self.name = name
+        self.gen = Gen(generator(context.seed, name), spec.backend)
+
+    # -- the kinds of check ------------------------------------------------------------
+
+    def run(self) -> None:
+        kind = self.check.kind
+        if kind == "property":
+            self.check.run(self)
+            return
+        draws = VALUE_DRAWS if kind == "values" else 1
+        for _ in range(draws):
+            call = self.inputs(**self.check.params)
+            device = self.ctx.device if kind == "device" else "cpu"
+            answer = self.answer(call, device=device, strided=self.check.strided)
+            if kind == "rules":
+                check_rules(answer.called, self.ctx.forbidden.get(self.step.id, ()), self.ctx.source)
+                if self.spec.rules:
+                    self.spec.rules(answer, self.ctx.source)
+            if kind == "shape":
+                self.expect_form(self.output(answer), call)
+            else:
+                self.expect_right(self.output(answer), call, device)
+
+    # -- pieces a property check uses too ----------------------------------------------
+
+    def inputs(self, dtype=None, **params) -> Call:
+        return self.step.inputs(self.gen, dtype=dtype or self.dtype, **params)
+
+    def answers(self) -> Answers | None:
+        """The grader's answers to the step functions this step calls, unless the check runs it end to end."""
+        if self.check.end_to_end or not self.step.answered:
+            return None
+        references = {s.id: s.reference for s in self.spec.steps if s.id in self.step.answered}
+        contract = importlib.import_module(self.spec.contract) if self.spec.contract else None
+        signatures = {n: inspect.signature(getattr(contract, n) if contract else f) for n, f in references.items()}
+        return Answers(references, signatures, self.spec.backend)
+
+    def answer(self, call: Call, device: str = "cpu", strided=(), step: Step | None = None, **extra):
+        """The candidate's answer to `call`; an exception it raised becomes a failed check with its diagnosis."""
+        step = step or self.step
+        args = tuple(Strided(a) if i in strided else a for i, a in enumerate(call.args))
+        candidate = self.ctx.candidate
+        try:
+            if step.module:
+                return candidate.module(
+                    step.id, init=call.init, init_kwargs=call.init_kwargs, state=call.state, args=args,
+                    kwargs=call.kwargs, device=device, answers=self.answers(), **extra,
+                )
+            return candidate.invoke(step.id, args, call.kwargs, device=device, answers=self.answers())
+        except CandidateError as error:
+            if device == "meta" and diagnose.meta_unsupported(error):
+                pytest.skip(f"the meta device cannot run this code, so it was not checked there: {error.message}")
+            if error.kind == "not_implemented":
+                raise
+            raise self.error_failure(error, call, step, device) from None
+
+    def output(self, answer):
+        return answer.value["output"] if self.step.module else answer.value
+
+    def reference(self, call: Call, step: Step | None = None, exact: bool = True):
+        """The reference's answer, computed in float64 (float32 for the half types) unless `exact` is False."""
+        step = step or self.step
+        args = self.reference_args(call)
+        kwargs = {k: as_tensor(v) if isinstance(v, np.ndarray) else v for k, v in call.kwargs.items()}
+        if exact:
+            args, kwargs = upcast(args), upcast(kwargs)
+        return step.reference(*args, **kwargs)
+
+    def reference_args(self, call: Call) -> tuple:
+        args = tuple(as_tensor(a) if isinstance(a, np.ndarray) else a for a in call.args)
+        return (call.state, *args) if self.step.module else args
+
+    def expect_form(self, value, call: Call, device: str = "cpu"):
+        """The answer has the reference's type, shape, dtype and device (its values are not looked at)."""
+        native = self.reference(call, exact=False)
+        try:
+            expect_form(value, native, self.spec.backend, device, self.step.outputs)
+        except CheckFailed as failure:
+            raise self.diagnosed(failure, value, call, device=device) from None
+        return native
+
+    def expect_right(self, value, call: Call, device: str = "cpu") -> None:
+        """The answer matches the reference; if not, the failure names the mistake that explains it."""
+        native = self.expect_form(value, call, device)
+        if device == "meta":
+            return
+        exact = self.reference(call)
+        tolerance = Tolerance.of(native, exact, device)
+        try:
+            (self.step.compare or expect_close)(value, exact, call, tolerance, self.step.outputs)
+        except CheckFailed as failure:
+            raise self.diagnosed(failure, value, call, device=device) from None
+
+    # -- diagnosis ---------------------------------------------------------------------
+
+    def diagnosed(self, failure: CheckFailed, value, call: Call, device: str = "cpu") -> CheckFailed:
+        mistake = failure.mistake or self.explain(value, call, device)
+        if mistake is None and self.step.module:
+            mistake = self.module_mistake(call, device)
+        return replace_mistake(failure, mistake)
+
+    def explain(self, value, call: Call, device: str = "cpu"):
+        """The first of the step's mistakes that explains this wrong answer, else a generic one."""
+        compare = self.step.compare or expect_close
+        args = self.reference_args(call)  # a variant runs in the answer's own dtype: overflows and all
+        kwargs = {k: as_tensor(v) if isinstance(v, np.ndarray) else v for k, v in call.kwargs.items()}
+        loose = Tolerance.loose(value)
+        for mistake in self.step.mistakes:
+            if mistake.variant is None and mistake.test is None:
+                continue
+            try:
+                if mistake.test is not None:
+                    if mistake.test(_torch(value), *args, **kwargs):
+                        return mistake
+                    continue
+                wrong = mistake.variant(*args, **kwargs)
+                if _same_dtypes(value, wrong):  # a wrong dtype is a mistake of its own (diagnose.form)
+                    compare(value, wrong, call, loose, self.step.outputs)
+                    return mistake
+            except CheckFailed:
+                continue
+            except Exception:  # a variant that cannot be formed for these inputs explains nothing
+                continue
+        native = self.reference(call, exact=False)
+        return diagnose.form(value, native, self.spec.backend, device)
+
+    def module_mistake(self, call: Call, device: str):
+        """What the module itself shows when run again: weights it left unloaded, or two answers to one input."""
+        try:
+            result = self.answer(call, device=device, repeat=True).value
+        except (CheckFailed, CandidateError):
+            return None
+        if result.get("unloaded"):
+            return diagnose.PARAMETERS_NOT_LOADED
+        first, second = result["output"], result["again"]
+        if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and first.shape == second.shape:
+            if not first.is_meta and not torch.equal(first.nan_to_num(), second.nan_to_num()):
+                return diagnose.DROPOUT_AT_EVAL
+        return None
+
+    def error_failure(self, error: CandidateError, call: Call, step: Step, device: str) -> CheckFailed:
+        line = _line(self.ctx.source, error.line)
+        source = _source_of(self.ctx.source, step.id)
+        mistake = next((m for m in step.mistakes if m.raises and m.raises.matches(error, line, source, call)), None)
+        mistake = mistake or diagnose.error(error, line, source, call, device)
+        where = f" at line {error.line}: `{line.strip()}`" if line.strip() else ""
+        message = error.message.removesuffix(f" (line {error.line})") + where if error.line else error.message
+        if error.kind in ("raised",):
+            message += f" [called with {describe(call)}" + (f" on {device}" if device != "cpu" else "") + "]"
+        return CheckFailed(message, mistake, outcome="error")
+
+
+MAX_ANSWERED_ELEMENTS = 1 << 22  # a question bigger than this is refused: the grader computes its answer
+
+
+class Answers:
+    """The grader's side of a composite's questions: the reference's answer for each step it calls.
+
+    The worker asks {"op": "answer", "name", "args", "kwargs"} and, in backward,
+    {"op": "answer_grad", "index", "grads"}; each reply is plain data.
+    """
+
+    def __init__(self, references: dict, signatures: dict, backend: str = "torch"):
+        self.references, self.signatures, self.backend = references, signatures, backend
+        self.names = tuple(references)
+        self.asked: list[tuple] = []
+
+    def reply(self, frame: dict, blobs: list, out: list) -> dict:
+        if frame.get("op") == "answer":
+            name = frame.get("name")
+            args, kwargs = wire.decode(frame.get("args"), blobs), wire.decode(frame.get("kwargs"), blobs)
+            if name not in self.references or not isinstance(args, tuple) or not isinstance(kwargs, dict):
+                return {"ok": False, "error": f"{name!r} is not a step the grader answers here"}
+            args, kwargs = as_tensor_tree(args), {k: as_tensor_tree(v) for k, v in kwargs.items()}
+            if sum(t.numel() for t in _leaves(args, kwargs)) > MAX_ANSWERED_ELEMENTS:
+                return {"ok": False, "error": "inputs too large to answer"}
+            try:
+                bound = self.signatures[name].bind(*args, **kwargs)  # by the contract's names, then by position
+                bound.apply_defaults()
+                args, kwargs = tuple(bound.args), dict(bound.kwargs)
+                value = self.references[name](*args, **kwargs)
+            except Exception as exc:  # the composite called the step with inputs outside its contract
+                called = describe(Call(args, kwargs, tuple(self.signatures[name].parameters)))
+                return {"ok": False, "error": f"it was called with {called}: {type(exc).__name__}: {exc}"[:400]}
+            self.asked.append((name, args, kwargs))
+            if self.backend == "numpy":
+                value = _numpy_tree(value)
+            return {"ok": True, "value": wire.encode(value, out), "index": len(self.asked) - 1}
+        index, grads = frame.get("index"), wire.decode(frame.get("grads"), blobs)
+        if type(index) is not int or not 0 <= index < len(self.asked) or not isinstance(grads, tuple):
+            return {"ok": False, "error": "no such answer to differentiate"}
+        return {"ok": True, "value": wire.encode(self._gradients(*self.asked[index], grads), out)}
+
+    def _gradients(self, name: str, args: tuple, kwargs: dict, grads: tuple) -> tuple:
+        """The reference's vector-Jacobian product at the asked inputs: one gradient (or None) per tensor input."""
+        leaves = _leaves(args, kwargs)
+        inputs = {id(t): t.detach().requires_grad_(t.is_floating_point()) for t in leaves}
+        swap = lambda v: inputs.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+        with torch.enable_grad():
+            value = self.references[name](*map(swap, args), **{k: swap(v) for k, v in kwargs.items()})
+            outputs = value if isinstance(value, tuple) else (value,)
+            pairs = [(o, g) for o, g in zip(outputs, grads) if isinstance(g, torch.Tensor) and o.requires_grad]
+            wanted = [t for t in inputs.values() if t.requires_grad]
+            if not pairs or not wanted:
+                return tuple(None for _ in leaves)
+            found = torch.autograd.grad([o for o, _ in pairs], wanted, [g.to(o.dtype) for o, g in pairs], allow_unused=True)
+        by_id = dict(zip((id(t) for t in wanted), found))
+        return tuple(by_id.get(id(inputs[id(t)])) for t in leaves)
+
+
+def _leaves(args: tuple, kwargs: dict) -> list:
+    return [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+
+
+def _numpy_tree(value):
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    if isinstance(value, tuple):
+        return tuple(_numpy_tree(v) for v in value)
+    return value
+
+
+def matches_any(value, candidates) -> bool:
+    """Does the answer equal one of these (a mistake's several forms), within its dtype's floor?"""
+    for candidate in candidates:
+        try:
+            expect_close(value, candidate, None, Tolerance.loose(value))
+            return True
+        except CheckFailed:
+            continue
+    return False
+
+
+def replace_mistake(failure: CheckFailed, mistake) -> CheckFailed:
+    return CheckFailed(failure.message, mistake, failure.details, failure.outcome, failure.breach)
+
+
+def describe(call: Call) -> str:
+    """The inputs of a call, as a person reads them: names, shapes and dtypes."""
+    names = call.names or tuple(f"arg{i}" for i in range(len(call.args)))
+    parts = [f"{n} {_describe_value(a)}" for n, a in zip(names, call.args)]
+    parts += [f"{k}={_describe_value(v)}" for k, v in call.kwargs.items()]
+    return ", ".join(parts)
+
+
+def _describe_value(value) -> str:
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        dtype = str(value.dtype).removeprefix("torch.")
+        return f"{tuple(value.shape)} {dtype}"
+    if isinstance(value, Strided):
+        return _describe_value(value.tensor) + " non-contiguous"
+    return repr(value)
+
+
+def _same_dtypes(value, wrong) -> bool:
+    if isinstance(wrong, tuple):
+        return isinstance(value, (tuple, list)) and len(value) == len(wrong) and all(map(_same_dtypes, value, wrong))
+    got, want = _torch(value), _torch(wrong)
+    if isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor):
+        return got.dtype == want.dtype
+    return True
+
+
+def _torch(value):
+    if isinstance(value, np.ndarray):
+        return as_tensor(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_torch(v) for v in value)
+    return value
+
+
+def _dtype_name(dtype) -> str:
+    return str(torch_dtype(dtype)).removeprefix("torch.")
+
+
+def torch_dtype(dtype) -> torch.dtype:
+    """A torch dtype, or the one a NumPy dtype stands for."""
+    return dtype if isinstance(dtype, torch.dtype) else torch.from_numpy(np.empty(0, dtype=dtype)).dtype
+
+
+def _line(source: str, number) -> str:
+    lines = source.splitlines()
+    return lines[number - 1] if isinstance(number, int) and 0 < number <= len(lines) else ""
+
+
+def _source_of(source: str, name: str) -> str:
+    """The source of the candidate's top-level function or class `name` ('' if it has none or does not parse)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return ""
+    for node in tree.body:
+        if getattr(node, "name", None) == name:
+            return ast.get_source_segment(source, node) or ""
+    return ""
+
+
+# -- property checks that every module step has --------------------------------------------
+
+
+def linear_layers(names: tuple[str, ...], init: tuple, what: str):
+    """A check: the module, only built, has nn.Linear layers (or subclasses, such as nn.LazyLinear) with these names."""
+
+    def check(run: Run) -> None:
+        children = run.ctx.candidate.module(run.step.id, init=init, forward=False).value["children"]
+        for name in names:
+            if "torch.nn.modules.linear.Linear" not in children.get(name, ()):
+                got = children[name][0] if name in children else f"nothing (its layers: {', '.join(children) or 'none'})"
+                raise CheckFailed(f"expected {name} to be {what}, got {got}", diagnose.LAYER_NAMES)
+
+    return check
+
+
+def gradients(**params):
+    """A check: the gradients of the module's output with respect to its tensor inputs and every weight."""
+
+    def check(run: Run) -> None:
+        call = run.inputs(**params)
+        grad_args = tuple(i for i, a in enumerate(call.args) if isinstance(a, torch.Tensor) and a.is_floating_point())
+        expected_output = run.reference(call, exact=False)
+        grad_output = torch.as_tensor(run.gen.randn(*expected_output.shape))
+        result = run.answer(call, grad_output=grad_output, grad_args=grad_args).value
+        inputs = [a.detach().double().requires_grad_(i in grad_args) if isinstance(a, torch.Tensor) else a
+                  for i, a in enumerate(call.args)]
+        params_ = {k: v.detach().double().requires_grad_(True) for k, v in call.state.items()}
+        (run.step.reference(params_, *inputs, **call.kwargs) * grad_output.double()).sum().backward()
+        names = call.names or tuple(f"argument {i}" for i in range(len(call.args)))
+        for name, got, x in [*((names[i], g, inputs[i]) for i, g in zip(grad_args, result["arg_grads"])),
+                             *((n, result["param_grads"].get(n), p) for n, p in params_.items())]:
+            if got is None:
+                raise CheckFailed(f"the gradient of {name} is None: it is not on the graph", diagnose.GRADIENT_CUT)
+            try:
+                expect_form(got, x.grad.float())
+                expect_close(got, x.grad)
+            except CheckFailed as failure:
+                raise CheckFailed(f"the gradient of {name}: {failure.message}", details=failure.details) from None
+
+    return check
+
+
+def end_to_end(**params):
+    """A check: the module with the candidate's own steps, not the grader's: does the whole thing work?"""
+
+    def check(run: Run) -> None:
+        call = run.inputs(**params)
+        run.expect_right(run.output(run.answer(call)), call)
+
+    return check
