@@ -2,8 +2,8 @@
 
 Read from the same declarations the checks run from (grader/checks/NAME.py and
 grader/checks/diagnose.py), so `attn-grade mistakes`, the README and the grader can never
-disagree. `python -m grader.catalogue` prints the README's section; tests/test_readme.py
-keeps the README equal to it.
+disagree. `python -m grader.catalogue` prints the README's section (`--write` puts it in
+the README); tests/test_readme.py keeps the README equal to it.
 """
 
 from __future__ import annotations
@@ -88,5 +88,18 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def write_readme(path) -> None:
+    """Replace the README's section with the catalogue's (python -m grader.catalogue --write)."""
+    text = path.read_text(encoding="utf-8")
+    start, end = text.index(README_START), text.index(README_END) + len(README_END)
+    path.write_text(text[:start] + to_readme() + text[end:], encoding="utf-8")
+
+
 if __name__ == "__main__":
-    print(to_readme())
+    import sys
+    from pathlib import Path
+
+    if sys.argv[1:] == ["--write"]:
+        write_readme(Path(__file__).resolve().parent.parent / "README.md")
+    else:
+        print(to_readme())

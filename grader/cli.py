@@ -117,6 +117,15 @@ def list_(folder) -> None:
 
 
 @main.command()
+@click.argument("exercise", required=False)
+def mistakes(exercise) -> None:
+    """List the named mistakes the grader recognises: an exercise's own, by step, and the general ones."""
+    from grader import catalogue
+
+    click.echo(catalogue.to_text([e.name for e in _exercises(exercise)]))
+
+
+@main.command()
 @click.argument("folder", type=click.Path(file_okay=False), default=".")
 @click.option("--exercise", metavar="NAME", help="Copy only this exercise's stub (default: all).")
 @click.option("--force", is_flag=True, help="Replace files that already hold work.")

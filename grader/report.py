@@ -32,6 +32,7 @@ def to_json(grade: Grade, verbose: bool = False) -> str:
                 "title": step.title,
                 "score": step.score,
                 "max_score": step.max_score,
+                **({"rule_broken": step.breach} if step.breach else {}),
                 "checks": [_check_json(c) for c in step.checks],
             }
             for step in grade.steps
@@ -53,6 +54,14 @@ def _check_json(check) -> dict:
     }
     if check.mistake_id:
         data["mistake"] = {"id": check.mistake_id, "message": check.mistake}
+    if check.details:
+        data["details"] = check.details
+    if check.breach:
+        data["rule_broken"] = True
+    if check.end_to_end:
+        data["end_to_end"] = True
+    if check.charged_elsewhere:
+        data["charged_elsewhere"] = list(check.charged_elsewhere)
     return data
 
 
@@ -87,22 +96,30 @@ def _mark(step: StepResult) -> tuple[str, str]:
 
 
 def _details(step: StepResult, verbose: bool) -> list[str]:
-    """Lines under a step: every check with -v; otherwise the lost ones, same message said once."""
-    groups: dict[tuple, list[str]] = {}  # (outcome, message, mistake) -> check names; with -v one per check
-    for check in step.checks:
-        if not verbose and check.points == check.max_points:
-            continue
-        key = (check.outcome, check.message, check.mistake) + ((check.name,) if verbose else ())
-        groups.setdefault(key, []).append(check.name)
-    lines = []
-    for (outcome, message, mistake, *_), names in groups.items():
+    """Lines under a step: a broken rule first; then every check with -v, otherwise the lost ones, one line
+    for each diagnosis: checks with the same named mistake (or, unnamed, the same message) are said once, with a count."""
+    lines = [click.style(f"      RULE BROKEN, the step earns nothing: {_escape(step.breach)}", fg="red", bold=True)] if step.breach else []
+    for outcome, message, mistake, names in _groups(step, verbose):
         label = names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1} more"
         tag = {"passed": "ok", "skipped": "skipped"}.get(outcome, outcome)
         text = f"      {tag} {label}" + (f": {_escape(message)}" if message else "")
         lines.append(click.style(text, fg=None if outcome in ("passed", "skipped") else "red"))
         if mistake:
-            lines.append(click.style(f"        → likely mistake: {_escape(mistake)}", fg="yellow"))
+            count = f" ({len(names)} checks)" if len(names) > 1 else ""
+            lines.append(click.style(f"        → likely mistake{count}: {_escape(mistake)}", fg="yellow"))
     return lines
+
+
+def _groups(step: StepResult, verbose: bool = False) -> list[tuple[str, str, str | None, list[str]]]:
+    """(outcome, first message, mistake, check names) per diagnosis: one failure, one diagnosis."""
+    groups: dict[tuple, tuple] = {}
+    for check in step.checks:
+        if not verbose and check.points == check.max_points:
+            continue
+        key = (check.name,) if verbose else (check.mistake_id,) if check.mistake_id else (check.outcome, check.message)
+        first = groups.setdefault(key, (check.outcome, check.message, check.mistake, []))
+        first[3].append(check.name)
+    return list(groups.values())
 
 
 def _escape(text: str) -> str:
@@ -128,13 +145,18 @@ def to_markdown(grade: Grade, progress=None) -> str:
         to_green = green.get(step.id) if step.score == step.max_score else None  # green once, failing now: none
         lines.append(f"| {mark} `{step.id}` | {step.score} | {step.max_score} | {_duration(to_green)} |")
     lines.append(f"| **Total** | **{grade.score}** | **{grade.max_score}** | |")
-    lost = [(s, c) for s in grade.steps for c in s.checks if c.points < c.max_points]
-    if lost:
+    broken = [s for s in grade.steps if s.breach]
+    if broken:
+        lines += ["", "## Rules broken", ""]
+        lines += [f"- **`{s.id}` earns nothing**: {_md(s.breach)}" for s in broken]
+    if any(c.points < c.max_points for s in grade.steps for c in s.checks):
         lines += ["", "## Failed checks", ""]
-        for step, check in lost:
-            lines.append(f"- `{step.id}` / `{check.name}` ({check.outcome}): {_md(check.message)}")
-            if check.mistake:
-                lines.append(f"  - likely mistake: {_md(check.mistake)}")
+        for step in grade.steps:
+            for outcome, message, mistake, names in _groups(step):
+                more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+                lines.append(f"- `{step.id}` / `{names[0]}`{more} ({outcome}): {_md(message)}")
+                if mistake:
+                    lines.append(f"  - likely mistake{f' ({len(names)} checks)' if len(names) > 1 else ''}: {_md(mistake)}")
     hints = progress.hints(grade.exercise) if progress else []
     lines += ["", "## Hints used", ""]
     lines += [f"- `{h['step']}` level {h['level']} at {h['at']}" for h in hints] or ["- none recorded"]
@@ -188,7 +210,8 @@ def to_github(grade: Grade) -> str:
             "status": "pass" if step.score == step.max_score else "fail",
             "score": step.score,
             "max_score": step.max_score,
-            "message": "; ".join(_plain(c) for c in step.checks if c.points < c.max_points) or None,
+            "message": "; ".join(([f"RULE BROKEN: {step.breach}"] if step.breach else [])
+                                 + [_plain(names, message, mistake) for _, message, mistake, names in _groups(step)]) or None,
             "filename": grade.file,
             "line_no": 0,
             "duration": 0,
@@ -212,8 +235,9 @@ def render(fmt: str, grade: Grade, verbose: bool = False, progress=None) -> str:
     return {"junit": to_junit, "gradescope": to_gradescope, "github": to_github}[fmt](grade)
 
 
-def _plain(check) -> str:
-    return f"{check.name}: {check.message}" + (f" (likely mistake: {check.mistake})" if check.mistake else "")
+def _plain(names: list[str], message: str, mistake: str | None) -> str:
+    label = names[0] + (f" and {len(names) - 1} more" if len(names) > 1 else "")
+    return f"{label}: {message}" + (f" (likely mistake: {mistake})" if mistake else "")
 
 
 def _count(grade: Grade, outcome: str | None = None) -> int:

@@ -45,7 +45,14 @@ NONE_UNHANDLED = Mistake(
     "none_unhandled",
     "an optional argument given as None (mask=None, bias=None) is not handled: use it only when it is given "
     "(if mask is not None: ...)",
-    raises=Raises(message=r"NoneType", when=lambda call: any(a is None for a in (*call.args, *call.kwargs.values()))),
+    raises=Raises(types=("TypeError", "AttributeError"), message=r"NoneType"),
+)
+FLOAT_SHAPE = Mistake(
+    "float_shape",
+    "a size computed with / is a float (12 / 3 is 4.0): shapes and head widths need whole numbers, use // "
+    "(D // num_heads)",
+    raises=Raises(message=r"'float' object cannot be interpreted as an integer|must be tuple of ints, but found element "
+                          r"of type float|received an invalid combination of arguments - got \(.*float"),
 )
 TENSOR_TRUTHINESS = Mistake(
     "tensor_truthiness",
@@ -70,7 +77,7 @@ FIXED_RANK = Mistake(
     "the step works for one number of axes only (B, T, D = x.shape, torch.bmm, an einsum without ...) where its "
     "contract allows any number of leading dims: use x.shape[-1], @ (torch.matmul), '...' in einsum, "
     "transpose(-2, -1)",
-    raises=Raises(message=r"values to unpack|must be a 3D tensor|batch\d must be a 3D|number of subscripts|"
+    raises=Raises(message=r"values to unpack|must be a 3D tensor|batch\d must be a 3D|subscripts|einstein sum|"
                           r"does not match the number of dimensions|Dimension out of range|axis \d+ is out of bounds"),
 )
 TENSOR_ON_CPU = Mistake(
@@ -128,6 +135,11 @@ WRONG_AXIS_SIZE = Mistake(
     "an axis of the result has another size than the contract's (for example Tk where Tq belongs): the "
     "reduction or product ran over the wrong axis",
 )
+MASK_NOT_BOOL = Mistake(
+    "mask_not_bool",
+    "returned a float (or integer) mask where a bool mask belongs: build it from comparisons (positions < lengths, "
+    "&, tril of a bool tensor) or end with .bool(); masked_fill and ~ need bool",
+)
 RESULT_ON_CPU = Mistake(
     "result_on_cpu",
     f"the result came back on the CPU while the inputs were elsewhere: a tensor created without device= "
@@ -158,9 +170,9 @@ DROPOUT_AT_EVAL = Mistake(
     "nn.Dropout (off after model.eval()) or F.dropout(x, p, training=self.training)",
 )
 
-ERRORS = (VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED, TENSOR_TRUTHINESS, DTYPE_MISMATCH,
+ERRORS = (VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED, TENSOR_TRUTHINESS, DTYPE_MISMATCH, FLOAT_SHAPE,
           TRANSPOSE_ALL_AXES, DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK, LAYER_NAMES, ASSERT_NOT_VALUEERROR)
-FORMS = (DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE, RESULT_ON_CPU)
+FORMS = (MASK_NOT_BOOL, DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE, RESULT_ON_CPU)
 CATALOGUE = (*ERRORS, *FORMS, PARAMETERS_NOT_LOADED, GRADIENT_CUT, DROPOUT_AT_EVAL, FORBIDDEN_CALL)
 
 
@@ -183,6 +195,8 @@ def form(value, native, backend: str = "torch", device: str = "cpu"):
         return None
     if tuple(value.shape) != tuple(native.shape):
         return _shape_mistake(tuple(value.shape), tuple(native.shape))
+    if native.dtype == torch.bool and value.dtype != torch.bool:
+        return MASK_NOT_BOOL
     if value.dtype != native.dtype and value.is_floating_point() and native.is_floating_point():
         return DTYPE_PROMOTED if value.dtype.itemsize > native.dtype.itemsize else DTYPE_NARROWED
     if device not in ("cpu", "none") and device_of(value).split(":")[0] != device.split(":")[0]:

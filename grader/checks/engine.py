@@ -238,9 +238,14 @@ class Run:
                         return mistake
                     continue
                 wrong = mistake.variant(*args, **kwargs)
-                if _same_dtypes(value, wrong):  # a wrong dtype is a mistake of its own (diagnose.form)
-                    compare(value, wrong, call, loose, self.step.outputs)
-                    return mistake
+                if not _same_dtypes(value, wrong):  # a wrong dtype is a mistake of its own (diagnose.form)
+                    continue
+                for form in (wrong, _nan_to_zero(wrong)):  # as it is, or with its NaN guarded away (nan_to_num)
+                    try:
+                        compare(value, form, call, loose, self.step.outputs)
+                        return mistake
+                    except CheckFailed:
+                        pass
             except CheckFailed:
                 continue
             except Exception:  # a variant that cannot be formed for these inputs explains nothing
@@ -376,6 +381,12 @@ def _describe_value(value) -> str:
     return repr(value)
 
 
+def _nan_to_zero(value):
+    if isinstance(value, tuple):
+        return tuple(_nan_to_zero(v) for v in value)
+    return value.nan_to_num(0.0) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+
 def _same_dtypes(value, wrong) -> bool:
     if isinstance(wrong, tuple):
         return isinstance(value, (tuple, list)) and len(value) == len(wrong) and all(map(_same_dtypes, value, wrong))
@@ -413,10 +424,8 @@ def _source_of(source: str, name: str) -> str:
         tree = ast.parse(source)
     except SyntaxError:
         return ""
-    for node in tree.body:
-        if getattr(node, "name", None) == name:
-            return ast.get_source_segment(source, node) or ""
-    return ""
+    found = [node for node in tree.body if getattr(node, "name", None) == name]
+    return (ast.get_source_segment(source, found[-1]) or "") if found else ""  # the last definition is the one that runs
 
 
 # -- property checks that every module step has --------------------------------------------
@@ -444,6 +453,7 @@ def gradients(**params):
         expected_output = run.reference(call, exact=False)
         grad_output = torch.as_tensor(run.gen.randn(*expected_output.shape))
         result = run.answer(call, grad_output=grad_output, grad_args=grad_args).value
+        run.expect_right(result["output"], call)  # a wrong forward is named as such, not as wrong gradients
         inputs = [a.detach().double().requires_grad_(i in grad_args) if isinstance(a, torch.Tensor) else a
                   for i, a in enumerate(call.args)]
         params_ = {k: v.detach().double().requires_grad_(True) for k, v in call.state.items()}

@@ -179,7 +179,9 @@ class Tolerance:
         return cls(rtol, atol)
 
     def allowed(self, expected: torch.Tensor) -> torch.Tensor:
-        return (self.atol + self.rtol * expected.abs()).clamp_min(self.slack)
+        """The error allowed at each entry: an infinite or NaN entry allows none (it must be matched exactly)."""
+        scale = expected.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+        return (self.atol + self.rtol * scale).clamp_min(self.slack)
 
 
 def upcast(value):

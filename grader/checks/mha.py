@@ -97,8 +97,10 @@ SCORES = Step(
     mistakes=(
         Mistake("attention_scores.transposed", "scores transposed: you computed k @ qᵀ; the result is (..., Tq, Tk) = q @ kᵀ",
                 lambda q, k: k @ q.transpose(-2, -1)),
-        Mistake("attention_scores.fixed_axes", "transposed axes 1 and 2 of k: those are the last two only for 3-D input; use transpose(-2, -1)",
-                lambda q, k: q @ k.transpose(1, 2), raises=Raises(line=r"transpose\(\s*1\s*,\s*2\s*\)|permute\(")),
+        Mistake("attention_scores.fixed_axes", "transposed fixed axes of k (transpose(1, 2), transpose(0, 1)): those are the last two "
+                "only for one number of dims; use transpose(-2, -1)", lambda q, k: q @ k.transpose(1, 2),
+                raises=Raises(message=r"size|shape|mismatch|must match|aligned",
+                              line=r"transpose\(\s*\d\s*,\s*\d\s*\)|permute\(|swapaxes\(\s*\w+\s*,\s*\d\s*,\s*\d\s*\)")),
     ),
 )
 
@@ -120,8 +122,10 @@ SCALE = Step(
                 lambda s, d: s * math.sqrt(d)),
         Mistake("scale_scores.by_head_dim", "divided by head_dim instead of √head_dim", lambda s, d: s / d),
         Mistake("scale_scores.unscaled", "returned the scores unscaled: divide by √head_dim", lambda s, d: s),
+        Mistake("scale_scores.by_last_axis", "divided by √(the scores' last axis), the number of keys: use √head_dim, the argument",
+                lambda s, d: s / math.sqrt(s.shape[-1])),
         Mistake("scale_scores.precedence", "head_dim ** 1/2 is (head_dim ** 1) / 2: write head_dim ** 0.5 or math.sqrt(head_dim)",
-                lambda s, d: s / (d / 2)),
+                test=lambda out, s, d: matches_any(out, [s / (d / 2), s / d / 2])),
         Mistake("scale_scores.integer_root", "the root was rounded to a whole number (math.isqrt, int(...), or //): use math.sqrt",
                 lambda s, d: s / math.isqrt(d) if math.isqrt(d) ** 2 != d else None),
     ),
@@ -175,10 +179,12 @@ MASK = Step(
                 lambda s, m: s + m),
         Mistake("apply_mask.additive_too_small", "blocked scores are not low enough: use -inf (or finfo(dtype).min), not a small offset",
                 test=lambda out, s, m: m is not None and out.shape == s.shape and bool(((out > -1e4) & ~m.expand(s.shape) & (out != s)).any())),
+        Mistake("apply_mask.none_blocks_all", "with mask=None every score was blocked: no mask means nothing is blocked; return the scores",
+                test=lambda out, s, m: m is None and bool((out <= -1e4).all())),
         Mistake("apply_mask.bool_arithmetic", "arithmetic on a bool mask (1 - mask): use ~mask or mask.logical_not()",
                 raises=Raises(message=r"with a bool tensor is not supported")),
         Mistake("apply_mask.index_no_broadcast", "indexing the scores with a mask of another shape does not broadcast: use scores.masked_fill(~mask, float('-inf'))",
-                raises=Raises(message=r"shape of the mask .* does not match the shape of the indexed tensor")),
+                raises=Raises(message=r"shape of the mask .* does not match the shape of the indexed tensor|boolean index did not match")),
     ),
 )
 
@@ -205,7 +211,12 @@ def _exp_over(x, dim, keepdim=True):
     return e / e.sum(dim, keepdim=keepdim)
 
 
-SOFTMAX_MISTAKES = (
+UNSTABLE_MESSAGE = "not numerically stable: exp overflows for large logits; subtract the max along dim first"
+NAN_ROWS = Mistake("softmax.nan_rows", "a slice that is all -inf gives NaN: give it zeros (replace a -inf max by 0 and guard the zero sum)",
+                   test=lambda out, x, dim=-1: _nonfinite(out, x, dim, blocked_slices=True))
+SOFTMAX_MISTAKES = (  # the order matters: an answer that is all NaN fits several
+    NAN_ROWS,
+    Mistake("softmax.unstable", UNSTABLE_MESSAGE, lambda x, dim=-1: _exp_over(x, dim)),
     Mistake("softmax.ignored_dim", "softmax over the last axis whatever dim says: normalize along dim", lambda x, dim=-1: ref.softmax(x, -1)),
     Mistake("softmax.dim_0", "normalized along dim 0 (the tutorials' softmax_naive on a 1-D tensor): sum along dim",
             lambda x, dim=-1: _exp_over(x, 0)),
@@ -221,9 +232,6 @@ SOFTMAX_MISTAKES = (
     Mistake("softmax.max_namedtuple", "Tensor.max(dim) returns (values, indices): take .values, or use amax",
             raises=Raises(message=r"return_types\.max")),
 )
-UNSTABLE = Mistake("softmax.unstable", "not numerically stable: exp overflows for large logits; subtract the max along dim first", test=_nonfinite)
-NAN_ROWS = Mistake("softmax.nan_rows", "a slice that is all -inf gives NaN: give it zeros (replace a -inf max by 0 and guard the zero sum)",
-                   test=lambda out, x, dim=-1: _nonfinite(out, x, dim, blocked_slices=True))
 
 SOFTMAX = Step(
     "softmax", softmax_inputs, ref.softmax,
@@ -234,7 +242,7 @@ SOFTMAX = Step(
         values("noncontiguous_matrix", 1, strided=(0,), lead=(6, 6)),  # a square matrix: a lost keepdim broadcasts silently
         rules(), device(),
     ),
-    mistakes=(*SOFTMAX_MISTAKES, UNSTABLE, NAN_ROWS),
+    mistakes=(*SOFTMAX_MISTAKES, Mistake("softmax.unstable", UNSTABLE_MESSAGE, test=_nonfinite)),  # unstable, in some other way
 )
 
 # -- weighted_sum -------------------------------------------------------------------------
@@ -296,7 +304,7 @@ MERGE = Step(
 
 def attend(state, query, key=None, value=None, mask=None, *, heads=H, split=None, scale="head", softmax_dim=-1,
            mask_mode="before", value_from="value", key_weight="w_k", layout="batch", out_proj=True, values_are_keys=False,
-           no_bias=None, untransposed=False):
+           no_bias=None, untransposed=()):
     """The module's forward from reference steps; the keyword arguments after `heads` make the named wrong variants."""
     key = query if key is None else key
     value = {"value": key if value is None else value, "key": key, "query": query if value is None else value}[value_from]
@@ -306,7 +314,7 @@ def attend(state, query, key=None, value=None, mask=None, *, heads=H, split=None
 
     def proj(x, name):
         weight = state[f"{name}.weight"]
-        return ref.project(x, weight.T if untransposed else weight, None if name == no_bias else state.get(f"{name}.bias"))
+        return ref.project(x, weight.T if name in untransposed else weight, None if name == no_bias else state.get(f"{name}.bias"))
 
     q, k, v = (ref.split_heads(proj(x, n), split or heads) for x, n in ((query, "w_q"), (key, key_weight), (value, "w_v")))
     if values_are_keys:
@@ -356,7 +364,8 @@ MODULE_MISTAKES = (
     Mistake("MultiHeadAttention.one_head", "attended with one head over the whole width: split into num_heads heads first", _variant(split=1)),
     Mistake("MultiHeadAttention.time_first", "read the input as (T, B, D): the contract is batch first, (B, T, D)", _variant(layout="time_first")),
     Mistake("MultiHeadAttention.weight_not_transposed", "projected with x @ W: the weights are stored (out, in), as nn.Linear keeps them; "
-            "use x @ W.T (or the layer itself)", _variant(untransposed=True)),
+            "use x @ W.T (or the layer itself)", test=lambda out, state, *a, **k: matches_any(
+                out, [attend(state, *a, **k, untransposed=names) for names in (("w_q", "w_k", "w_v"), ("w_q", "w_k", "w_v", "w_o"))])),
     Mistake("MultiHeadAttention.no_output_projection", "forgot the output projection w_o after merging heads", _variant(out_proj=False)),
     Mistake("MultiHeadAttention.bias_dropped", "one projection's bias was dropped: each of w_q, w_k, w_v, w_o adds its own bias", test=_bias_dropped),
     NO_WIDTH_CHECK,
@@ -389,7 +398,7 @@ def module_validates_width(run):
     except CandidateError as error:
         if error.type == "ValueError":
             return
-        if error.kind == "not_implemented":
+        if error.kind != "raised":  # not implemented, not importable, hung, died: said as it is
             raise
         mistake = ASSERT_NOT_VALUEERROR if error.type == "AssertionError" else None
         raise CheckFailed(f"MultiHeadAttention(10, 3) raised {error.message}; the contract says ValueError", mistake) from None
@@ -405,7 +414,8 @@ MODULE = Step(
         prop("structure", 1, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, H), "an nn.Linear(embed_dim, embed_dim)")),
         prop("validates_width", 1, module_validates_width),
         values("self_attention", 2, FLOATS), values("cross_attention", 2, tk=TK, key=True, value=True),
-        values("value_defaults_to_key", 1, tk=TK, key=True), values("mask_per_batch", 1, tk=TK, key=True, mask="batch"),
+        values("value_defaults_to_key", 1, key=True),  # Tk == Tq: value = query would run, and be wrong
+        values("mask_per_batch", 1, tk=TK, key=True, mask="batch"),
         values("mask_plain", 1, tk=TK, key=True, mask="plain"), values("without_bias", 2, bias=False),
         prop("gradients", 2, gradients(tk=TK, key=True, value=True, mask="batch")), rules(2, tk=TK, key=True, mask="plain"),
         device(1, tk=TK, key=True, mask="plain"),

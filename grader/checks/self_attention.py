@@ -10,7 +10,7 @@ import math
 import torch
 
 from grader.checks import mha
-from grader.checks.engine import end_to_end, gradients, linear_layers
+from grader.checks.engine import end_to_end, gradients, linear_layers, matches_any
 from grader.checks.spec import Call, Exercise, Mistake, Step, device, prop, rules, shape, values
 from solutions import self_attention as ref
 
@@ -37,6 +37,20 @@ def _three(x, wq, wk, wv, bq=None, bk=None, bv=None):
     return ((wq, bq), (wk, bk), (wv, bv))
 
 
+def _crossed(out, x, *a):
+    """Each output is the right one, or one of them took another's weight or bias."""
+    pairs = _three(x, *a)
+    for i in range(3):
+        for j in range(3):
+            for weight, bias in ((pairs[j][0], pairs[i][1]), (pairs[i][0], pairs[j][1])):
+                if i != j and (bias is not None or weight is not pairs[i][0]):
+                    wrong = list(ref.project_qkv(x, *a))
+                    wrong[i] = _linear(x, weight, bias)
+                    if matches_any(out, [tuple(wrong)]):
+                        return True
+    return False
+
+
 PROJECT_QKV = Step(
     "project_qkv", qkv_inputs, ref.project_qkv, outputs=("queries", "keys", "values"),
     checks=(
@@ -51,6 +65,8 @@ PROJECT_QKV = Step(
                 lambda x, *a: tuple(x @ w.T for w, _ in _three(x, *a))),
         Mistake("project_qkv.swapped", "queries and keys swapped: return (queries, keys, values), each from its own weight",
                 lambda *a: (lambda q, k, v: (k, q, v))(*ref.project_qkv(*a))),
+        Mistake("project_qkv.wrong_weight", "one projection used another's weight or bias (copy-paste): queries use w_query and b_query, "
+                "keys w_key and b_key, values w_value and b_value", test=_crossed),
         Mistake("project_qkv.one_weight", "one weight used for all three: queries use w_query, keys w_key, values w_value",
                 lambda x, *a: (_linear(x, *_three(x, *a)[0]),) * 3),
     ),
@@ -86,7 +102,10 @@ SCALE = Step(
         Mistake("scale_scores.multiplied", "multiplied by √d_out instead of dividing (or divided by d_out**-0.5)", lambda s, d: s * math.sqrt(d)),
         Mistake("scale_scores.by_d_out", "divided by d_out instead of √d_out", lambda s, d: s / d),
         Mistake("scale_scores.unscaled", "returned the scores unscaled: divide by √d_out", lambda s, d: s),
-        Mistake("scale_scores.precedence", "d_out ** 1/2 is (d_out ** 1) / 2: write d_out ** 0.5 or math.sqrt(d_out)", lambda s, d: s / (d / 2)),
+        Mistake("scale_scores.by_last_axis", "divided by √(the scores' last axis), the number of keys: use √d_out, the argument",
+                lambda s, d: s / math.sqrt(s.shape[-1])),
+        Mistake("scale_scores.precedence", "d_out ** 1/2 is (d_out ** 1) / 2: write d_out ** 0.5 or math.sqrt(d_out)",
+                test=lambda out, s, d: matches_any(out, [s / (d / 2), s / d / 2])),
     ),
 )
 
