@@ -85,9 +85,10 @@ class Zygote:
     a row (tests, watch, batch).
     """
 
-    def __init__(self, warm_device: bool = False, pid_namespace: bool = True):
+    def __init__(self, warm_device: bool = False, pid_namespace: bool = True, fs_isolation: bool = True):
         self.warm_device = warm_device
         self.pid_namespace = pid_namespace  # False only to test the grader where the system has none
+        self.fs_isolation = fs_isolation  # likewise: False as where the system allows no mount namespace
         self._start()
 
     def _start(self) -> None:
@@ -207,6 +208,7 @@ class _Child:
     fds: tuple[int, int]  # (send, receive)
     pid: int | None = None
     namespaced: bool = False  # the zygote made its PID namespace: out of reach of the zygote and the grader
+    fs_isolated: bool = False  # the zygote says its file system is the allowlist (worker.py, `_allowlist_root`)
     greeted: bool = False
 
 
@@ -228,6 +230,7 @@ class Candidate:
         self.import_timeout = import_timeout
         self.warm_device = warm_device
         self.info: dict = {}  # the worker's hello: torch version, CUDA availability
+        self.fs_isolated: bool | None = None  # every child so far saw only the allowlist (None: no child yet)
         self.workers_started = 0
         self._zygote = zygote  # borrowed, or started (and closed) by this candidate
         self._owns_zygote = zygote is None
@@ -453,6 +456,7 @@ class Candidate:
             "workdir": self._workdir,
             "memory_limit": self.memory_limit_mb * 1024 * 1024,
             "pid_namespace": self._zygote.pid_namespace,
+            "fs_isolation": self._zygote.fs_isolation,
         }
         try:
             ticket = self._zygote.send(request, (to_child_r, from_child_w, output_w))
@@ -468,6 +472,8 @@ class Candidate:
         if child.pid is None:
             reply = self._zygote.reply(child.ticket, time.monotonic() + self.import_timeout)
             child.pid, child.namespaced = int(reply["pid"]), reply.get("namespaced") is True
+            child.fs_isolated = reply.get("fs_isolated") is True
+            self.fs_isolated = self.fs_isolated is not False and child.fs_isolated
         return child.pid
 
     def _deadline(self, seconds: float) -> float:

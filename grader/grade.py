@@ -57,5 +57,6 @@ def grade(
         # CPU. An exercise without them (NumPy) says so rather than skipping them silently.
         under_test = "none" if not found.device_checks else "cpu" if device == "cpu" else "cuda" if cuda else "meta"
         outcomes = run_checks(found, candidate, seed, under_test, timeout)
-        environment = {"torch": torch.__version__, "device": under_test, "cuda_available": cuda}
+        environment = {"torch": torch.__version__, "device": under_test, "cuda_available": cuda,
+                       "fs_isolation": candidate.fs_isolated is True}
         return score(found, outcomes, str(path), environment, candidate.output)

@@ -91,6 +91,6 @@ def test_json_report_has_the_documented_fields():
     result = grade(ROOT / "solutions" / "mha.py", device="cpu")
     data = json.loads(report.to_json(result))
     assert set(data) == {"exercise", "file", "score", "max_score", "steps", "environment"}
-    assert set(data["environment"]) == {"torch", "device", "cuda_available"}
+    assert set(data["environment"]) == {"torch", "device", "cuda_available", "fs_isolation"}
     check = data["steps"][0]["checks"][0]
     assert set(check) == {"name", "outcome", "points", "max_points", "message"}
