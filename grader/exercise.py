@@ -6,9 +6,13 @@ worker before the grader pays for importing torch.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
 
 GRADER_DIR = Path(__file__).resolve().parent
 MANIFEST_PATH = GRADER_DIR / "manifest.toml"
