@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from grader import wire
+from grader import notebook, wire
 from grader.exercise import GraderBug
 
 WORKER_PATH = Path(__file__).resolve().parent / "worker.py"
@@ -42,6 +42,7 @@ PASSED_ENV = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH
 ZYGOTE_REPLY_TIMEOUT = 10.0
 CHILD_END_GRACE = 0.5  # seconds a child whose pipe closed gets to end by itself, so its cause of death is its own
 STOP_CHECK_INTERVAL = 0.5  # how soon a zygote a candidate stopped (SIGSTOP) is noticed
+NOT_IMPORTED = "not run: the file could not be imported"  # each check's message; `import_error` says why, once
 
 
 class CandidateError(Exception):
@@ -49,7 +50,7 @@ class CandidateError(Exception):
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
-        self.kind = kind  # raised | not_implemented | memory | timeout | died | import | protocol
+        self.kind = kind  # raised | not_implemented | missing | memory | timeout | died | import | protocol
         self.message = message
 
 
@@ -223,7 +224,7 @@ class Candidate:
         warm_device: bool = False,
         zygote: Zygote | None = None,
     ):
-        self.path = Path(path).resolve()
+        self.path = Path(path).resolve()  # the Python the checks read: for a notebook, its code cells (below)
         self.timeout = timeout
         self.memory_limit_mb = memory_limit_mb
         self.file_timeout = file_timeout
@@ -237,10 +238,19 @@ class Candidate:
         self._live: _Child | None = None  # the child answering calls
         self._serving: str | None = None  # the one function or class it has been called for
         self._spare: _Child | None = None  # forked ahead, for the next step
-        self._import_error: CandidateError | None = None
+        self.import_error: str | None = None  # why the file could not be imported, once it is known
+        self.missing: set[str] = set()  # the functions and classes asked for that the file does not define
         self._broken: dict[str, tuple[str, str]] = {}  # function name -> (kind, message) of why it is not called again
         self._output = bytearray()
         self._output_total = 0
+        # A notebook's code cells become a Python file (UsageError if it is no notebook), kept
+        # where the worker cannot rewrite it, since the checks read it for the rules.
+        self._notebook = notebook.read(self.path) if self.path.suffix == notebook.SUFFIX else None
+        self._source_dir = None
+        if self._notebook is not None:
+            self._source_dir = tempfile.mkdtemp(prefix="attn-grade-source-")
+            self.path = Path(self._source_dir) / f"{self.path.stem}.py"
+            self.path.write_text(self._notebook.source, encoding="utf-8")
         self._workdir = tempfile.mkdtemp(prefix="attn-grade-worker-")  # the candidate's
         self._copy = Path(self._workdir) / self.path.name  # a private copy: nothing beside the file is seen
         shutil.copyfile(self.path, self._copy)
@@ -271,6 +281,8 @@ class Candidate:
                 self._zygote.close()
             self._zygote = None
             shutil.rmtree(self._workdir, ignore_errors=True)
+            if self._source_dir is not None:
+                shutil.rmtree(self._source_dir, ignore_errors=True)
 
     def __enter__(self) -> Candidate:
         self.start()
@@ -288,9 +300,12 @@ class Candidate:
         return text
 
     def ready(self) -> dict:
-        """Wait for the live worker's hello; raise CandidateError if the candidate file cannot be imported."""
-        if self._import_error:  # a fresh exception each time: re-raising one would grow its traceback
-            raise CandidateError(self._import_error.kind, self._import_error.message)
+        """Wait for the live worker's hello; raise CandidateError if the candidate file cannot be imported.
+
+        The reason is said once, in `import_error`; each check that asks only says NOT_IMPORTED.
+        """
+        if self.import_error:  # a fresh exception each time: re-raising one would grow its traceback
+            raise CandidateError("import", NOT_IMPORTED)
         if self._live is None:
             self._live, self._spare = self._spare or self._spawn(), None
         child = self._live
@@ -303,8 +318,8 @@ class Candidate:
                 self._zygote.check_alive()
         except ZygoteGone:  # killed by the file's import-time code: every child would do it again
             self._replace_zygote()
-            self._import_error = CandidateError("import", "the worker's zygote was killed or stopped while importing")
-            raise CandidateError(self._import_error.kind, self._import_error.message) from None
+            self.import_error = "the worker's zygote was killed or stopped while importing"
+            raise CandidateError("import", NOT_IMPORTED) from None
         return self.info
 
     def _greet(self, child: _Child) -> None:
@@ -316,9 +331,9 @@ class Candidate:
             self._drop_live()
             late = time.monotonic() >= self._file_deadline
             limit = f"the whole-file time limit ({self.file_timeout:g} s) ran out" if late else f"timed out after {self.import_timeout:g} s"
-            self._import_error = CandidateError("import", f"{limit} while importing")
+            self.import_error = f"{limit} while importing"
         except wire.Closed:
-            self._import_error = CandidateError("import", f"candidate exited while importing ({self._drop_live(ended=True)})")
+            self.import_error = f"candidate exited while importing ({self._drop_live(ended=True)})"
         except wire.WireError as exc:
             self._drop_live()
             raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None
@@ -331,8 +346,8 @@ class Candidate:
                 return
             self._drop_live()
             error = hello.get("error") if isinstance(hello.get("error"), dict) else {}
-            self._import_error = CandidateError("import", f"could not import: {_text(error.get('message'))}")
-        raise CandidateError(self._import_error.kind, self._import_error.message)
+            self.import_error = f"could not import: {self._locate(_text(error.get('message')), error.get('line'))}"
+        raise CandidateError("import", NOT_IMPORTED)
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -432,7 +447,10 @@ class Candidate:
             called = answer.get("called")
             called = frozenset(_text(n) for n in called if isinstance(n, str)) if isinstance(called, list) else frozenset()
             if answer.get("ok") is not True:
-                error = _error(answer.get("error"), self.memory_limit_mb)
+                error = _error(answer.get("error"), self.memory_limit_mb, self._locate)
+                if _names_missing(answer.get("error"), name):
+                    self.missing.add(name)
+                    error = CandidateError("missing", f"the file defines no {name}")
                 if error.kind == "memory":  # like a hang: the next call would only fill memory again
                     self._broken[name] = (error.kind, error.message)
                 raise error
@@ -500,6 +518,13 @@ class Candidate:
             return "killed"
         return str(self._zygote.reply(ticket, time.monotonic() + ZYGOTE_REPLY_TIMEOUT)["status"])
 
+    def _locate(self, message: str, line) -> str:
+        """For a notebook, a message's "line N" (of the Python made from it) as "cell C, line M"."""
+        if self._notebook is None or type(line) is not int:
+            return message
+        before, found, after = message.rpartition(f"line {line}")
+        return before + self._notebook.where(line) + after if found else message
+
     def _drain(self, fd: int) -> None:
         """Keep the first OUTPUT_CAP bytes of the candidate's output; read and drop the rest."""
         while True:
@@ -516,17 +541,26 @@ class Candidate:
                 self._output += chunk[:room]
 
 
-def _error(error, memory_limit_mb: int) -> CandidateError:
-    """The CandidateError for an exception the candidate's code raised in the worker."""
+def _error(error, memory_limit_mb: int, locate=lambda message, line: message) -> CandidateError:
+    """The CandidateError for an exception the candidate's code raised in the worker.
+
+    `locate(message, line)` may say where line `line` is in other words (a notebook's cell).
+    """
     error = error if isinstance(error, dict) else {}
     kind = {"NotImplementedError": "not_implemented", "MemoryError": "memory"}.get(_text(error.get("type")), "raised")
     message = _text(error.get("message")) or "raised an exception"
+    line = error.get("line")
     if kind == "not_implemented":
-        line = error.get("line")
         message = "not implemented yet" + (f" (NotImplementedError at line {line})" if type(line) is int else "")
+    message = locate(message, line)
     if kind == "memory":
         message = f"memory limit exceeded ({memory_limit_mb} MB): {message}"
     return CandidateError(kind, message)
+
+
+def _names_missing(error, name: str) -> bool:
+    """Whether the worker says the candidate's module has no `name` (it imports the file as `candidate`)."""
+    return isinstance(error, dict) and error.get("message") == f"AttributeError: module 'candidate' has no attribute '{name}'"
 
 
 def _encode_arg(value, blobs: list[bytes]):

@@ -70,6 +70,7 @@ def to_text(grade: Grade, verbose: bool = False) -> str:
         click.style(f"{grade.title} ({grade.exercise}): {grade.file}", bold=True),
         f"torch {env.get('torch', '?')}; {DEVICE_NOTE.get(env.get('device'), env.get('device'))}",
         *([click.style(NO_FS_ISOLATION, fg="yellow")] if env.get("fs_isolation") is False else []),
+        *([click.style(_escape(env["file_error"]), fg="red")] if env.get("file_error") else []),
         "",
     ]
     width = max(len(s.id) for s in grade.steps)

@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from grader import cli, report
-from grader.candidate import Zygote
+from grader.candidate import NOT_IMPORTED, Zygote
 from grader.exercise import GraderBug
 from grader.grade import grade
 from grader.worker import BUG_EXIT
@@ -47,14 +47,16 @@ def test_1_syntax_error_scores_0_with_its_line_and_the_report_still_prints(tmp_p
     line = len(REFERENCE.splitlines()) + 2
     assert result.exit_code == 1
     assert f"could not import: SyntaxError at line {line}" in result.stdout and "Total: 0/100" in result.stdout
+    assert result.stdout.count("SyntaxError") == 1, result.stdout  # said once, for the file
 
 
 def test_1_import_error_scores_0_and_names_the_module(grade_source):
     result = grade_source("import no_such_package_here")
     assert result.score == 0
-    assert messages(result) == {
+    assert result.environment["file_error"] == (
         f"could not import: ModuleNotFoundError: No module named 'no_such_package_here' (line {len(REFERENCE.splitlines()) + 3})"
-    }
+    )
+    assert messages(result) == {NOT_IMPORTED}
 
 
 # 2. -------------------------------------------------------------------------------------
@@ -64,7 +66,8 @@ def test_1_import_error_scores_0_and_names_the_module(grade_source):
 def test_2_exiting_at_import_is_never_a_pass(grade_source, code):
     result = grade_source(code)
     assert result.score == 0
-    assert all("candidate exited while importing" in m for m in messages(result)), messages(result)
+    assert "candidate exited while importing" in result.environment["file_error"], result.environment
+    assert messages(result) == {NOT_IMPORTED}
 
 
 # 3. -------------------------------------------------------------------------------------
@@ -526,7 +529,8 @@ def test_a_zygote_within_reach_killed_at_import_costs_only_that_file(tmp_path, z
     path.write_text(REFERENCE + FIND_ANCESTORS + "os.kill(zygote(), signal.SIGKILL)\n")
     result = grade(path, zygote=zygote_without_pid_namespace, device="cpu")
     assert result.score == 0
-    assert all("zygote was killed or stopped while importing" in m for m in messages(result)), explain(result)
+    assert result.environment["file_error"] == "the worker's zygote was killed or stopped while importing"
+    assert messages(result) == {NOT_IMPORTED}, explain(result)
     path.write_text(REFERENCE)  # the next file, on the same (borrowed) zygote, gets its true score
     assert grade(path, zygote=zygote_without_pid_namespace, device="cpu").full_marks
 
