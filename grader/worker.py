@@ -398,7 +398,7 @@ def _sandbox_plan(home: str, cuda: bool) -> dict:
         wanted += [os.path.dirname(library), library]
     if cuda:
         wanted += os.environ.get("LD_LIBRARY_PATH", "").split(":") + [os.environ.get("CUDA_HOME", "")]
-    never = [tempfile.gettempdir(), os.path.dirname(home), pwd.getpwuid(os.getuid()).pw_dir, "/"]
+    never = [tempfile.gettempdir(), os.path.dirname(home), _home_folder(), "/"]
     allowed = set()
     for path in filter(None, wanted):
         for candidate in (os.path.abspath(path), os.path.realpath(path)):
@@ -411,6 +411,13 @@ def _sandbox_plan(home: str, cuda: bool) -> dict:
     new_root = os.path.join(home, "new-root")  # the mount point each child's new root is built on
     os.makedirs(new_root, exist_ok=True)
     return {"allowed": allowed, "hidden": hidden, "new_root": new_root}
+
+
+def _home_folder() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:  # a uid with no name (containers run some)
+        return "/"
 
 
 def _mapped_files() -> list[str]:
@@ -484,8 +491,9 @@ def _allowlist_root(workdir: str, plan: dict, cuda: bool) -> str | None:
             for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                                  ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
                 os.symlink(target, f"{new_root}/dev/{name}")
-        os.makedirs(new_root + "/dev/shm", exist_ok=True)
-        _mount(libc, "none", new_root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={SHM_SIZE}")
+            os.mkdir(new_root + "/dev/shm")
+        if os.path.isdir(new_root + "/dev/shm"):
+            _mount(libc, "none", new_root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={SHM_SIZE}")
         os.chdir(new_root)
         if SYS_PIVOT_ROOT is None or libc.syscall(SYS_PIVOT_ROOT, b".", b".") != 0:
             raise OSError(ctypes.get_errno(), f"pivot_root failed on {platform.machine()}")
