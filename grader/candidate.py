@@ -346,7 +346,7 @@ class Candidate:
                 return
             self._drop_live()
             error = hello.get("error") if isinstance(hello.get("error"), dict) else {}
-            self.import_error = f"could not import: {self._locate(_text(error.get('message')), error.get('line'))}"
+            self.import_error = f"could not import: {self._locate(_text(error.get('message')), error)}"
         raise CandidateError("import", NOT_IMPORTED)
 
     # -- calls ---------------------------------------------------------------------------
@@ -447,7 +447,9 @@ class Candidate:
             called = answer.get("called")
             called = frozenset(_text(n) for n in called if isinstance(n, str)) if isinstance(called, list) else frozenset()
             if answer.get("ok") is not True:
-                error = _error(answer.get("error"), self.memory_limit_mb, self._locate)
+                error = _error(answer.get("error"), self.memory_limit_mb)
+                error.message = self._locate(error.message, answer.get("error"))
+                error.args = (error.message,)
                 if _names_missing(answer.get("error"), name):
                     self.missing.add(name)
                     error = CandidateError("missing", f"the file defines no {name}")
@@ -518,8 +520,9 @@ class Candidate:
             return "killed"
         return str(self._zygote.reply(ticket, time.monotonic() + ZYGOTE_REPLY_TIMEOUT)["status"])
 
-    def _locate(self, message: str, line) -> str:
-        """For a notebook, a message's "line N" (of the Python made from it) as "cell C, line M"."""
+    def _locate(self, message: str, error) -> str:
+        """For a notebook, the "line N" (of the Python made from it) in an error's message as "cell C, line M"."""
+        line = error.get("line") if isinstance(error, dict) else None
         if self._notebook is None or type(line) is not int:
             return message
         before, found, after = message.rpartition(f"line {line}")
@@ -541,18 +544,14 @@ class Candidate:
                 self._output += chunk[:room]
 
 
-def _error(error, memory_limit_mb: int, locate=lambda message, line: message) -> CandidateError:
-    """The CandidateError for an exception the candidate's code raised in the worker.
-
-    `locate(message, line)` may say where line `line` is in other words (a notebook's cell).
-    """
+def _error(error, memory_limit_mb: int) -> CandidateError:
+    """The CandidateError for an exception the candidate's code raised in the worker."""
     error = error if isinstance(error, dict) else {}
     kind = {"NotImplementedError": "not_implemented", "MemoryError": "memory"}.get(_text(error.get("type")), "raised")
     message = _text(error.get("message")) or "raised an exception"
-    line = error.get("line")
     if kind == "not_implemented":
+        line = error.get("line")
         message = "not implemented yet" + (f" (NotImplementedError at line {line})" if type(line) is int else "")
-    message = locate(message, line)
     if kind == "memory":
         message = f"memory limit exceeded ({memory_limit_mb} MB): {message}"
     return CandidateError(kind, message)
