@@ -38,11 +38,11 @@ DEFAULT_FILE_TIMEOUT = 300.0  # seconds for all of a file's calls together
 DEFAULT_IMPORT_TIMEOUT = 60.0  # seconds for torch and the candidate file to import
 DEFAULT_MEMORY_LIMIT_MB = 4096
 OUTPUT_CAP = 64 * 1024  # bytes of the candidate's stdout and stderr kept
+NOT_IMPORTED = "not run: the file could not be imported"  # each check's message; `import_error` says why, once
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME")
 ZYGOTE_REPLY_TIMEOUT = 10.0
 CHILD_END_GRACE = 0.5  # seconds a child whose pipe closed gets to end by itself, so its cause of death is its own
 STOP_CHECK_INTERVAL = 0.5  # how soon a zygote a candidate stopped (SIGSTOP) is noticed
-NOT_IMPORTED = "not run: the file could not be imported"  # each check's message; `import_error` says why, once
 
 
 class CandidateError(Exception):
