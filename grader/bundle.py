@@ -15,10 +15,18 @@ from grader.exercise import GRADER_DIR, Exercise
 KIT_ROOT = GRADER_DIR.parent
 KIT_PARTS = ("pyproject.toml", "README.md", "grader", "solutions", "exercises")
 
+MIN_PYTHON = (3, 10)  # as pyproject.toml's requires-python
+
 SETUP = """#!/usr/bin/env bash
 # Gradescope runs this once, as root, to build the autograder image.
 set -euo pipefail
 apt-get update -q && apt-get install -y -q python3 python3-pip python3-venv
+version="$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+if [ "${{version%%.*}}" -lt {major} ] || {{ [ "${{version%%.*}}" -eq {major} ] && [ "${{version#*.}}" -lt {minor} ]; }}; then
+  echo "attn-grade needs Python {major}.{minor} or newer; this image's python3 is $version." \\
+       "Pick a newer base image in the autograder settings (Ubuntu 22.04 has 3.10)." >&2
+  exit 1
+fi
 python3 -m venv /autograder/venv
 # The CPU build of torch: Gradescope has no GPU, and the CUDA build is several GB.
 /autograder/venv/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
@@ -29,7 +37,9 @@ RUN = """#!/usr/bin/env bash
 # Gradescope runs this for each submission: grade it, write results/results.json.
 set -u
 root="${{AUTOGRADER_ROOT:-/autograder}}"
-export PATH="$root/venv/bin:$PATH"
+if [ -d "$root/venv/bin" ]; then  # made by setup.sh; a test's root has none and uses the attn-grade on PATH
+  export PATH="$root/venv/bin:$PATH"
+fi
 results="$root/results/results.json"
 mkdir -p "$root/results"
 file="$(find "$root/submission" -name '{file}' -type f | head -n 1)"
@@ -49,7 +59,7 @@ exit 0
 def write_bundle(out: Path, exercise: Exercise) -> list[str]:
     """Write the zip; return the names in it."""
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
-        _add_script(zf, "setup.sh", SETUP)
+        _add_script(zf, "setup.sh", SETUP.format(major=MIN_PYTHON[0], minor=MIN_PYTHON[1]))
         _add_script(zf, "run_autograder", RUN.format(file=exercise.file, exercise=exercise.name))
         for part in KIT_PARTS:
             path = KIT_ROOT / part

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from grader import wire
+from grader import notebook, wire
 from grader.exercise import GraderBug
 
 WORKER_PATH = Path(__file__).resolve().parent / "worker.py"
@@ -38,6 +38,7 @@ DEFAULT_FILE_TIMEOUT = 300.0  # seconds for all of a file's calls together
 DEFAULT_IMPORT_TIMEOUT = 60.0  # seconds for torch and the candidate file to import
 DEFAULT_MEMORY_LIMIT_MB = 4096
 OUTPUT_CAP = 64 * 1024  # bytes of the candidate's stdout and stderr kept
+NOT_IMPORTED = "not run: the file could not be imported"  # each check's message; `import_error` says why, once
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME")
 ZYGOTE_REPLY_TIMEOUT = 10.0
 CHILD_END_GRACE = 0.5  # seconds a child whose pipe closed gets to end by itself, so its cause of death is its own
@@ -50,7 +51,7 @@ class CandidateError(Exception):
 
     def __init__(self, kind: str, message: str, type: str = "", line: int | None = None):
         super().__init__(message)
-        self.kind = kind  # raised | not_implemented | memory | timeout | died | import | protocol
+        self.kind = kind  # raised | not_implemented | missing | memory | timeout | died | import | protocol
         self.message = message
         self.type = type  # the exception's class name, when the candidate's code raised
         self.line = line  # the candidate's own line that raised it, if known
@@ -88,9 +89,10 @@ class Zygote:
     a row (tests, watch, batch).
     """
 
-    def __init__(self, warm_device: bool = False, pid_namespace: bool = True):
+    def __init__(self, warm_device: bool = False, pid_namespace: bool = True, fs_isolation: bool = True):
         self.warm_device = warm_device
         self.pid_namespace = pid_namespace  # False only to test the grader where the system has none
+        self.fs_isolation = fs_isolation  # likewise: False as where the system allows no mount namespace
         self._start()
 
     def _start(self) -> None:
@@ -210,6 +212,7 @@ class _Child:
     fds: tuple[int, int]  # (send, receive)
     pid: int | None = None
     namespaced: bool = False  # the zygote made its PID namespace: out of reach of the zygote and the grader
+    fs_isolated: bool = False  # the zygote says its file system is the allowlist (worker.py, `_allowlist_root`)
     greeted: bool = False
 
 
@@ -224,23 +227,33 @@ class Candidate:
         warm_device: bool = False,
         zygote: Zygote | None = None,
     ):
-        self.path = Path(path).resolve()
+        self.path = Path(path).resolve()  # the Python the checks read: for a notebook, its code cells (below)
         self.timeout = timeout
         self.memory_limit_mb = memory_limit_mb
         self.file_timeout = file_timeout
         self.import_timeout = import_timeout
         self.warm_device = warm_device
         self.info: dict = {}  # the worker's hello: torch version, CUDA availability
+        self.fs_isolated: bool | None = None  # every child so far saw only the allowlist (None: no child yet)
         self.workers_started = 0
         self._zygote = zygote  # borrowed, or started (and closed) by this candidate
         self._owns_zygote = zygote is None
         self._live: _Child | None = None  # the child answering calls
         self._serving: str | None = None  # the one function or class it has been called for
         self._spare: _Child | None = None  # forked ahead, for the next step
-        self._import_error: CandidateError | None = None
+        self.import_error: str | None = None  # why the file could not be imported, once it is known
+        self.missing: set[str] = set()  # the functions and classes asked for that the file does not define
         self._broken: dict[str, tuple[str, str]] = {}  # function name -> (kind, message) of why it is not called again
         self._output = bytearray()
         self._output_total = 0
+        # A notebook's code cells become a Python file (UsageError if it is no notebook), kept
+        # where the worker cannot rewrite it, since the checks read it for the rules.
+        self._notebook = notebook.read(self.path) if self.path.suffix == notebook.SUFFIX else None
+        self._source_dir = None
+        if self._notebook is not None:
+            self._source_dir = tempfile.mkdtemp(prefix="attn-grade-source-")
+            self.path = Path(self._source_dir) / f"{self.path.stem}.py"
+            self.path.write_text(self._notebook.source, encoding="utf-8")
         self._workdir = tempfile.mkdtemp(prefix="attn-grade-worker-")  # the candidate's
         self._copy = Path(self._workdir) / self.path.name  # a private copy: nothing beside the file is seen
         shutil.copyfile(self.path, self._copy)
@@ -271,6 +284,8 @@ class Candidate:
                 self._zygote.close()
             self._zygote = None
             shutil.rmtree(self._workdir, ignore_errors=True)
+            if self._source_dir is not None:
+                shutil.rmtree(self._source_dir, ignore_errors=True)
 
     def __enter__(self) -> Candidate:
         self.start()
@@ -288,9 +303,12 @@ class Candidate:
         return text
 
     def ready(self) -> dict:
-        """Wait for the live worker's hello; raise CandidateError if the candidate file cannot be imported."""
-        if self._import_error:  # a fresh exception each time: re-raising one would grow its traceback
-            raise CandidateError(self._import_error.kind, self._import_error.message)
+        """Wait for the live worker's hello; raise CandidateError if the candidate file cannot be imported.
+
+        The reason is said once, in `import_error`; each check that asks only says NOT_IMPORTED.
+        """
+        if self.import_error:  # a fresh exception each time: re-raising one would grow its traceback
+            raise CandidateError("import", NOT_IMPORTED)
         if self._live is None:
             self._live, self._spare = self._spare or self._spawn(), None
         child = self._live
@@ -303,8 +321,8 @@ class Candidate:
                 self._zygote.check_alive()
         except ZygoteGone:  # killed by the file's import-time code: every child would do it again
             self._replace_zygote()
-            self._import_error = CandidateError("import", "the worker's zygote was killed or stopped while importing")
-            raise CandidateError(self._import_error.kind, self._import_error.message) from None
+            self.import_error = "the worker's zygote was killed or stopped while importing"
+            raise CandidateError("import", NOT_IMPORTED) from None
         return self.info
 
     def _greet(self, child: _Child) -> None:
@@ -316,9 +334,9 @@ class Candidate:
             self._drop_live()
             late = time.monotonic() >= self._file_deadline
             limit = f"the whole-file time limit ({self.file_timeout:g} s) ran out" if late else f"timed out after {self.import_timeout:g} s"
-            self._import_error = CandidateError("import", f"{limit} while importing")
+            self.import_error = f"{limit} while importing"
         except wire.Closed:
-            self._import_error = CandidateError("import", f"candidate exited while importing ({self._drop_live(ended=True)})")
+            self.import_error = f"candidate exited while importing ({self._drop_live(ended=True)})"
         except wire.WireError as exc:
             self._drop_live()
             raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None
@@ -331,8 +349,8 @@ class Candidate:
                 return
             self._drop_live()
             error = hello.get("error") if isinstance(hello.get("error"), dict) else {}
-            self._import_error = CandidateError("import", f"could not import: {_text(error.get('message'))}")
-        raise CandidateError(self._import_error.kind, self._import_error.message)
+            self.import_error = f"could not import: {self._locate(_text(error.get('message')), error)}"
+        raise CandidateError("import", NOT_IMPORTED)
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -448,6 +466,11 @@ class Candidate:
             called = frozenset(_text(n) for n in called if isinstance(n, str)) if isinstance(called, list) else frozenset()
             if answer.get("ok") is not True:
                 error = _error(answer.get("error"), self.memory_limit_mb)
+                error.message = self._locate(error.message, answer.get("error"))
+                error.args = (error.message,)
+                if _names_missing(answer.get("error"), name):
+                    self.missing.add(name)
+                    error = CandidateError("missing", f"the file defines no {name}")
                 if error.kind == "memory":  # like a hang: the next call would only fill memory again
                     self._broken[name] = (error.kind, error.message)
                 raise error
@@ -487,6 +510,7 @@ class Candidate:
             "workdir": self._workdir,
             "memory_limit": self.memory_limit_mb * 1024 * 1024,
             "pid_namespace": self._zygote.pid_namespace,
+            "fs_isolation": self._zygote.fs_isolation,
         }
         try:
             ticket = self._zygote.send(request, (to_child_r, from_child_w, output_w))
@@ -502,6 +526,8 @@ class Candidate:
         if child.pid is None:
             reply = self._zygote.reply(child.ticket, time.monotonic() + self.import_timeout)
             child.pid, child.namespaced = int(reply["pid"]), reply.get("namespaced") is True
+            child.fs_isolated = reply.get("fs_isolated") is True
+            self.fs_isolated = self.fs_isolated is not False and child.fs_isolated
         return child.pid
 
     def _deadline(self, seconds: float) -> float:
@@ -527,6 +553,14 @@ class Candidate:
         if not wait:
             return "killed"
         return str(self._zygote.reply(ticket, time.monotonic() + ZYGOTE_REPLY_TIMEOUT)["status"])
+
+    def _locate(self, message: str, error) -> str:
+        """For a notebook, the "line N" (of the Python made from it) in an error's message as "cell C, line M"."""
+        line = error.get("line") if isinstance(error, dict) else None
+        if self._notebook is None or type(line) is not int:
+            return message
+        before, found, after = message.rpartition(f"line {line}")
+        return before + self._notebook.where(line) + after if found else message
 
     def _drain(self, fd: int) -> None:
         """Keep the first OUTPUT_CAP bytes of the candidate's output; read and drop the rest."""
@@ -558,6 +592,11 @@ def _error(error, memory_limit_mb: int) -> CandidateError:
     if kind == "memory":
         message = f"memory limit exceeded ({memory_limit_mb} MB): {message}"
     return CandidateError(kind, message, name, line)
+
+
+def _names_missing(error, name: str) -> bool:
+    """Whether the worker says the candidate's module has no `name` (it imports the file as `candidate`)."""
+    return isinstance(error, dict) and error.get("message") == f"AttributeError: module 'candidate' has no attribute '{name}'"
 
 
 def _encode_arg(value, blobs: list[bytes]):

@@ -6,13 +6,18 @@ worker before the grader pays for importing torch.
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
 
 GRADER_DIR = Path(__file__).resolve().parent
 MANIFEST_PATH = GRADER_DIR / "manifest.toml"
 CHECKS_DIR = GRADER_DIR / "checks"
+CANDIDATE_SUFFIXES = (".py", ".ipynb")  # a notebook's code cells are graded (grader/notebook.py)
 
 
 class UsageError(Exception):
@@ -98,6 +103,11 @@ def find_exercise(candidate: Path, name: str | None = None) -> Exercise:
         candidate.read_bytes()
     except OSError as error:
         raise UsageError(f"cannot read {candidate}: {error.strerror}. Check its permissions.") from None
+    if candidate.suffix not in CANDIDATE_SUFFIXES:
+        raise UsageError(
+            f"{candidate.name} is neither a Python file (.py) nor a Jupyter notebook (.ipynb). "
+            f"Save your code as a .py file, e.g. mha.py, and grade that."
+        )
     exercises = load_manifest()
     known = ", ".join(exercises)
     if name is not None:

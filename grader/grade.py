@@ -57,5 +57,19 @@ def grade(
         # CPU. An exercise without them (NumPy) says so rather than skipping them silently.
         under_test = "none" if not found.device_checks else "cpu" if device == "cpu" else "cuda" if cuda else "meta"
         outcomes = run_checks(found, candidate, seed, under_test, timeout)
-        environment = {"torch": torch.__version__, "device": under_test, "cuda_available": cuda}
+        environment = {"torch": torch.__version__, "device": under_test, "cuda_available": cuda,
+                       "fs_isolation": candidate.fs_isolated is True}
+        problem = _file_problem(found, candidate, path)
+        if problem:
+            environment["file_error"] = problem
         return score(found, outcomes, str(path), environment, candidate.output)
+
+
+def _file_problem(exercise, candidate: Candidate, path: Path) -> str | None:
+    """What stops the whole file from being graded, said once for the file rather than per check."""
+    if candidate.import_error:
+        return candidate.import_error
+    steps = [step.id for step in exercise.steps]
+    if candidate.missing >= set(steps):
+        return f"{path.name} defines none of {', '.join(steps)}: start from the stub (attn-grade init writes one) and keep its names."
+    return None

@@ -18,6 +18,10 @@ DEVICE_NOTE = {
     "cpu": "device checks ran on the CPU (--device cpu)",
     "none": "no device checks (a NumPy exercise)",
 }
+NO_FS_ISOLATION = (
+    "ran without file-system isolation: the candidate's code could read every file this user can "
+    "(this system gave the worker no mount namespace; see the README)"
+)
 
 
 def to_json(grade: Grade, verbose: bool = False) -> str:
@@ -74,6 +78,8 @@ def to_text(grade: Grade, verbose: bool = False) -> str:
     lines = [
         click.style(f"{grade.title} ({grade.exercise}): {grade.file}", bold=True),
         f"torch {env.get('torch', '?')}; {DEVICE_NOTE.get(env.get('device'), env.get('device'))}",
+        *([click.style(NO_FS_ISOLATION, fg="yellow")] if env.get("fs_isolation") is False else []),
+        *([click.style(_escape(env["file_error"]), fg="red")] if env.get("file_error") else []),
         "",
     ]
     width = max(len(s.id) for s in grade.steps)

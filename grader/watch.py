@@ -60,7 +60,7 @@ def _screen(result, seconds: float) -> str:
     rows = [line for line in table if not click.unstyle(line).startswith("      ")]
     first = next(
         ((s, c) for s in result.steps for c in s.checks if c.points < c.max_points), None
-    )
+    ) if not result.environment.get("file_error") else None  # the table's head says it once for the file
     lines = rows[:-1]
     if first:
         step, check = first

@@ -4,10 +4,12 @@ The grader starts `python -I -u worker.py CONTROL_FD WIRE_PY` in a new session w
 scrubbed environment. This zygote never runs candidate code. It imports torch (and warms
 the device the checks will use), then answers the grader on its control socket:
 
-    {"op": "spawn", ...} with three file descriptors -> {"pid": N, "namespaced": bool}
+    {"op": "spawn", ...} with three file descriptors -> {"pid": N, "namespaced": bool, "fs_isolated": bool}
         fork a child that drops into its own sandbox (below), imports the candidate file,
         says hello on its pipe and answers requests there. As root, the zygote gives each
-        child a PID namespace of its own, whose first process the child is.
+        child a PID namespace of its own, whose first process the child is. "fs_isolated"
+        says whether the child's file system is the allowlist (`_allowlist_root`): the child
+        tells the zygote before any candidate code runs, so no candidate can forge it.
     {"op": "kill", "pid": N, "wait": bool, "grace": seconds} -> {"status": "exit code 0" | "killed by signal SIGSEGV" | ...}
         kill that child's process group, then every process below the zygote but the other
         children and theirs, and (with "wait") say how the child ended.
@@ -35,30 +37,39 @@ import ctypes
 import importlib.util
 import json
 import os
+import platform
+import pwd
 import re
 import resource
+import select
 import shutil
 import signal
 import socket
-import stat
+import struct
 import sys
+import sysconfig
+import tempfile
 import time
 import traceback
 
 BLOCKED_PACKAGES = ("grader", "solutions")
-HIDDEN_FROM_CANDIDATES = ("solutions", "tests", ".git")  # beside grader/: what a worker must not read
+HIDDEN_FROM_CANDIDATES = ("grader", "solutions", "tests", ".git")  # the kit's parts, covered where an allowed folder holds them
 MAX_MESSAGE = 500
 CHILD_PROCESS_LIMIT = 64  # processes a worker child may have below it: a fork bomb stops there
 PIDS_CGROUP = "/sys/fs/cgroup/pids"  # cgroup v1's pids hierarchy, used when the grader runs as root
 FILE_SIZE_LIMIT = 64 * 1024 * 1024  # bytes a child may write to one file
 SHM_SIZE = "64m"  # its own /dev/shm
-MINIMAL_DEVICES = {"null": (1, 3), "zero": (1, 5), "full": (1, 7), "random": (1, 8), "urandom": (1, 9)}
+MINIMAL_DEVICES = ("null", "zero", "full", "random", "urandom")  # the /dev of a worker without CUDA
+SANDBOX_SETUP_TIMEOUT = 10.0  # seconds the zygote waits for a child to say whether it is isolated
 BUG_EXIT = 70  # the zygote's exit status for "a bug here, not the candidate's doing" (EX_SOFTWARE)
 PR_SET_CHILD_SUBREAPER, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 36, 24, 38
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
-MS_REC, MS_PRIVATE = 16384, 1 << 18
+MS_NOATIME, MS_NODIRATIME, MS_REC, MS_RELATIME, MS_PRIVATE = 1024, 2048, 16384, 1 << 21, 1 << 18
+ST_RELATIME = 4096  # statvfs's name for a relatime mount
+MNT_DETACH = 2
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}.get(platform.machine())
 
 
 # -- the zygote ------------------------------------------------------------------------
@@ -82,6 +93,7 @@ def main() -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     spawned = set()
     workdirs, home = set(), os.getcwd()  # the candidates' folders and ours, all the grader's temporary ones
+    plan = _sandbox_plan(home, cuda)  # once: every module the children need is loaded by now
 
     while True:
         try:
@@ -105,10 +117,13 @@ def main() -> None:
             # pid read from /proc reach nothing), and when it dies, all it started die too.
             wanted = request.get("pid_namespace", True) and own_pid_namespace is not None
             namespaced = wanted and _libc().unshare(CLONE_NEWPID) == 0
+            status_read, status_write = os.pipe()
             pid = os.fork()
             if pid == 0:
                 control.close()
-                _child(wire, torch, request, fds, cuda)  # never returns
+                os.close(status_read)
+                _child(wire, torch, request, fds, cuda, status_write, plan)  # never returns
+            os.close(status_write)
             if namespaced and _libc().setns(own_pid_namespace, CLONE_NEWPID) != 0:
                 # Back to our own failed: the next child would join this one's namespace.
                 print("attn-grade zygote: cannot return to its own PID namespace", flush=True)
@@ -116,7 +131,8 @@ def main() -> None:
             spawned.add(pid)
             for fd in fds:
                 os.close(fd)
-            _reply(control, {"pid": pid, "namespaced": namespaced})
+            fs_isolated = _isolation_status(status_read)
+            _reply(control, {"pid": pid, "namespaced": namespaced, "fs_isolated": fs_isolated})
         elif request["op"] == "ping":
             _reply(control, {"alive": True})
         elif request["op"] == "kill":
@@ -254,14 +270,32 @@ def _skip_lazy_dynamo_import(torch) -> None:
 # -- a child: the sandbox, then the candidate ------------------------------------------
 
 
-def _child(wire, torch, request, fds, cuda: bool) -> None:
+def _child(wire, torch, request, fds, cuda: bool, status_fd: int, plan: dict) -> None:
     read_fd, write_fd, output_fd = fds
     try:
-        if _enter_sandbox(request, output_fd, keep=(read_fd, write_fd), cuda=cuda):
+        if _enter_sandbox(request, output_fd, keep=(read_fd, write_fd, status_fd), cuda=cuda):
             _fork_into_pid_namespace()
+        # Told before any candidate code runs: the zygote's word, never the candidate's.
+        failure = _allowlist_root(request["workdir"], plan, cuda) if request.get("fs_isolation", True) else "turned off"
+        os.write(status_fd, b"1" if failure is None else b"0" + failure.encode()[:400])
+        os.close(status_fd)
+        _drop_capabilities()
         _serve(wire, torch, request["candidate"], read_fd, write_fd, cuda)
     finally:
         os._exit(0)
+
+
+def _isolation_status(status_fd: int) -> bool:
+    """Whether the child just forked says it sees only the allowlist (not if it died first);
+    why not goes to the zygote's log."""
+    try:
+        ready, _, _ = select.select([status_fd], [], [], SANDBOX_SETUP_TIMEOUT)
+        status = os.read(status_fd, 512) if ready else b"0no answer"
+    finally:
+        os.close(status_fd)
+    if status != b"1":
+        print("attn-grade zygote: a worker runs without file-system isolation:", status[1:].decode(errors="replace"), flush=True)
+    return status == b"1"
 
 
 def _fork_into_pid_namespace() -> None:
@@ -290,7 +324,7 @@ def _fork_into_pid_namespace() -> None:
 
 def _enter_sandbox(request, output_fd, keep, cuda: bool = False) -> bool:
     """A session of its own, output to the grader's pipe, an empty directory, limits, no
-    network, private mounts, no capabilities.
+    network, and (not root) a user namespace, where the system allows one.
 
     True when it made a PID namespace that only its next fork enters (`_fork_into_pid_namespace`).
     """
@@ -317,66 +351,188 @@ def _enter_sandbox(request, output_fd, keep, cuda: bool = False) -> bool:
     # A network namespace of its own has only a loopback that is down. Root may make one
     # (its PID namespace the zygote made); another user only inside a user namespace, where
     # the system allows those, and a PID namespace there too. unshare makes all or none.
-    fork_needed = False
-    if os.geteuid() == 0:
+    uid, gid = os.geteuid(), os.getegid()
+    if uid == 0:
         _libc().unshare(CLONE_NEWNET)
-    elif request.get("pid_namespace", True) and _libc().unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID) == 0:
-        fork_needed = True
-    else:
-        _libc().unshare(CLONE_NEWUSER | CLONE_NEWNET)
-    _private_mounts(workdir, cuda)
-    _drop_capabilities()
-    return fork_needed
+        return False
+    if request.get("pid_namespace", True) and _libc().unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID) == 0:
+        _map_own_ids(uid, gid)
+        return True
+    if _libc().unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
+        _map_own_ids(uid, gid)
+    return False
 
 
-def _private_mounts(workdir: str, cuda: bool) -> None:
-    """In a mount namespace of its own (private: nothing reaches the grader's mounts), hide
-    the reference and, for root, make the world read-only, before the capabilities go.
+def _map_own_ids(uid: int, gid: int) -> None:
+    """In a new user namespace, be the same user and group as outside: files it makes (the
+    new root's mount points) need an owner, and its uid stays the grader's user's."""
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    except OSError:
+        pass  # then building the new root fails, and the child says it is not isolated
 
-    The kit's `solutions/`, `tests/` (correct variants) and `.git` are covered with empty,
-    read-only mounts, and /dev/shm is a small tmpfs of its own (tmpfs escapes RLIMIT_DATA).
-    Root without capabilities still owns most files, /proc/sys and the disks, so for root
-    every mount but its working directory and /dev/shm goes read-only (its pids cgroup
-    included: leaving it needs only the uid), and /dev holds only null, zero, full, random
-    and urandom (with CUDA, the real /dev stays, for the GPU's device files).
+
+# -- the allowlist: what a child's file system holds -----------------------------------
+
+
+def _sandbox_plan(home: str, cuda: bool) -> dict:
+    """What each child's new root shows, read-only, worked out once in the zygote.
+
+    The interpreter and its standard library; the site folders torch and numpy came from
+    (with the packages beside them, which torch imports lazily); the folder of every shared
+    library loaded now, and the loader's cache, so a library loaded later is found; and with
+    CUDA, LD_LIBRARY_PATH and CUDA_HOME. Never the temporary folder, a home folder or /:
+    a library loaded from one of those is shown alone. The kit's own parts are covered where
+    an allowed folder holds them (a kit installed in site-packages).
+    """
+    import numpy
+    import torch
+
+    paths = sysconfig.get_paths()
+    wanted = [paths["stdlib"], paths["platstdlib"], sys.executable, os.path.join(sys.prefix, "pyvenv.cfg"), "/etc/ld.so.cache"]
+    wanted.append(_elf_interpreter(os.path.realpath(sys.executable)))  # so the candidate may run python again
+    wanted += [os.path.dirname(os.path.dirname(module.__file__)) for module in (torch, numpy)]
+    for library in _mapped_files():
+        wanted += [os.path.dirname(library), library]
+    if cuda:
+        wanted += os.environ.get("LD_LIBRARY_PATH", "").split(":") + [os.environ.get("CUDA_HOME", "")]
+    never = [tempfile.gettempdir(), os.path.dirname(home), _home_folder(), "/"]
+    allowed = set()
+    for path in filter(None, wanted):
+        for candidate in (os.path.abspath(path), os.path.realpath(path)):
+            if os.path.exists(candidate) and not any(_within(folder, candidate) for folder in never):
+                allowed.add(candidate)
+    allowed = sorted(p for p in allowed if not any(p != q and _within(p, q) for q in allowed))
+    kit = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    hidden = [os.path.join(kit, part) for part in HIDDEN_FROM_CANDIDATES]
+    hidden = [h for h in hidden if os.path.isdir(h) and any(_within(h, p) for p in allowed)]
+    new_root = os.path.join(home, "new-root")  # the mount point each child's new root is built on
+    os.makedirs(new_root, exist_ok=True)
+    return {"allowed": allowed, "hidden": hidden, "new_root": new_root}
+
+
+def _home_folder() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:  # a uid with no name (containers run some)
+        return "/"
+
+
+def _mapped_files() -> list[str]:
+    """Every file mapped into this process now: the interpreter, libpython, torch's and numpy's libraries."""
+    found = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(None, 5)
+            if len(fields) == 6 and fields[5].startswith("/") and not fields[5].startswith(("/dev/", "/proc/", "/sys/")):
+                path = fields[5].strip()
+                if os.path.isfile(path):  # not "(deleted)"
+                    found.add(path)
+    return sorted(found)
+
+
+def _elf_interpreter(path: str) -> str | None:
+    """The dynamic loader a 64-bit ELF executable names (PT_INTERP): exec looks for it at that very path."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(65536)
+        if head[:5] != b"\x7fELF\x02":
+            return None
+        order = "<" if head[5] == 1 else ">"
+        (table,), (size, count) = struct.unpack_from(order + "Q", head, 32), struct.unpack_from(order + "HH", head, 54)
+        for i in range(count):
+            kind, _, offset, _, _, length = struct.unpack_from(order + "IIQQQQ", head, table + i * size)
+            if kind == 3:  # PT_INTERP
+                return head[offset : offset + length].rstrip(b"\0").decode()
+    except (OSError, struct.error, UnicodeDecodeError):
+        pass
+    return None
+
+
+def _within(path: str, folder: str) -> bool:
+    return os.path.commonpath([path, folder]) == folder
+
+
+def _allowlist_root(workdir: str, plan: dict, cuda: bool) -> str | None:
+    """Make this child's file system the allowlist: a new root on a fresh tmpfs, holding
+    read-only bind mounts of the plan's folders, a /proc, a /dev of five character devices
+    (with CUDA, the real /dev and /sys, for the GPU), a small /dev/shm of its own, and the
+    working directory, the only place it may write. Entered with pivot_root; the old root
+    is unmounted, so no path leads back to it.
+
+    None when done; else why not: the system allows no mount namespace, or the root could
+    not be built. The candidate then runs with the file system as it is, and every report
+    says so.
     """
     libc = _libc()
     if libc.unshare(CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        return  # no mount namespace here: see "What it is not" in the README
-    kit = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for hidden in HIDDEN_FROM_CANDIDATES:
-        path = os.path.join(kit, hidden)
-        if os.path.isdir(path):
-            libc.mount(b"none", path.encode(), b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, b"size=4k")
-    root = os.geteuid() == 0
-    if root:
-        libc.mount(workdir.encode(), workdir.encode(), None, MS_BIND, None)  # its own mount: stays writable
-        os.chdir(workdir)  # onto that mount: the old working directory is on the one going read-only
-        if not cuda:
-            _minimal_dev(libc)
-    if os.path.isdir("/dev/shm"):
-        libc.mount(b"none", b"/dev/shm", b"tmpfs", MS_NOSUID | MS_NODEV, f"size={SHM_SIZE}".encode())
-    if root:
+        return "no mount namespace"  # see "What it is not" in the README
+    try:
+        new_root = plan["new_root"]
+        for path in plan["hidden"]:  # empty and read-only, before the bind mounts below copy what covers them
+            _mount(libc, "none", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k")
+        _mount(libc, "none", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+        for path in [*plan["allowed"], workdir]:
+            _bind(libc, path, new_root + path)
+        for name in os.listdir("/"):  # /lib -> usr/lib and the like, for paths the loader's cache names
+            if os.path.islink("/" + name) and not os.path.lexists(new_root + "/" + name):
+                os.symlink(os.readlink("/" + name), new_root + "/" + name)
+        os.mkdir(new_root + "/proc")
+        if libc.mount(b"proc", (new_root + "/proc").encode(), b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
+            _bind(libc, "/proc", new_root + "/proc")  # no proc of its own here (a container's masked /proc)
+        if cuda:  # the GPU's device files and what the driver reads
+            _bind(libc, "/dev", new_root + "/dev")
+            _bind(libc, "/sys", new_root + "/sys")
+        else:
+            for name in MINIMAL_DEVICES:
+                _bind(libc, f"/dev/{name}", f"{new_root}/dev/{name}")
+            for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                                 ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+                os.symlink(target, f"{new_root}/dev/{name}")
+            os.mkdir(new_root + "/dev/shm")
+        if os.path.isdir(new_root + "/dev/shm"):
+            _mount(libc, "none", new_root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={SHM_SIZE}")
+        os.chdir(new_root)
+        if SYS_PIVOT_ROOT is None or libc.syscall(SYS_PIVOT_ROOT, b".", b".") != 0:
+            raise OSError(ctypes.get_errno(), f"pivot_root failed on {platform.machine()}")
+        if libc.umount2(b".", MNT_DETACH) != 0:  # the old root, stacked on the new one by pivot_root
+            raise OSError(ctypes.get_errno(), "cannot unmount the old root")
+        os.chdir(workdir)
         for mount_point in _mount_points():
-            if mount_point in (workdir, "/dev/shm"):
-                continue
-            try:
-                kept = os.statvfs(mount_point).f_flag & (MS_NOSUID | MS_NODEV | MS_NOEXEC)  # a remount restates them
-            except OSError:
-                continue  # under the new /dev, out of sight
-            libc.mount(None, mount_point.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept, None)
+            if mount_point not in (workdir, "/dev/shm"):
+                _read_only(libc, mount_point)
+    except OSError as error:
+        return str(error)
+    return None
 
 
-def _minimal_dev(libc) -> None:
-    """A /dev of the character devices a process needs, and no disk to write to."""
-    libc.mount(b"none", b"/dev", b"tmpfs", MS_NOSUID | MS_NOEXEC, b"size=64k,mode=755")
-    for name, (major, minor) in MINIMAL_DEVICES.items():
-        os.mknod(f"/dev/{name}", 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-        os.chmod(f"/dev/{name}", 0o666)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
-        os.symlink(target, f"/dev/{name}")
-    os.mkdir("/dev/shm")
+def _mount(libc, source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+    if libc.mount(source.encode(), target.encode(), fstype and fstype.encode(), flags, data and data.encode()) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"cannot mount {fstype or source} on {target}: {os.strerror(errno)}")
+
+
+def _bind(libc, source: str, target: str) -> None:
+    """Bind `source` (a folder or a file, with every mount below it) at `target`, making the mount point."""
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        open(target, "a").close()
+    _mount(libc, source, target, None, MS_BIND | MS_REC, None)
+
+
+def _read_only(libc, mount_point: str) -> None:
+    """Remount read-only, restating the flags a user namespace locks (a remount must not drop them)."""
+    try:
+        flags = os.statvfs(mount_point).f_flag
+    except OSError:
+        return  # covered by a later mount: out of sight
+    kept = flags & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)
+    kept |= MS_RELATIME if flags & ST_RELATIME else 0
+    _mount(libc, "none", mount_point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept, None)
 
 
 def _mount_points() -> list[str]:

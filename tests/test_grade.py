@@ -3,7 +3,11 @@
 import json
 import time
 
+import pytest
+
 from grader import report
+from grader.candidate import NOT_IMPORTED
+from grader.exercise import load_manifest
 from grader.grade import grade
 from tests.conftest import REFERENCE, ROOT, explain, lost
 
@@ -36,21 +40,42 @@ def test_same_file_twice_gives_the_same_report_and_seed_changes_the_inputs(grade
     assert report.to_json(other) != report.to_json(first)  # the error messages quote the inputs
 
 
-def test_syntax_error_scores_0_everywhere_with_its_line(grade_source):
+def test_syntax_error_scores_0_everywhere_and_is_reported_once_for_the_file(grade_source):
     result = grade_source("def broken(:\n    pass\n")
     line = len((REFERENCE + "\n\n").splitlines()) + 1
     assert result.score == 0
+    assert result.environment["file_error"] == f"could not import: SyntaxError at line {line}: invalid syntax"
     messages = {c.message for s in result.steps for c in s.checks}
-    assert messages == {f"could not import: SyntaxError at line {line}: invalid syntax"}, messages
+    assert messages == {NOT_IMPORTED}, messages  # no check is charged with it
+    assert report.to_text(result).count("SyntaxError") == 1
 
 
 def test_sys_exit_at_import_is_never_a_pass(grade_source):
     for code in ("import sys\nsys.exit(0)", "exit()", "import os\nos._exit(0)"):
         result = grade_source(code)
         assert result.score == 0, code
-        messages = {c.message for s in result.steps for c in s.checks}
-        assert all(m.startswith("could not import: candidate exited while importing") or
-                   m.startswith("candidate exited while importing") for m in messages), messages
+        error = result.environment["file_error"]
+        assert error.startswith(("could not import: candidate exited while importing", "candidate exited while importing")), error
+
+
+@pytest.mark.parametrize("code", ["", "# nothing yet\n", "def helper(x):\n    return x\n"])
+def test_a_file_that_defines_none_of_the_steps_says_so_by_their_names(grade_source, code):
+    result = grade_source(code, base="")
+    steps = ", ".join(step.id for step in load_manifest()["mha"].steps)
+    assert result.score == 0
+    assert result.environment["file_error"] == (
+        f"mha.py defines none of {steps}: start from the stub (attn-grade init writes one) and keep its names."
+    )
+    assert "defines none of project, split_heads, attention_scores" in result.environment["file_error"]
+    text = report.to_text(result)
+    assert "module 'candidate'" not in text and "the file defines no softmax" in text, text
+
+
+def test_a_file_that_defines_some_steps_is_graded_step_by_step(grade_source):
+    result = grade_source("import torch\ndef scale_scores(scores, head_dim):\n    return scores / head_dim ** 0.5\n", base="")
+    assert "file_error" not in result.environment
+    assert next(s for s in result.steps if s.id == "scale_scores").score == 8
+    assert {c.message for s in result.steps if s.id == "softmax" for c in s.checks} == {"the file defines no softmax"}
 
 
 def test_infinite_loop_in_one_step_costs_only_that_step(grade_source):
@@ -91,6 +116,6 @@ def test_json_report_has_the_documented_fields():
     result = grade(ROOT / "solutions" / "mha.py", device="cpu")
     data = json.loads(report.to_json(result))
     assert set(data) == {"exercise", "file", "score", "max_score", "steps", "environment"}
-    assert set(data["environment"]) == {"torch", "device", "cuda_available"}
+    assert set(data["environment"]) == {"torch", "device", "cuda_available", "fs_isolation"}
     check = data["steps"][0]["checks"][0]
     assert set(check) == {"name", "outcome", "points", "max_points", "message"}

@@ -6,6 +6,8 @@ or replaces a step) and the outcome it must get. Numbers refer to the cases of i
 
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from grader import cli, report
-from grader.candidate import Zygote
+from grader.candidate import NOT_IMPORTED, Zygote
 from grader.exercise import GraderBug
 from grader.grade import grade
 from grader.worker import BUG_EXIT
@@ -45,14 +47,16 @@ def test_1_syntax_error_scores_0_with_its_line_and_the_report_still_prints(tmp_p
     line = len(REFERENCE.splitlines()) + 2
     assert result.exit_code == 1
     assert f"could not import: SyntaxError at line {line}" in result.stdout and "Total: 0/100" in result.stdout
+    assert result.stdout.count("SyntaxError") == 1, result.stdout  # said once, for the file
 
 
 def test_1_import_error_scores_0_and_names_the_module(grade_source):
     result = grade_source("import no_such_package_here")
     assert result.score == 0
-    assert messages(result) == {
+    assert result.environment["file_error"] == (
         f"could not import: ModuleNotFoundError: No module named 'no_such_package_here' (line {len(REFERENCE.splitlines()) + 3})"
-    }
+    )
+    assert messages(result) == {NOT_IMPORTED}
 
 
 # 2. -------------------------------------------------------------------------------------
@@ -62,7 +66,8 @@ def test_1_import_error_scores_0_and_names_the_module(grade_source):
 def test_2_exiting_at_import_is_never_a_pass(grade_source, code):
     result = grade_source(code)
     assert result.score == 0
-    assert all("candidate exited while importing" in m for m in messages(result)), messages(result)
+    assert "candidate exited while importing" in result.environment["file_error"], result.environment
+    assert messages(result) == {NOT_IMPORTED}
 
 
 # 3. -------------------------------------------------------------------------------------
@@ -154,17 +159,19 @@ def test_6_memory_bombs_hit_the_memory_limit(grade_source, code):
 # 7. -------------------------------------------------------------------------------------
 
 ESCAPES = """
-import os, subprocess
+import os, subprocess, sys
 def merge_heads(x):
     if os.path.exists("escaped"):  # once is enough: the sleepers hold on to the process limit
         B, H, T, Dh = x.shape
         return x.transpose(1, 2).reshape(B, T, H * Dh)
     open("escaped", "w").close()
-    subprocess.Popen(["setsid", "sleep", "4242"])  # a new session, holding our output pipe
+    # The interpreter, not sleep(1): the worker's file system holds no /usr/bin.
+    sleep = "import time; time.sleep({})"
+    subprocess.Popen([sys.executable, "-c", sleep.format(4242)], start_new_session=True)  # holding our output pipe
     if os.fork() == 0:  # a double fork whose grandchild outlives its parent
         os.setsid()
         if os.fork() == 0:
-            os.execvp("sleep", ["sleep", "4243"])
+            os.execv(sys.executable, [sys.executable, "-c", sleep.format(4243)])
         os._exit(0)
     for _ in range(300):  # a fork bomb, held back by the process limit
         try:
@@ -474,7 +481,7 @@ def _parent(pid):
 def _worker(pid):
     return b"worker.py" in open(f"/proc/{pid}/cmdline", "rb").read()
 
-def zygote():  # the oldest forked worker.py, found through /proc: it shows real pids even in a PID namespace
+def zygote():  # the oldest forked worker.py, found through /proc (a worker with a /proc of its own finds no parent)
     pid = int(os.readlink("/proc/self"))
     while _worker(_parent(pid)):
         pid = _parent(pid)
@@ -505,8 +512,9 @@ def test_signalling_the_zygote_costs_only_the_steps_that_do_it(grade_source, sig
     code = FIND_ANCESTORS + f"def softmax(scores, dim=-1):\n    os.kill(zygote(), signal.{signal_name})\n"
     result = grade_source(code)
     assert set(lost(result)) == {"softmax"} | STEPS_OF_MODULE, explain(result)
-    expected = "ProcessLookupError" if in_pid_namespace else "zygote was killed"  # out of reach, or killed and noticed
-    assert expected in step(result, "softmax").checks[0].message, explain(result)
+    # Out of reach (no such pid, or in the worker's own /proc not even a parent to find), or killed and noticed.
+    expected = ("ProcessLookupError", "FileNotFoundError") if in_pid_namespace else ("zygote was killed",)
+    assert any(e in step(result, "softmax").checks[0].message for e in expected), explain(result)
 
 
 @pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGSTOP"])
@@ -526,7 +534,8 @@ def test_a_zygote_within_reach_killed_at_import_costs_only_that_file(tmp_path, z
     path.write_text(REFERENCE + FIND_ANCESTORS + "os.kill(zygote(), signal.SIGKILL)\n")
     result = grade(path, zygote=zygote_without_pid_namespace, device="cpu")
     assert result.score == 0
-    assert all("zygote was killed or stopped while importing" in m for m in messages(result)), explain(result)
+    assert result.environment["file_error"] == "the worker's zygote was killed or stopped while importing"
+    assert messages(result) == {NOT_IMPORTED}, explain(result)
     path.write_text(REFERENCE)  # the next file, on the same (borrowed) zygote, gets its true score
     assert grade(path, zygote=zygote_without_pid_namespace, device="cpu").full_marks
 
@@ -602,9 +611,10 @@ def test_root_powers_are_dropped_in_the_worker(grade_source, in_pid_namespace, m
     monkeypatch.setenv("ATTN_GRADE_SECRET_TOKEN", "hunter2")
     result = grade_source(REACH_OUT)
     assert "DID:" not in result.candidate_output and "hunter2" not in result.candidate_output, result.candidate_output
-    assert result.candidate_output.count("refused: grader environ PermissionError") >= 1, result.candidate_output
+    # Unreadable, or (in a /proc of the worker's own) not there at all.
+    assert re.search("refused: grader environ (PermissionError|FileNotFoundError)", result.candidate_output), result.candidate_output
     if os.geteuid() == 0 and os.access("/sys/fs/cgroup/pids", os.W_OK):
-        assert "refused: leave the pids cgroup OSError" in result.candidate_output, result.candidate_output
+        assert "refused: leave the pids cgroup" in result.candidate_output, result.candidate_output
 
 
 def _processes_working_in(folder: Path) -> list[int]:
@@ -684,3 +694,50 @@ def test_switching_off_the_call_record_costs_every_rule(grade_source):
     failed = {c.name for s in result.steps for c in s.checks if c.points < c.max_points}
     assert failed == {"project_rules", "softmax_rules", "module_rules"}, explain(result)
     assert all("DisableTorchFunction" in m for m in messages(result)), explain(result)
+
+
+# Issue 9: the worker's file system is an allowlist. ------------------------------------------
+
+HUNTER = """
+import os
+walked, found = 0, []
+for folder, subfolders, files in os.walk("/"):
+    if folder in ("/proc", "/sys", "/dev"):
+        subfolders[:] = []
+        continue
+    walked += 1
+    if os.path.basename(folder) == "solutions":
+        found += [os.path.join(folder, name) for name in files if name.endswith(".py")]
+print("HUNT: walked", walked, "folders, found", found)
+for path in found:
+    if path.endswith("/mha.py"):
+        exec(compile(open(path).read(), path, "exec"))
+"""
+
+
+def test_a_candidate_hunting_the_file_system_for_a_reference_finds_none(grade_source, tmp_path):
+    shutil.copytree(ROOT / "solutions", tmp_path / "another-clone" / "solutions")  # a second clone of the kit
+    result = grade_source(HUNTER, base="")
+    if os.geteuid() != 0 and not result.environment["fs_isolation"]:
+        pytest.skip("this system allows a non-root worker no mount namespace (see the README)")
+    assert result.environment["fs_isolation"] is True
+    assert "HUNT: walked" in result.candidate_output and "found []" in result.candidate_output, result.candidate_output
+    assert result.score == 0, explain(result)
+    assert report.NO_FS_ISOLATION not in report.to_text(result)
+
+
+@pytest.fixture(scope="module")
+def zygote_without_fs_isolation():
+    """Workers as on a system that allows them no mount namespace."""
+    with Zygote(fs_isolation=False) as zygote:
+        yield zygote
+
+
+def test_without_file_system_isolation_the_grade_runs_and_the_report_says_so(tmp_path, zygote_without_fs_isolation):
+    path = tmp_path / "mha.py"
+    path.write_text(REFERENCE)
+    result = grade(path, zygote=zygote_without_fs_isolation, device="cpu")
+    assert result.full_marks, explain(result)
+    assert result.environment["fs_isolation"] is False
+    assert report.NO_FS_ISOLATION in report.to_text(result)
+    assert json.loads(report.to_json(result))["environment"]["fs_isolation"] is False

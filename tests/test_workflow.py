@@ -251,27 +251,104 @@ def test_batch_with_nothing_to_grade_is_a_usage_error(tmp_path):
 # -- Gradescope bundle ------------------------------------------------------------------
 
 
-def test_gradescope_bundle_runs_like_gradescope_runs_it(tmp_path):
-    bundle = tmp_path / "autograder.zip"
-    assert invoke("gradescope-bundle", bundle).exit_code == 0
-    names = zipfile.ZipFile(bundle).namelist()
-    assert {"setup.sh", "run_autograder", "kit/pyproject.toml", "kit/grader/worker.py"} <= set(names)
-    root = tmp_path / "autograder"
+HUNTER = """
+import os
+for folder, subfolders, files in os.walk("/"):  # the unpacked bundle's kit is in /autograder/source/kit
+    if folder in ("/proc", "/sys", "/dev"):
+        subfolders[:] = []
+    elif folder.endswith("/solutions") and "mha.py" in files:
+        exec(compile(open(folder + "/mha.py").read(), folder + "/mha.py", "exec"))
+"""
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bundle") / "autograder.zip"
+    assert invoke("gradescope-bundle", out).exit_code == 0
+    return out
+
+
+def run_autograder(bundle, root, submission: str | None) -> dict:
+    """Lay the bundle out as Gradescope does under `root`, run run_autograder, return results.json.
+
+    The attn-grade on PATH is this test run's: the root has no venv/ (setup.sh makes that).
+    """
     zipfile.ZipFile(bundle).extractall(root / "source")
     (root / "submission").mkdir()
-    (root / "submission" / "mha.py").write_text(BUGGY)
+    if submission is not None:
+        (root / "submission" / "mha.py").write_text(submission)
     run = root / "source" / "run_autograder"
     run.chmod(0o755)
     env = dict(os.environ, AUTOGRADER_ROOT=str(root), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    done = subprocess.run([str(run)], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    done = subprocess.run([str(run)], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
     results = json.loads((root / "results" / "results.json").read_text())
     jsonschema.validate(results, schema("gradescope.schema.json"))
-    # scale_scores loses 6 (its meta device check sees only shapes), the module its 2 points of running end to end
-    assert results["score"] == 92 and len(results["tests"]) == 9
-    (root / "submission" / "mha.py").unlink()
-    subprocess.run([str(run)], env=env, capture_output=True, text=True, timeout=60)
-    assert "No mha.py in the submission" in json.loads((root / "results" / "results.json").read_text())["output"]
+    return results
+
+
+def test_gradescope_bundle_holds_the_scripts_and_the_kit(bundle):
+    names = zipfile.ZipFile(bundle).namelist()
+    assert {"setup.sh", "run_autograder", "kit/pyproject.toml", "kit/grader/worker.py", "kit/solutions/mha.py"} <= set(names)
+
+
+@pytest.mark.parametrize("name, submission, score", [
+    ("reference", REFERENCE, 100),
+    ("stubs", STUB, 0),
+    ("buggy", BUGGY, 92),  # scale_scores loses 6 (its meta device check sees only shapes), the module its 2 end to end
+    ("hunter", HUNTER, 0),  # the kit in /autograder/source is out of its sight
+])
+def test_gradescope_bundle_grades_a_submission_as_gradescope_runs_it(bundle, tmp_path, name, submission, score):
+    if name == "hunter" and os.geteuid() != 0 and not _workers_isolated(tmp_path):
+        pytest.skip("this system allows a non-root worker no mount namespace (see the README)")
+    results = run_autograder(bundle, tmp_path / "autograder", submission)
+    assert results["score"] == score and len(results["tests"]) == 9, results
+
+
+def test_gradescope_bundle_reports_a_missing_submission_as_an_error_not_a_silent_zero(bundle, tmp_path):
+    results = run_autograder(bundle, tmp_path / "autograder", None)
+    assert results["score"] == 0 and "No mha.py in the submission: upload a file named mha.py." in results["output"]
+
+
+def _workers_isolated(tmp_path) -> bool:
+    path = tmp_path / "probe" / "mha.py"
+    path.parent.mkdir()
+    path.write_text("")
+    return json.loads(invoke(path, "--format", "json", "--device", "cpu").output)["environment"]["fs_isolation"]
+
+
+@pytest.mark.parametrize("version, accepted", [("3.8", False), ("3.9", False), ("3.10", True), ("3.13", True)])
+def test_gradescope_setup_checks_the_python_version(bundle, tmp_path, version, accepted):
+    """setup.sh with stand-ins for apt-get and python3: an old Python stops it with a message."""
+    zipfile.ZipFile(bundle).extract("setup.sh", tmp_path)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "apt-get").write_text("#!/bin/sh\nexit 0\n")
+    (fake / "python3").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/python3.log\necho {version}\nexit 0\n')
+    for tool in fake.iterdir():
+        tool.chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:/usr/bin:/bin")
+    done = subprocess.run(["bash", str(tmp_path / "setup.sh")], env=env, capture_output=True, text=True, timeout=30)
+    print(done.stdout, done.stderr)
+    reached_venv = "-m venv /autograder/venv" in (tmp_path / "python3.log").read_text()
+    assert reached_venv == accepted
+    if not accepted:
+        assert done.returncode == 1
+        assert f"attn-grade needs Python 3.10 or newer; this image's python3 is {version}." in done.stderr
+
+
+def test_python_3_10_is_supported_where_tomllib_is_missing():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'requires-python = ">=3.10"' in pyproject and "tomli>=1.1; python_version < '3.11'" in pyproject
+    from grader.bundle import MIN_PYTHON
+    assert MIN_PYTHON == (3, 10)
+    # Python 3.10 has no tomllib; tomli is the same parser under another name.
+    code = (
+        "import sys, tomllib; sys.modules['tomli'] = tomllib; sys.modules['tomllib'] = None\n"
+        "from grader.exercise import load_manifest; print(sorted(load_manifest()))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "'mha'" in done.stdout, done.stderr
 
 
 def _as_dict(element) -> dict:

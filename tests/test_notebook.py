@@ -1,0 +1,104 @@
+"""Candidate files that are not .py: Jupyter notebooks are graded by their code cells; anything else is a usage error."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from grader import cli, notebook
+from grader.exercise import UsageError
+from grader.grade import grade
+from tests.conftest import REFERENCE, ROOT, explain
+
+
+def write_notebook(path, cells):
+    """A notebook (format 4) of (cell type, text) pairs, sources split into lines as Jupyter saves them."""
+    data = {"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": kind, "metadata": {}, "source": text.splitlines(keepends=True),
+         **({"execution_count": None, "outputs": []} if kind == "code" else {})}
+        for kind, text in cells
+    ]}
+    path.write_text(json.dumps(data))
+    return path
+
+
+MAGICS = [
+    ("markdown", "# My attempt\nWe may not `import torch` in markdown: it is not code."),
+    ("code", "%matplotlib inline\n!pip install torch\nimport torch"),
+    ("code", "%%bash\necho this is no Python at all"),
+    ("code", REFERENCE),
+    ("code", "if True:\n    %time x = 1\n    !ls\n"),
+]
+
+
+def test_a_notebooks_code_cells_are_graded_with_magics_and_shell_lines_skipped(tmp_path, zygote):
+    path = write_notebook(tmp_path / "attempt.ipynb", MAGICS)
+    result = grade(path, "mha", zygote=zygote, device="cpu")
+    assert result.full_marks, explain(result)
+    assert result.file == str(path)
+
+
+def test_the_command_line_grades_a_notebook(tmp_path):
+    path = write_notebook(tmp_path / "attempt.ipynb", MAGICS)
+    result = CliRunner().invoke(cli.main, [str(path), "--exercise", "mha", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "Total: 100/100" in result.output
+
+
+def test_each_line_of_the_python_is_a_line_of_a_cell(tmp_path):
+    read = notebook.read(write_notebook(tmp_path / "n.ipynb", [
+        ("markdown", "# title"),
+        ("code", "import torch\n%timeit torch.ones(1)\n"),
+        ("code", "%%bash\nls\n"),
+        ("code", "def f():\n    !ls\n    return 1"),
+    ]))
+    assert read.source == "import torch\npass\n\n\ndef f():\n    pass\n    return 1\n"
+    assert read.where(1) == "cell 2, line 1" and read.where(3) == "cell 3, line 1" and read.where(7) == "cell 4, line 3"
+    assert read.where(99) == "line 99"
+
+
+def test_an_error_in_a_notebook_is_given_as_cell_and_line(tmp_path, zygote):
+    broken = write_notebook(tmp_path / "broken.ipynb", [("markdown", "# x"), ("code", "import torch"), ("code", "x = 1\ndef f(:\n    pass")])
+    result = grade(broken, "mha", zygote=zygote, device="cpu")
+    assert result.score == 0
+    assert result.environment["file_error"] == "could not import: SyntaxError at cell 3, line 2: invalid syntax"
+
+    raising = REFERENCE + "\n\ndef softmax(scores, dim=-1):\n    raise ValueError('not yet')\n"
+    line = len(raising.splitlines())
+    raises = write_notebook(tmp_path / "raises.ipynb", [("code", "import torch"), ("code", raising)])
+    result = grade(raises, "mha", zygote=zygote, device="cpu")
+    messages = {c.message for s in result.steps if s.id == "softmax" for c in s.checks}
+    assert messages == {f"ValueError: not yet (cell 2, line {line})"}, explain(result)
+
+
+def test_the_rules_read_the_code_cells_not_the_notebooks_json(tmp_path, zygote):
+    numpy_reference = (ROOT / "solutions" / "mha_numpy.py").read_text()
+    clean = write_notebook(tmp_path / "clean.ipynb", [("markdown", "No `import torch` here."), ("code", numpy_reference)])
+    assert grade(clean, "mha_numpy", zygote=zygote).full_marks
+    torch_cell = write_notebook(tmp_path / "torch.ipynb", [("code", numpy_reference), ("code", "import torch")])
+    result = grade(torch_cell, "mha_numpy", zygote=zygote)
+    assert not result.full_marks and "imports torch" in explain(result), explain(result)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("{oops", "is not a Jupyter notebook (not JSON"),
+    ("[1, 2]", "has no list of cells"),
+    ('{"cells": [{"cell_type": "code", "source": 3}]}', "cell 1 has no text as its source"),
+])
+def test_a_broken_notebook_is_a_usage_error(tmp_path, text, says):
+    path = tmp_path / "attempt.ipynb"
+    path.write_text(text)
+    with pytest.raises(UsageError, match="Save it again from Jupyter"):
+        notebook.read(path)
+    result = CliRunner().invoke(cli.main, [str(path), "--exercise", "mha"])
+    assert result.exit_code == 2 and says in result.output, result.output
+
+
+@pytest.mark.parametrize("name", ["mha.txt", "mha", "mha.py.bak"])
+def test_a_file_that_is_neither_python_nor_a_notebook_is_a_usage_error(tmp_path, name):
+    path = tmp_path / name
+    path.write_text(REFERENCE)
+    result = CliRunner().invoke(cli.main, [str(path), "--exercise", "mha"])
+    assert result.exit_code == 2, result.output
+    assert "is neither a Python file (.py) nor a Jupyter notebook (.ipynb)" in result.output
+    assert "Total" not in result.output  # never graded, never a zero
