@@ -554,6 +554,10 @@ class Candidate:
             return "killed"
         return str(self._zygote.reply(ticket, time.monotonic() + ZYGOTE_REPLY_TIMEOUT)["status"])
 
+    def where(self, line: int) -> str:
+        """A line of the file the checks read, as its author knows it: "line N", or "cell C, line M" in a notebook."""
+        return self._notebook.where(line) if self._notebook is not None else f"line {line}"
+
     def _locate(self, message: str, error) -> str:
         """For a notebook, the "line N" (of the Python made from it) in an error's message as "cell C, line M"."""
         line = error.get("line") if isinstance(error, dict) else None

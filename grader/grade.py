@@ -30,10 +30,12 @@ def grade(
     memory_limit_mb: int = DEFAULT_MEMORY_LIMIT_MB,
     file_timeout: float = DEFAULT_FILE_TIMEOUT,
     zygote: Zygote | None = None,
+    cache: dict | None = None,
 ) -> Grade:
     """Grade one candidate file. Raises UsageError for bad input, GraderBug for a fault of the grader's.
 
-    Pass a `zygote` to grade many files in a row without importing torch for each.
+    Pass a `zygote` to grade many files in a row without importing torch for each, and a
+    `cache` (a dict kept between grades of one file) to run only the checks whose step changed.
     """
     if device not in DEVICES:
         raise UsageError(f"unknown device '{device}'; use one of {', '.join(DEVICES)}.")
@@ -56,7 +58,7 @@ def grade(
         # The device checks run on CUDA, or on the meta device as a stand-in; --device cpu runs them on the
         # CPU. An exercise without them (NumPy) says so rather than skipping them silently.
         under_test = "none" if not found.device_checks else "cpu" if device == "cpu" else "cuda" if cuda else "meta"
-        outcomes = run_checks(found, candidate, seed, under_test, timeout)
+        outcomes = run_checks(found, candidate, seed, under_test, timeout, cache)
         environment = {"torch": torch.__version__, "device": under_test, "cuda_available": cuda,
                        "fs_isolation": candidate.fs_isolated is True}
         problem = _file_problem(found, candidate, path)

@@ -170,16 +170,21 @@ def to_markdown(grade: Grade, progress=None) -> str:
 
 
 def to_junit(grade: Grade) -> str:
-    """JUnit XML: a testsuite per step, a testcase per check."""
-    suites = ET.Element("testsuites", name=f"attn-grade {grade.exercise}", tests=str(_count(grade)),
-                        failures=str(_count(grade, "failed")), errors=str(_count(grade, "error")))
+    """JUnit XML: a testsuite per step, a testcase per check; a broken rule is a failing testcase of its own."""
+    broken = sum(1 for s in grade.steps if s.breach)
+    suites = ET.Element("testsuites", name=f"attn-grade {grade.exercise}", tests=str(_count(grade) + broken),
+                        failures=str(_count(grade, "failed") + broken), errors=str(_count(grade, "error")))
     for step in grade.steps:
         suite = ET.SubElement(
-            suites, "testsuite", name=f"{grade.exercise}.{step.id}", tests=str(len(step.checks)),
-            failures=str(sum(c.outcome == "failed" for c in step.checks)),
+            suites, "testsuite", name=f"{grade.exercise}.{step.id}", tests=str(len(step.checks) + bool(step.breach)),
+            failures=str(sum(c.outcome == "failed" for c in step.checks) + bool(step.breach)),
             errors=str(sum(c.outcome == "error" for c in step.checks)),
             skipped=str(sum(c.outcome == "skipped" for c in step.checks)),
         )
+        if step.breach:
+            case = ET.SubElement(suite, "testcase", classname=f"{grade.exercise}.{step.id}", name="rule_broken", time="0")
+            message = f"RULE BROKEN, the step earns nothing: {step.breach}"
+            ET.SubElement(case, "failure", message=_xml(message)).text = _xml(message)
         for check in step.checks:
             case = ET.SubElement(suite, "testcase", classname=f"{grade.exercise}.{step.id}", name=check.name, time="0")
             text = check.message + (f"\nlikely mistake: {check.mistake}" if check.mistake else "")

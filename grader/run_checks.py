@@ -11,15 +11,18 @@ deadline normally ends a hang long before.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import hashlib
 import importlib
 import io
 import os
+import re
 
 import pytest
 
 from grader.candidate import Candidate, CandidateError
-from grader.checks.engine import Context, SpecFile, is_spec
+from grader.checks.engine import Context, SpecFile, SpecItem, is_spec
 from grader.checks.expect import CheckFailed
 from grader.exercise import CHECKS_DIR, Exercise, GraderBug
 from grader.score import CheckResult
@@ -31,9 +34,14 @@ UNUSED_PLUGINS = (
 )  # not "terminal": pytest-timeout needs it to end a check (its output goes to `chatter` below)
 
 
-def run_checks(exercise: Exercise, candidate: Candidate, seed: int, device: str, timeout: float) -> list[CheckResult]:
-    """Run every check of `exercise`; `device` is where the device checks run ('cuda', 'meta' or 'cpu')."""
-    plugin = _Plugin(exercise, candidate, seed, device)
+def run_checks(exercise: Exercise, candidate: Candidate, seed: int, device: str, timeout: float,
+               cache: dict | None = None) -> list[CheckResult]:
+    """Run every check of `exercise`; `device` is where the device checks run ('cuda', 'meta' or 'cpu').
+
+    With a `cache` (watch keeps one across saves), a check whose inputs are unchanged is not
+    run again: its result is keyed by the source it depends on (see `check_keys`).
+    """
+    plugin = _Plugin(exercise, candidate, seed, device, cache)
     args = [
         str(exercise.checks_path),
         "-c", str(CHECKS_DIR / "pytest.ini"),
@@ -62,9 +70,10 @@ def run_checks(exercise: Exercise, candidate: Candidate, seed: int, device: str,
         raise KeyboardInterrupt
     if plugin.bug is not None:
         raise plugin.bug
-    if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
+    every_check_cached = code == pytest.ExitCode.NO_TESTS_COLLECTED and plugin.outcomes
+    if code not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and not every_check_cached:
         raise GraderBug(f"the checks for {exercise.name} did not run (pytest exit {int(code)}):\n{chatter.getvalue()}")
-    return plugin.outcomes
+    return sorted(plugin.outcomes, key=lambda o: plugin.order.get(o.name, 0))
 
 
 def _last_resort_timeout(timeout: float, import_timeout: float) -> int:
@@ -72,13 +81,40 @@ def _last_resort_timeout(timeout: float, import_timeout: float) -> int:
     return int(import_timeout + 10 * timeout + 30)
 
 
+def check_keys(source: str, spec) -> dict[str, str] | None:
+    """What each step's checks depend on, as a hash: the step's own definition, the rest of the file
+    but the other steps, and the steps it calls itself (a composite's calls are answered by the grader,
+    so not those); "" for a composite's end-to-end checks, which depend on the whole file. None when
+    the file does not parse.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    steps = {step.id for step in spec.steps}
+    own: dict[str, list[str]] = {name: [] for name in steps}
+    rest = []
+    for node in tree.body:
+        segment = ast.get_source_segment(source, node) or ""
+        (own[node.name] if getattr(node, "name", None) in steps else rest).append(segment)
+    digest = lambda *parts: hashlib.sha256("\0".join(parts).encode()).hexdigest()  # noqa: E731
+    keys = {"": digest(source)}
+    for step in spec.steps:
+        text = "\n".join(own[step.id])
+        called = sorted(n for n in steps - {step.id} - set(step.answered) if re.search(rf"\b{re.escape(n)}\b", text))
+        keys[step.id] = digest(text, *rest, *("\n".join(own[n]) for n in called))
+    return keys
+
+
 class _Plugin:
-    def __init__(self, exercise: Exercise, candidate: Candidate, seed: int, device: str):
+    def __init__(self, exercise: Exercise, candidate: Candidate, seed: int, device: str, cache: dict | None = None):
         self.exercise = exercise
         self._candidate = candidate
         self.seed = seed
         self._device = device
+        self.cache = cache
         self.outcomes: list[CheckResult] = []
+        self.order: dict[str, int] = {}  # check name -> its place among the collected checks
         self.bug: GraderBug | None = None
 
     def pytest_collect_file(self, file_path, parent):
@@ -100,6 +136,21 @@ class _Plugin:
             step_id, points = _marker(item)
             if step_id not in steps or not isinstance(points, int) or points < 0:
                 self.bug = GraderBug(f"check {item.nodeid} has no valid step marker ({step_id!r}, {points!r})")
+        self.order = {item.name: i for i, item in enumerate(items)}
+        if self.cache is not None:
+            keys = check_keys(self._candidate.path.read_text(encoding="utf-8", errors="replace"),
+                              importlib.import_module(f"grader.checks.{self.exercise.name}").EXERCISE)
+            items[:] = [item for item in items if not self._cached(item, keys)]
+
+    def _cached(self, item, keys: dict | None) -> bool:
+        """Whether an earlier grade's result for this check still holds; if so it is taken, and the check not run."""
+        if keys is None or not isinstance(item, SpecItem):
+            return False
+        item.cache_key = (item.name, keys["" if item.check.end_to_end else item.step.id], self.seed, self._device)
+        hit = self.cache.get(item.cache_key)
+        if hit is not None:
+            self.outcomes.append(hit)
+        return hit is not None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_makereport(self, item, call):
@@ -108,6 +159,8 @@ class _Plugin:
         if call.when == "call" or (call.when == "setup" and failed):
             outcome = self._outcome(item, call.excinfo)
             self.outcomes.append(outcome)
+            if self.cache is not None and hasattr(item, "cache_key") and not _timing(outcome):
+                self.cache[item.cache_key] = outcome
             status = {"passed": "passed", "skipped": "skipped"}.get(outcome.outcome, "failed")
             longrepr = (str(item.path), 0, outcome.message) if status == "skipped" else outcome.message or None
             return pytest.TestReport(item.nodeid, item.location, {}, status, longrepr, call.when)
@@ -134,6 +187,11 @@ class _Plugin:
             return CheckResult(step_id, name, "error", points, "the check ran past the grader's last-resort time limit")
         self.bug = self.bug or GraderBug(f"check {item.nodeid} crashed:\n{excinfo.getrepr(style='short')}")
         return CheckResult(step_id, name, "error", points, "internal error in the grader")
+
+
+def _timing(outcome: CheckResult) -> bool:
+    """A result that depends on time (a timeout; the whole file's depends on the other steps too): never cached."""
+    return outcome.outcome == "error" and ("timed out" in outcome.message or "time limit" in outcome.message)
 
 
 def _end_to_end(item) -> bool:

@@ -24,6 +24,7 @@ def watch(path: Path, options: dict, rounds: int | None = None) -> None:
     """Regrade `path` whenever it changes, until Ctrl-C (or `rounds` grades, for tests)."""
     on_terminal = click.get_text_stream("stdout").isatty()
     zygote = Zygote(warm_device=options.get("device") != "cpu")
+    cache: dict = {}  # checks whose step did not change are not run again
     seen, graded = None, 0
     try:
         while rounds is None or graded < rounds:
@@ -35,7 +36,7 @@ def watch(path: Path, options: dict, rounds: int | None = None) -> None:
                 seen = stamp
                 started = time.monotonic()
                 try:
-                    result = grade(path, zygote=zygote, **options)
+                    result = grade(path, zygote=zygote, cache=cache, **options)
                 except UsageError as error:
                     click.echo(f"attn-grade: {error}", err=True)
                 else:

@@ -119,3 +119,23 @@ def test_json_report_has_the_documented_fields():
     assert set(data["environment"]) == {"torch", "device", "cuda_available", "fs_isolation"}
     check = data["steps"][0]["checks"][0]
     assert set(check) == {"name", "outcome", "points", "max_points", "message"}
+
+
+def test_a_cached_regrade_runs_only_what_changed_and_agrees_with_a_full_grade(tmp_path, zygote):
+    """watch keeps a cache: a check is run again only when the source it depends on changed."""
+    path = tmp_path / "mha.py"
+    cache: dict = {}
+    versions = [REFERENCE, REFERENCE + "\ndef scale_scores(scores, head_dim):\n    return scores\n", REFERENCE,
+                REFERENCE + "\nHELPER = 2.0\n"]  # a change outside every step: everything runs again
+    for text in versions:
+        path.write_text(text)
+        before = set(cache)
+        cached = grade(path, device="cpu", zygote=zygote, cache=cache)
+        full = grade(path, device="cpu", zygote=zygote)
+        assert [(c.name, c.outcome, c.message) for s in cached.steps for c in s.checks] == \
+               [(c.name, c.outcome, c.message) for s in full.steps for c in s.checks]
+        ran = {key[0] for key in set(cache) - before}
+        if text is versions[1]:  # only scale_scores and the module's end-to-end check ran
+            assert ran and all(name.startswith("scale_scores_") or name == "module_end_to_end" for name in ran), ran
+        if text is versions[3]:
+            assert "project_shape" in ran and "module_structure" in ran

@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 import zipfile
 from pathlib import Path
 
+import click
 import jsonschema
 import pytest
 from click.testing import CliRunner
@@ -81,7 +82,7 @@ def test_junit_is_one_testcase_per_check_grouped_by_step(buggy_grade):
     assert list(suites) == [f"mha.{s.id}" for s in buggy_grade.steps]
     failures = suites["mha.scale_scores"].findall("testcase/failure")
     assert failures and "likely mistake" in failures[0].text
-    assert int(root.get("tests")) == sum(len(s.checks) for s in buggy_grade.steps)
+    assert int(root.get("tests")) == sum(len(s.checks) for s in buggy_grade.steps)  # no rule broken here
 
 
 def test_gradescope_results_one_test_per_step(buggy_grade):
@@ -353,3 +354,21 @@ def test_python_3_10_is_supported_where_tomllib_is_missing():
 
 def _as_dict(element) -> dict:
     return {"tag": element.tag, "attrib": dict(element.attrib), "children": [_as_dict(c) for c in element], "text": element.text}
+
+
+def test_a_broken_rule_costs_the_step_and_shows_in_every_format(tmp_path, zygote):
+    """An interviewer cannot miss it: softmax written with torch.softmax earns nothing, and every format says so."""
+    from grader.grade import grade
+
+    path = tmp_path / "mha.py"
+    path.write_text(REFERENCE + "\ndef softmax(scores, dim=-1):\n    return torch.softmax(scores, dim).nan_to_num(0.0)\n")
+    result = grade(path, device="cpu", zygote=zygote)
+    step = next(s for s in result.steps if s.id == "softmax")
+    assert step.score == 0 and "called softmax" in step.breach and result.score == 86
+    assert "RULE BROKEN" in click.unstyle(report.to_text(result))
+    assert "## Rules broken" in report.to_markdown(result)
+    assert json.loads(report.to_json(result))["steps"][5]["rule_broken"] == step.breach
+    junit = ET.fromstring(report.to_junit(result))
+    assert junit.find("testsuite[@name='mha.softmax']/testcase[@name='rule_broken']/failure") is not None
+    assert "RULE BROKEN" in next(t for t in json.loads(report.to_gradescope(result))["tests"] if t["name"].startswith("softmax"))["output"]
+    assert "RULE BROKEN" in next(t for t in json.loads(report.to_github(result))["tests"] if t["name"] == "softmax")["message"]

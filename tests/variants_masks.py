@@ -2,6 +2,7 @@
 
 BUGGY: one mistake each, with the step that must lose points and the named mistake the
 grader must find (None where the mistake has no name and a plain failure is right).
+RULES_ONLY: a step that calls a function its contract forbids: it loses the whole step, and nothing else.
 CORRECT: unusual but right ways to write the steps; each must score 100.
 """
 
@@ -44,6 +45,11 @@ BUGGY = [
             "causal_mask", "causal_mask.no_diagonal"),
     Variant("causal_float", causal("torch.tril(torch.ones(t_q, t_k, device=device), diagonal=t_k - t_q)"),
             "causal_mask", "causal_mask.float_mask"),
+    Variant("causal_diagonal_sign", causal("torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_q - t_k)"),
+            "causal_mask", "causal_mask.diagonal_sign"),
+    Variant("causal_keys_first",  # the sizes in the other order: a (t_k, t_q) mask
+            causal("torch.ones(t_k, t_q, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)"),
+            "causal_mask", "axes_swapped"),
     # -- padding_mask
     Variant("padding_inverted",
             "def padding_mask(lengths, t):\n    return torch.arange(t, device=lengths.device) >= lengths[:, None]",
@@ -55,6 +61,10 @@ BUGGY = [
             "def padding_mask(lengths, t):\n"
             "    return torch.arange(int(lengths.max()), device=lengths.device) < lengths[:, None]",
             "padding_mask", "padding_mask.max_length"),
+    Variant("padding_clamped_difference",  # 1 where position < length, as integers: no bool mask
+            "def padding_mask(lengths, t):\n"
+            "    return (lengths[:, None] - torch.arange(t, device=lengths.device)).clamp(0, 1)",
+            "padding_mask", "mask_not_bool"),
     Variant("padding_one_hot",  # one_hot wants int64 lengths: int32 fails
             "import torch.nn.functional as F\n"
             "def padding_mask(lengths, t):\n"
@@ -93,12 +103,25 @@ BUGGY = [
     Variant("attention_output_only", attention_with(end="return w @ v"), "attention"),
     Variant("attention_mask_none_unhandled",
             attention_with().replace("    if mask is not None:\n        scores", "    if True:\n        scores"),
-            "attention"),
+            "attention", "none_unhandled"),
+    Variant("attention_if_mask",  # `if mask:` asks a whole tensor for one truth value
+            attention_with().replace("    if mask is not None:\n        scores", "    if mask:\n        scores"),
+            "attention", "tensor_truthiness"),
     Variant("attention_mask_view",  # the mask must broadcast, not have the scores' shape
             attention_with().replace("masked_fill(~mask,", "masked_fill(~mask.view(scores.shape),"),
             "attention"),
     Variant("attention_four_dims_only", attention_with().replace("k.transpose(-2, -1)", "k.transpose(2, 3)"),
-            "attention"),
+            "attention", "fixed_rank"),
+    Variant("attention_finite_fill",  # the Annotated Transformer's -1e9: a fully blocked row comes out uniform, not zero
+            attention_with().replace('float("-inf")', "-1e9").replace(".nan_to_num(0.0)", ""),
+            "attention", "attention.finite_fill"),
+    Variant("attention_softmax_in_float32",  # the softmax upcast "for stability", never cast back
+            attention_with().replace("torch.softmax(scores, dim=-1)", "torch.softmax(scores.float(), dim=-1)"),
+            "attention", "dtype_mismatch"),
+    Variant("attention_own_softmax_no_keepdim",  # the sum lost its axis: it broadcasts against the queries
+            attention_with().replace("torch.softmax(scores, dim=-1).nan_to_num(0.0)",
+                                     "scores.exp() / scores.exp().sum(dim=-1)"),
+            "attention", "keepdim_lost"),
     Variant("attention_dropout_at_eval", attention_with().replace("if training and dropout_p > 0", "if dropout_p > 0"),
             "attention", "attention.dropout_at_eval"),
     Variant("attention_dropout_no_rescale", attention_with().replace(" / (1 - dropout_p)", ""),
@@ -125,10 +148,14 @@ BUGGY = [
             "import torch.nn.functional as F\n"
             + attention_with(dropout="        w = F.dropout(w, dropout_p, training=True)"),
             "attention", "attention.generator_ignored"),
+]
+
+# A forbidden call: the step earns nothing, whatever its values.
+RULES_ONLY = [
     Variant("attention_sdpa",
             "import torch.nn.functional as F\n"
             + attention_with(end="return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), w"),
-            "attention"),
+            "attention", "forbidden_call"),
 ]
 
 CORRECT = [
@@ -180,14 +207,61 @@ CORRECT = [
             return torch.matmul(w, v), w
         """,
     ),
+    Variant(
+        "where_everywhere",  # masks and fills with torch.where, dropout drawn with bernoulli_ from the generator
+        """
+        def causal_mask(t_q, t_k, device=None):
+            i = torch.arange(t_q, device=device).unsqueeze(-1)
+            j = torch.arange(t_k, device=device)
+            return torch.where(j <= i + (t_k - t_q), True, False)
+
+        def combine_masks(padding, causal):
+            return torch.where(padding.unsqueeze(1).unsqueeze(1), causal, False)
+
+        def attention(q, k, v, mask=None, dropout_p=0.0, training=False, generator=None):
+            scores = (q / math.sqrt(q.shape[-1])) @ k.transpose(-2, -1)
+            if mask is not None:
+                scores = torch.where(mask, scores, float("-inf"))
+            w = torch.softmax(scores, dim=-1)
+            w = torch.where(torch.isnan(w), torch.zeros_like(w), w)
+            if training and dropout_p > 0:
+                keep = torch.empty_like(w).bernoulli_(1 - dropout_p, generator=generator)
+                w = w * keep / (1 - dropout_p)
+            return w @ v, w
+        """,
+    ),
+    Variant(
+        "triu_inverted_and_cumsum_padding",  # the tutorials' blocked-positions triu, inverted back; lengths by a running count
+        """
+        def causal_mask(t_q, t_k, device=None):
+            return ~torch.ones(t_q, t_k, dtype=torch.bool, device=device).triu(diagonal=t_k - t_q + 1)
+
+        def padding_mask(lengths, t):
+            ones = torch.ones(lengths.shape[0], t, dtype=lengths.dtype, device=lengths.device)
+            return ones.cumsum(-1) <= lengths.unsqueeze(-1)  # position + 1 <= length
+        """,
+    ),
+]
+
+# Graded with the device checks on: the meta device cannot run data-dependent code, so it is skipped there.
+DEVICE_CORRECT = [
+    Variant(
+        "padding_from_tolist",  # built from Python lists on the lengths' device: right on the CPU and on a GPU
+        """
+        def padding_mask(lengths, t):
+            rows = [[i < n for i in range(t)] for n in lengths.tolist()]
+            return torch.tensor(rows, dtype=torch.bool, device=lengths.device).reshape(len(rows), t)
+        """,
+    ),
 ]
 
 # Graded with the device checks on (the meta device here, CUDA where there is one).
 DEVICE_BUGGY = [
     Variant("causal_mask_on_cpu",  # device= forgotten: built on the CPU whatever was asked
-            causal("torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=t_k - t_q)"), "causal_mask"),
+            causal("torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=t_k - t_q)"), "causal_mask",
+            "result_on_cpu"),
     Variant("padding_positions_on_cpu",
-            "def padding_mask(lengths, t):\n    return torch.arange(t) < lengths[:, None]", "padding_mask"),
+            "def padding_mask(lengths, t):\n    return torch.arange(t) < lengths[:, None]", "padding_mask", "tensor_on_cpu"),
     Variant("attention_dropout_mask_on_cpu",
-            attention_with().replace(", device=w.device", ""), "attention"),
+            attention_with().replace(", device=w.device", ""), "attention", "tensor_on_cpu"),
 ]

@@ -207,6 +207,11 @@ BUGGY = [
     Variant("attention_scores_bmm", "def attention_scores(q, k):\n    return torch.bmm(q, k.transpose(1, 2))", "attention_scores", "fixed_rank"),
     Variant("scale_scores_precedence", "def scale_scores(scores, head_dim):\n    return scores / head_dim ** 1/2",
             "scale_scores", "scale_scores.precedence"),
+    Variant("scale_scores_by_last_axis", "def scale_scores(scores, head_dim):\n    return scores / math.sqrt(scores.size(-1))",
+            "scale_scores", "scale_scores.by_last_axis"),
+    Variant("apply_mask_where_none", "def apply_mask(scores, mask):\n"
+            "    return torch.where(mask if mask is not None else torch.zeros_like(scores, dtype=torch.bool), scores, float('-inf'))",
+            "apply_mask", "apply_mask.none_blocks_all"),
     Variant("scale_scores_isqrt", "def scale_scores(scores, head_dim):\n    return scores / math.isqrt(head_dim)",
             "scale_scores", "scale_scores.integer_root"),
     Variant("apply_mask_minus_1e9", "def apply_mask(scores, mask):\n"

@@ -2,6 +2,7 @@
 
 BUGGY: one mistake each, with the step that must lose points and the named mistake the
 grader must find (None where the mistake has no name and a plain failure is right).
+RULES_ONLY: a step that calls a function its contract forbids: it loses the whole step, and nothing else.
 CORRECT: unusual but right ways to write the steps; each must score 100.
 """
 
@@ -26,6 +27,7 @@ REFERENCE_BODY = """\
         return weighted_sum(weights, v)"""
 
 BUGGY = [
+    # -- project_qkv
     Variant(
         "project_qkv_weight_not_transposed",
         "def project_qkv(x, wq, wk, wv, bq=None, bk=None, bv=None):\n"
@@ -50,10 +52,18 @@ BUGGY = [
         "project_qkv", "project_qkv.one_weight",
     ),
     Variant(
-        "project_qkv_bias_none_unhandled",
+        "project_qkv_bias_copy_paste",  # the value projection took the key's bias
+        "def project_qkv(x, wq, wk, wv, bq=None, bk=None, bv=None):\n"
+        "    q, k, v = x @ wq.T, x @ wk.T, x @ wv.T\n"
+        "    if bq is not None:\n        q, k, v = q + bq, k + bk, v + bk\n"
+        "    return q, k, v",
+        "project_qkv", "project_qkv.wrong_weight",
+    ),
+    Variant(
+        "project_qkv_bias_none_unhandled",  # qkv_bias=False: the biases are left out, so they default to None
         "def project_qkv(x, wq, wk, wv, bq=None, bk=None, bv=None):\n"
         "    return x @ wq.T + bq, x @ wk.T + bk, x @ wv.T + bv",
-        "project_qkv",
+        "project_qkv", "none_unhandled",
     ),
     Variant(
         "project_qkv_assumes_batch",
@@ -62,15 +72,9 @@ BUGGY = [
         "    flat = x.reshape(B * T, D)\n"
         "    return tuple((flat @ w.T + (0 if b is None else b)).reshape(B, T, -1)\n"
         "                 for w, b in ((wq, bq), (wk, bk), (wv, bv)))",
-        "project_qkv",
+        "project_qkv", "fixed_rank",
     ),
-    Variant(
-        "project_qkv_linear",
-        "import torch.nn.functional as F\n"
-        "def project_qkv(x, wq, wk, wv, bq=None, bk=None, bv=None):\n"
-        "    return F.linear(x, wq, bq), F.linear(x, wk, bk), F.linear(x, wv, bv)",
-        "project_qkv",
-    ),
+    # -- attention_scores
     Variant(
         "attention_scores_transposed",
         "def attention_scores(queries, keys):\n    return keys @ queries.transpose(-2, -1)",
@@ -79,13 +83,23 @@ BUGGY = [
     Variant(
         "attention_scores_keys_T",  # the tutorials' 2-D code: right without a batch dim only
         "def attention_scores(queries, keys):\n    return queries @ keys.T",
-        "attention_scores",
+        "attention_scores", "transpose_all_axes",
     ),
     Variant(
         "attention_scores_bmm",  # right with exactly one batch dim only
         "def attention_scores(queries, keys):\n    return torch.bmm(queries, keys.transpose(1, 2))",
-        "attention_scores",
+        "attention_scores", "fixed_rank",
     ),
+    Variant(
+        "attention_scores_fixed_axes",  # (B, T, d) in mind: right with exactly one batch dim
+        "def attention_scores(queries, keys):\n    return queries @ keys.transpose(1, 2)",
+        "attention_scores", "attention_scores.fixed_axes",
+    ),
+    # -- scale_scores
+    Variant("scale_scores_isqrt", "def scale_scores(scores, d_out):\n    return scores / math.isqrt(d_out)",
+            "scale_scores", "scale_scores.integer_root"),
+    Variant("scale_scores_by_last_axis", "def scale_scores(scores, d_out):\n    return scores / scores.shape[-1] ** 0.5",
+            "scale_scores", "scale_scores.by_last_axis"),
     Variant(
         "scale_scores_multiplied",
         "def scale_scores(scores, d_out):\n    return scores / d_out ** -0.5",
@@ -102,6 +116,16 @@ BUGGY = [
         "scale_scores", "scale_scores.unscaled",
     ),
     Variant(
+        "scale_scores_precedence",  # ** binds tighter than /: this is (d_out ** 1) / 2
+        "def scale_scores(scores, d_out):\n    return scores / d_out ** 1/2",
+        "scale_scores", "scale_scores.precedence",
+    ),
+    Variant(
+        "scale_scores_by_last_axis",  # the tutorials' keys.shape[-1], taken from the scores instead
+        "def scale_scores(scores, d_out):\n    return scores / math.sqrt(scores.shape[-1])",
+        "scale_scores", "scale_scores.by_last_axis",
+    ),
+    Variant(
         "scale_scores_integer_root",  # right for perfect squares only
         "def scale_scores(scores, d_out):\n    return scores / math.isqrt(d_out)",
         "scale_scores",
@@ -109,8 +133,9 @@ BUGGY = [
     Variant(
         "scale_scores_upcast",
         "def scale_scores(scores, d_out):\n    return scores.double() / math.sqrt(d_out)",
-        "scale_scores",
+        "scale_scores", "dtype_promoted",
     ),
+    # -- softmax
     Variant(
         "softmax_ignored_dim",
         "def softmax(scores, dim=-1):\n    e = torch.exp(scores - scores.amax(-1, keepdim=True))\n"
@@ -137,7 +162,31 @@ BUGGY = [
         "def softmax(scores, dim=-1):\n    e = torch.exp(scores)\n    return e / e.sum(dim, keepdim=True)",
         "softmax", "softmax.unstable",
     ),
-    Variant("softmax_builtin", "def softmax(scores, dim=-1):\n    return torch.softmax(scores, dim)", "softmax"),
+    Variant(
+        "softmax_global_max",  # one max for the whole tensor: stable, but far rows underflow to 0 / 0
+        "def softmax(scores, dim=-1):\n    e = torch.exp(scores - scores.max())\n"
+        "    return e / e.sum(dim=dim, keepdim=True)",
+        "softmax", "softmax.global_max",
+    ),
+    Variant(
+        "softmax_max_namedtuple",  # Tensor.max(dim) is (values, indices)
+        "def softmax(scores, dim=-1):\n    e = torch.exp(scores - scores.max(dim=dim, keepdim=True))\n"
+        "    return e / e.sum(dim=dim, keepdim=True)",
+        "softmax", "softmax.max_namedtuple",
+    ),
+    Variant(
+        "softmax_max_no_keepdim",  # the sum keeps its axis, the max does not
+        "def softmax(scores, dim=-1):\n    m = scores.amax(dim=dim)\n    e = torch.exp(scores - m)\n"
+        "    return e / e.sum(dim=dim, keepdim=True)",
+        "softmax", "softmax.max_no_keepdim",
+    ),
+    Variant(
+        "softmax_max_over_last_axis",  # the shift from the usual last axis, the sum along dim
+        "def softmax(scores, dim=-1):\n    e = torch.exp(scores - scores.amax(-1, keepdim=True))\n"
+        "    return e / e.sum(dim=dim, keepdim=True)",
+        "softmax", "softmax.max_over_last_axis",
+    ),
+    # -- weighted_sum
     Variant(
         "weighted_sum_transposed",
         "def weighted_sum(weights, values):\n    return weights.transpose(-2, -1) @ values",
@@ -146,8 +195,34 @@ BUGGY = [
     Variant(
         "weighted_sum_bmm",  # right with exactly one batch dim only
         "def weighted_sum(weights, values):\n    return torch.bmm(weights, values)",
-        "weighted_sum",
+        "weighted_sum", "fixed_rank",
     ),
+    Variant(
+        "weighted_sum_summed_over_queries",  # the broadcast product, summed over the wrong axis
+        "def weighted_sum(weights, values):\n"
+        "    return (weights[..., :, :, None] * values[..., None, :, :]).sum(dim=-3)",
+        "weighted_sum", "weighted_sum.summed_over_queries",
+    ),
+    Variant(
+        "weighted_sum_broadcast_2d",  # written for (T, T) weights and (T, d) values only
+        "def weighted_sum(weights, values):\n    return (weights[:, :, None] * values[None, :, :]).sum(dim=1)",
+        "weighted_sum", "weighted_sum.broadcast_for_2d",
+    ),
+    Variant(
+        "weighted_sum_accumulated_in_float32",  # torch.zeros without dtype=: float64 values summed into float32
+        "def weighted_sum(weights, values):\n"
+        "    out = torch.zeros(*weights.shape[:-1], values.shape[-1], device=values.device)\n"
+        "    for j in range(weights.shape[-1]):  # one key at a time\n"
+        "        out += weights[..., :, j:j + 1] * values[..., j:j + 1, :]\n"
+        "    return out",
+        "weighted_sum", "dtype_narrowed",
+    ),
+    Variant(
+        "weighted_sum_einsum_typo",  # the query index dropped from the output: summed over the queries too
+        "def weighted_sum(weights, values):\n    return torch.einsum('...qk,...kd->...d', weights, values)",
+        "weighted_sum", "axis_missing",
+    ),
+    # -- SelfAttention
     Variant(
         "module_scaled_by_d_in",
         module_with(REFERENCE_BODY.replace("self.d_out", "x.shape[-1]")),
@@ -174,13 +249,47 @@ BUGGY = [
         "SelfAttention", "SelfAttention.key_as_value",
     ),
     Variant(
+        "module_scaled_by_shape_1",  # keys.shape[1] is d_out for the tutorials' (T, d_out) keys, T once batched
+        module_with(REFERENCE_BODY.replace("self.d_out", "k.shape[1]")),
+        "SelfAttention", "SelfAttention.scaled_by_token_count",
+    ),
+    Variant(
+        "module_scaled_after_softmax",
+        module_with("""\
+        weights = scale_scores(softmax(attention_scores(q, k), dim=-1), self.d_out)
+        return weighted_sum(weights, v)"""),
+        "SelfAttention", "SelfAttention.scaled_after_softmax",
+    ),
+    Variant(
+        "module_causal",  # the next section's CausalAttention, a section too early
+        module_with("""\
+        T = x.shape[-2]
+        future = torch.triu(torch.ones(T, T, dtype=torch.bool, device=x.device), diagonal=1)
+        scores = scale_scores(attention_scores(q, k), self.d_out).masked_fill(future, float("-inf"))
+        return weighted_sum(softmax(scores, dim=-1), v)"""),
+        "SelfAttention", "SelfAttention.causal",
+    ),
+    Variant(
         "module_ignores_qkv_bias",
         """
         class SelfAttention(SelfAttention):
             def __init__(self, d_in, d_out, qkv_bias=False):
                 super().__init__(d_in, d_out, qkv_bias=False)
         """,
-        "SelfAttention",
+        "SelfAttention", "layer_names",
+    ),
+    Variant(
+        "module_bias_always",  # nn.Linear's default bias=True, whatever qkv_bias says
+        """
+        class SelfAttention(SelfAttention):
+            def __init__(self, d_in, d_out, qkv_bias=False):
+                nn.Module.__init__(self)
+                self.d_out = d_out
+                self.W_query = nn.Linear(d_in, d_out)
+                self.W_key = nn.Linear(d_in, d_out)
+                self.W_value = nn.Linear(d_in, d_out)
+        """,
+        "SelfAttention", "parameters_not_loaded",
     ),
     Variant(
         "module_other_names",
@@ -196,12 +305,12 @@ BUGGY = [
                 q, k, v = self.query(x), self.key(x), self.value(x)
                 return softmax(q @ k.transpose(-2, -1) / k.shape[-1] ** 0.5) @ v
         """,
-        "SelfAttention",
+        "SelfAttention", "layer_names",
     ),
     Variant(
         "module_batched_only",
         module_with("        B, T, _ = x.shape  # no (T, d_in) input\n" + REFERENCE_BODY),
-        "SelfAttention",
+        "SelfAttention", "fixed_rank",
     ),
     Variant(
         "module_detached_scores",  # right values, but no gradient reaches W_query and W_key
@@ -209,10 +318,46 @@ BUGGY = [
         "SelfAttention",
     ),
     Variant(
+        "module_weight_data",  # .data: right values, but the weights get no gradient
+        """
+        class SelfAttention(SelfAttention):
+            def forward(self, x):
+                q, k, v = project_qkv(x, self.W_query.weight.data, self.W_key.weight.data, self.W_value.weight.data,
+                                      self.W_query.bias, self.W_key.bias, self.W_value.bias)
+                weights = softmax(scale_scores(attention_scores(q, k), self.d_out), dim=-1)
+                return weighted_sum(weights, v)
+        """,
+        "SelfAttention", "gradient_cut",
+    ),
+    Variant(
+        "module_functional_dropout",  # F.dropout defaults to training=True: it acts after model.eval() too
+        "import torch.nn.functional as F\n" + module_with("""\
+        weights = softmax(scale_scores(attention_scores(q, k), self.d_out), dim=-1)
+        return weighted_sum(F.dropout(weights, 0.1), v)"""),
+        "SelfAttention", "dropout_at_eval",
+    ),
+]
+
+# A forbidden call: the step earns nothing, whatever its values.
+RULES_ONLY = [
+    Variant(
+        "project_qkv_linear",
+        "import torch.nn.functional as F\n"
+        "def project_qkv(x, wq, wk, wv, bq=None, bk=None, bv=None):\n"
+        "    return F.linear(x, wq, bq), F.linear(x, wk, bk), F.linear(x, wv, bv)",
+        "project_qkv", "forbidden_call",
+    ),
+    Variant("softmax_builtin", "def softmax(scores, dim=-1):\n    return torch.softmax(scores, dim)", "softmax", "forbidden_call"),
+    Variant(
+        "softmax_method",  # Tensor.softmax is torch.softmax by another name
+        "def softmax(scores, dim=-1):\n    return scores.softmax(dim=dim)",
+        "softmax", "forbidden_call",
+    ),
+    Variant(
         "module_sdpa",
         module_with("        import torch.nn.functional as F\n"
                     "        return F.scaled_dot_product_attention(q, k, v)"),
-        "SelfAttention",
+        "SelfAttention", "forbidden_call",
     ),
 ]
 
@@ -289,6 +434,54 @@ CORRECT = [
             return e / e.sum(dim=dim, keepdim=True)
         """,
     ),
+    Variant(
+        "lazy_layers_and_buffer",  # nn.LazyLinear learns d_in from the first input; a scale kept as a buffer
+        """
+        class SelfAttention(nn.Module):
+            def __init__(self, d_in, d_out, qkv_bias=False):
+                super().__init__()
+                self.W_query = nn.LazyLinear(d_out, bias=qkv_bias)
+                self.W_key = nn.LazyLinear(d_out, bias=qkv_bias)
+                self.W_value = nn.LazyLinear(d_out, bias=qkv_bias)
+                self.register_buffer("scale", torch.tensor(d_out ** -0.5))
+
+            def forward(self, x):
+                q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+                return weighted_sum(softmax(attention_scores(q * self.scale, k), dim=-1), v)
+        """,
+    ),
+    Variant(
+        "unbatched_as_a_batch_of_one",  # (T, d_in) handled by adding the batch axis and taking it off again
+        """
+        class SelfAttention(SelfAttention):
+            def forward(self, x):
+                if x.dim() == 2:
+                    return self.forward(x.unsqueeze(0)).squeeze(0)
+                q, k, v = (layer(x) for layer in (self.W_query, self.W_key, self.W_value))
+                scores = torch.baddbmm(torch.zeros(1, 1, 1, dtype=x.dtype, device=x.device), q, k.transpose(1, 2),
+                                       alpha=1 / math.sqrt(k.shape[-1]))
+                return weighted_sum(softmax(scores, dim=-1), v)
+        """,
+    ),
+    Variant(
+        "broadcast_weighted_sum_and_rsqrt",
+        """
+        def weighted_sum(weights, values):
+            return (weights.unsqueeze(-1) * values.unsqueeze(-3)).sum(dim=-2)  # over the keys
+
+        def scale_scores(scores, d_out):
+            return scores * torch.rsqrt(torch.tensor(float(d_out), dtype=torch.float64)).item()
+        """,
+    ),
+    Variant(
+        "softmax_in_float64",  # computed in float64, handed back in the input's dtype
+        """
+        def softmax(scores, dim=-1):
+            s = scores.double()
+            e = (s - s.amax(dim, keepdim=True)).exp()
+            return (e / e.sum(dim, keepdim=True)).to(scores.dtype)
+        """,
+    ),
 ]
 
 # Graded with the device checks on (the meta device here, CUDA where there is one).
@@ -297,11 +490,11 @@ DEVICE_BUGGY = [
         "module_constant_on_cpu",  # the scale is built on the CPU whatever the input's device
         module_with(REFERENCE_BODY.replace("scale_scores(attention_scores(q, k), self.d_out)",
                                            "attention_scores(q, k) / torch.FloatTensor([self.d_out ** 0.5])")),
-        "SelfAttention",
+        "SelfAttention", "tensor_on_cpu",
     ),
     Variant(
         "scale_scores_constant_on_cpu",  # a 1-element tensor without device=: the module composes it, so it loses too
         "def scale_scores(scores, d_out):\n    return scores / torch.tensor([math.sqrt(d_out)], dtype=scores.dtype)",
-        "scale_scores",
+        "scale_scores", "tensor_on_cpu",
     ),
 ]

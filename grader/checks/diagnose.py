@@ -142,8 +142,8 @@ MASK_NOT_BOOL = Mistake(
 )
 RESULT_ON_CPU = Mistake(
     "result_on_cpu",
-    f"the result came back on the CPU while the inputs were elsewhere: a tensor created without device= "
-    f"ended up in the result; {CPU_DEVICE_HINT}",
+    f"the result came back on the CPU, not on the device asked for or the inputs' device: a tensor created "
+    f"without device= (torch.ones(t_q, t_k) without device=device) ended up in the result; {CPU_DEVICE_HINT}",
 )
 
 # What a module's own checks see.

@@ -139,7 +139,7 @@ class Run:
             if kind == "rules":
                 check_rules(answer.called, self.ctx.forbidden.get(self.step.id, ()), self.ctx.source)
                 if self.spec.rules:
-                    self.spec.rules(answer, self.ctx.source)
+                    self.spec.rules(answer, self.ctx.source, self.step.id)
             if kind == "shape":
                 self.expect_form(self.output(answer), call)
             else:
@@ -159,9 +159,12 @@ class Run:
         signatures = {n: inspect.signature(getattr(contract, n) if contract else f) for n, f in references.items()}
         return Answers(references, signatures, self.spec.backend)
 
-    def answer(self, call: Call, device: str = "cpu", strided=(), step: Step | None = None, **extra):
-        """The candidate's answer to `call`; an exception it raised becomes a failed check with its diagnosis."""
-        step = step or self.step
+    def answer(self, call: Call, device: str = "cpu", strided=(), **extra):
+        """The candidate's answer to `call`; an exception it raised becomes a failed check with its diagnosis.
+
+        `extra` goes to Candidate.module: grad_output and grad_args, repeat.
+        """
+        step = self.step
         args = tuple(Strided(a) if i in strided else a for i, a in enumerate(call.args))
         candidate = self.ctx.candidate
         try:
@@ -176,19 +179,18 @@ class Run:
                 pytest.skip(f"the meta device cannot run this code, so it was not checked there: {error.message}")
             if error.kind == "not_implemented":
                 raise
-            raise self.error_failure(error, call, step, device) from None
+            raise self.error_failure(error, call, device) from None
 
     def output(self, answer):
         return answer.value["output"] if self.step.module else answer.value
 
-    def reference(self, call: Call, step: Step | None = None, exact: bool = True):
+    def reference(self, call: Call, exact: bool = True):
         """The reference's answer, computed in float64 (float32 for the half types) unless `exact` is False."""
-        step = step or self.step
         args = self.reference_args(call)
         kwargs = {k: as_tensor(v) if isinstance(v, np.ndarray) else v for k, v in call.kwargs.items()}
         if exact:
             args, kwargs = upcast(args), upcast(kwargs)
-        return step.reference(*args, **kwargs)
+        return self.step.reference(*args, **kwargs)
 
     def reference_args(self, call: Call) -> tuple:
         args = tuple(as_tensor(a) if isinstance(a, np.ndarray) else a for a in call.args)
@@ -267,13 +269,16 @@ class Run:
                 return diagnose.DROPOUT_AT_EVAL
         return None
 
-    def error_failure(self, error: CandidateError, call: Call, step: Step, device: str) -> CheckFailed:
+    def error_failure(self, error: CandidateError, call: Call, device: str) -> CheckFailed:
+        """An exception the candidate's code raised, said with its line and inputs, and named if it is a known one."""
         line = _line(self.ctx.source, error.line)
-        source = _source_of(self.ctx.source, step.id)
-        mistake = next((m for m in step.mistakes if m.raises and m.raises.matches(error, line, source, call)), None)
+        source = _source_of(self.ctx.source, self.step.id)
+        mistake = next((m for m in self.step.mistakes if m.raises and m.raises.matches(error, line, source, call)), None)
         mistake = mistake or diagnose.error(error, line, source, call, device)
-        where = f" at line {error.line}: `{line.strip()}`" if line.strip() else ""
-        message = error.message.removesuffix(f" (line {error.line})") + where if error.line else error.message
+        message = error.message
+        if error.line:
+            label = self.ctx.candidate.where(error.line)  # "line N", or "cell C, line M" in a notebook
+            message = message.removesuffix(f" ({label})") + (f" at {label}: `{line.strip()}`" if line.strip() else f" ({label})")
         if error.kind in ("raised",):
             message += f" [called with {describe(call)}" + (f" on {device}" if device != "cpu" else "") + "]"
         return CheckFailed(message, mistake, outcome="error")
@@ -300,6 +305,8 @@ class Answers:
             args, kwargs = wire.decode(frame.get("args"), blobs), wire.decode(frame.get("kwargs"), blobs)
             if name not in self.references or not isinstance(args, tuple) or not isinstance(kwargs, dict):
                 return {"ok": False, "error": f"{name!r} is not a step the grader answers here"}
+            if self.backend == "numpy":  # NumPy promotes mixed float dtypes where torch refuses: promote as it would
+                args, kwargs = _promoted(args), {k: v for k, v in zip(kwargs, _promoted(tuple(kwargs.values())))}
             args, kwargs = as_tensor_tree(args), {k: as_tensor_tree(v) for k, v in kwargs.items()}
             if sum(t.numel() for t in _leaves(args, kwargs)) > MAX_ANSWERED_ELEMENTS:
                 return {"ok": False, "error": "inputs too large to answer"}
@@ -335,6 +342,14 @@ class Answers:
             found = torch.autograd.grad([o for o, _ in pairs], wanted, [g.to(o.dtype) for o, g in pairs], allow_unused=True)
         by_id = dict(zip((id(t) for t in wanted), found))
         return tuple(by_id.get(id(inputs[id(t)])) for t in leaves)
+
+
+def _promoted(values: tuple) -> tuple:
+    floats = [v for v in values if isinstance(v, np.ndarray) and v.dtype.kind == "f"]
+    if not floats:
+        return values
+    common = np.result_type(*floats)
+    return tuple(v.astype(common) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v for v in values)
 
 
 def _leaves(args: tuple, kwargs: dict) -> list:
@@ -459,10 +474,12 @@ def gradients(**params):
         params_ = {k: v.detach().double().requires_grad_(True) for k, v in call.state.items()}
         (run.step.reference(params_, *inputs, **call.kwargs) * grad_output.double()).sum().backward()
         names = call.names or tuple(f"argument {i}" for i in range(len(call.args)))
-        for name, got, x in [*((names[i], g, inputs[i]) for i, g in zip(grad_args, result["arg_grads"])),
-                             *((n, result["param_grads"].get(n), p) for n, p in params_.items())]:
-            if got is None:
-                raise CheckFailed(f"the gradient of {name} is None: it is not on the graph", diagnose.GRADIENT_CUT)
+        found = [*((names[i], g, inputs[i]) for i, g in zip(grad_args, result["arg_grads"])),
+                 *((n, result["param_grads"].get(n), p) for n, p in params_.items())]
+        cut = [name for name, got, _ in found if got is None]
+        if cut:  # first: a cut graph also makes the gradients that do arrive wrong
+            raise CheckFailed(f"no gradient reached {', '.join(cut)}: it is not on the graph", diagnose.GRADIENT_CUT)
+        for name, got, x in found:
             try:
                 expect_form(got, x.grad.float())
                 expect_close(got, x.grad)

@@ -16,7 +16,7 @@ import torch
 
 from grader.checks import mha
 from grader.checks.engine import end_to_end
-from grader.checks.expect import numpy_only
+from grader.checks.expect import expect_no_import, numpy_only
 from grader.checks.spec import Call, Exercise, Mistake, Step, prop, rules, shape, values
 
 FLOATS = (np.float32, np.float64)
@@ -42,9 +42,12 @@ NUMPY_MISTAKES = {
 }
 
 
+TORCH_ONLY = {"softmax.max_namedtuple", "apply_mask.bool_arithmetic"}  # NumPy has no such trap
+
+
 def numpy_step(step: Step, *checks) -> Step:
     """An mha step with NumPy checks and NumPy wording."""
-    mistakes = tuple(replace(m, message=NUMPY_WORDING.get(m.id, m.message)) for m in step.mistakes)
+    mistakes = tuple(replace(m, message=NUMPY_WORDING.get(m.id, m.message)) for m in step.mistakes if m.id not in TORCH_ONLY)
     return replace(step, checks=checks, mistakes=mistakes + NUMPY_MISTAKES.get(step.id, ()))
 
 
@@ -121,8 +124,17 @@ FUNCTION = Step(
         values("without_bias", 2, bias=False), values("one_head", 1, heads=1), values("six_heads", 1, heads=6),  # head_dim 12, 2
         rules(2, mask="plain"), prop("end_to_end", 2, end_to_end(mask="batch"), end_to_end=True),
     ),
-    mistakes=tuple(_as_function(m) for m in mha.MODULE_MISTAKES if m.variant or m.test),  # a function has no __init__
+    # a function has no __init__ to check, and is always given its value
+    mistakes=tuple(_as_function(m) for m in mha.MODULE_MISTAKES
+                   if (m.variant or m.test) and m.id != "MultiHeadAttention.value_defaults_to_query"),
 )
 
-EXERCISE = Exercise((*STEPS, FUNCTION), backend="numpy", rules=numpy_only, contract="solutions.mha_numpy")
+def numpy_rules(answer, source: str, step: str) -> None:
+    """No torch in the file or the call, and no scipy in softmax (scipy.special.softmax is the one-line shortcut)."""
+    numpy_only(answer, source)
+    if step == "softmax":
+        expect_no_import(source, "scipy")
+
+
+EXERCISE = Exercise((*STEPS, FUNCTION), backend="numpy", rules=numpy_rules, contract="solutions.mha_numpy")
 assert torch  # the reference runs in torch; only the candidate's side is NumPy

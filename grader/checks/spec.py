@@ -173,6 +173,7 @@ class Exercise:
 
     steps: tuple[Step, ...]
     backend: str = "torch"  # numpy: arrays in and out, no device checks
-    rules: Callable | None = None  # a file-level rule every rules check applies too (NumPy: no torch)
+    rules: Callable | None = None  # rules(answer, source, step id): what every rules check asks besides the manifest's
+    # forbidden calls (NumPy: no torch in the file or the call)
     contract: str = ""  # the module whose signatures a composite's calls are bound by, if not the references'
     # (mha_numpy's softmax takes `axis` where the torch reference takes `dim`)
