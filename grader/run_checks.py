@@ -84,8 +84,8 @@ def _last_resort_timeout(timeout: float, import_timeout: float) -> int:
 def check_keys(source: str, spec) -> dict[str, str] | None:
     """What each step's checks depend on, as a hash: the step's own definition, the rest of the file
     but the other steps, and the steps it calls itself (a composite's calls are answered by the grader,
-    so not those); "" for a composite's end-to-end checks, which depend on the whole file. None when
-    the file does not parse.
+    so not those); "" for a composite's checks, which depend on the whole file (its steps run as
+    written once they pass, see engine.Run.answers). None when the file does not parse.
     """
     try:
         tree = ast.parse(source)
@@ -128,7 +128,7 @@ class _Plugin:
     def context(self) -> Context:
         source = self._candidate.path.read_text(encoding="utf-8", errors="replace")
         forbidden = {step.id: step.forbidden for step in self.exercise.steps}
-        return Context(self._candidate, self.seed, self._device, source, forbidden)
+        return Context(self._candidate, self.seed, self._device, source, forbidden, self.outcomes)
 
     def pytest_collection_modifyitems(self, items) -> None:
         steps = {s.id for s in self.exercise.steps}
@@ -146,7 +146,7 @@ class _Plugin:
         """Whether an earlier grade's result for this check still holds; if so it is taken, and the check not run."""
         if keys is None or not isinstance(item, SpecItem):
             return False
-        item.cache_key = (item.name, keys["" if item.check.end_to_end else item.step.id], self.seed, self._device)
+        item.cache_key = (item.name, keys["" if item.step.answered else item.step.id], self.seed, self._device)
         hit = self.cache.get(item.cache_key)
         if hit is not None:
             self.outcomes.append(hit)

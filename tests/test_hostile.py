@@ -741,3 +741,25 @@ def test_without_file_system_isolation_the_grade_runs_and_the_report_says_so(tmp
     assert result.environment["fs_isolation"] is False
     assert report.NO_FS_ISOLATION in report.to_text(result)
     assert json.loads(report.to_json(result))["environment"]["fs_isolation"] is False
+
+
+def test_questions_to_the_grader_are_bounded_and_a_step_it_does_not_answer_is_refused(grade_source):
+    """A module's calls to a failing step are answered by the grader; one that asks too much, or asks for a
+    step the grader does not answer there, gets a refusal as an error in its own checks, and the grade goes on."""
+    code = """
+def softmax(scores, dim=-1):
+    return scores  # wrong: its checks fail, so the module's calls to it are answered by the grader
+
+class MultiHeadAttention(MultiHeadAttention):
+    def forward(self, query, key=None, value=None, mask=None):
+        softmax(torch.zeros(2100, 2100))  # 4.4 million elements: more than the grader computes for a question
+        return super().forward(query, key, value, mask)
+"""
+    result = grade_source(code)
+    module = step(result, "MultiHeadAttention")
+    assert module.score == 2, explain(result)  # the layers and the width check, which run no forward pass
+    assert {"softmax", "MultiHeadAttention"} <= set(lost(result)), explain(result)
+    answered = [c for c in module.checks if c.points < c.max_points and not c.end_to_end]  # end to end: its own softmax
+    assert answered and all("inputs too large to answer" in c.message for c in answered), explain(result)
+    for step_id in ("project", "split_heads", "attention_scores", "weighted_sum", "merge_heads"):
+        assert step_id not in lost(result)

@@ -222,6 +222,7 @@ BUGGY = [
             "    return scores if mask is None else scores + (1 - mask) * -1e9", "apply_mask", "apply_mask.bool_arithmetic"),
     Variant("apply_mask_index_assign", "def apply_mask(scores, mask):\n    if mask is None:\n        return scores\n"
             "    scores = scores.clone()\n    scores[~mask] = float('-inf')\n    return scores", "apply_mask", "apply_mask.index_no_broadcast"),
+    Variant("softmax_identity", "def softmax(scores, dim=-1):\n    return scores  # left for later", "softmax", "softmax.identity"),
     Variant("softmax_dim_0", "def softmax(scores, dim=-1):\n    e = torch.exp(scores - scores.amax(0, keepdim=True))\n"
             "    return e / e.sum(0, keepdim=True)", "softmax", "softmax.dim_0"),
     Variant("softmax_global_max", "def softmax(scores, dim=-1):\n    e = torch.exp(scores - scores.max())\n"

@@ -186,6 +186,7 @@ BUGGY = [
         "def softmax(scores, axis=-1):\n    e = np.exp(scores)\n    return e / e.sum()",
         "softmax", "softmax.whole_tensor",
     ),
+    Variant("softmax_identity", "def softmax(scores, axis=-1):\n    return scores", "softmax", "softmax.identity"),
     Variant(
         "softmax_no_keepdims",
         "def softmax(scores, axis=-1):\n    e = np.exp(scores)\n    return e / e.sum(axis=axis)",

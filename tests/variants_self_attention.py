@@ -152,6 +152,7 @@ BUGGY = [
         "def softmax(scores, dim=-1):\n    e = torch.exp(scores)\n    return e / e.sum()",
         "softmax", "softmax.whole_tensor",
     ),
+    Variant("softmax_identity", "def softmax(scores, dim=-1):\n    return scores", "softmax", "softmax.identity"),
     Variant(
         "softmax_no_keepdim",
         "def softmax(scores, dim=-1):\n    e = torch.exp(scores)\n    return e / e.sum(dim)",

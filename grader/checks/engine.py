@@ -20,7 +20,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -43,7 +43,7 @@ from grader.checks.expect import (
 )
 from grader.checks.spec import Call, Check, Exercise, Step
 
-VALUE_DRAWS = 2  # a values check runs on this many draws of its inputs
+VALUE_DRAWS = 2  # a step's values check (the one run on several dtypes) runs on this many draws of its inputs
 
 
 def is_spec(module) -> bool:
@@ -92,6 +92,12 @@ class Context:
     device: str  # where device checks run: cuda, meta, cpu, or none
     source: str
     forbidden: dict  # step id -> forbidden torch function names, from the manifest
+    outcomes: list = field(default_factory=list)  # the results so far (steps run in manifest order)
+
+    def passed(self, step_id: str) -> bool:
+        """Did this step run, and pass (or skip) every one of its checks?"""
+        mine = [o for o in self.outcomes if o.step == step_id]
+        return bool(mine) and all(o.outcome in ("passed", "skipped") for o in mine)
 
 
 class Gen:
@@ -131,7 +137,7 @@ class Run:
         if kind == "property":
             self.check.run(self)
             return
-        draws = VALUE_DRAWS if kind == "values" else 1
+        draws = VALUE_DRAWS if kind == "values" and len(self.check.dtypes) > 1 else 1  # the values check, not an edge case
         for _ in range(draws):
             call = self.inputs(**self.check.params)
             device = self.ctx.device if kind == "device" else "cpu"
@@ -151,10 +157,17 @@ class Run:
         return self.step.inputs(self.gen, dtype=dtype or self.dtype, **params)
 
     def answers(self) -> Answers | None:
-        """The grader's answers to the step functions this step calls, unless the check runs it end to end."""
+        """The grader's answers to the step functions this step calls, unless the check runs it end to end.
+
+        A step that passed every one of its own checks runs as the candidate wrote it: the same
+        answers, without a question to the grader for each call.
+        """
         if self.check.end_to_end or not self.step.answered:
             return None
-        references = {s.id: s.reference for s in self.spec.steps if s.id in self.step.answered}
+        answered = [name for name in self.step.answered if not self.ctx.passed(name)]
+        if not answered:
+            return None
+        references = {s.id: s.reference for s in self.spec.steps if s.id in answered}
         contract = importlib.import_module(self.spec.contract) if self.spec.contract else None
         signatures = {n: inspect.signature(getattr(contract, n) if contract else f) for n, f in references.items()}
         return Answers(references, signatures, self.spec.backend)
@@ -227,6 +240,8 @@ class Run:
 
     def explain(self, value, call: Call, device: str = "cpu"):
         """The first of the step's mistakes that explains this wrong answer, else a generic one."""
+        if _is_meta(value):  # no values to compare: only its form can say something
+            return diagnose.form(value, self.reference(call, exact=False), self.spec.backend, device)
         compare = self.step.compare or expect_close
         args = self.reference_args(call)  # a variant runs in the answer's own dtype: overflows and all
         kwargs = {k: as_tensor(v) if isinstance(v, np.ndarray) else v for k, v in call.kwargs.items()}
@@ -310,6 +325,9 @@ class Answers:
             args, kwargs = as_tensor_tree(args), {k: as_tensor_tree(v) for k, v in kwargs.items()}
             if sum(t.numel() for t in _leaves(args, kwargs)) > MAX_ANSWERED_ELEMENTS:
                 return {"ok": False, "error": "inputs too large to answer"}
+            meta = any(t.is_meta for t in _leaves(args, kwargs))
+            if meta:  # shapes are all a meta answer has: computed on CPU zeros (the meta kernels cost a lazy import)
+                args, kwargs = _zeros_for_meta(args), dict(zip(kwargs, _zeros_for_meta(tuple(kwargs.values()))))
             try:
                 bound = self.signatures[name].bind(*args, **kwargs)  # by the contract's names, then by position
                 bound.apply_defaults()
@@ -321,7 +339,8 @@ class Answers:
             self.asked.append((name, args, kwargs))
             if self.backend == "numpy":
                 value = _numpy_tree(value)
-            return {"ok": True, "value": wire.encode(value, out), "index": len(self.asked) - 1}
+            encoded = wire.encode(value, out)
+            return {"ok": True, "value": _on_meta(encoded) if meta else encoded, "index": len(self.asked) - 1}
         index, grads = frame.get("index"), wire.decode(frame.get("grads"), blobs)
         if type(index) is not int or not 0 <= index < len(self.asked) or not isinstance(grads, tuple):
             return {"ok": False, "error": "no such answer to differentiate"}
@@ -339,7 +358,9 @@ class Answers:
             wanted = [t for t in inputs.values() if t.requires_grad]
             if not pairs or not wanted:
                 return tuple(None for _ in leaves)
-            found = torch.autograd.grad([o for o, _ in pairs], wanted, [g.to(o.dtype) for o, g in pairs], allow_unused=True)
+            # sum(o * g) has the gradients of backward(g), without the lazy import (sympy) explicit ones pay
+            total = sum((o * g.to(o.dtype)).sum() for o, g in pairs)
+            found = torch.autograd.grad(total, wanted, allow_unused=True)
         by_id = dict(zip((id(t) for t in wanted), found))
         return tuple(by_id.get(id(inputs[id(t)])) for t in leaves)
 
@@ -350,6 +371,19 @@ def _promoted(values: tuple) -> tuple:
         return values
     common = np.result_type(*floats)
     return tuple(v.astype(common) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v for v in values)
+
+
+def _zeros_for_meta(values: tuple) -> tuple:
+    return tuple(torch.zeros(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) and v.is_meta else v for v in values)
+
+
+def _on_meta(item):
+    """An encoded answer as a meta tensor's: its dtype and shape, on the meta device, no bytes."""
+    if isinstance(item, dict) and item.get("kind") == "tensor":
+        return {k: v for k, v in item.items() if k != "blob"} | {"device": "meta"}
+    if isinstance(item, dict) and isinstance(item.get("items"), list):
+        return dict(item, items=[_on_meta(v) for v in item["items"]])
+    return item
 
 
 def _leaves(args: tuple, kwargs: dict) -> list:
@@ -394,6 +428,12 @@ def _describe_value(value) -> str:
     if isinstance(value, Strided):
         return _describe_value(value.tensor) + " non-contiguous"
     return repr(value)
+
+
+def _is_meta(value) -> bool:
+    if isinstance(value, (tuple, list)):
+        return any(_is_meta(v) for v in value)
+    return isinstance(value, torch.Tensor) and value.is_meta
 
 
 def _nan_to_zero(value):

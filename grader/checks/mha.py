@@ -217,6 +217,7 @@ NAN_ROWS = Mistake("softmax.nan_rows", "a slice that is all -inf gives NaN: give
 SOFTMAX_MISTAKES = (  # the order matters: an answer that is all NaN fits several
     NAN_ROWS,
     Mistake("softmax.unstable", UNSTABLE_MESSAGE, lambda x, dim=-1: _exp_over(x, dim)),
+    Mistake("softmax.identity", "returned the scores as they came: exponentiate, then divide by the sum along dim", lambda x, dim=-1: x),
     Mistake("softmax.ignored_dim", "softmax over the last axis whatever dim says: normalize along dim", lambda x, dim=-1: ref.softmax(x, -1)),
     Mistake("softmax.dim_0", "normalized along dim 0 (the tutorials' softmax_naive on a 1-D tensor): sum along dim",
             lambda x, dim=-1: _exp_over(x, 0)),
