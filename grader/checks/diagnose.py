@@ -100,8 +100,8 @@ ASSERT_NOT_VALUEERROR = Mistake(
 )
 DOT_ON_BATCHED = Mistake(
     "dot_on_batched",
-    "np.dot on batched arrays contracts the last axis of the first with the second-to-last of the second over "
-    "every batch pair: use np.matmul (the @ operator), which batches",
+    "np.dot (or np.tensordot) on batched arrays pairs every batch of one with every batch of the other (or fails "
+    "to align them): use np.matmul (the @ operator), which batches",
     raises=Raises(message=r"not aligned|shapes .* not aligned", line=r"\bdot\("),
 )
 
@@ -194,6 +194,8 @@ def form(value, native, backend: str = "torch", device: str = "cpu"):
     if not isinstance(value, torch.Tensor) or not isinstance(native, torch.Tensor):
         return None
     if tuple(value.shape) != tuple(native.shape):
+        if backend == "numpy" and value.dim() >= native.dim() + 2:  # np.dot / np.tensordot pair every batch with every other
+            return DOT_ON_BATCHED
         return _shape_mistake(tuple(value.shape), tuple(native.shape))
     if native.dtype == torch.bool and value.dtype != torch.bool:
         return MASK_NOT_BOOL
