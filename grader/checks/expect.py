@@ -242,7 +242,7 @@ def expect_close(value, expected, call=None, tolerance: Tolerance | None = None,
             raise CheckFailed(
                 f"{int(wrong.sum())} of {wrong.numel()} entries differ from the reference"
                 + (f": expected {_item(expected[where])} at {where}, got {_item(got[where])}" if where else ""),
-                details={"wrong_entries": int(wrong.sum()), "where": list(where)},
+                details={"wrong_entries": int(wrong.sum()), "where": list(where), **grid(got, expected)},
             )
         return
     tolerance = tolerance or Tolerance(*TOLERANCES.get(got.dtype, TOLERANCES[torch.float32]))
@@ -254,6 +254,25 @@ def expect_close(value, expected, call=None, tolerance: Tolerance | None = None,
     if bool((error <= tolerance.allowed(b)).all()):
         return
     raise CheckFailed(_difference(got, expected), details=_error_details(a, b, error))
+
+
+GRID_SIZE = 12  # rows and columns of a pattern a report shows
+
+
+def grid(got, expected) -> dict:
+    """The first matrix of a mask or of attention weights, returned and expected, for a report to draw.
+
+    {"grid": {"expected": rows, "got": rows}}: bools (may attend), or weights as floats; {} when
+    the two are no matrices of one shape.
+    """
+    if not (isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor)) or got.shape != expected.shape:
+        return {}
+    if got.dim() < 2 or got.is_meta:
+        return {}
+    first = (0,) * (got.dim() - 2)
+    rows = lambda x: [[bool(v) if x.dtype == torch.bool else round(float(v), 3) for v in row]  # noqa: E731
+                      for row in x[first][:GRID_SIZE, :GRID_SIZE].tolist()]
+    return {"grid": {"expected": rows(expected), "got": rows(got), "shape": list(got.shape[-2:])}}
 
 
 def _error_details(a: torch.Tensor, b: torch.Tensor, error: torch.Tensor) -> dict:
@@ -297,7 +316,10 @@ def _prefixed(name: str, expectation, *args) -> None:
     try:
         expectation(*args)
     except CheckFailed as failure:
-        raise CheckFailed(f"{name}: {failure.message}", failure.mistake, failure.details) from None
+        details = failure.details
+        if name == "weights" and "grid" not in details:  # attention weights: the pattern is worth a look
+            details = {**details, **grid(as_tensor_tree(args[0]), args[1])}
+        raise CheckFailed(f"{name}: {failure.message}", failure.mistake, details) from None
 
 
 def _first_tensor(value):

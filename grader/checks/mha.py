@@ -13,7 +13,7 @@ import torch
 from grader.candidate import CandidateError
 from grader.checks.diagnose import ASSERT_NOT_VALUEERROR
 from grader.checks.engine import end_to_end, gradients, linear_layers, matches_any
-from grader.checks.expect import CheckFailed, as_tensor_tree
+from grader.checks.expect import CheckFailed, as_tensor_tree, grid
 from grader.checks.spec import Call, Exercise, Mistake, Raises, Step, device, prop, rules, shape, values
 from solutions import mha as ref
 
@@ -150,16 +150,17 @@ def expect_masked(value, expected, call, tolerance=None, outputs=()):
     """Entries the reference keeps are unchanged, exactly; those it blocks are -inf or at most -1e4."""
     value, expected = as_tensor_tree(value), as_tensor_tree(expected)
     blocked = expected.isneginf() | (expected <= -1e4)
+    pattern = grid(~(value <= -1e4), ~blocked)  # which keys each query may see, returned and expected
     changed = (value.to(torch.float64) != expected.to(torch.float64)) & ~blocked
     if changed.any():
         where = tuple(int(i) for i in changed.nonzero()[0])
         raise CheckFailed(f"an allowed entry changed at {where}: expected {expected[where].item():.6g}, got {value[where].item():.6g}",
-                          details={"where": list(where)})
+                          details={"where": list(where), **pattern})
     high = blocked & ~(value <= -1e4)
     if high.any():
         where = tuple(int(i) for i in high.nonzero()[0])
         raise CheckFailed(f"a blocked entry at {where} is {value[where].item():.6g}; blocked entries must be -inf or at most -1e4",
-                          details={"where": list(where)})
+                          details={"where": list(where), **pattern})
 
 
 MASK = Step(
