@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 from pathlib import Path
@@ -122,7 +123,9 @@ def _groups(step: StepResult, verbose: bool = False) -> list[tuple[str, str, str
     for check in step.checks:
         if not verbose and check.points == check.max_points:
             continue
-        key = (check.name,) if verbose else (check.mistake_id,) if check.mistake_id else (check.outcome, check.message)
+        # unnamed: the same message, whatever inputs it was called with
+        gist = re.sub(r" \[called with .*\]$", "", check.message)
+        key = (check.name,) if verbose else (check.mistake_id,) if check.mistake_id else (check.outcome, gist)
         first = groups.setdefault(key, (check.outcome, check.message, check.mistake, []))
         first[3].append(check.name)
     return list(groups.values())

@@ -82,27 +82,36 @@ def _last_resort_timeout(timeout: float, import_timeout: float) -> int:
 
 
 def check_keys(source: str, spec) -> dict[str, str] | None:
-    """What each step's checks depend on, as a hash: the step's own definition, the rest of the file
-    but the other steps, and the steps it calls itself (a composite's calls are answered by the grader,
-    so not those); "" for a composite's checks, which depend on the whole file (its steps run as
-    written once they pass, see engine.Run.answers). None when the file does not parse.
+    """What each step's checks depend on, as a hash: the step's own definition (decorators included),
+    the rest of the file but the steps, and the steps it reaches by name, directly or through
+    others (all of them, if code outside the steps names one); "" for a composite's checks, which
+    depend on the whole file (its steps run as written once they pass, see engine.Run.answers).
+    None when the file does not parse.
     """
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return None
+    lines = source.splitlines()
     steps = {step.id for step in spec.steps}
     own: dict[str, list[str]] = {name: [] for name in steps}
     rest = []
     for node in tree.body:
-        segment = ast.get_source_segment(source, node) or ""
+        start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
+        segment = "\n".join(lines[start - 1 : node.end_lineno])
         (own[node.name] if getattr(node, "name", None) in steps else rest).append(segment)
+    names = lambda text: {n for n in steps if re.search(rf"\b{re.escape(n)}\b", text)}  # noqa: E731
+    outside = names("\n".join(rest))
     digest = lambda *parts: hashlib.sha256("\0".join(parts).encode()).hexdigest()  # noqa: E731
     keys = {"": digest(source)}
     for step in spec.steps:
-        text = "\n".join(own[step.id])
-        called = sorted(n for n in steps - {step.id} - set(step.answered) if re.search(rf"\b{re.escape(n)}\b", text))
-        keys[step.id] = digest(text, *rest, *("\n".join(own[n]) for n in called))
+        reached, frontier = {step.id}, {step.id}
+        while frontier:  # the steps it names, and the ones those name
+            frontier = set().union(*(names("\n".join(own[n])) for n in frontier)) - reached
+            reached |= frontier
+        if outside:  # a helper outside the steps names one: any step may reach any
+            reached = set(steps)
+        keys[step.id] = digest(*rest, *("\n".join(own[n]) for n in sorted(reached)))
     return keys
 
 

@@ -105,7 +105,8 @@ def _charged_elsewhere(check: CheckResult, checks_run: list[CheckResult], losing
     if not check.end_to_end or check.outcome in EARNING:
         return check
     own = [c for c in checks_run if c.step == check.step and not c.end_to_end]
-    others = tuple(sorted(losing - {check.step}))
+    calls = check.details.get("calls")  # the steps the composite's source names, when the check knows them
+    others = tuple(sorted((losing - {check.step}) & (set(calls) if calls is not None else losing)))
     if others and all(c.outcome in EARNING for c in own):
         steps = ", ".join(others)
         return replace(check, charged_elsewhere=others,

@@ -35,6 +35,7 @@ were forbidden. Nothing here decides a score: everything in a child is untrusted
 
 import ctypes
 import importlib.util
+import inspect
 import json
 import os
 import platform
@@ -751,7 +752,7 @@ class _Answered:
         class Answer(torch.autograd.Function):
             @staticmethod
             def forward(ctx, args, kwargs, *tensors):
-                value, ctx.index = answered.ask({"op": "answer", "name": name, "args": args, "kwargs": kwargs})
+                value, ctx.index = answered.ask({"op": "answer", "name": name, "args": args, "kwargs": kwargs, "grad": True})
                 return answered.placed(value, tensors)
 
             @staticmethod
@@ -759,10 +760,17 @@ class _Answered:
                 value, _ = answered.ask({"op": "answer_grad", "index": ctx.index, "grads": grads})
                 return (None, None, *answered.placed(tuple(value), grads))
 
+        signature = inspect.signature(self.saved[name])
+
         def proxy(*args, **kwargs):
+            # Bound by the candidate's own parameter names, sent by position: the grader binds them to the contract's.
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            args, kwargs = tuple(bound.args), dict(bound.kwargs)
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             if not any(t.requires_grad for t in tensors):  # nothing to differentiate (NumPy, or no grad wanted)
-                return answered.placed(answered.ask({"op": "answer", "name": name, "args": args, "kwargs": kwargs})[0], tensors)
+                question = {"op": "answer", "name": name, "args": args, "kwargs": kwargs, "grad": False}
+                return answered.placed(answered.ask(question)[0], tensors)
             return Answer.apply(args, kwargs, *tensors)
 
         proxy.__name__ = name
@@ -872,7 +880,7 @@ def _describe(exc, candidate_path):
     if isinstance(exc, MemoryError) or "can't allocate memory" in text:
         name = "MemoryError"  # the grader reports it as the memory limit
     where = f" (line {line})" if line else ""
-    return {"type": name, "message": f"{name}: {text}"[:MAX_MESSAGE] + where, "line": line}
+    return {"type": name, "message": (f"{name}: {text}" if text else name)[:MAX_MESSAGE] + where, "line": line}
 
 
 class _BlockGrader:

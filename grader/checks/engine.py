@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -143,11 +144,18 @@ class Run:
             device = self.ctx.device if kind == "device" else "cpu"
             answer = self.answer(call, device=device, strided=self.check.strided)
             if kind == "rules":
-                check_rules(answer.called, self.ctx.forbidden.get(self.step.id, ()), self.ctx.source)
+                check_rules(answer.called, self.ctx.forbidden.get(self.step.id, ()), self.ctx.source,
+                            _source_of(self.ctx.source, self.step.id))
                 if self.spec.rules:
                     self.spec.rules(answer, self.ctx.source, self.step.id)
             if kind == "shape":
                 self.expect_form(self.output(answer), call)
+            elif kind == "rules":  # no points for a rule kept by garbage, but say which it is
+                try:
+                    self.expect_right(self.output(answer), call, device)
+                except CheckFailed as failure:
+                    raise CheckFailed(f"the rules were kept, but the answer is wrong: {failure.message}", failure.mistake,
+                                      failure.details) from None
             else:
                 self.expect_right(self.output(answer), call, device)
 
@@ -294,55 +302,86 @@ class Run:
         if error.line:
             label = self.ctx.candidate.where(error.line)  # "line N", or "cell C, line M" in a notebook
             message = message.removesuffix(f" ({label})") + (f" at {label}: `{line.strip()}`" if line.strip() else f" ({label})")
-        if error.kind in ("raised",):
+        if error.kind == "raised":
             message += f" [called with {describe(call)}" + (f" on {device}" if device != "cpu" else "") + "]"
         return CheckFailed(message, mistake, outcome="error")
 
 
-MAX_ANSWERED_ELEMENTS = 1 << 22  # a question bigger than this is refused: the grader computes its answer
+# The grader computes a question's answer in its own process, so a question is bounded: its
+# inputs' elements and every one of their sizes (an answer can grow with the square of a size,
+# q @ kᵀ), and the elements one call may ask about in all. Legitimate calls are far below.
+MAX_QUESTION_ELEMENTS = 1 << 16
+MAX_QUESTION_SIZE = 256  # the largest size of any axis of any input
+MAX_CALL_ELEMENTS = 1 << 24  # inputs and answers of all of one call's questions together
 
 
 class Answers:
     """The grader's side of a composite's questions: the reference's answer for each step it calls.
 
-    The worker asks {"op": "answer", "name", "args", "kwargs"} and, in backward,
-    {"op": "answer_grad", "index", "grads"}; each reply is plain data.
+    The worker asks {"op": "answer", "name", "args", "kwargs", "grad"} and, in backward,
+    {"op": "answer_grad", "index", "grads"}; each reply is plain data. Anything a question
+    holds that is not a well-formed question within bounds gets {"ok": false} and an error
+    the candidate's code raises: never an exception here.
     """
 
     def __init__(self, references: dict, signatures: dict, backend: str = "torch"):
         self.references, self.signatures, self.backend = references, signatures, backend
         self.names = tuple(references)
-        self.asked: list[tuple] = []
+        self.asked: dict[int, tuple] = {}  # the questions a backward pass may come back to
+        self.questions = 0
+        self.elements = 0
 
     def reply(self, frame: dict, blobs: list, out: list) -> dict:
-        if frame.get("op") == "answer":
-            name = frame.get("name")
-            args, kwargs = wire.decode(frame.get("args"), blobs), wire.decode(frame.get("kwargs"), blobs)
-            if name not in self.references or not isinstance(args, tuple) or not isinstance(kwargs, dict):
-                return {"ok": False, "error": f"{name!r} is not a step the grader answers here"}
-            if self.backend == "numpy":  # NumPy promotes mixed float dtypes where torch refuses: promote as it would
-                args, kwargs = _promoted(args), {k: v for k, v in zip(kwargs, _promoted(tuple(kwargs.values())))}
-            args, kwargs = as_tensor_tree(args), {k: as_tensor_tree(v) for k, v in kwargs.items()}
-            if sum(t.numel() for t in _leaves(args, kwargs)) > MAX_ANSWERED_ELEMENTS:
-                return {"ok": False, "error": "inputs too large to answer"}
-            meta = any(t.is_meta for t in _leaves(args, kwargs))
-            if meta:  # shapes are all a meta answer has: computed on CPU zeros (the meta kernels cost a lazy import)
-                args, kwargs = _zeros_for_meta(args), dict(zip(kwargs, _zeros_for_meta(tuple(kwargs.values()))))
-            try:
-                bound = self.signatures[name].bind(*args, **kwargs)  # by the contract's names, then by position
-                bound.apply_defaults()
-                args, kwargs = tuple(bound.args), dict(bound.kwargs)
-                value = self.references[name](*args, **kwargs)
-            except Exception as exc:  # the composite called the step with inputs outside its contract
-                called = describe(Call(args, kwargs, tuple(self.signatures[name].parameters)))
-                return {"ok": False, "error": f"it was called with {called}: {type(exc).__name__}: {exc}"[:400]}
-            self.asked.append((name, args, kwargs))
-            if self.backend == "numpy":
-                value = _numpy_tree(value)
-            encoded = wire.encode(value, out)
-            return {"ok": True, "value": _on_meta(encoded) if meta else encoded, "index": len(self.asked) - 1}
+        try:
+            if frame.get("op") == "answer":
+                return self._answer(frame, blobs, out)
+            return self._answer_grad(frame, blobs, out)
+        except wire.WireError:
+            raise  # a malformed frame: the candidate's protocol error
+        except Exception as exc:  # a well-formed question the reference cannot answer
+            out.clear()
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+
+    def _answer(self, frame: dict, blobs: list, out: list) -> dict:
+        name = frame.get("name")
+        args, kwargs = wire.decode(frame.get("args"), blobs), wire.decode(frame.get("kwargs"), blobs)
+        if type(name) is not str or name not in self.references or not isinstance(args, tuple) or not isinstance(kwargs, dict):
+            return {"ok": False, "error": f"{str(name)[:40]!r} is not a step the grader answers here"}
+        if self.backend == "numpy":  # NumPy promotes mixed float dtypes where torch refuses: promote as it would
+            args, kwargs = _promoted(args), dict(zip(kwargs, _promoted(tuple(kwargs.values()))))
+        args, kwargs = as_tensor_tree(args), {k: as_tensor_tree(v) for k, v in kwargs.items()}
+        leaves = _leaves(args, kwargs)
+        size = sum(t.numel() for t in leaves)
+        if size > MAX_QUESTION_ELEMENTS or any(n > MAX_QUESTION_SIZE for t in leaves for n in t.shape):
+            return {"ok": False, "error": "inputs too large to answer"}
+        meta = any(t.is_meta for t in leaves)
+        if meta:  # shapes are all a meta answer has: computed on CPU zeros (the meta kernels cost a lazy import)
+            args, kwargs = _zeros_for_meta(args), dict(zip(kwargs, _zeros_for_meta(tuple(kwargs.values()))))
+        try:
+            bound = self.signatures[name].bind(*args, **kwargs)  # by position, or by the contract's names
+            bound.apply_defaults()
+            args, kwargs = tuple(bound.args), dict(bound.kwargs)
+            value = self.references[name](*args, **kwargs)
+        except Exception as exc:  # the composite called the step with inputs outside its contract
+            called = describe(Call(args, kwargs, tuple(self.signatures[name].parameters)))
+            return {"ok": False, "error": f"it was called with {called}: {type(exc).__name__}: {exc}"[:400]}
+        self.questions += 1
+        self.elements += size + sum(t.numel() for t in _leaves(value if isinstance(value, tuple) else (value,), {}))
+        if self.elements > MAX_CALL_ELEMENTS:
+            return {"ok": False, "error": "too many questions in one call"}
+        if frame.get("grad") is True:
+            self.asked[self.questions] = (name, args, kwargs)
+        if self.backend == "numpy":
+            value = _numpy_tree(value)
+        encoded = wire.encode(value, out)
+        if meta:  # a meta answer crosses as shapes and dtypes only
+            out[:] = [b""] * len(out)
+            encoded = _on_meta(encoded)
+        return {"ok": True, "value": encoded, "index": self.questions}
+
+    def _answer_grad(self, frame: dict, blobs: list, out: list) -> dict:
         index, grads = frame.get("index"), wire.decode(frame.get("grads"), blobs)
-        if type(index) is not int or not 0 <= index < len(self.asked) or not isinstance(grads, tuple):
+        if type(index) is not int or index not in self.asked or not isinstance(grads, tuple):
             return {"ok": False, "error": "no such answer to differentiate"}
         return {"ok": True, "value": wire.encode(self._gradients(*self.asked[index], grads), out)}
 
@@ -355,6 +394,8 @@ class Answers:
             value = self.references[name](*map(swap, args), **{k: swap(v) for k, v in kwargs.items()})
             outputs = value if isinstance(value, tuple) else (value,)
             pairs = [(o, g) for o, g in zip(outputs, grads) if isinstance(g, torch.Tensor) and o.requires_grad]
+            if any(g.shape != o.shape for o, g in pairs):
+                raise ValueError("the gradients do not have the answers' shapes")
             wanted = [t for t in inputs.values() if t.requires_grad]
             if not pairs or not wanted:
                 return tuple(None for _ in leaves)
@@ -534,6 +575,11 @@ def end_to_end(**params):
 
     def check(run: Run) -> None:
         call = run.inputs(**params)
-        run.expect_right(run.output(run.answer(call)), call)
+        try:
+            run.expect_right(run.output(run.answer(call)), call)
+        except CheckFailed as failure:  # which of the steps it could have lost through: those its source names
+            source = _source_of(run.ctx.source, run.step.id)
+            calls = [n for n in run.step.answered if re.search(rf"\b{re.escape(n)}\b", source)]
+            raise CheckFailed(failure.message, failure.mistake, {**failure.details, "calls": calls}, failure.outcome) from None
 
     return check

@@ -328,15 +328,18 @@ def _first_tensor(value):
     return value
 
 
-def check_rules(called, forbidden: tuple[str, ...], source: str) -> None:
+def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: str = "") -> None:
     """The call used none of the step's forbidden torch functions, under any alias: a breach costs the step.
 
     A name matches when it contains a forbidden one, so `_safe_softmax`, `special_softmax`
     and `_softmax.default` (reached through torch.ops) all count as `softmax`.
     """
     tampering = [t for t in TAMPERING if forbidden and t in source]
-    if tampering:
-        raise CheckFailed(f"the file uses {tampering[0]}, which hides torch calls from the rules check")
+    if tampering:  # hiding a forbidden call in the step costs what making it costs; elsewhere, the rules checks
+        from grader.checks.diagnose import FORBIDDEN_CALL
+
+        raise CheckFailed(f"the file uses {tampering[0]}, which hides torch calls from the rules check", FORBIDDEN_CALL,
+                          details={"tampering": tampering[0]}, breach=tampering[0] in step_source)
     wanted = {f.lstrip("_") for f in forbidden}
     used = sorted(n for n in called if any(f in n.split(".")[0] for f in wanted))
     if used:

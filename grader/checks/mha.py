@@ -334,6 +334,8 @@ def attend(state, query, key=None, value=None, mask=None, *, heads=H, split=None
         weights = weights / math.sqrt(embed // heads)
     if mask is not None and mask_mode == "after_softmax":
         weights = weights.masked_fill(~mask, 0.0)
+    if mask is not None and mask_mode == "after_softmax_fill":  # apply_mask(softmax(s), mask): -inf weights
+        weights = ref.apply_mask(weights, mask)
     out = ref.merge_heads(ref.weighted_sum(weights, v))
     out = proj(out, "w_o") if out_proj else out
     return out.transpose(0, 1) if layout == "time_first" else out
@@ -358,7 +360,7 @@ MODULE_MISTAKES = (
     Mistake("MultiHeadAttention.mask_inverted", "mask convention inverted (True must mean attend)", _variant(mask_mode="inverted")),
     Mistake("MultiHeadAttention.mask_ignored", "the mask was never applied: pass it to apply_mask before the softmax", _variant(mask_mode="ignored")),
     Mistake("MultiHeadAttention.mask_after_softmax", "masked the weights after the softmax: the blocked keys still took their share; mask the scores before it",
-            _variant(mask_mode="after_softmax")),
+            test=lambda out, state, *a, **k: matches_any(out, [attend(state, *a, **k, mask_mode=m) for m in ("after_softmax", "after_softmax_fill")])),
     Mistake("MultiHeadAttention.key_as_value", "used the key as the value: project `value` with w_v", _variant(value_from="key")),
     Mistake("MultiHeadAttention.value_defaults_to_query", "value defaulted to query: it defaults to key (value = key if value is None)", _variant(value_from="query")),
     Mistake("MultiHeadAttention.keys_as_values", "multiplied the weights by the keys (weights @ k): multiply by the values v", _variant(values_are_keys=True)),
