@@ -763,3 +763,49 @@ class MultiHeadAttention(MultiHeadAttention):
     assert answered and all("inputs too large to answer" in c.message for c in answered), explain(result)
     for step_id in ("project", "split_heads", "attention_scores", "weighted_sum", "merge_heads"):
         assert step_id not in lost(result)
+
+
+FORGE = """
+def softmax(scores, dim=-1):
+    raise NotImplementedError  # unwritten: the module's calls to it are answered by the grader
+
+def _forge(frame, blobs=()):
+    proxy = globals()['softmax']  # the grader's proxy: its closure holds the pipe to the grader
+    cells = dict(zip(proxy.__code__.co_freevars, (c.cell_contents for c in proxy.__closure__)))
+    answered = cells['answered']
+    answered.wire.write_frame(answered.write_fd, frame, list(blobs))
+    return answered.wire.read_frame(answered.read_fd)
+
+class MultiHeadAttention(MultiHeadAttention):
+    def forward(self, query, key=None, value=None, mask=None):
+        FORGED
+        return super().forward(query, key, value, mask)
+"""
+
+
+@pytest.mark.parametrize("forged", [
+    '_forge({"op": "answer", "name": ["x"], "args": None, "kwargs": None})',
+    'softmax(torch.zeros(2, 3, requires_grad=True)); _forge({"op": "answer_grad", "index": 1, "grads": '
+    '{"kind": "tuple", "items": [{"kind": "tensor", "dtype": "float32", "shape": [5], "device": "cpu", "blob": 0}]}}, [bytes(20)])',
+], ids=["unhashable name", "gradient of the wrong shape"])
+def test_forged_questions_to_the_grader_never_crash_it(grade_source, forged):
+    result = grade_source(FORGE.replace("FORGED", forged))  # a GraderBug would raise here (exit 3)
+    assert "MultiHeadAttention" not in lost(result) or lost(result)["MultiHeadAttention"] <= 2, explain(result)
+
+
+def test_a_module_calling_its_steps_by_its_own_parameter_names_is_answered_right(grade_source):
+    code = """
+def weighted_sum(w, values):  # the candidate's own names, not the contract's (weights, v)
+    return (w @ values).to(torch.float32) if w.dtype == torch.float64 else w @ values  # wrong in float64: answered
+
+class MultiHeadAttention(MultiHeadAttention):
+    def forward(self, query, key=None, value=None, mask=None):
+        key = query if key is None else key
+        value = key if value is None else value
+        H = self.num_heads
+        q, k, v = (split_heads(project(x, w.weight, w.bias), H) for x, w in ((query, self.w_q), (key, self.w_k), (value, self.w_v)))
+        att = softmax(apply_mask(scale_scores(attention_scores(q, k), self.head_dim), mask))
+        return project(merge_heads(weighted_sum(values=v, w=att)), self.w_o.weight, self.w_o.bias)
+"""
+    result = grade_source(code)  # its float64 module check calls the grader's weighted_sum, by the candidate's names
+    assert set(lost(result)) == {"weighted_sum"}, explain(result)
