@@ -107,13 +107,23 @@ def grade(file, fmt, output, verbose, **options) -> None:
 def list_(folder) -> None:
     """List the exercises with their steps, points and, in a workspace, the best score so far."""
     progress = Progress.find(Path(folder))
-    for exercise in load_manifest().values():
-        best = [progress.best(exercise.name, s.id) for s in exercise.steps] if progress else []
-        total = f"  best {sum(b or 0 for b in best)}/{exercise.max_score}" if any(b is not None for b in best) else ""
+    exercises = list(load_manifest().values())
+    steps = [(e, s) for e in exercises for s in e.steps]
+
+    def best(exercise, step) -> str:  # "" outside a workspace, "–" for a step not graded yet
+        found = progress.best(exercise.name, step.id) if progress else None
+        return "" if progress is None else "–" if found is None else str(found)
+
+    id_width = max(len(s.id) for _, s in steps)
+    best_width = max(len(best(e, s)) for e, s in steps)
+    points_width = max(len(str(s.points)) for _, s in steps)
+    for exercise in exercises:
+        scores = [progress.best(exercise.name, s.id) for s in exercise.steps] if progress else []
+        total = f"  best {sum(b or 0 for b in scores)}/{exercise.max_score}" if any(b is not None for b in scores) else ""
         click.echo(click.style(f"{exercise.name}: {exercise.title} ({exercise.file}, {exercise.max_score} points){total}", bold=True))
-        for i, step in enumerate(exercise.steps):
-            mine = f"  best {best[i]}/{step.points}" if best and best[i] is not None else ""
-            click.echo(f"  {step.id:<22} {step.points:>3}  {step.title}{mine}")
+        for step in exercise.steps:
+            score = f"{best(exercise, step):>{best_width}}/{step.points:<{points_width}}" if progress else f"{step.points:>{points_width}}"
+            click.echo(f"  {step.id:<{id_width}}  {score}  {step.title}")
 
 
 @main.command()

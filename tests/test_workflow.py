@@ -178,8 +178,12 @@ def test_list_shows_steps_points_and_best_so_far(tmp_path):
     (tmp_path / "mha.py").write_text(BUGGY)
     invoke(tmp_path / "mha.py", "--device", "cpu")
     listed = invoke("list", "--workspace", tmp_path)
-    assert re.search(r"scale_scores +8 .*best 1/8", listed.stdout), listed.stdout
+    assert re.search(r"scale_scores +1/8 +Scale by", listed.stdout), listed.stdout
+    assert re.search(r"project_qkv +–/16 ", listed.stdout)  # not graded yet
     assert "best 91/100" in listed.stdout  # 7 points of scale_scores, and the module's 2 for running end to end
+    for output in (plain.stdout, listed.stdout):  # every column lines up: the scores' slashes, the titles
+        steps = [re.match(r"  \S+ +(\S+) +", line) for line in output.splitlines() if line.startswith("  ")]
+        assert len({m.end() for m in steps}) == 1 and len({m.group().find("/") for m in steps}) == 1, output
 
 
 # -- watch ------------------------------------------------------------------------------
