@@ -7,7 +7,6 @@ message on stderr says what to do); 3 an internal error of the grader's.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import time
@@ -194,17 +193,17 @@ def solution(exercise, step, yes, folder) -> None:
 @click.option("--exercise", metavar="NAME", help="Which exercise the file is (default: from its name).")
 @click.option("--yes", is_flag=True, help="Reset without asking.")
 def reset(file, step, exercise, yes) -> None:
-    """Put a fresh stub back into FILE (or only one STEP of it); your version of it is lost."""
+    """Put a fresh stub back into FILE (or only one STEP of it); your version is kept in a backup beside it."""
     found = _run(find_exercise, Path(file), exercise)
     if step:
         _step(found.name, step)
+    backup = workspace.backup_path(Path(file))
+    name = Path(file).name
     if not yes:
-        click.confirm(f"Replace {'step ' + step if step else 'all of'} {file} with the stub?", abort=True, err=True)
-    if step:
-        _run(workspace.reset_step, Path(file), found.stub_path, step)
-    else:
-        shutil.copyfile(found.stub_path, file)
-    click.echo(f"reset {file}" + (f" ({step})" if step else ""))
+        what = f"your {step} in {name} with the stub's" if step else f"all of {name} with a fresh stub"
+        click.confirm(f"Replace {what}? A backup is kept in {backup.name}.", abort=True, err=True)
+    _run(workspace.reset, Path(file), found, step, backup)
+    click.echo(f"reset {file}" + (f" ({step})" if step else "") + f"; your version is in {backup}")
 
 
 @main.command()

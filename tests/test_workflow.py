@@ -129,13 +129,26 @@ def test_output_writes_the_report_to_a_file_and_keeps_the_exit_code(tmp_path):
 
 def test_init_copies_stubs_and_refuses_to_overwrite_work(tmp_path):
     assert invoke("init", tmp_path, "--exercise", "mha").exit_code == 0
-    assert (tmp_path / "mha.py").read_text() == STUB and (tmp_path / FILE_NAME).exists()
-    (tmp_path / "mha.py").write_text(STUB + "# my work\n")
+    fresh = (tmp_path / "mha.py").read_text()
+    assert fresh == STUB.replace("attn-grade exercises/mha.py", "attn-grade watch mha.py") and (tmp_path / FILE_NAME).exists()
+    assert invoke("init", tmp_path, "--exercise", "mha").exit_code == 0  # a fresh stub holds no work
+    (tmp_path / "mha.py").write_text(fresh + "# my work\n")
     refused = invoke("init", tmp_path, "--exercise", "mha")
     assert refused.exit_code == 2 and "--force" in refused.stderr
     assert (tmp_path / "mha.py").read_text().endswith("# my work\n")
     assert invoke("init", tmp_path, "--exercise", "mha", "--force").exit_code == 0
-    assert (tmp_path / "mha.py").read_text() == STUB
+    assert (tmp_path / "mha.py").read_text() == fresh
+
+
+def test_the_stubs_init_copies_name_the_command_that_works_in_the_workspace(tmp_path):
+    from grader.exercise import load_manifest
+
+    assert invoke("init", tmp_path).exit_code == 0
+    for exercise in load_manifest().values():
+        assert f"attn-grade exercises/{exercise.file}" in (ROOT / "exercises" / exercise.file).read_text()  # the kit's copy
+        text = (tmp_path / exercise.file).read_text()
+        assert f"Grade your work with:\n\n    attn-grade watch {exercise.file}\n" in text, exercise.name
+        assert f"exercises/{exercise.file}" not in text, exercise.name
 
 
 def test_hints_come_in_levels_and_are_recorded(tmp_path):
@@ -160,15 +173,33 @@ def test_solution_asks_first_unless_the_step_has_full_marks(tmp_path):
     assert solved.exit_code == 0 and "def softmax" in solved.stdout
 
 
-def test_reset_restores_one_step_or_the_whole_file(tmp_path):
+def test_reset_restores_one_step_or_the_whole_file_and_keeps_a_backup(tmp_path):
     path = tmp_path / "mha.py"
     path.write_text(REFERENCE)
-    assert invoke("reset", path, "--step", "softmax", "--yes").exit_code == 0
+    declined = invoke("reset", path, "--step", "softmax", input="n\n")
+    assert declined.exit_code == 1 and path.read_text() == REFERENCE and not list(tmp_path.glob("mha.py.bak-*"))
+    assert re.search(r"Replace your softmax in mha\.py with the stub's\? A backup is kept in mha\.py\.bak-\d{8}-\d{6}\.",
+                     declined.stderr), declined.stderr
+    done = invoke("reset", path, "--step", "softmax", "--yes")
+    assert done.exit_code == 0
     text = path.read_text()
     assert 'raise NotImplementedError("softmax: not implemented yet")' in text
     assert "def merge_heads" in text and "return x.reshape(B, T, H * Dh)" in text  # the rest is kept
-    assert invoke("reset", path, input="n\n").exit_code == 1 and path.read_text() == text
-    assert invoke("reset", path, "--yes").exit_code == 0 and path.read_text() == STUB
+    [backup] = tmp_path.glob("mha.py.bak-*")
+    assert backup.read_text() == REFERENCE and str(backup) in done.stdout
+    asked = invoke("reset", path, input="n\n")
+    assert asked.exit_code == 1 and path.read_text() == text and "Replace all of mha.py with a fresh stub?" in asked.stderr
+    assert invoke("reset", path, "--yes").exit_code == 0 and path.read_text() == STUB  # no workspace: the kit's stub
+    backups = list(tmp_path.glob("mha.py.bak-*"))
+    assert len(backups) == 2 and {b.read_text() for b in backups} == {REFERENCE, text}  # the same second: .bak-...-2
+
+
+def test_reset_in_a_workspace_puts_back_the_workspace_stub(tmp_path):
+    invoke("init", tmp_path, "--exercise", "mha")
+    fresh = (tmp_path / "mha.py").read_text()
+    (tmp_path / "mha.py").write_text(REFERENCE)
+    assert invoke("reset", tmp_path / "mha.py", "--yes").exit_code == 0
+    assert (tmp_path / "mha.py").read_text() == fresh
 
 
 def test_list_shows_steps_points_and_best_so_far(tmp_path):
