@@ -194,6 +194,14 @@ def test_reset_restores_one_step_or_the_whole_file_and_keeps_a_backup(tmp_path):
     assert len(backups) == 2 and {b.read_text() for b in backups} == {REFERENCE, text}  # the same second: .bak-...-2
 
 
+def test_reset_leaves_a_notebook_alone(tmp_path):
+    notebook = tmp_path / "mha.ipynb"
+    notebook.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    result = invoke("reset", notebook, "--yes")
+    assert result.exit_code == 2 and "not a .py file" in result.stderr
+    assert notebook.read_text().startswith('{"cells"') and not list(tmp_path.glob("*.bak-*"))
+
+
 def test_reset_in_a_workspace_puts_back_the_workspace_stub(tmp_path):
     invoke("init", tmp_path, "--exercise", "mha")
     fresh = (tmp_path / "mha.py").read_text()
