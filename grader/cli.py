@@ -223,25 +223,30 @@ def watch(file, **options) -> None:
 @click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Files graded at once.")
 @click.option("--output", type=click.Path(dir_okay=False, writable=True), help="Write the CSV here, not stdout.")
 def batch(paths, jobs, output, **options) -> None:
-    """Grade every file in PATHS (every exercise file under a folder) into one CSV row each."""
+    """Grade every file in PATHS (every .py and .ipynb under a folder) into one CSV row each."""
     from grader import batch as batch_
 
     files = _run(batch_.find_files, list(paths))
     if not files:
-        raise click.UsageError("no exercise files found in those paths (looking for " +
-                               ", ".join(e.file for e in load_manifest().values()) + ").")
+        raise click.UsageError("no .py or .ipynb files found in those paths.")
     started = time.monotonic()
-    if sys.stderr.isatty():
-        with click.progressbar(length=len(files), label="grading", file=sys.stderr) as bar:
-            rows = batch_.grade_all(files, jobs, options, on_done=lambda row: bar.update(1))
-    else:
-        rows = batch_.grade_all(files, jobs, options)
+
+    def show(done: int, total: int) -> None:  # one line, redrawn as each file is graded
+        click.echo("\r\x1b[K" + batch_.progress_line(done, total, time.monotonic() - started), err=True, nl=done == total)
+
+    rows = batch_.grade_all(files, jobs, options, on_progress=show if _terminal() else None)
     text = batch_.to_csv(rows)
     if output:
         _write(output, text)
     else:
         click.echo(text, nl=False)
-    click.echo(f"graded {len(rows)} files in {time.monotonic() - started:.1f} s", err=True)
+    errors = sum(row["status"].startswith(("usage error", "internal error")) for row in rows)
+    note = f" ({errors} {batch_.plural(errors, 'error')}: see the status column)" if errors else ""
+    click.echo(f"graded {len(rows)} {batch_.plural(len(rows), 'file')} in {time.monotonic() - started:.1f} s{note}", err=True)
+
+
+def _terminal() -> bool:
+    return sys.stderr.isatty()
 
 
 @main.command(name="gradescope-bundle")

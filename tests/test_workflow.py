@@ -264,7 +264,7 @@ def _next_total(process, timeout=60) -> str:
 # -- batch ------------------------------------------------------------------------------
 
 
-def test_batch_grades_a_folder_and_a_hang_costs_only_its_row(tmp_path):
+def test_batch_grades_a_folder_and_a_hang_costs_only_its_row(tmp_path, monkeypatch):
     for name, text in {
         "alice": REFERENCE,
         "bob": STUB,
@@ -275,19 +275,52 @@ def test_batch_grades_a_folder_and_a_hang_costs_only_its_row(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "mha.py").write_text(text)
     (tmp_path / "notes.txt").write_text("not a submission")
+    (tmp_path / "frank").mkdir()
+    (tmp_path / "frank" / "mha (1).py").write_text(REFERENCE)  # a browser's download name: no exercise's
+    (tmp_path / "frank" / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "frank" / ".ipynb_checkpoints" / "mha-checkpoint.ipynb").write_text("{}")  # Jupyter's, not a submission
     out = tmp_path / "results.csv"
+    monkeypatch.setattr(cli, "_terminal", lambda: True)  # the progress line, as on a terminal
     result = invoke("batch", tmp_path, "--jobs", "2", "--timeout", "1", "--device", "cpu", "--output", out)
     assert result.exit_code == 0
     rows = {Path(r["file"]).parent.name: r for r in csv.DictReader(io.StringIO(out.read_text()))}
-    assert set(rows) == {"alice", "bob", "carol", "dave", "erin"}
+    assert set(rows) == {"alice", "bob", "carol", "dave", "erin", "frank"}
     assert rows["alice"]["total"] == "100" and rows["alice"]["status"] == "full marks"
     assert rows["bob"]["total"] == "0" and rows["erin"]["total"] == "0"
     assert rows["carol"]["scale_scores"] == "1"
     assert rows["dave"]["softmax"] == "0" and rows["dave"]["project"] == "10"
-    assert all(float(r["seconds"]) > 0 for r in rows.values())
+    assert all(float(r["seconds"]) > 0 for name, r in rows.items() if name != "frank")
+    assert rows["frank"]["status"].startswith("usage error: cannot tell the exercise from the file name 'mha (1).py'")
+    assert "--exercise" in rows["frank"]["status"] and rows["frank"]["total"] == "0"
+    # per step, the first lost check and its named mistake; nothing for a step with full marks
+    assert rows["carol"]["scale_scores_first_lost"].startswith("scale_scores_values")
+    assert rows["carol"]["scale_scores_mistake"] == "scale_scores.unscaled"
+    assert rows["carol"]["softmax_first_lost"] == rows["carol"]["softmax_mistake"] == ""
+    assert rows["bob"]["project_first_lost"] and rows["bob"]["project_mistake"] == ""
+    assert re.search(r"graded 6 files in [\d.]+ s \(1 error: see the status column\)", result.stderr), result.stderr
+    assert "grading: 5/5 files" in result.stderr and "grading: 0/5 files" in result.stderr
+
+
+def test_batch_of_one_file_says_file_and_a_file_of_no_exercise_has_a_row(tmp_path):
+    (tmp_path / "attempt.py").write_text(REFERENCE)
+    out = tmp_path / "results.csv"
+    result = invoke("batch", tmp_path, "--output", out)
+    assert result.exit_code == 0 and re.search(r"^graded 1 file in ", result.stderr), result.stderr
+    [row] = csv.DictReader(io.StringIO(out.read_text()))
+    assert row["status"].startswith("usage error:") and "pass --exercise NAME" in row["status"]
+
+
+def test_batch_progress_gives_the_time_left_from_the_files_graded_so_far():
+    from grader.batch import progress_line
+
+    assert progress_line(0, 10, 4.0) == "grading: 0/10 files"  # nothing graded yet: no guess
+    assert progress_line(4, 10, 2.0) == "grading: 4/10 files, about 3 s left"
+    assert progress_line(1, 10, 20.0) == "grading: 1/10 files, about 3 min 00 s left"
+    assert progress_line(1, 1, 9.0) == "grading: 1/1 file"
 
 
 def test_batch_with_nothing_to_grade_is_a_usage_error(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a submission")
     assert invoke("batch", tmp_path).exit_code == 2
     assert invoke("batch", tmp_path / "missing").exit_code == 2
 
