@@ -173,20 +173,22 @@ def to_junit(grade: Grade) -> str:
     """JUnit XML: a testsuite per step, a testcase per check; a broken rule is a failing testcase of its own."""
     broken = sum(1 for s in grade.steps if s.breach)
     suites = ET.Element("testsuites", name=f"attn-grade {grade.exercise}", tests=str(_count(grade) + broken),
-                        failures=str(_count(grade, "failed") + broken), errors=str(_count(grade, "error")))
+                        failures=str(_count(grade, "failed") + broken), errors=str(_count(grade, "error")),
+                        time=_seconds(sum(s.seconds for s in grade.steps)))
     for step in grade.steps:
         suite = ET.SubElement(
             suites, "testsuite", name=f"{grade.exercise}.{step.id}", tests=str(len(step.checks) + bool(step.breach)),
             failures=str(sum(c.outcome == "failed" for c in step.checks) + bool(step.breach)),
             errors=str(sum(c.outcome == "error" for c in step.checks)),
-            skipped=str(sum(c.outcome == "skipped" for c in step.checks)),
+            skipped=str(sum(c.outcome == "skipped" for c in step.checks)), time=_seconds(step.seconds),
         )
         if step.breach:
             case = ET.SubElement(suite, "testcase", classname=f"{grade.exercise}.{step.id}", name="rule_broken", time="0")
             message = f"RULE BROKEN, the step earns nothing: {step.breach}"
             ET.SubElement(case, "failure", message=_xml(message)).text = _xml(message)
         for check in step.checks:
-            case = ET.SubElement(suite, "testcase", classname=f"{grade.exercise}.{step.id}", name=check.name, time="0")
+            case = ET.SubElement(suite, "testcase", classname=f"{grade.exercise}.{step.id}", name=check.name,
+                                 time=_seconds(check.seconds))
             text = check.message + (f"\nlikely mistake: {check.mistake}" if check.mistake else "")
             if check.outcome in ("failed", "error", "skipped"):
                 tag = {"failed": "failure", "error": "error", "skipped": "skipped"}[check.outcome]
@@ -225,7 +227,7 @@ def to_github(grade: Grade) -> str:
                                  + [_plain(names, message, mistake) for _, message, mistake, names in _groups(step)]) or None,
             "filename": grade.file,
             "line_no": 0,
-            "duration": 0,
+            "duration": round(step.seconds, 3),  # seconds its checks ran
         }
         for step in grade.steps
     ]
@@ -260,6 +262,10 @@ def _sha256(path: str) -> str:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
     except OSError:
         return "unreadable"
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.3f}"
 
 
 def _duration(seconds: float | None) -> str:

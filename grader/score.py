@@ -30,6 +30,7 @@ class CheckResult:
     breach: bool = False  # a forbidden call: the whole step earns nothing
     end_to_end: bool = False  # a composite run with the candidate's own steps
     charged_elsewhere: tuple[str, ...] = ()  # an end-to-end loss whose cause other steps already paid for
+    seconds: float = 0.0  # how long the check ran (pytest's duration of its call)
 
     @property
     def points(self) -> int:
@@ -49,6 +50,10 @@ class StepResult:
     @property
     def max_score(self) -> int:
         return sum(c.max_points for c in self.checks)
+
+    @property
+    def seconds(self) -> float:
+        return sum(c.seconds for c in self.checks)
 
     @property
     def breach(self) -> str | None:

@@ -83,6 +83,12 @@ def test_junit_is_one_testcase_per_check_grouped_by_step(buggy_grade):
     failures = suites["mha.scale_scores"].findall("testcase/failure")
     assert failures and "likely mistake" in failures[0].text
     assert int(root.get("tests")) == sum(len(s.checks) for s in buggy_grade.steps)  # no rule broken here
+    # times: each check's own duration, summed per step and for the whole grade
+    cases = [(suite, case) for suite in root for case in suite]
+    assert all(float(case.get("time")) >= 0 for _, case in cases) and sum(float(c.get("time")) for _, c in cases) > 0
+    for suite in root:
+        assert float(suite.get("time")) == pytest.approx(sum(float(c.get("time")) for c in suite), abs=0.01)
+    assert float(root.get("time")) == pytest.approx(sum(c.seconds for s in buggy_grade.steps for c in s.checks), abs=0.001)
 
 
 def test_gradescope_results_one_test_per_step(buggy_grade):
@@ -98,6 +104,8 @@ def test_github_classroom_result_version_3(buggy_grade):
     jsonschema.validate(data, schema("github.schema.json"))
     assert data["status"] == "fail" and data["max_score"] == 100
     assert sum(t["score"] for t in data["tests"]) == buggy_grade.score
+    durations = [t["duration"] for t in data["tests"]]  # seconds: the sum of the step's checks' durations
+    assert durations == [round(sum(c.seconds for c in s.checks), 3) for s in buggy_grade.steps] and sum(durations) > 0
 
 
 @pytest.mark.parametrize("submission", ["reference", "missing"])
