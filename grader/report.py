@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
-from pathlib import Path
 
 import click
 
@@ -28,6 +26,10 @@ def to_json(grade: Grade, verbose: bool = False) -> str:
     data = {
         "exercise": grade.exercise,
         "file": grade.file,
+        "sha256": grade.sha256,
+        "seed": grade.seed,
+        "graded_at": grade.graded_at,
+        "kit_version": grade.kit_version,
         "score": grade.score,
         "max_score": grade.max_score,
         "steps": [
@@ -139,8 +141,8 @@ def to_markdown(grade: Grade, progress=None) -> str:
     lines = [
         f"# {grade.title} ({grade.exercise}): {grade.score}/{grade.max_score}",
         "",
-        f"- File: `{grade.file}` (sha256 `{_sha256(grade.file)}`)",
-        f"- Graded: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- File: `{grade.file}` (sha256 `{grade.sha256[:16] or 'unknown'}`)",
+        f"- Graded: {_utc(grade.graded_at)}",
         f"- torch {env.get('torch', '?')}; {DEVICE_NOTE.get(env.get('device'), env.get('device'))}",
         "",
     ]
@@ -257,11 +259,8 @@ def _count(grade: Grade, outcome: str | None = None) -> int:
     return sum(1 for s in grade.steps for c in s.checks if outcome in (None, c.outcome))
 
 
-def _sha256(path: str) -> str:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-    except OSError:
-        return "unreadable"
+def _utc(iso: str) -> str:
+    return datetime.fromisoformat(iso).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if iso else "unknown"
 
 
 def _seconds(seconds: float) -> str:

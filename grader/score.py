@@ -69,6 +69,10 @@ class Grade:
     steps: tuple[StepResult, ...]
     environment: dict = field(default_factory=dict)  # torch, device, cuda_available
     candidate_output: str = ""
+    seed: int = 0  # of the grader's random inputs
+    sha256: str = ""  # of the file as it was when grading began
+    graded_at: str = ""  # when grading began, UTC, ISO 8601
+    kit_version: str = ""  # attn-grade's
 
     @property
     def score(self) -> int:
