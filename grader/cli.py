@@ -185,6 +185,9 @@ def solution(exercise, step, yes, folder) -> None:
         click.confirm(f"Show {what}? Trying first teaches more", abort=True, err=True)
     reference = found.stub_path.parent.parent / "solutions" / found.file
     click.echo(workspace.step_source(reference, step) if step else reference.read_text(encoding="utf-8"))
+    if progress:
+        progress.record_solution(exercise, step)
+        progress.save()
 
 
 @main.command()

@@ -16,6 +16,7 @@ DEVICE_NOTE = {
     "cpu": "device checks ran on the CPU (--device cpu)",
     "none": "no device checks (a NumPy exercise)",
 }
+UNKNOWN = "unknown (not graded in a workspace)"
 NO_FS_ISOLATION = (
     "ran without file-system isolation: the candidate's code could read every file this user can "
     "(this system gave the worker no mount namespace; see the README)"
@@ -151,8 +152,11 @@ def to_markdown(grade: Grade, progress=None) -> str:
     for step in grade.steps:
         mark = _mark(step)[0]
         to_green = green.get(step.id) if step.score == step.max_score else None  # green once, failing now: none
-        lines.append(f"| {mark} `{step.id}` | {step.score} | {step.max_score} | {_duration(to_green)} |")
+        when = _duration(to_green) if progress else "unknown"
+        lines.append(f"| {mark} `{step.id}` | {step.score} | {step.max_score} | {when} |")
     lines.append(f"| **Total** | **{grade.score}** | **{grade.max_score}** | |")
+    if progress is None:  # nothing was recorded, which is not "none"
+        lines += ["", f"Time to green: {UNKNOWN}."]
     broken = [s for s in grade.steps if s.breach]
     if broken:
         lines += ["", "## Rules broken", ""]
@@ -165,10 +169,18 @@ def to_markdown(grade: Grade, progress=None) -> str:
                 lines.append(f"- `{step.id}` / `{names[0]}`{more} ({outcome}): {_md(message)}")
                 if mistake:
                     lines.append(f"  - likely mistake{f' ({len(names)} checks)' if len(names) > 1 else ''}: {_md(mistake)}")
+    nothing = "- none recorded" if progress else f"- {UNKNOWN}"
     hints = progress.hints(grade.exercise) if progress else []
     lines += ["", "## Hints used", ""]
-    lines += [f"- `{h['step']}` level {h['level']} at {h['at']}" for h in hints] or ["- none recorded"]
+    lines += [f"- `{h['step']}` level {h['level']} at {h['at']}" for h in hints] or [nothing]
+    seen = progress.solutions(grade.exercise) if progress else []
+    lines += ["", "## Solutions viewed", ""]
+    lines += [f"- {_solution(s['step'])} at {s['at']}" for s in seen] or [nothing]
     return "\n".join(lines) + "\n"
+
+
+def _solution(step: str | None) -> str:
+    return f"`{step}`" if step else "the whole model answer"
 
 
 def to_junit(grade: Grade) -> str:

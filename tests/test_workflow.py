@@ -67,6 +67,24 @@ def test_markdown_report_has_hash_table_mistakes_and_hints(buggy_grade, tmp_path
     assert re.search(r"\| ✓ `project` \| 10 \| 10 \| \d+ s \|", text)  # time to green, from the progress file
 
 
+def test_markdown_report_outside_a_workspace_says_unknown_not_none(buggy_grade):
+    text = report.to_markdown(buggy_grade)  # graded outside a workspace: no progress file, nothing recorded
+    assert "none recorded" not in text and re.search(r"\| ✓ `project` \| 10 \| 10 \| unknown \|", text), text
+    assert "Time to green: unknown (not graded in a workspace)." in text
+    for section in ("## Hints used", "## Solutions viewed"):
+        assert f"{section}\n\n- unknown (not graded in a workspace)\n" in text, section
+
+
+def test_markdown_report_in_a_workspace_lists_hints_and_solutions_viewed(buggy_grade, tmp_path):
+    invoke("init", tmp_path, "--exercise", "mha")
+    assert "## Solutions viewed\n\n- none recorded\n" in report.to_markdown(buggy_grade, Progress.find(tmp_path))
+    invoke("solution", "mha", "softmax", "--workspace", tmp_path, "--yes")
+    invoke("solution", "mha", "--workspace", tmp_path, "--yes")
+    text = report.to_markdown(buggy_grade, Progress.find(tmp_path))
+    assert re.search(r"## Solutions viewed\n\n- `softmax` at \S+\n- the whole model answer at \S+\n", text), text
+    assert "## Hints used\n\n- none recorded\n" in text
+
+
 def test_markdown_report_gives_no_time_to_green_for_a_step_failing_now(buggy_grade, tmp_path):
     progress = Progress(tmp_path)
     progress.record_grade(buggy_grade)
