@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 
 import click
 
-from grader.score import Grade, StepResult
+from grader.score import CheckResult, Grade, StepResult
 
 DEVICE_NOTE = {
     "cuda": "device checks ran on CUDA",
@@ -108,27 +109,69 @@ def _details(step: StepResult, verbose: bool) -> list[str]:
     """Lines under a step: a broken rule first; then every check with -v, otherwise the lost ones, one line
     for each diagnosis: checks with the same named mistake (or, unnamed, the same message) are said once, with a count."""
     lines = [click.style(f"      RULE BROKEN, the step earns nothing: {_escape(step.breach)}", fg="red", bold=True)] if step.breach else []
-    for outcome, message, mistake, names in _groups(step, verbose):
+    for first, names in _groups(step, verbose):
         label = names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1} more"
-        tag = {"passed": "ok", "skipped": "skipped"}.get(outcome, outcome)
-        text = f"      {tag} {label}" + (f": {_escape(message)}" if message else "")
-        lines.append(click.style(text, fg=None if outcome in ("passed", "skipped") else "red"))
-        if mistake:
+        tag = {"passed": "ok", "skipped": "skipped"}.get(first.outcome, first.outcome)
+        text = f"      {tag} {label}" + (f": {_escape(first.message)}" if first.message else "")
+        lines.append(click.style(text, fg=None if first.outcome in ("passed", "skipped") else "red"))
+        if first.mistake:
             count = f" ({len(names)} checks)" if len(names) > 1 else ""
-            lines.append(click.style(f"        → likely mistake{count}: {_escape(mistake)}", fg="yellow"))
+            lines.append(click.style(f"        → likely mistake{count}: {_escape(first.mistake)}", fg="yellow"))
+        lines += ["        " + line for line in grid(first.details)]
     return lines
 
 
-def _groups(step: StepResult, verbose: bool = False) -> list[tuple[str, str, str | None, list[str]]]:
-    """(outcome, first message, mistake, check names) per diagnosis: one failure, one diagnosis."""
+def _groups(step: StepResult, verbose: bool = False) -> list[tuple[CheckResult, list[str]]]:
+    """(the first check, the names of all) per diagnosis: one failure, one diagnosis."""
     groups: dict[tuple, tuple] = {}
     for check in step.checks:
         if not verbose and check.points == check.max_points:
             continue
         key = (check.name,) if verbose else (check.mistake_id,) if check.mistake_id else (check.outcome, check.message)
-        first = groups.setdefault(key, (check.outcome, check.message, check.mistake, []))
-        first[3].append(check.name)
+        groups.setdefault(key, (check, []))[1].append(check.name)
     return list(groups.values())
+
+
+GRID_SIZE = 12  # rows and columns shown at most
+SHADES = " ░▒▓█"  # a weight of 0; about 0.25, 0.5, 0.75 (never 0 or 1); 1
+
+
+def grid(details: dict) -> list[str]:
+    """A mask or attention weights that came back, beside the expected ones, a row per query: for a mask a
+    character per key (■ may attend, · blocked), for weights a shade per cell. [] when `details` hold no
+    grid ({"grid": {"expected": [[...]], "got": [[...]]}}, 2-D lists of bools or numbers in [0, 1])."""
+    found = details.get("grid") if isinstance(details, dict) else None
+    sides = [found.get("expected"), found.get("got")] if isinstance(found, dict) else []
+    if not sides or not all(_matrix(side) for side in sides):
+        return []
+    rows = max(len(side) for side in sides)
+    cols = max(len(row) for side in sides for row in side)
+    drawn = [["│" + "".join(_cell(v) for v in row[:GRID_SIZE]) + "│" for row in side[:GRID_SIZE]] for side in sides]
+    width = max(len("expected"), min(cols, GRID_SIZE) + 2)
+    lines = [f"{'expected':<{width}}  got"]
+    for i in range(min(rows, GRID_SIZE)):
+        left, right = (side[i] if i < len(side) else "" for side in drawn)
+        lines.append(f"{left:<{width}}  {right}".rstrip())
+    values = [v for side in sides for row in side for v in row]
+    legend = ("■ may attend, · blocked" if all(isinstance(v, bool) for v in values)
+              else f"shade by weight: '{SHADES[0]}' 0, {' '.join(SHADES[1:-1])} between, {SHADES[-1]} 1")
+    cut = f"; first {GRID_SIZE} shown of {rows} × {cols}" if rows > GRID_SIZE or cols > GRID_SIZE else ""
+    return lines + [f"({legend}; a row per query, a column per key{cut})"]
+
+
+def _matrix(side) -> bool:
+    return (isinstance(side, list) and len(side) > 0 and all(isinstance(row, list) for row in side)
+            and all(isinstance(v, (bool, int, float)) for row in side for v in row))
+
+
+def _cell(value) -> str:
+    if isinstance(value, bool):
+        return "■" if value else "·"
+    if not math.isfinite(value):
+        return "?"
+    if value <= 1e-6 or value >= 1 - 1e-6:  # 0 and 1 (as float32 rounds them) have shades of their own
+        return SHADES[0] if value <= 1e-6 else SHADES[-1]
+    return SHADES[min(max(round(value * (len(SHADES) - 1)), 1), len(SHADES) - 2)]
 
 
 def _escape(text: str) -> str:
@@ -164,11 +207,14 @@ def to_markdown(grade: Grade, progress=None) -> str:
     if any(c.points < c.max_points for s in grade.steps for c in s.checks):
         lines += ["", "## Failed checks", ""]
         for step in grade.steps:
-            for outcome, message, mistake, names in _groups(step):
+            for first, names in _groups(step):
                 more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-                lines.append(f"- `{step.id}` / `{names[0]}`{more} ({outcome}): {_md(message)}")
-                if mistake:
-                    lines.append(f"  - likely mistake{f' ({len(names)} checks)' if len(names) > 1 else ''}: {_md(mistake)}")
+                lines.append(f"- `{step.id}` / `{names[0]}`{more} ({first.outcome}): {_md(first.message)}")
+                if first.mistake:
+                    lines.append(f"  - likely mistake{f' ({len(names)} checks)' if len(names) > 1 else ''}: {_md(first.mistake)}")
+                drawn = grid(first.details)
+                if drawn:
+                    lines += ["", "  ```text", *("  " + line for line in drawn), "  ```"]
     nothing = "- none recorded" if progress else f"- {UNKNOWN}"
     hints = progress.hints(grade.exercise) if progress else []
     lines += ["", "## Hints used", ""]
@@ -238,7 +284,7 @@ def to_github(grade: Grade) -> str:
             "score": step.score,
             "max_score": step.max_score,
             "message": "; ".join(([f"RULE BROKEN: {step.breach}"] if step.breach else [])
-                                 + [_plain(names, message, mistake) for _, message, mistake, names in _groups(step)]) or None,
+                                 + [_plain(names, first.message, first.mistake) for first, names in _groups(step)]) or None,
             "filename": grade.file,
             "line_no": 0,
             "duration": round(step.seconds, 3),  # seconds its checks ran
