@@ -7,7 +7,6 @@ message on stderr says what to do); 3 an internal error of the grader's.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import sys
 import time
@@ -107,13 +106,23 @@ def grade(file, fmt, output, verbose, **options) -> None:
 def list_(folder) -> None:
     """List the exercises with their steps, points and, in a workspace, the best score so far."""
     progress = Progress.find(Path(folder))
-    for exercise in load_manifest().values():
-        best = [progress.best(exercise.name, s.id) for s in exercise.steps] if progress else []
-        total = f"  best {sum(b or 0 for b in best)}/{exercise.max_score}" if any(b is not None for b in best) else ""
+    exercises = list(load_manifest().values())
+    steps = [(e, s) for e in exercises for s in e.steps]
+
+    def best(exercise, step) -> str:  # "" outside a workspace, "–" for a step not graded yet
+        found = progress.best(exercise.name, step.id) if progress else None
+        return "" if progress is None else "–" if found is None else str(found)
+
+    id_width = max(len(s.id) for _, s in steps)
+    best_width = max(len(best(e, s)) for e, s in steps)
+    points_width = max(len(str(s.points)) for _, s in steps)
+    for exercise in exercises:
+        scores = [progress.best(exercise.name, s.id) for s in exercise.steps] if progress else []
+        total = f"  best {sum(b or 0 for b in scores)}/{exercise.max_score}" if any(b is not None for b in scores) else ""
         click.echo(click.style(f"{exercise.name}: {exercise.title} ({exercise.file}, {exercise.max_score} points){total}", bold=True))
-        for i, step in enumerate(exercise.steps):
-            mine = f"  best {best[i]}/{step.points}" if best and best[i] is not None else ""
-            click.echo(f"  {step.id:<22} {step.points:>3}  {step.title}{mine}")
+        for step in exercise.steps:
+            score = f"{best(exercise, step):>{best_width}}/{step.points:<{points_width}}" if progress else f"{step.points:>{points_width}}"
+            click.echo(f"  {step.id:<{id_width}}  {score}  {step.title}")
 
 
 @main.command()
@@ -176,6 +185,9 @@ def solution(exercise, step, yes, folder) -> None:
         click.confirm(f"Show {what}? Trying first teaches more", abort=True, err=True)
     reference = found.stub_path.parent.parent / "solutions" / found.file
     click.echo(workspace.step_source(reference, step) if step else reference.read_text(encoding="utf-8"))
+    if progress:
+        progress.record_solution(exercise, step)
+        progress.save()
 
 
 @main.command()
@@ -184,17 +196,17 @@ def solution(exercise, step, yes, folder) -> None:
 @click.option("--exercise", metavar="NAME", help="Which exercise the file is (default: from its name).")
 @click.option("--yes", is_flag=True, help="Reset without asking.")
 def reset(file, step, exercise, yes) -> None:
-    """Put a fresh stub back into FILE (or only one STEP of it); your version of it is lost."""
+    """Put a fresh stub back into FILE (or only one STEP of it); your version is kept in a backup beside it."""
     found = _run(find_exercise, Path(file), exercise)
     if step:
         _step(found.name, step)
+    backup = workspace.backup_path(Path(file))
+    name = Path(file).name
     if not yes:
-        click.confirm(f"Replace {'step ' + step if step else 'all of'} {file} with the stub?", abort=True, err=True)
-    if step:
-        _run(workspace.reset_step, Path(file), found.stub_path, step)
-    else:
-        shutil.copyfile(found.stub_path, file)
-    click.echo(f"reset {file}" + (f" ({step})" if step else ""))
+        what = f"your {step} in {name} with the stub's" if step else f"all of {name} with a fresh stub"
+        click.confirm(f"Replace {what}? A backup is kept in {backup.name}.", abort=True, err=True)
+    _run(workspace.reset, Path(file), found, step, backup)
+    click.echo(f"reset {file}" + (f" ({step})" if step else "") + f"; your version is in {backup}")
 
 
 @main.command()
@@ -214,25 +226,30 @@ def watch(file, **options) -> None:
 @click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Files graded at once.")
 @click.option("--output", type=click.Path(dir_okay=False, writable=True), help="Write the CSV here, not stdout.")
 def batch(paths, jobs, output, **options) -> None:
-    """Grade every file in PATHS (every exercise file under a folder) into one CSV row each."""
+    """Grade every file in PATHS (every .py and .ipynb under a folder) into one CSV row each."""
     from grader import batch as batch_
 
     files = _run(batch_.find_files, list(paths))
     if not files:
-        raise click.UsageError("no exercise files found in those paths (looking for " +
-                               ", ".join(e.file for e in load_manifest().values()) + ").")
+        raise click.UsageError("no .py or .ipynb files found in those paths.")
     started = time.monotonic()
-    if sys.stderr.isatty():
-        with click.progressbar(length=len(files), label="grading", file=sys.stderr) as bar:
-            rows = batch_.grade_all(files, jobs, options, on_done=lambda row: bar.update(1))
-    else:
-        rows = batch_.grade_all(files, jobs, options)
+
+    def show(done: int, total: int) -> None:  # one line, redrawn as each file is graded
+        click.echo("\r\x1b[K" + batch_.progress_line(done, total, time.monotonic() - started), err=True, nl=done == total)
+
+    rows = batch_.grade_all(files, jobs, options, on_progress=show if _terminal() else None)
     text = batch_.to_csv(rows)
     if output:
         _write(output, text)
     else:
         click.echo(text, nl=False)
-    click.echo(f"graded {len(rows)} files in {time.monotonic() - started:.1f} s", err=True)
+    errors = sum(row["status"].startswith(("usage error", "internal error")) for row in rows)
+    note = f" ({errors} {batch_.plural(errors, 'error')}: see the status column)" if errors else ""
+    click.echo(f"graded {len(rows)} {batch_.plural(len(rows), 'file')} in {time.monotonic() - started:.1f} s{note}", err=True)
+
+
+def _terminal() -> bool:
+    return sys.stderr.isatty()
 
 
 @main.command(name="gradescope-bundle")

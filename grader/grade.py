@@ -5,6 +5,10 @@ Reports are the last stage (grader/report.py); this module returns the Grade the
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.metadata
+from dataclasses import replace
 from pathlib import Path
 
 from grader.candidate import (
@@ -15,7 +19,8 @@ from grader.candidate import (
     CandidateError,
     Zygote,
 )
-from grader.exercise import UsageError, find_exercise
+from grader.exercise import GRADER_DIR, UsageError, find_exercise, tomllib
+from grader.progress import now
 from grader.score import Grade, score
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -41,6 +46,8 @@ def grade(
         raise UsageError(f"unknown device '{device}'; use one of {', '.join(DEVICES)}.")
     path = Path(path)
     found = find_exercise(path, exercise)
+    about = {"seed": seed, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "graded_at": now(),
+             "kit_version": kit_version()}
     warm = found.device_checks and device != "cpu"
     candidate = Candidate(path, timeout, memory_limit_mb, file_timeout, warm_device=warm, zygote=zygote)
     with candidate:
@@ -64,7 +71,19 @@ def grade(
         problem = _file_problem(found, candidate, path)
         if problem:
             environment["file_error"] = problem
-        return score(found, outcomes, str(path), environment, candidate.output)
+        return replace(score(found, outcomes, str(path), environment, candidate.output), **about)
+
+
+@functools.cache
+def kit_version() -> str:
+    """attn-grade's version: the installed distribution's, else (a checkout run uninstalled) pyproject.toml's."""
+    try:
+        return importlib.metadata.version("attn-grade")
+    except importlib.metadata.PackageNotFoundError:
+        try:
+            return tomllib.loads((GRADER_DIR.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+        except (OSError, KeyError, ValueError):
+            return "unknown"
 
 
 def _file_problem(exercise, candidate: Candidate, path: Path) -> str | None:

@@ -1,4 +1,5 @@
-"""A candidate's progress in a workspace: best score per step, when each step first went green, hints seen.
+"""A candidate's progress in a workspace: best score per step, when each step first went green, hints
+and model answers seen.
 
 It lives in `.attn-grade.json` in the workspace folder (the folder `attn-grade init`
 fills, which holds the exercise files). Grading a file in a folder that has one updates
@@ -10,7 +11,8 @@ writes nothing beside it. The format (version 1):
         "started": "2026-11-22T10:00:00+00:00",            # init, or the first grade here
         "steps": {"project": {"best": 10, "max": 10,
                               "first_green": "2026-11-22T10:04:10+00:00"}},
-        "hints": [{"step": "softmax", "level": 1, "at": "2026-11-22T10:07:00+00:00"}]}}}
+        "hints": [{"step": "softmax", "level": 1, "at": "2026-11-22T10:07:00+00:00"}],
+        "solutions": [{"step": "softmax", "at": "2026-11-22T10:09:00+00:00"}]}}}   # step null: the whole answer
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Progress:
         entry.setdefault("started", now())
         entry.setdefault("steps", {})
         entry.setdefault("hints", [])
+        entry.setdefault("solutions", [])
         return entry
 
     def record_grade(self, grade) -> None:
@@ -62,6 +65,9 @@ class Progress:
     def record_hint(self, exercise: str, step: str, level: int) -> None:
         self.exercise(exercise)["hints"].append({"step": step, "level": level, "at": now()})
 
+    def record_solution(self, exercise: str, step: str | None) -> None:
+        self.exercise(exercise)["solutions"].append({"step": step, "at": now()})
+
     def best(self, exercise: str, step: str) -> int | None:
         return self.data["exercises"].get(exercise, {}).get("steps", {}).get(step, {}).get("best")
 
@@ -71,6 +77,9 @@ class Progress:
 
     def hints(self, exercise: str) -> list[dict]:
         return list(self.data["exercises"].get(exercise, {}).get("hints", []))
+
+    def solutions(self, exercise: str) -> list[dict]:
+        return list(self.data["exercises"].get(exercise, {}).get("solutions", []))
 
     def time_to_green(self, exercise: str) -> dict[str, float]:
         """Seconds from the start of the exercise to each step's first full marks."""
@@ -97,7 +106,8 @@ def _well_formed(data) -> bool:
     for entry in data["exercises"].values():
         if not isinstance(entry, dict) or not isinstance(entry.get("steps", {}), dict):
             return False
-        if not isinstance(entry.get("hints", []), list) or not isinstance(entry.get("started", ""), str):
+        if not all(isinstance(entry.get(key, []), list) for key in ("hints", "solutions")) \
+                or not isinstance(entry.get("started", ""), str):
             return False
         for seen in entry.get("steps", {}).values():
             if not isinstance(seen, dict) or not isinstance(seen.get("best"), int) or not isinstance(seen.get("max"), int):

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
+import math
 import re
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
-from pathlib import Path
 
 import click
 
-from grader.score import Grade, StepResult
+from grader.score import CheckResult, Grade, StepResult
 
 DEVICE_NOTE = {
     "cuda": "device checks ran on CUDA",
@@ -19,6 +18,7 @@ DEVICE_NOTE = {
     "cpu": "device checks ran on the CPU (--device cpu)",
     "none": "no device checks (a NumPy exercise)",
 }
+UNKNOWN = "unknown (not graded in a workspace)"
 NO_FS_ISOLATION = (
     "ran without file-system isolation: the candidate's code could read every file this user can "
     "(this system gave the worker no mount namespace; see the README)"
@@ -29,6 +29,10 @@ def to_json(grade: Grade, verbose: bool = False) -> str:
     data = {
         "exercise": grade.exercise,
         "file": grade.file,
+        "sha256": grade.sha256,
+        "seed": grade.seed,
+        "graded_at": grade.graded_at,
+        "kit_version": grade.kit_version,
         "score": grade.score,
         "max_score": grade.max_score,
         "steps": [
@@ -106,19 +110,20 @@ def _details(step: StepResult, verbose: bool) -> list[str]:
     """Lines under a step: a broken rule first; then every check with -v, otherwise the lost ones, one line
     for each diagnosis: checks with the same named mistake (or, unnamed, the same message) are said once, with a count."""
     lines = [click.style(f"      RULE BROKEN, the step earns nothing: {_escape(step.breach)}", fg="red", bold=True)] if step.breach else []
-    for outcome, message, mistake, names in _groups(step, verbose):
+    for first, names in _groups(step, verbose):
         label = names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1} more"
-        tag = {"passed": "ok", "skipped": "skipped"}.get(outcome, outcome)
-        text = f"      {tag} {label}" + (f": {_escape(message)}" if message else "")
-        lines.append(click.style(text, fg=None if outcome in ("passed", "skipped") else "red"))
-        if mistake:
+        tag = {"passed": "ok", "skipped": "skipped"}.get(first.outcome, first.outcome)
+        text = f"      {tag} {label}" + (f": {_escape(first.message)}" if first.message else "")
+        lines.append(click.style(text, fg=None if first.outcome in ("passed", "skipped") else "red"))
+        if first.mistake:
             count = f" ({len(names)} checks)" if len(names) > 1 else ""
-            lines.append(click.style(f"        → likely mistake{count}: {_escape(mistake)}", fg="yellow"))
+            lines.append(click.style(f"        → likely mistake{count}: {_escape(first.mistake)}", fg="yellow"))
+        lines += ["        " + line for line in grid(first.details)]
     return lines
 
 
-def _groups(step: StepResult, verbose: bool = False) -> list[tuple[str, str, str | None, list[str]]]:
-    """(outcome, first message, mistake, check names) per diagnosis: one failure, one diagnosis."""
+def _groups(step: StepResult, verbose: bool = False) -> list[tuple[CheckResult, list[str]]]:
+    """(the first check, the names of all) per diagnosis: one failure, one diagnosis."""
     groups: dict[tuple, tuple] = {}
     for check in step.checks:
         if not verbose and check.points == check.max_points:
@@ -126,9 +131,50 @@ def _groups(step: StepResult, verbose: bool = False) -> list[tuple[str, str, str
         # unnamed: the same message, whatever inputs it was called with
         gist = re.sub(r" \[called with .*\]$", "", check.message)
         key = (check.name,) if verbose else (check.mistake_id,) if check.mistake_id else (check.outcome, gist)
-        first = groups.setdefault(key, (check.outcome, check.message, check.mistake, []))
-        first[3].append(check.name)
+        groups.setdefault(key, (check, []))[1].append(check.name)
     return list(groups.values())
+
+
+GRID_SIZE = 12  # rows and columns shown at most
+SHADES = " ░▒▓█"  # a weight of 0; about 0.25, 0.5, 0.75 (never 0 or 1); 1
+
+
+def grid(details: dict) -> list[str]:
+    """A mask or attention weights that came back, beside the expected ones, a row per query: for a mask a
+    character per key (■ may attend, · blocked), for weights a shade per cell. [] when `details` hold no
+    grid ({"grid": {"expected": [[...]], "got": [[...]]}}, 2-D lists of bools or numbers in [0, 1])."""
+    found = details.get("grid") if isinstance(details, dict) else None
+    sides = [found.get("expected"), found.get("got")] if isinstance(found, dict) else []
+    if not sides or not all(_matrix(side) for side in sides):
+        return []
+    rows = max(len(side) for side in sides)
+    cols = max(len(row) for side in sides for row in side)
+    drawn = [["│" + "".join(_cell(v) for v in row[:GRID_SIZE]) + "│" for row in side[:GRID_SIZE]] for side in sides]
+    width = max(len("expected"), min(cols, GRID_SIZE) + 2)
+    lines = [f"{'expected':<{width}}  got"]
+    for i in range(min(rows, GRID_SIZE)):
+        left, right = (side[i] if i < len(side) else "" for side in drawn)
+        lines.append(f"{left:<{width}}  {right}".rstrip())
+    values = [v for side in sides for row in side for v in row]
+    legend = ("■ may attend, · blocked" if all(isinstance(v, bool) for v in values)
+              else f"shade by weight: '{SHADES[0]}' 0, {' '.join(SHADES[1:-1])} between, {SHADES[-1]} 1")
+    cut = f"; first {GRID_SIZE} shown of {rows} × {cols}" if rows > GRID_SIZE or cols > GRID_SIZE else ""
+    return lines + [f"({legend}; a row per query, a column per key{cut})"]
+
+
+def _matrix(side) -> bool:
+    return (isinstance(side, list) and len(side) > 0 and all(isinstance(row, list) for row in side)
+            and all(isinstance(v, (bool, int, float)) for row in side for v in row))
+
+
+def _cell(value) -> str:
+    if isinstance(value, bool):
+        return "■" if value else "·"
+    if not math.isfinite(value):
+        return "?"
+    if value <= 1e-6 or value >= 1 - 1e-6:  # 0 and 1 (as float32 rounds them) have shades of their own
+        return SHADES[0] if value <= 1e-6 else SHADES[-1]
+    return SHADES[min(max(round(value * (len(SHADES) - 1)), 1), len(SHADES) - 2)]
 
 
 def _escape(text: str) -> str:
@@ -142,8 +188,8 @@ def to_markdown(grade: Grade, progress=None) -> str:
     lines = [
         f"# {grade.title} ({grade.exercise}): {grade.score}/{grade.max_score}",
         "",
-        f"- File: `{grade.file}` (sha256 `{_sha256(grade.file)}`)",
-        f"- Graded: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
+        f"- File: `{grade.file}` (sha256 `{grade.sha256[:16] or 'unknown'}`)",
+        f"- Graded: {_utc(grade.graded_at)}",
         f"- torch {env.get('torch', '?')}; {DEVICE_NOTE.get(env.get('device'), env.get('device'))}",
         "",
     ]
@@ -152,8 +198,11 @@ def to_markdown(grade: Grade, progress=None) -> str:
     for step in grade.steps:
         mark = _mark(step)[0]
         to_green = green.get(step.id) if step.score == step.max_score else None  # green once, failing now: none
-        lines.append(f"| {mark} `{step.id}` | {step.score} | {step.max_score} | {_duration(to_green)} |")
+        when = _duration(to_green) if progress else "unknown"
+        lines.append(f"| {mark} `{step.id}` | {step.score} | {step.max_score} | {when} |")
     lines.append(f"| **Total** | **{grade.score}** | **{grade.max_score}** | |")
+    if progress is None:  # nothing was recorded, which is not "none"
+        lines += ["", f"Time to green: {UNKNOWN}."]
     broken = [s for s in grade.steps if s.breach]
     if broken:
         lines += ["", "## Rules broken", ""]
@@ -161,35 +210,48 @@ def to_markdown(grade: Grade, progress=None) -> str:
     if any(c.points < c.max_points for s in grade.steps for c in s.checks):
         lines += ["", "## Failed checks", ""]
         for step in grade.steps:
-            for outcome, message, mistake, names in _groups(step):
+            for first, names in _groups(step):
                 more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-                lines.append(f"- `{step.id}` / `{names[0]}`{more} ({outcome}): {_md(message)}")
-                if mistake:
-                    lines.append(f"  - likely mistake{f' ({len(names)} checks)' if len(names) > 1 else ''}: {_md(mistake)}")
+                lines.append(f"- `{step.id}` / `{names[0]}`{more} ({first.outcome}): {_md(first.message)}")
+                if first.mistake:
+                    lines.append(f"  - likely mistake{f' ({len(names)} checks)' if len(names) > 1 else ''}: {_md(first.mistake)}")
+                drawn = grid(first.details)
+                if drawn:
+                    lines += ["", "  ```text", *("  " + line for line in drawn), "  ```"]
+    nothing = "- none recorded" if progress else f"- {UNKNOWN}"
     hints = progress.hints(grade.exercise) if progress else []
     lines += ["", "## Hints used", ""]
-    lines += [f"- `{h['step']}` level {h['level']} at {h['at']}" for h in hints] or ["- none recorded"]
+    lines += [f"- `{h['step']}` level {h['level']} at {h['at']}" for h in hints] or [nothing]
+    seen = progress.solutions(grade.exercise) if progress else []
+    lines += ["", "## Solutions viewed", ""]
+    lines += [f"- {_solution(s['step'])} at {s['at']}" for s in seen] or [nothing]
     return "\n".join(lines) + "\n"
+
+
+def _solution(step: str | None) -> str:
+    return f"`{step}`" if step else "the whole model answer"
 
 
 def to_junit(grade: Grade) -> str:
     """JUnit XML: a testsuite per step, a testcase per check; a broken rule is a failing testcase of its own."""
     broken = sum(1 for s in grade.steps if s.breach)
     suites = ET.Element("testsuites", name=f"attn-grade {grade.exercise}", tests=str(_count(grade) + broken),
-                        failures=str(_count(grade, "failed") + broken), errors=str(_count(grade, "error")))
+                        failures=str(_count(grade, "failed") + broken), errors=str(_count(grade, "error")),
+                        time=_seconds(sum(s.seconds for s in grade.steps)))
     for step in grade.steps:
         suite = ET.SubElement(
             suites, "testsuite", name=f"{grade.exercise}.{step.id}", tests=str(len(step.checks) + bool(step.breach)),
             failures=str(sum(c.outcome == "failed" for c in step.checks) + bool(step.breach)),
             errors=str(sum(c.outcome == "error" for c in step.checks)),
-            skipped=str(sum(c.outcome == "skipped" for c in step.checks)),
+            skipped=str(sum(c.outcome == "skipped" for c in step.checks)), time=_seconds(step.seconds),
         )
         if step.breach:
             case = ET.SubElement(suite, "testcase", classname=f"{grade.exercise}.{step.id}", name="rule_broken", time="0")
             message = f"RULE BROKEN, the step earns nothing: {step.breach}"
             ET.SubElement(case, "failure", message=_xml(message)).text = _xml(message)
         for check in step.checks:
-            case = ET.SubElement(suite, "testcase", classname=f"{grade.exercise}.{step.id}", name=check.name, time="0")
+            case = ET.SubElement(suite, "testcase", classname=f"{grade.exercise}.{step.id}", name=check.name,
+                                 time=_seconds(check.seconds))
             text = check.message + (f"\nlikely mistake: {check.mistake}" if check.mistake else "")
             if check.outcome in ("failed", "error", "skipped"):
                 tag = {"failed": "failure", "error": "error", "skipped": "skipped"}[check.outcome]
@@ -225,10 +287,10 @@ def to_github(grade: Grade) -> str:
             "score": step.score,
             "max_score": step.max_score,
             "message": "; ".join(([f"RULE BROKEN: {step.breach}"] if step.breach else [])
-                                 + [_plain(names, message, mistake) for _, message, mistake, names in _groups(step)]) or None,
+                                 + [_plain(names, first.message, first.mistake) for first, names in _groups(step)]) or None,
             "filename": grade.file,
             "line_no": 0,
-            "duration": 0,
+            "duration": round(step.seconds, 3),  # seconds its checks ran
         }
         for step in grade.steps
     ]
@@ -258,11 +320,12 @@ def _count(grade: Grade, outcome: str | None = None) -> int:
     return sum(1 for s in grade.steps for c in s.checks if outcome in (None, c.outcome))
 
 
-def _sha256(path: str) -> str:
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-    except OSError:
-        return "unreadable"
+def _utc(iso: str) -> str:
+    return datetime.fromisoformat(iso).astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC") if iso else "unknown"
+
+
+def _seconds(seconds: float) -> str:
+    return f"{seconds:.3f}"
 
 
 def _duration(seconds: float | None) -> str:

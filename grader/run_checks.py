@@ -18,6 +18,7 @@ import importlib
 import io
 import os
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -166,7 +167,7 @@ class _Plugin:
         """Record the outcome and hand pytest a bare report: its own would render every traceback."""
         failed = call.excinfo is not None
         if call.when == "call" or (call.when == "setup" and failed):
-            outcome = self._outcome(item, call.excinfo)
+            outcome = replace(self._outcome(item, call.excinfo), seconds=call.duration)
             self.outcomes.append(outcome)
             if self.cache is not None and hasattr(item, "cache_key") and not _timing(outcome):
                 self.cache[item.cache_key] = outcome

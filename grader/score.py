@@ -30,6 +30,7 @@ class CheckResult:
     breach: bool = False  # a forbidden call: the whole step earns nothing
     end_to_end: bool = False  # a composite run with the candidate's own steps
     charged_elsewhere: tuple[str, ...] = ()  # an end-to-end loss whose cause other steps already paid for
+    seconds: float = 0.0  # how long the check ran (pytest's duration of its call)
 
     @property
     def points(self) -> int:
@@ -51,6 +52,10 @@ class StepResult:
         return sum(c.max_points for c in self.checks)
 
     @property
+    def seconds(self) -> float:
+        return sum(c.seconds for c in self.checks)
+
+    @property
     def breach(self) -> str | None:
         """The broken rule's message, if the step's code called a forbidden function: the step earns nothing."""
         return next((c.message for c in self.checks if c.breach), None)
@@ -64,6 +69,10 @@ class Grade:
     steps: tuple[StepResult, ...]
     environment: dict = field(default_factory=dict)  # torch, device, cuda_available
     candidate_output: str = ""
+    seed: int = 0  # of the grader's random inputs
+    sha256: str = ""  # of the file as it was when grading began
+    graded_at: str = ""  # when grading began, UTC, ISO 8601
+    kit_version: str = ""  # attn-grade's
 
     @property
     def score(self) -> int:

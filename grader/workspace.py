@@ -1,13 +1,15 @@
 """A candidate's workspace: fresh stubs, a step's stub or model answer, by step name.
 
 A step is a top-level function or class of the exercise file; its source is found with
-`ast`, never by running the file.
+`ast`, never by running the file. A stub copied into a workspace names the commands that
+work there (`attn-grade watch mha.py`, not the kit's `attn-grade exercises/mha.py`).
 """
 
 from __future__ import annotations
 
 import ast
 import shutil
+from datetime import datetime
 from pathlib import Path
 
 from grader.exercise import Exercise, UsageError
@@ -18,16 +20,48 @@ def init(folder: Path, exercises: list[Exercise], force: bool = False) -> list[P
     """Copy fresh stubs into `folder` and start its progress file; refuse to overwrite work without force."""
     folder.mkdir(parents=True, exist_ok=True)
     targets = [(e, folder / e.file) for e in exercises]
-    changed = [t for e, t in targets if t.exists() and t.read_bytes() != e.stub_path.read_bytes()]
+    changed = [t for e, t in targets if t.exists() and t.read_text(encoding="utf-8", errors="replace")
+               not in (stub_text(e), e.stub_path.read_text(encoding="utf-8"))]
     if changed and not force:
         names = ", ".join(str(t) for t in changed)
         raise UsageError(f"{names} already has work in it; pass --force to replace it with a fresh stub.")
     progress = Progress.find(folder) or Progress(folder)
     for exercise, target in targets:
-        shutil.copyfile(exercise.stub_path, target)
+        target.write_text(stub_text(exercise), encoding="utf-8")
         progress.exercise(exercise.name)
     progress.save()
     return [t for _, t in targets]
+
+
+def stub_text(exercise: Exercise) -> str:
+    """The stub as a workspace holds it: its "Grade your work with" command (and any other that names
+    the kit's copy, exercises/FILE) is the one that works in the workspace folder."""
+    text = exercise.stub_path.read_text(encoding="utf-8")
+    return (text.replace(f"attn-grade exercises/{exercise.file}", f"attn-grade watch {exercise.file}")
+            .replace(f"python exercises/{exercise.file}", f"python {exercise.file}"))
+
+
+def backup_path(path: Path) -> Path:
+    """Where `reset` keeps the version it replaces: FILE.bak-YYYYmmdd-HHMMSS beside it (-2, -3, ... when taken)."""
+    stem = f"{path.name}.bak-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    found, n = path.with_name(stem), 1
+    while found.exists():
+        n += 1
+        found = path.with_name(f"{stem}-{n}")
+    return found
+
+
+def reset(path: Path, exercise: Exercise, step_id: str | None, backup: Path) -> None:
+    """Put the stub back into the candidate's file (only `step_id`'s definition, if given; the rest stays),
+    after copying the file to `backup`. A file in a workspace gets the workspace's stub."""
+    if path.suffix != ".py":
+        raise UsageError(f"{path.name} is not a .py file; reset only rewrites Python files. Copy the stub's code by hand.")
+    if step_id:
+        text = _with_stub_step(path, exercise.stub_path, step_id)
+    else:
+        text = stub_text(exercise) if Progress.find(path.parent) else exercise.stub_path.read_text(encoding="utf-8")
+    shutil.copy2(path, backup)
+    path.write_text(text, encoding="utf-8")
 
 
 def step_source(path: Path, step_id: str) -> str:
@@ -37,8 +71,8 @@ def step_source(path: Path, step_id: str) -> str:
     return "\n".join(text.splitlines()[_first_line(node) - 1 : node.end_lineno]) + "\n"
 
 
-def reset_step(path: Path, stub: Path, step_id: str) -> None:
-    """Put the stub's version of one step back into the candidate's file, leaving the rest as it is."""
+def _with_stub_step(path: Path, stub: Path, step_id: str) -> str:
+    """The candidate's file with the stub's version of one step in place of theirs."""
     text = path.read_text(encoding="utf-8")
     try:
         node = _find(text, step_id, path)
@@ -47,7 +81,7 @@ def reset_step(path: Path, stub: Path, step_id: str) -> None:
     lines = text.splitlines()
     fresh = step_source(stub, step_id).rstrip("\n").splitlines()
     lines[_first_line(node) - 1 : node.end_lineno] = fresh
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return "\n".join(lines) + "\n"
 
 
 def _find(text: str, step_id: str, path: Path):

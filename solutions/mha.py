@@ -44,7 +44,7 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """
     B, T, D = x.shape  # batch, tokens, model width
     H = num_heads
-    # reshape, not view: view fails on non-contiguous input, reshape copies only if it must
+    # view would do too: splitting the last dim is a valid view whatever x's strides; reshape never copies here
     x = x.reshape(B, T, H, D // H)  # (B, T, D) -> (B, T, H, Dh): consecutive features per head
     return x.transpose(1, 2)  # (B, T, H, Dh) -> (B, H, T, Dh)
 

@@ -1,15 +1,19 @@
 """Whole grades: the reference, the stubs, determinism, and broken or hostile candidate files."""
 
+import hashlib
+import importlib.metadata
 import json
 import time
+from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
 from grader import report
 from grader.candidate import NOT_IMPORTED
 from grader.exercise import load_manifest
-from grader.grade import grade
-from tests.conftest import REFERENCE, ROOT, explain, lost
+from grader.grade import grade, kit_version
+from tests.conftest import REFERENCE, ROOT, explain, lost, report_but_when
 
 STEPS = ["project", "split_heads", "attention_scores", "scale_scores", "apply_mask",
          "softmax", "weighted_sum", "merge_heads", "MultiHeadAttention"]
@@ -35,9 +39,9 @@ def test_stubs_score_0_and_every_step_says_not_implemented():
 def test_same_file_twice_gives_the_same_report_and_seed_changes_the_inputs(grade_source):
     override = "def softmax(scores, dim=-1):\n    e = torch.exp(scores)\n    return e / e.sum(dim, keepdim=True)"
     first, second = grade_source(override), grade_source(override)
-    assert report.to_json(first) == report.to_json(second)
+    assert report_but_when(first) == report_but_when(second)
     other = grade_source(override, seed=1)
-    assert report.to_json(other) != report.to_json(first)  # the error messages quote the inputs
+    assert dict(report_but_when(other), seed=0) != report_but_when(first)  # the error messages quote the inputs
 
 
 def test_syntax_error_scores_0_everywhere_and_is_reported_once_for_the_file(grade_source):
@@ -115,10 +119,29 @@ def test_patching_comparisons_at_import_earns_nothing(grade_source):
 def test_json_report_has_the_documented_fields():
     result = grade(ROOT / "solutions" / "mha.py", device="cpu")
     data = json.loads(report.to_json(result))
-    assert set(data) == {"exercise", "file", "score", "max_score", "steps", "environment"}
+    assert set(data) == {"exercise", "file", "sha256", "seed", "graded_at", "kit_version", "score", "max_score", "steps",
+                         "environment"}
     assert set(data["environment"]) == {"torch", "device", "cuda_available", "fs_isolation"}
     check = data["steps"][0]["checks"][0]
     assert set(check) == {"name", "outcome", "points", "max_points", "message"}
+
+
+def test_json_report_says_what_was_graded_when_with_which_seed_by_which_kit(grade_source, monkeypatch):
+    before = datetime.now(timezone.utc).replace(microsecond=0)
+    result = grade_source("", seed=7)
+    data = json.loads(report.to_json(result))
+    assert data["seed"] == 7
+    assert data["sha256"] == hashlib.sha256(Path(result.file).read_bytes()).hexdigest()
+    assert before <= datetime.fromisoformat(data["graded_at"]) <= datetime.now(timezone.utc)
+    assert data["graded_at"].endswith("+00:00")
+    assert data["kit_version"] == importlib.metadata.version("attn-grade")
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)  # a checkout run without installing it
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert f'version = "{kit_version.__wrapped__()}"' in pyproject
 
 
 def test_a_cached_regrade_runs_only_what_changed_and_agrees_with_a_full_grade(tmp_path, zygote):

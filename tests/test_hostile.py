@@ -24,7 +24,7 @@ from grader.candidate import NOT_IMPORTED, Zygote
 from grader.exercise import GraderBug
 from grader.grade import grade
 from grader.worker import BUG_EXIT
-from tests.conftest import REFERENCE, ROOT, explain, lost
+from tests.conftest import REFERENCE, ROOT, explain, lost, report_but_when
 
 STEPS_OF_MODULE = {"MultiHeadAttention"}
 
@@ -372,9 +372,9 @@ def project(x, weight, bias=None):
 """
 
 
-def test_14_rng_games_leave_the_inputs_alone_and_the_report_byte_identical(grade_source, tmp_path):
-    plain = report.to_json(grade_source(""))
-    games = [report.to_json(grade_source(RNG_GAMES)) for _ in range(2)]
+def test_14_rng_games_leave_the_inputs_alone_and_the_report_identical(grade_source, tmp_path):
+    plain = report_but_when(grade_source(""))  # the file's hash differs, and the time; every result is the same
+    games = [report_but_when(grade_source(RNG_GAMES)) for _ in range(2)]
     assert games[0] == games[1] == plain
 
 

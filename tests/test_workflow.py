@@ -67,6 +67,24 @@ def test_markdown_report_has_hash_table_mistakes_and_hints(buggy_grade, tmp_path
     assert re.search(r"\| ✓ `project` \| 10 \| 10 \| \d+ s \|", text)  # time to green, from the progress file
 
 
+def test_markdown_report_outside_a_workspace_says_unknown_not_none(buggy_grade):
+    text = report.to_markdown(buggy_grade)  # graded outside a workspace: no progress file, nothing recorded
+    assert "none recorded" not in text and re.search(r"\| ✓ `project` \| 10 \| 10 \| unknown \|", text), text
+    assert "Time to green: unknown (not graded in a workspace)." in text
+    for section in ("## Hints used", "## Solutions viewed"):
+        assert f"{section}\n\n- unknown (not graded in a workspace)\n" in text, section
+
+
+def test_markdown_report_in_a_workspace_lists_hints_and_solutions_viewed(buggy_grade, tmp_path):
+    invoke("init", tmp_path, "--exercise", "mha")
+    assert "## Solutions viewed\n\n- none recorded\n" in report.to_markdown(buggy_grade, Progress.find(tmp_path))
+    invoke("solution", "mha", "softmax", "--workspace", tmp_path, "--yes")
+    invoke("solution", "mha", "--workspace", tmp_path, "--yes")
+    text = report.to_markdown(buggy_grade, Progress.find(tmp_path))
+    assert re.search(r"## Solutions viewed\n\n- `softmax` at \S+\n- the whole model answer at \S+\n", text), text
+    assert "## Hints used\n\n- none recorded\n" in text
+
+
 def test_markdown_report_gives_no_time_to_green_for_a_step_failing_now(buggy_grade, tmp_path):
     progress = Progress(tmp_path)
     progress.record_grade(buggy_grade)
@@ -83,6 +101,12 @@ def test_junit_is_one_testcase_per_check_grouped_by_step(buggy_grade):
     failures = suites["mha.scale_scores"].findall("testcase/failure")
     assert failures and "likely mistake" in failures[0].text
     assert int(root.get("tests")) == sum(len(s.checks) for s in buggy_grade.steps)  # no rule broken here
+    # times: each check's own duration, summed per step and for the whole grade
+    cases = [(suite, case) for suite in root for case in suite]
+    assert all(float(case.get("time")) >= 0 for _, case in cases) and sum(float(c.get("time")) for _, c in cases) > 0
+    for suite in root:
+        assert float(suite.get("time")) == pytest.approx(sum(float(c.get("time")) for c in suite), abs=0.01)
+    assert float(root.get("time")) == pytest.approx(sum(c.seconds for s in buggy_grade.steps for c in s.checks), abs=0.001)
 
 
 def test_gradescope_results_one_test_per_step(buggy_grade):
@@ -98,6 +122,8 @@ def test_github_classroom_result_version_3(buggy_grade):
     jsonschema.validate(data, schema("github.schema.json"))
     assert data["status"] == "fail" and data["max_score"] == 100
     assert sum(t["score"] for t in data["tests"]) == buggy_grade.score
+    durations = [t["duration"] for t in data["tests"]]  # seconds: the sum of the step's checks' durations
+    assert durations == [round(sum(c.seconds for c in s.checks), 3) for s in buggy_grade.steps] and sum(durations) > 0
 
 
 @pytest.mark.parametrize("submission", ["reference", "missing"])
@@ -129,13 +155,26 @@ def test_output_writes_the_report_to_a_file_and_keeps_the_exit_code(tmp_path):
 
 def test_init_copies_stubs_and_refuses_to_overwrite_work(tmp_path):
     assert invoke("init", tmp_path, "--exercise", "mha").exit_code == 0
-    assert (tmp_path / "mha.py").read_text() == STUB and (tmp_path / FILE_NAME).exists()
-    (tmp_path / "mha.py").write_text(STUB + "# my work\n")
+    fresh = (tmp_path / "mha.py").read_text()
+    assert fresh == STUB.replace("attn-grade exercises/mha.py", "attn-grade watch mha.py") and (tmp_path / FILE_NAME).exists()
+    assert invoke("init", tmp_path, "--exercise", "mha").exit_code == 0  # a fresh stub holds no work
+    (tmp_path / "mha.py").write_text(fresh + "# my work\n")
     refused = invoke("init", tmp_path, "--exercise", "mha")
     assert refused.exit_code == 2 and "--force" in refused.stderr
     assert (tmp_path / "mha.py").read_text().endswith("# my work\n")
     assert invoke("init", tmp_path, "--exercise", "mha", "--force").exit_code == 0
-    assert (tmp_path / "mha.py").read_text() == STUB
+    assert (tmp_path / "mha.py").read_text() == fresh
+
+
+def test_the_stubs_init_copies_name_the_command_that_works_in_the_workspace(tmp_path):
+    from grader.exercise import load_manifest
+
+    assert invoke("init", tmp_path).exit_code == 0
+    for exercise in load_manifest().values():
+        assert f"attn-grade exercises/{exercise.file}" in (ROOT / "exercises" / exercise.file).read_text()  # the kit's copy
+        text = (tmp_path / exercise.file).read_text()
+        assert f"Grade your work with:\n\n    attn-grade watch {exercise.file}\n" in text, exercise.name
+        assert f"exercises/{exercise.file}" not in text, exercise.name
 
 
 def test_hints_come_in_levels_and_are_recorded(tmp_path):
@@ -160,15 +199,41 @@ def test_solution_asks_first_unless_the_step_has_full_marks(tmp_path):
     assert solved.exit_code == 0 and "def softmax" in solved.stdout
 
 
-def test_reset_restores_one_step_or_the_whole_file(tmp_path):
+def test_reset_restores_one_step_or_the_whole_file_and_keeps_a_backup(tmp_path):
     path = tmp_path / "mha.py"
     path.write_text(REFERENCE)
-    assert invoke("reset", path, "--step", "softmax", "--yes").exit_code == 0
+    declined = invoke("reset", path, "--step", "softmax", input="n\n")
+    assert declined.exit_code == 1 and path.read_text() == REFERENCE and not list(tmp_path.glob("mha.py.bak-*"))
+    assert re.search(r"Replace your softmax in mha\.py with the stub's\? A backup is kept in mha\.py\.bak-\d{8}-\d{6}\.",
+                     declined.stderr), declined.stderr
+    done = invoke("reset", path, "--step", "softmax", "--yes")
+    assert done.exit_code == 0
     text = path.read_text()
     assert 'raise NotImplementedError("softmax: not implemented yet")' in text
     assert "def merge_heads" in text and "return x.reshape(B, T, H * Dh)" in text  # the rest is kept
-    assert invoke("reset", path, input="n\n").exit_code == 1 and path.read_text() == text
-    assert invoke("reset", path, "--yes").exit_code == 0 and path.read_text() == STUB
+    [backup] = tmp_path.glob("mha.py.bak-*")
+    assert backup.read_text() == REFERENCE and str(backup) in done.stdout
+    asked = invoke("reset", path, input="n\n")
+    assert asked.exit_code == 1 and path.read_text() == text and "Replace all of mha.py with a fresh stub?" in asked.stderr
+    assert invoke("reset", path, "--yes").exit_code == 0 and path.read_text() == STUB  # no workspace: the kit's stub
+    backups = list(tmp_path.glob("mha.py.bak-*"))
+    assert len(backups) == 2 and {b.read_text() for b in backups} == {REFERENCE, text}  # the same second: .bak-...-2
+
+
+def test_reset_leaves_a_notebook_alone(tmp_path):
+    notebook = tmp_path / "mha.ipynb"
+    notebook.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    result = invoke("reset", notebook, "--yes")
+    assert result.exit_code == 2 and "not a .py file" in result.stderr
+    assert notebook.read_text().startswith('{"cells"') and not list(tmp_path.glob("*.bak-*"))
+
+
+def test_reset_in_a_workspace_puts_back_the_workspace_stub(tmp_path):
+    invoke("init", tmp_path, "--exercise", "mha")
+    fresh = (tmp_path / "mha.py").read_text()
+    (tmp_path / "mha.py").write_text(REFERENCE)
+    assert invoke("reset", tmp_path / "mha.py", "--yes").exit_code == 0
+    assert (tmp_path / "mha.py").read_text() == fresh
 
 
 def test_list_shows_steps_points_and_best_so_far(tmp_path):
@@ -178,8 +243,12 @@ def test_list_shows_steps_points_and_best_so_far(tmp_path):
     (tmp_path / "mha.py").write_text(BUGGY)
     invoke(tmp_path / "mha.py", "--device", "cpu")
     listed = invoke("list", "--workspace", tmp_path)
-    assert re.search(r"scale_scores +8 .*best 1/8", listed.stdout), listed.stdout
+    assert re.search(r"scale_scores +1/8 +Scale by", listed.stdout), listed.stdout
+    assert re.search(r"project_qkv +–/16 ", listed.stdout)  # not graded yet
     assert "best 91/100" in listed.stdout  # 7 points of scale_scores, and the module's 2 for running end to end
+    for output in (plain.stdout, listed.stdout):  # every column lines up: the scores' slashes, the titles
+        steps = [re.match(r"  \S+ +(\S+) +", line) for line in output.splitlines() if line.startswith("  ")]
+        assert len({m.end() for m in steps}) == 1 and len({m.group().find("/") for m in steps}) == 1, output
 
 
 # -- watch ------------------------------------------------------------------------------
@@ -221,7 +290,7 @@ def _next_total(process, timeout=60) -> str:
 # -- batch ------------------------------------------------------------------------------
 
 
-def test_batch_grades_a_folder_and_a_hang_costs_only_its_row(tmp_path):
+def test_batch_grades_a_folder_and_a_hang_costs_only_its_row(tmp_path, monkeypatch):
     for name, text in {
         "alice": REFERENCE,
         "bob": STUB,
@@ -232,19 +301,52 @@ def test_batch_grades_a_folder_and_a_hang_costs_only_its_row(tmp_path):
         (tmp_path / name).mkdir()
         (tmp_path / name / "mha.py").write_text(text)
     (tmp_path / "notes.txt").write_text("not a submission")
+    (tmp_path / "frank").mkdir()
+    (tmp_path / "frank" / "mha (1).py").write_text(REFERENCE)  # a browser's download name: no exercise's
+    (tmp_path / "frank" / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "frank" / ".ipynb_checkpoints" / "mha-checkpoint.ipynb").write_text("{}")  # Jupyter's, not a submission
     out = tmp_path / "results.csv"
+    monkeypatch.setattr(cli, "_terminal", lambda: True)  # the progress line, as on a terminal
     result = invoke("batch", tmp_path, "--jobs", "2", "--timeout", "1", "--device", "cpu", "--output", out)
     assert result.exit_code == 0
     rows = {Path(r["file"]).parent.name: r for r in csv.DictReader(io.StringIO(out.read_text()))}
-    assert set(rows) == {"alice", "bob", "carol", "dave", "erin"}
+    assert set(rows) == {"alice", "bob", "carol", "dave", "erin", "frank"}
     assert rows["alice"]["total"] == "100" and rows["alice"]["status"] == "full marks"
     assert rows["bob"]["total"] == "0" and rows["erin"]["total"] == "0"
     assert rows["carol"]["scale_scores"] == "1"
     assert rows["dave"]["softmax"] == "0" and rows["dave"]["project"] == "10"
-    assert all(float(r["seconds"]) > 0 for r in rows.values())
+    assert all(float(r["seconds"]) > 0 for name, r in rows.items() if name != "frank")
+    assert rows["frank"]["status"].startswith("usage error: cannot tell the exercise from the file name 'mha (1).py'")
+    assert "--exercise" in rows["frank"]["status"] and rows["frank"]["total"] == "0"
+    # per step, the first lost check and its named mistake; nothing for a step with full marks
+    assert rows["carol"]["scale_scores_first_lost"].startswith("scale_scores_values")
+    assert rows["carol"]["scale_scores_mistake"] == "scale_scores.unscaled"
+    assert rows["carol"]["softmax_first_lost"] == rows["carol"]["softmax_mistake"] == ""
+    assert rows["bob"]["project_first_lost"] and rows["bob"]["project_mistake"] == ""
+    assert re.search(r"graded 6 files in [\d.]+ s \(1 error: see the status column\)", result.stderr), result.stderr
+    assert "grading: 5/5 files" in result.stderr and "grading: 0/5 files" in result.stderr
+
+
+def test_batch_of_one_file_says_file_and_a_file_of_no_exercise_has_a_row(tmp_path):
+    (tmp_path / "attempt.py").write_text(REFERENCE)
+    out = tmp_path / "results.csv"
+    result = invoke("batch", tmp_path, "--output", out)
+    assert result.exit_code == 0 and re.search(r"^graded 1 file in ", result.stderr), result.stderr
+    [row] = csv.DictReader(io.StringIO(out.read_text()))
+    assert row["status"].startswith("usage error:") and "pass --exercise NAME" in row["status"]
+
+
+def test_batch_progress_gives_the_time_left_from_the_files_graded_so_far():
+    from grader.batch import progress_line
+
+    assert progress_line(0, 10, 4.0) == "grading: 0/10 files"  # nothing graded yet: no guess
+    assert progress_line(4, 10, 2.0) == "grading: 4/10 files, about 3 s left"
+    assert progress_line(1, 10, 20.0) == "grading: 1/10 files, about 3 min 00 s left"
+    assert progress_line(1, 1, 9.0) == "grading: 1/1 file"
 
 
 def test_batch_with_nothing_to_grade_is_a_usage_error(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a submission")
     assert invoke("batch", tmp_path).exit_code == 2
     assert invoke("batch", tmp_path / "missing").exit_code == 2
 

@@ -475,6 +475,14 @@ CORRECT = [
         """,
     ),
     Variant(
+        "split_heads_view_of_a_non_contiguous_input",  # splitting the last dim is always a view: no .contiguous() needed
+        """
+        def split_heads(x, num_heads):
+            B, T, D = x.shape
+            return x.view(B, T, num_heads, D // num_heads).transpose(1, 2)
+        """,
+    ),
+    Variant(
         "views_and_permutes",
         """
         def split_heads(x, num_heads):
