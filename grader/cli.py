@@ -89,10 +89,7 @@ def grade(file, fmt, output, verbose, **options) -> None:
     from grader.grade import grade as run_grade  # imported here: `attn-grade --help` stays instant
 
     result = _run(run_grade, file, **options)
-    progress = Progress.find(Path(file).parent)
-    if progress:
-        progress.record_grade(result)
-        progress.save()
+    progress = _run(workspace.record_grade, Path(file), result)
     text = render(fmt, result, verbose, progress)
     if output:
         _write(output, click.unstyle(text) if text.endswith("\n") else click.unstyle(text) + "\n")
@@ -156,7 +153,7 @@ def hint(exercise, step, level, folder) -> None:
         progress.record_hint(exercise, step, level)
         progress.save()
     else:
-        click.echo(f"(not recorded: {folder} is no attn-grade workspace; pass --workspace DIR to record it)", err=True)
+        _not_recorded(folder)
 
 
 @main.command()
@@ -176,6 +173,11 @@ def solution(exercise, step, yes, folder) -> None:
         click.confirm(f"Show {what}? Trying first teaches more", abort=True, err=True)
     reference = found.stub_path.parent.parent / "solutions" / found.file
     click.echo(workspace.step_source(reference, step) if step else reference.read_text(encoding="utf-8"))
+    if progress:
+        progress.record_solution(exercise, step)
+        progress.save()
+    else:
+        _not_recorded(folder)
 
 
 @main.command()
@@ -244,6 +246,10 @@ def gradescope_bundle(out, exercise) -> None:
 
     names = write_bundle(Path(out), _exercises(exercise)[0])
     click.echo(f"wrote {out} ({len(names)} files): upload it as the assignment's autograder")
+
+
+def _not_recorded(folder: str) -> None:
+    click.echo(f"(not recorded: {folder} is no attn-grade workspace; pass --workspace DIR to record it)", err=True)
 
 
 def _write(path: str, text: str) -> None:
