@@ -5,7 +5,6 @@ does (a key, or a save), so nothing here sleeps or waits on a clock. A save sets
 modification time explicitly, so watch sees it whatever the file system's timestamp granularity.
 """
 
-import itertools
 import os
 import pty
 import termios
@@ -17,42 +16,9 @@ from grader import workspace
 from grader.exercise import load_manifest
 from grader.progress import Progress
 from grader.watch import terminal_keys, watch
-from tests.conftest import REFERENCE, ROOT
+from tests.conftest import REFERENCE, STUB, save, script, written
 
-STUB = (ROOT / "exercises" / "mha.py").read_text()
 NAIVE_SOFTMAX = "    return scores.exp() / scores.exp().sum(dim, keepdim=True)"  # overflows: a real failure
-_stamps = itertools.count(1)
-
-
-def written(text: str, **bodies: str) -> str:
-    """`text` with the stub's body of each named step replaced."""
-    for step, body in bodies.items():
-        stub_body = f'    # TODO\n    raise NotImplementedError("{step}: not implemented yet")'
-        assert stub_body in text, step
-        text = text.replace(stub_body, body)
-    return text
-
-
-def save(path, text: str) -> None:
-    path.write_text(text)
-    stamp = 10**18 + next(_stamps) * 10**9
-    os.utime(path, ns=(stamp, stamp))
-
-
-def script(*actions):
-    """A read_key doing one action a call: a string is the keys pressed, a function a thing done; then q."""
-    todo = list(actions)
-
-    def read_key(timeout):
-        if not todo:
-            return "q"
-        action = todo.pop(0)
-        if callable(action):
-            action()
-            return ""
-        return action
-
-    return read_key
 
 
 def screens(output: str) -> list[str]:
@@ -133,7 +99,7 @@ def test_full_marks_suggest_the_next_exercise_not_done_in_the_workspace(tmp_path
     save(path, REFERENCE)
     watch(path, {"device": "cpu"}, rounds=1, zygote=zygote)
     out = capsys.readouterr().out
-    assert f"Full marks! Next: mha_numpy" in out and f"attn-grade watch {tmp_path / 'mha_numpy.py'}" in out, out
+    assert "Full marks! Next: mha_numpy" in out and f"attn-grade watch {tmp_path / 'mha_numpy.py'}" in out, out
 
 
 def test_terminal_keys_come_without_enter_and_the_terminal_is_restored_after_ctrl_c():

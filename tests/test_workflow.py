@@ -22,10 +22,9 @@ from click.testing import CliRunner
 
 from grader import cli, report
 from grader.progress import FILE_NAME, Progress
-from tests.conftest import REFERENCE, ROOT
+from tests.conftest import REFERENCE, ROOT, STUB
 
 SCHEMAS = Path(__file__).parent / "schemas"
-STUB = (ROOT / "exercises" / "mha.py").read_text()
 STEPS = ["project", "split_heads", "attention_scores", "scale_scores", "apply_mask", "softmax", "weighted_sum",
          "merge_heads", "MultiHeadAttention"]
 BUGGY = REFERENCE + "\ndef scale_scores(scores, head_dim):\n    return scores\n"
