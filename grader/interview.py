@@ -30,11 +30,12 @@ from grader.candidate import Zygote
 from grader.exercise import Exercise, UsageError, load_manifest
 from grader.progress import Progress
 from grader.score import Grade, StepResult
-from grader.watch import KEYS, Watcher, run as run_watch, terminal_keys
+from grader.watch import KEYS, NOT_WRITTEN, Watcher, loss, run as run_watch, terminal_keys
 
 SESSION_FILE = ".attn-grade-interview.json"
 SCORECARD = "scorecard"  # scorecard.md and scorecard.html
 NOTES = ("Approach and reasoning", "Communication", "Testing and debugging", "Overall")
+ENDINGS = {"time up": "time up", "quit": "ended with q", "Ctrl-C": "stopped with Ctrl-C"}
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,9 @@ def run(folder: Path, exercise: str, minutes: float, candidate: str, options: di
                 ended = run_watch(watcher, read, deadline=session.deadline, clock=clock)
             except KeyboardInterrupt:
                 ended = "Ctrl-C"
-        click.echo("")
+        resume = "" if ended == "time up" else "; the same command resumes it"
+        ending = ENDINGS[ended]
+        click.echo(f"\n{ending[0].upper() + ending[1:]} with {_left(session.deadline - clock())} left{resume}.")
         watcher.saved()
         if watcher.result is None or watcher.graded_stamp != watcher.stamp:
             watcher.regrade()  # the scorecard grades the file as it is now
@@ -158,7 +161,7 @@ class Scorecard:
         name, at = session.exercise.name, lambda iso: _seconds(iso) - session.started
         hints, solutions = progress.hints(name), progress.solutions(name)
         steps = result.steps if result else ()
-        ending = {"time up": "time up", "quit": "ended with q", "Ctrl-C": "stopped with Ctrl-C"}.get(how, how)
+        ending = ENDINGS[how]
         facts = [
             ("Candidate", session.candidate),
             ("Date", datetime.fromtimestamp(session.started, timezone.utc).strftime("%Y-%m-%d")),
@@ -194,7 +197,7 @@ class Scorecard:
             title=f"Interview scorecard: {session.candidate}",
             facts=facts,
             rows=rows,
-            mistakes=[(s.id, _diagnoses(s)) for s in steps if s.score < s.max_score],
+            mistakes=_mistakes(steps),
             rules=[(s.id, s.breach) for s in steps if s.breach],
             timeline=[(_offset(seconds), text) for seconds, text in sorted(timeline, key=lambda item: item[0])],
         )
@@ -277,6 +280,13 @@ code {{ font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9em; 
 </body>
 </html>
 """
+
+
+def _mistakes(steps) -> list[tuple[str, list[str]]]:
+    """Per step that lost points, its diagnoses; the steps not written at all, on one line at the end."""
+    unwritten = [s.id for s in steps if s.score < s.max_score and loss(s) == "not written"]
+    found = [(s.id, _diagnoses(s)) for s in steps if s.score < s.max_score and s.id not in unwritten]
+    return found + ([(", ".join(unwritten), [NOT_WRITTEN])] if unwritten else [])
 
 
 def _diagnoses(step: StepResult) -> list[str]:

@@ -212,15 +212,15 @@ class Watcher:
 
     def _screen(self, result: Grade, edited: list[str], progress, seconds: float) -> str:
         table, _, total = split_report(result)
-        lines = table
+        below = []
         green = [s.id for s in result.steps if s.id in edited and s.score == s.max_score]
         if green:
-            lines += _wrap(click.style(f"✓ {', '.join(green)}: every check passes now.", fg="green"), _width())
+            below += _wrap(click.style(f"✓ {', '.join(green)}: every check passes now.", fg="green"), _width())
         if self.focus:
-            lines += ["", *self._detail(compact=True)]
+            below += self._detail(compact=True)
         elif result.full_marks and self.suggest_next:
-            lines += ["", *self._next(progress)]
-        return "\n".join([*lines, "", f"{total}   (graded in {seconds:.2f} s)"])
+            below += self._next(progress)
+        return "\n".join([*table, *([""] + below if below else []), "", f"{total}   (graded in {seconds:.2f} s)"])
 
     def _detail(self, compact: bool) -> list[str]:
         """The focused step's lost checks, wrapped: all of them, or the first diagnosis and a count of the rest."""
@@ -287,14 +287,20 @@ def focus(result: Grade, edited: list[str]) -> tuple[StepResult | None, str]:
 
 
 def _rank(step: StepResult, edited: list[str]) -> tuple[int, str]:
-    lost = [c for c in step.checks if c.points < c.max_points and c.outcome != "skipped"]
     if step.id in edited:
         return 0, "just edited"
+    return {"failing": (1, "first failing step"), "through others": (2, "only through other steps"),
+            "not written": (3, "not written yet")}[loss(step)]
+
+
+def loss(step: StepResult) -> str:
+    """How a step that lost points lost them: "failing" (its own code failed a check or broke a rule),
+    "through others" (only a composite's end-to-end run, through steps charged already), "not written"
+    (every lost check says NotImplementedError: the stub's body)."""
+    lost = [c for c in step.checks if c.points < c.max_points and c.outcome != "skipped"]
     if step.breach or any(not c.charged_elsewhere and not c.message.startswith(NOT_WRITTEN) for c in lost):
-        return 1, "first failing step"
-    if any(c.charged_elsewhere for c in lost):
-        return 2, "only through other steps"
-    return 3, "not written yet"
+        return "failing"
+    return "through others" if any(c.charged_elsewhere for c in lost) else "not written"
 
 
 def split_report(result: Grade) -> tuple[list[str], dict[str, list[str]], str]:

@@ -108,7 +108,7 @@ def test_the_same_command_resumes_the_clock(tmp_path, clock):
     assert interview._left(again.deadline - clock()) == "0:30"
 
 
-def test_stopped_with_ctrl_c_it_writes_the_scorecard_and_a_restart_resumes(tmp_path, zygote, clock):
+def test_stopped_with_ctrl_c_it_writes_the_scorecard_and_a_restart_resumes(tmp_path, zygote, clock, capsys):
     folder = tmp_path / "iv"
 
     def interrupt(timeout):
@@ -117,6 +117,9 @@ def test_stopped_with_ctrl_c_it_writes_the_scorecard_and_a_restart_resumes(tmp_p
 
     md, page = interview.run(folder, "mha", 5, "Ada <i>L</i>", {"device": "cpu"}, clock=clock, read_key=interrupt, zygote=zygote)
     assert "stopped with Ctrl-C" in md.read_text() and "after 1:30" in md.read_text()
+    assert "Stopped with Ctrl-C with 3:30 left; the same command resumes it." in capsys.readouterr().out
+    steps = "project, split_heads, attention_scores, scale_scores, apply_mask, softmax, weighted_sum, merge_heads"
+    assert f"- `{steps}, MultiHeadAttention`: not implemented yet\n" in md.read_text()  # the stub: one line, not nine
     assert "Ada &lt;i&gt;L&lt;/i&gt;" in page.read_text() and "<i>L</i>" not in page.read_text()
     clock.now += 600  # past the end: the same command writes the final scorecard at once
     md, _ = interview.run(folder, "mha", 5, "Ada <i>L</i>", {"device": "cpu"}, clock=clock, read_key=script(), zygote=zygote)
