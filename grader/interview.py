@@ -30,7 +30,7 @@ from grader.candidate import Zygote
 from grader.exercise import Exercise, UsageError, load_manifest
 from grader.progress import Progress
 from grader.score import Grade, StepResult
-from grader.watch import KEYS, NOT_WRITTEN, Watcher, loss, run as run_watch, terminal_keys
+from grader.watch import KEYS, NOT_WRITTEN, Watcher, keys_and_zygote, loss, run as run_watch
 
 SESSION_FILE = ".attn-grade-interview.json"
 SCORECARD = "scorecard"  # scorecard.md and scorecard.html
@@ -110,27 +110,20 @@ def run(folder: Path, exercise: str, minutes: float, candidate: str, options: di
     else:
         click.echo(f"Interview of {session.candidate} on {exercise}, {minutes:g} min. "
                    f"The candidate edits {session.path}; every save is graded here.")
-    own = zygote is None
-    zygote = zygote or Zygote(warm_device=options.get("device") != "cpu")
-    try:
-        with terminal_keys() as keys:
-            read = read_key or keys
-            help_line = f" · {KEYS} · q: end the interview" if read else ""
-            watcher = Watcher(session.path, {**options, "exercise": exercise}, zygote, keys=read is not None,
-                              status=lambda: f"⏱ {_left(session.deadline - clock())} left{help_line}", suggest_next=False)
-            try:
-                ended = run_watch(watcher, read, deadline=session.deadline, clock=clock)
-            except KeyboardInterrupt:
-                ended = "Ctrl-C"
+    with keys_and_zygote(options, read_key, zygote) as (zygote, read):
+        help_line = f" · {KEYS} · q: end the interview" if read else ""
+        watcher = Watcher(session.path, {**options, "exercise": exercise}, zygote, keys=read is not None,
+                          status=lambda: f"⏱ {_left(session.deadline - clock())} left{help_line}", suggest_next=False)
+        try:
+            ended = run_watch(watcher, read, deadline=session.deadline, clock=clock)
+        except KeyboardInterrupt:
+            ended = "Ctrl-C"
         resume = "" if ended == "time up" else "; the same command resumes it"
         ending = ENDINGS[ended]
         click.echo(f"\n{ending[0].upper() + ending[1:]} with {_left(session.deadline - clock())} left{resume}.")
         watcher.saved()
         if watcher.result is None or watcher.graded_stamp != watcher.stamp:
             watcher.regrade()  # the scorecard grades the file as it is now
-    finally:
-        if own:
-            zygote.close()
     return write_scorecard(session, watcher.result, min(clock(), session.deadline), ended)
 
 

@@ -45,17 +45,25 @@ def watch(path: Path, options: dict, rounds: int | None = None, read_key=None, z
     `read_key(timeout)` returns the keys pressed within `timeout` seconds ("" for none); by
     default they come from the terminal when stdin is one, and off a terminal there are none.
     """
-    own = zygote is None
-    zygote = zygote or Zygote(warm_device=options.get("device") != "cpu")
     try:
-        with terminal_keys() as keys:
-            read = read_key or keys
+        with keys_and_zygote(options, read_key, zygote) as (zygote, read):
             help_line = f"{KEYS} · q: quit" if read else "save to regrade, Ctrl-C to stop"
             watcher = Watcher(path, options, zygote, status=lambda: help_line, keys=read is not None)
             run(watcher, read, rounds=rounds)
         click.echo("\nStopped watching.")
     except KeyboardInterrupt:
         click.echo("\nStopped watching.")
+
+
+@contextlib.contextmanager
+def keys_and_zygote(options: dict, read_key=None, zygote: Zygote | None = None):
+    """(a zygote, the keys to read): the zygote given, or a new one closed on the way out; the `read_key`
+    given, or the terminal's keys (see terminal_keys), or None off a terminal."""
+    own = zygote is None
+    zygote = zygote or Zygote(warm_device=options.get("device") != "cpu")
+    try:
+        with terminal_keys() as keys:
+            yield zygote, read_key or keys
     finally:
         if own:
             zygote.close()
