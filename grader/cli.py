@@ -57,7 +57,7 @@ def main() -> None:
     """Grade your attention exercises step by step: attn-grade exercises/mha.py"""
 
 
-GRADE_OPTIONS = [
+RUN_OPTIONS = [
     click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
                  help="Where the device checks run: auto is CUDA if present, else the meta device."),
     click.option("--seed", type=int, default=0, show_default=True, help="Seed of the grader's random inputs."),
@@ -67,12 +67,22 @@ GRADE_OPTIONS = [
                  show_default=True, help="Seconds all the calls into one file may take together."),
     click.option("--memory-limit", "memory_limit_mb", type=click.IntRange(min=0), default=DEFAULT_MEMORY_LIMIT_MB,
                  show_default=True, metavar="MB", help="Memory cap of the process running the candidate's code (0: none)."),
+]
+GRADE_OPTIONS = [
+    *RUN_OPTIONS,
     click.option("--exercise", metavar="NAME", help="Which exercise the file is (default: from its name, mha.py is mha)."),
 ]
 
 
 def grade_options(command):
     for option in reversed(GRADE_OPTIONS):
+        command = option(command)
+    return command
+
+
+def run_options(command):
+    """The grading options but --exercise, for commands that name the exercise themselves."""
+    for option in reversed(RUN_OPTIONS):
         command = option(command)
     return command
 
@@ -88,10 +98,7 @@ def grade(file, fmt, output, verbose, **options) -> None:
     from grader.grade import grade as run_grade  # imported here: `attn-grade --help` stays instant
 
     result = _run(run_grade, file, **options)
-    progress = Progress.find(Path(file).parent)
-    if progress:
-        progress.record_grade(result)
-        progress.save()
+    progress = _run(workspace.record_grade, Path(file), result)
     text = render(fmt, result, verbose, progress)
     if output:
         _write(output, click.unstyle(text) if text.endswith("\n") else click.unstyle(text) + "\n")
@@ -165,7 +172,7 @@ def hint(exercise, step, level, folder) -> None:
         progress.record_hint(exercise, step, level)
         progress.save()
     else:
-        click.echo(f"(not recorded: {folder} is no attn-grade workspace; pass --workspace DIR to record it)", err=True)
+        _not_recorded(folder)
 
 
 @main.command()
@@ -188,6 +195,8 @@ def solution(exercise, step, yes, folder) -> None:
     if progress:
         progress.record_solution(exercise, step)
         progress.save()
+    else:
+        _not_recorded(folder)
 
 
 @main.command()
@@ -218,6 +227,22 @@ def watch(file, **options) -> None:
 
     _run(find_exercise, Path(file), options.get("exercise"))
     run_watch(Path(file), options)
+
+
+@main.command()
+@click.argument("exercise")
+@click.argument("folder", type=click.Path(), default=".")
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), required=True, metavar="N",
+              help="How long the interview lasts; the same command in the same folder resumes the clock.")
+@click.option("--candidate", required=True, metavar="NAME", help="The candidate's name, for the scorecard.")
+@run_options
+def interview(exercise, folder, minutes, candidate, **options) -> None:
+    """Run an interview on EXERCISE in FOLDER (default: here): a fresh stub, a countdown over the live
+    step table, and a scorecard for the interviewer at the end (markdown and HTML)."""
+    from grader import interview as interview_
+
+    paths = _run(interview_.run, Path(folder), exercise, minutes, candidate, options)
+    click.echo(f"Scorecard: {paths[0]} and {paths[1]}")
 
 
 @main.command()
@@ -261,6 +286,10 @@ def gradescope_bundle(out, exercise) -> None:
 
     names = write_bundle(Path(out), _exercises(exercise)[0])
     click.echo(f"wrote {out} ({len(names)} files): upload it as the assignment's autograder")
+
+
+def _not_recorded(folder: str) -> None:
+    click.echo(f"(not recorded: {folder} is no attn-grade workspace; pass --workspace DIR to record it)", err=True)
 
 
 def _write(path: str, text: str) -> None:

@@ -1,5 +1,5 @@
-"""A candidate's progress in a workspace: best score per step, when each step first went green, hints
-and model answers seen.
+"""A candidate's progress in a workspace: best score per step, when each step first went green, how many
+versions of it were graded (attempts), and every grade, hint and model answer seen, with its time.
 
 It lives in `.attn-grade.json` in the workspace folder (the folder `attn-grade init`
 fills, which holds the exercise files). Grading a file in a folder that has one updates
@@ -10,9 +10,13 @@ writes nothing beside it. The format (version 1):
      "exercises": {"mha": {
         "started": "2026-11-22T10:00:00+00:00",            # init, or the first grade here
         "steps": {"project": {"best": 10, "max": 10,
-                              "first_green": "2026-11-22T10:04:10+00:00"}},
+                              "first_green": "2026-11-22T10:04:10+00:00",
+                              "attempts": 2, "version": "9f2c…"}},   # versions graded, the last one's hash
         "hints": [{"step": "softmax", "level": 1, "at": "2026-11-22T10:07:00+00:00"}],
-        "solutions": [{"step": "softmax", "at": "2026-11-22T10:09:00+00:00"}]}}}   # step null: the whole answer
+        "solutions": [{"step": "softmax", "at": "2026-11-22T10:09:00+00:00"}],  # step null: the whole answer
+        "grades": [{"at": "2026-11-22T10:04:10+00:00", "score": 10, "edited": ["project"]}]}}}
+
+`attempts`, `version`, `solutions` and `grades` came later: a file without them is read as before.
 """
 
 from __future__ import annotations
@@ -52,20 +56,35 @@ class Progress:
         entry.setdefault("steps", {})
         entry.setdefault("hints", [])
         entry.setdefault("solutions", [])
+        entry.setdefault("grades", [])
         return entry
 
-    def record_grade(self, grade) -> None:
+    def restart(self, exercise: str) -> None:
+        """Forget what was recorded of `exercise`: it starts now (an interview on a fresh stub)."""
+        self.data["exercises"][exercise] = {}
+        self.exercise(exercise)
+
+    def record_grade(self, grade, versions: dict[str, str] | None = None) -> None:
+        """Record a grade. `versions` holds a hash of each step's source where it differs from the stub's
+        (workspace.step_versions): a step graded in a version not seen last time is one more attempt at it."""
         entry = self.exercise(grade.exercise)
+        edited = []
         for step in grade.steps:
             seen = entry["steps"].setdefault(step.id, {"best": 0, "max": step.max_score, "first_green": None})
             seen["best"], seen["max"] = max(seen["best"], step.score), step.max_score
             if step.score == step.max_score and not seen["first_green"]:
                 seen["first_green"] = now()
+            version = (versions or {}).get(step.id)
+            if version and version != seen.get("version"):
+                seen["version"], seen["attempts"] = version, seen.get("attempts", 0) + 1
+                edited.append(step.id)
+        entry["grades"].append({"at": now(), "score": grade.score, "edited": edited})
 
     def record_hint(self, exercise: str, step: str, level: int) -> None:
         self.exercise(exercise)["hints"].append({"step": step, "level": level, "at": now()})
 
     def record_solution(self, exercise: str, step: str | None) -> None:
+        """A model answer was shown: one step's, or (None) the whole file's."""
         self.exercise(exercise)["solutions"].append({"step": step, "at": now()})
 
     def best(self, exercise: str, step: str) -> int | None:
@@ -80,6 +99,12 @@ class Progress:
 
     def solutions(self, exercise: str) -> list[dict]:
         return list(self.data["exercises"].get(exercise, {}).get("solutions", []))
+
+    def grades(self, exercise: str) -> list[dict]:
+        return list(self.data["exercises"].get(exercise, {}).get("grades", []))
+
+    def attempts(self, exercise: str, step: str) -> int:
+        return self.data["exercises"].get(exercise, {}).get("steps", {}).get(step, {}).get("attempts", 0)
 
     def time_to_green(self, exercise: str) -> dict[str, float]:
         """Seconds from the start of the exercise to each step's first full marks."""
@@ -106,8 +131,9 @@ def _well_formed(data) -> bool:
     for entry in data["exercises"].values():
         if not isinstance(entry, dict) or not isinstance(entry.get("steps", {}), dict):
             return False
-        if not all(isinstance(entry.get(key, []), list) for key in ("hints", "solutions")) \
-                or not isinstance(entry.get("started", ""), str):
+        if not isinstance(entry.get("started", ""), str):
+            return False
+        if not all(isinstance(entry.get(key, []), list) for key in ("hints", "solutions", "grades")):
             return False
         for seen in entry.get("steps", {}).values():
             if not isinstance(seen, dict) or not isinstance(seen.get("best"), int) or not isinstance(seen.get("max"), int):

@@ -1,73 +1,353 @@
 """Grade a file on every save, with a warm zygote so a regrade costs only the checks.
 
 The file is polled (every 20 ms) rather than watched through an OS API: no extra
-dependency, and editors that save by rename are seen the same way.
+dependency, and editors that save by rename are seen the same way. A save shows
+"regrading…" at once. The screen is the step table and one step in detail: the step whose
+source changed since the last grade, else the first that lost points to a real failure, a
+step not written yet last. On a terminal, keys act without Enter (rustlings style): d shows
+every failed check of that step, h its next hint (recorded in the workspace, as `attn-grade
+hint` does), q quits. Messages are wrapped at word boundaries to the terminal's width.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
+import select
+import shutil
+import sys
+import termios
+import textwrap
 import time
+import tty
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
+from grader import workspace
 from grader.candidate import Zygote
-from grader.exercise import UsageError
+from grader.exercise import Exercise, UsageError, find_exercise, load_manifest
 from grader.grade import grade
 from grader.progress import Progress
 from grader.report import to_text
+from grader.score import Grade, StepResult
 
 POLL_SECONDS = 0.02
+KEYS = "d: every failed check · h: next hint"
+NOT_WRITTEN = "not implemented yet"  # the message of a step that raises NotImplementedError (the stub's)
 
 
-def watch(path: Path, options: dict, rounds: int | None = None) -> None:
-    """Regrade `path` whenever it changes, until Ctrl-C (or `rounds` grades, for tests)."""
-    on_terminal = click.get_text_stream("stdout").isatty()
-    zygote = Zygote(warm_device=options.get("device") != "cpu")
-    cache: dict = {}  # checks whose step did not change are not run again
-    seen, graded = None, 0
+def watch(path: Path, options: dict, rounds: int | None = None, read_key=None, zygote: Zygote | None = None) -> None:
+    """Regrade `path` whenever it changes, until q or Ctrl-C (or `rounds` grades, for tests).
+
+    `read_key(timeout)` returns the keys pressed within `timeout` seconds ("" for none); by
+    default they come from the terminal when stdin is one, and off a terminal there are none.
+    """
     try:
-        while rounds is None or graded < rounds:
-            try:
-                stamp = path.stat().st_mtime_ns, path.stat().st_size
-            except OSError:
-                stamp = None
-            if stamp is not None and stamp != seen:
-                seen = stamp
-                started = time.monotonic()
-                try:
-                    result = grade(path, zygote=zygote, cache=cache, **options)
-                except UsageError as error:
-                    click.echo(f"attn-grade: {error}", err=True)
-                else:
-                    progress = Progress.find(path.parent)
-                    if progress:
-                        progress.record_grade(result)
-                        progress.save()
-                    if on_terminal:
-                        click.clear()
-                    click.echo(_screen(result, time.monotonic() - started))
-                graded += 1
-            time.sleep(POLL_SECONDS)
+        with keys_and_zygote(options, read_key, zygote) as (zygote, read):
+            help_line = f"{KEYS} · q: quit" if read else "save to regrade, Ctrl-C to stop"
+            watcher = Watcher(path, options, zygote, status=lambda: help_line, keys=read is not None)
+            run(watcher, read, rounds=rounds)
+        click.echo("\nStopped watching.")
     except KeyboardInterrupt:
         click.echo("\nStopped watching.")
+
+
+@contextlib.contextmanager
+def keys_and_zygote(options: dict, read_key=None, zygote: Zygote | None = None):
+    """(a zygote, the keys to read): the zygote given, or a new one closed on the way out; the `read_key`
+    given, or the terminal's keys (see terminal_keys), or None off a terminal."""
+    own = zygote is None
+    zygote = zygote or Zygote(warm_device=options.get("device") != "cpu")
+    try:
+        with terminal_keys() as keys:
+            yield zygote, read_key or keys
     finally:
-        zygote.close()
+        if own:
+            zygote.close()
 
 
-def _screen(result, seconds: float) -> str:
-    """The step table (no check details) and the first failing message."""
-    table = to_text(result).split("\n")
-    rows = [line for line in table if not click.unstyle(line).startswith("      ")]
-    first = next(
-        ((s, c) for s in result.steps for c in s.checks if c.points < c.max_points), None
-    ) if not result.environment.get("file_error") else None  # the table's head says it once for the file
-    lines = rows[:-1]
-    if first:
-        step, check = first
-        lines += ["First failing check:", f"  {step.id}/{check.name}: {check.message}"]
-        if check.mistake:
-            lines.append(f"  → likely mistake: {check.mistake}")
-        lines.append("")
-    lines.append(f"{rows[-1]}   (graded in {seconds:.2f} s; save to regrade, Ctrl-C to stop)")
-    return "\n".join(lines)
+def run(watcher: Watcher, read_key, rounds: int | None = None, deadline: float | None = None, clock=time.time) -> str:
+    """Regrade on every save and act on keys: "quit" after q, "time up" at `deadline` (by `clock`),
+    "rounds" after `rounds` grades. Ctrl-C raises KeyboardInterrupt, as ever."""
+    graded = 0
+    while rounds is None or graded < rounds:
+        if deadline is not None and clock() >= deadline:
+            return "time up"
+        if watcher.saved():
+            watcher.regrade()
+            graded += 1
+            continue
+        watcher.tick()
+        wait = POLL_SECONDS if deadline is None else max(0.0, min(POLL_SECONDS, deadline - clock()))
+        if read_key is None:
+            time.sleep(wait)
+        elif not all(map(watcher.press, read_key(wait))):
+            return "quit"
+    return "rounds"
+
+
+@contextlib.contextmanager
+def terminal_keys(stream=None):
+    """Keys from the terminal, one at a time without Enter: a function of a timeout that waits that long
+    at most and returns the keys pressed ("" for none); None when `stream` (stdin) is no terminal of ours.
+
+    The terminal is in cbreak mode meanwhile (no echo, no line buffering; Ctrl-C still interrupts) and is
+    put back as it was on the way out, whatever ends it: q, Ctrl-C, time up or an error.
+    """
+    stream = stream or sys.stdin
+    try:
+        fd = stream.fileno()
+        saved = termios.tcgetattr(fd) if stream.isatty() and _foreground(fd) else None
+    except (AttributeError, OSError, ValueError, termios.error):
+        saved = None
+    if saved is None:
+        yield None
+        return
+
+    def read(timeout: float) -> str:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            return ""
+        return os.read(fd, 64).decode(errors="ignore") or "q"  # end of input (the terminal hung up): quit
+
+    try:
+        tty.setcbreak(fd)
+        yield read
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def _foreground(fd: int) -> bool:
+    """Whether we may set the terminal's mode: from the background of a shell, that would stop us (SIGTTOU)."""
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:  # not our controlling terminal: no job control to stop us
+        return True
+
+
+class Watcher:
+    """One file on screen: its last grade, the step shown in detail, and what the keys do.
+
+    `status` gives the bottom line (the keys, or an interview's countdown); on a terminal it is
+    rewritten in place by `tick`, and every other message is printed above it.
+    """
+
+    def __init__(self, path: Path, options: dict, zygote: Zygote, status=lambda: "", keys: bool = False,
+                 suggest_next: bool = True):
+        self.path, self.options, self.zygote = Path(path), options, zygote
+        self.exercise: Exercise = find_exercise(self.path, options.get("exercise"))
+        self.status, self.keys, self.suggest_next = status, keys, suggest_next
+        self.terminal = sys.stdout.isatty()
+        self.cache: dict = {}  # checks whose step did not change are not run again
+        self.stamp = self.graded_stamp = None  # the file's (mtime, size) when last seen, and when last graded
+        self.sources: dict | None = None  # each step's source at the last grade of a file that parsed
+        self.result: Grade | None = None
+        self.focus: StepResult | None = None
+        self.why = ""
+        self.hints_shown: dict[str, int] = {}  # outside a workspace, the hint levels shown so far
+        self._status_shown: str | None = None
+
+    def saved(self) -> bool:
+        """Whether the file changed since it was last seen."""
+        try:
+            stat = self.path.stat()
+        except OSError:
+            return False
+        stamp = stat.st_mtime_ns, stat.st_size
+        changed, self.stamp = stamp != self.stamp, stamp
+        return changed
+
+    def regrade(self) -> Grade | None:
+        """Grade the file now: "regrading…" at once, then the new screen."""
+        self.say(click.style(f"{'regrading' if self.result else 'grading'} {self.path.name}…", fg="cyan"))
+        stamp, started = self.stamp, time.monotonic()
+        ids = [step.id for step in self.exercise.steps]
+        sources = workspace.step_sources(self.path, ids)
+        try:
+            result = grade(self.path, zygote=self.zygote, cache=self.cache, **self.options)
+        except UsageError as error:
+            self.say(f"attn-grade: {error}")
+            return None
+        progress = workspace.record_grade(self.path, result)
+        edited = [i for i in ids if sources and self.sources and sources[i] != self.sources[i]]
+        self.sources = sources or self.sources
+        self.result, self.graded_stamp = result, stamp
+        self.focus, self.why = focus(result, edited)
+        self.show(self._screen(result, edited, progress, time.monotonic() - started))
+        return result
+
+    def press(self, key: str) -> bool:
+        """Act on one key; False for q."""
+        if key == "q":
+            return False
+        if key == "d":
+            self.say("\n".join(self._detail(compact=False)) if self.focus else self._nothing())
+        elif key == "h":
+            self.say(self._hint() if self.focus else self._nothing())
+        return True
+
+    # -- output: a screen, messages under it, the status line at the bottom --------------
+
+    def show(self, screen: str) -> None:
+        if self.terminal:
+            click.clear()
+        click.echo(screen)
+        self._status()
+
+    def say(self, text: str) -> None:
+        if self.terminal:
+            click.echo("\r\033[K" + text)
+            self._status()
+        else:
+            click.echo(text)
+
+    def tick(self) -> None:
+        """Bring the status line up to date (an interview's countdown), in place on a terminal."""
+        if self.terminal and textwrap.shorten(self.status(), _width(), placeholder=" …") != self._status_shown:
+            self._status()
+
+    def _status(self) -> None:
+        self._status_shown = textwrap.shorten(self.status(), _width(), placeholder=" …")  # one line: rewritten in place
+        if self.terminal:
+            click.echo("\r\033[K" + self._status_shown, nl=False)
+        elif self._status_shown:
+            click.echo(self._status_shown)
+
+    # -- what is shown ---------------------------------------------------------------------
+
+    def _screen(self, result: Grade, edited: list[str], progress, seconds: float) -> str:
+        table, _, total = split_report(result)
+        below = []
+        green = [s.id for s in result.steps if s.id in edited and s.score == s.max_score]
+        if green:
+            below += _wrap(click.style(f"✓ {', '.join(green)}: every check passes now.", fg="green"), _width())
+        if self.focus:
+            below += self._detail(compact=True)
+        elif result.full_marks and self.suggest_next:
+            below += self._next(progress)
+        return "\n".join([*table, *([""] + below if below else []), "", f"{total}   (graded in {seconds:.2f} s)"])
+
+    def _detail(self, compact: bool) -> list[str]:
+        """The focused step's lost checks, wrapped: all of them, or the first diagnosis and a count of the rest."""
+        step, width = self.focus, _width()
+        _, details, _ = split_report(replace(self.result, steps=(step,), environment={}))
+        lines = details[step.id]
+        head = _wrap(click.style(f"▸ {step.id} {step.score}/{step.max_score} ({self.why}): {step.title}", bold=True), width)
+        if not compact:
+            return [*head, *(w for line in lines for w in _wrap(line, width))]
+        first = lines[:1] + [line for line in lines[1:2] if click.unstyle(line).lstrip().startswith("→")]
+        shown = [*head, *(w for line in first for w in _wrap(line, width, max_lines=3))]
+        rest = sum(not click.unstyle(line).lstrip().startswith("→") for line in lines[len(first):])
+        if rest:
+            shown.append(f"      … {rest} more" + (": press d" if self.keys else ""))
+        return shown
+
+    def _hint(self) -> str:
+        """The focused step's next hint, recorded in the workspace (the last one again once all are seen)."""
+        step = self.exercise.step(self.focus.id)
+        progress = Progress.find(self.path.parent)
+        if progress:
+            seen = sum(h["step"] == step.id for h in progress.hints(self.exercise.name))
+        else:
+            seen = self.hints_shown.get(step.id, 0)
+        level = min(seen + 1, len(step.hints))
+        self.hints_shown[step.id] = seen + 1
+        if progress:
+            progress.record_hint(self.exercise.name, step.id, level)
+            progress.save()
+        note = "" if progress else " (not recorded: this folder is no workspace)"
+        text = f"{self.exercise.name}/{step.id}, hint {level} of {len(step.hints)}: {step.hints[level - 1]}{note}"
+        return "\n".join(_wrap(click.style(text, fg="cyan"), _width()))
+
+    def _nothing(self) -> str:
+        if self.result is None:
+            return "Nothing graded yet."
+        if self.result.environment.get("file_error"):
+            return "\n".join(_wrap(self.result.environment["file_error"], _width()))
+        return "Every step has full marks."
+
+    def _next(self, progress) -> list[str]:
+        """What to do after full marks: the next exercise, and the command for it on a line of its own."""
+        following = next_exercise(self.exercise.name, progress)
+        if following is None:
+            return _wrap(click.style("Full marks, and on every exercise of this workspace. Well done.", fg="green"), _width())
+        there = self.path.with_name(following.file)
+        commands = [f"attn-grade watch {there}"]
+        if not there.exists():
+            commands.insert(0, f"attn-grade init {self.path.parent} --exercise {following.name}")
+        text = click.style(f"Full marks! Next: {following.name} ({following.title}):", fg="green")
+        return [*_wrap(text, _width()), *(f"  {command}" for command in commands)]
+
+
+def focus(result: Grade, edited: list[str]) -> tuple[StepResult | None, str]:
+    """The step to show in detail and why: one just edited that lost points, else the first that lost
+    points to its own code, else one that lost them only through other steps, else one not written yet."""
+    if result.environment.get("file_error"):
+        return None, ""  # the table's head says it once for the file
+    lost = [(_rank(step, edited), i, step) for i, step in enumerate(result.steps) if step.score < step.max_score]
+    if not lost:
+        return None, ""
+    (_, why), _, step = min(lost, key=lambda item: (item[0][0], item[1]))
+    return step, why
+
+
+def _rank(step: StepResult, edited: list[str]) -> tuple[int, str]:
+    if step.id in edited:
+        return 0, "just edited"
+    return {"failing": (1, "first failing step"), "through others": (2, "only through other steps"),
+            "not written": (3, "not written yet")}[loss(step)]
+
+
+def loss(step: StepResult) -> str:
+    """How a step that lost points lost them: "failing" (its own code failed a check or broke a rule),
+    "through others" (only a composite's end-to-end run, through steps charged already), "not written"
+    (every lost check says NotImplementedError: the stub's body)."""
+    lost = [c for c in step.checks if c.points < c.max_points and c.outcome != "skipped"]
+    if step.breach or any(not c.charged_elsewhere and not c.message.startswith(NOT_WRITTEN) for c in lost):
+        return "failing"
+    return "through others" if any(c.charged_elsewhere for c in lost) else "not written"
+
+
+def split_report(result: Grade) -> tuple[list[str], dict[str, list[str]], str]:
+    """The text report's lines: the head and one row per step; each step's lines under its row; the total."""
+    lines = to_text(result).split("\n")
+    ids = [step.id for step in result.steps]
+    table, details, current = [], {}, None
+    for line in lines[:-2]:  # the last two: a blank line and the total
+        if len(details) < len(ids) and re.match(rf"  \S {re.escape(ids[len(details)])} ", click.unstyle(line)):
+            current = ids[len(details)]
+            details[current] = []
+            table.append(line)
+        elif current:
+            details[current].append(line)
+        else:
+            table.append(line)
+    return table, details, lines[-1]
+
+
+def next_exercise(current: str, progress: Progress | None) -> Exercise | None:
+    """The next exercise of the manifest (after `current`, then from the top) without full marks in the workspace."""
+    exercises = list(load_manifest().values())
+    i = [e.name for e in exercises].index(current)
+    for exercise in exercises[i + 1 :] + exercises[:i]:
+        if not (progress and all(progress.full_marks(exercise.name, s.id) for s in exercise.steps)):
+            return exercise
+    return None
+
+
+def _wrap(line: str, width: int, max_lines: int | None = None) -> list[str]:
+    """A line wrapped at word boundaries (its indent kept, two more on the lines after), cut with … after
+    `max_lines`; a word longer than the width stays whole. A coloured line stays coloured."""
+    plain = click.unstyle(line)
+    indent = " " * (len(plain) - len(plain.lstrip()))
+    colour = re.match(r"(\x1b\[[0-9;]*m)+", line)
+    wrapped = textwrap.wrap(plain.strip(), width, initial_indent=indent, subsequent_indent=indent + "  ",
+                            break_long_words=False, break_on_hyphens=False, max_lines=max_lines, placeholder=" …")
+    return [colour.group(0) + part + "\x1b[0m" for part in wrapped] if colour else wrapped or [""]
+
+
+def _width() -> int:
+    return max(20, shutil.get_terminal_size().columns - 1)

@@ -8,11 +8,13 @@ work there (`attn-grade watch mha.py`, not the kit's `attn-grade exercises/mha.p
 from __future__ import annotations
 
 import ast
+import hashlib
 import shutil
 from datetime import datetime
 from pathlib import Path
 
-from grader.exercise import Exercise, UsageError
+from grader import notebook
+from grader.exercise import Exercise, UsageError, load_manifest
 from grader.progress import Progress
 
 
@@ -69,6 +71,36 @@ def step_source(path: Path, step_id: str) -> str:
     text = path.read_text(encoding="utf-8")
     node = _find(text, step_id, path)
     return "\n".join(text.splitlines()[_first_line(node) - 1 : node.end_lineno]) + "\n"
+
+
+def step_sources(path: Path, step_ids) -> dict[str, str | None] | None:
+    """Each step's source as the file defines it last (None for a step it lacks); None when the file
+    cannot be read or does not parse. A notebook's code cells are read as the grader reads them."""
+    try:
+        text = notebook.read(path).source if path.suffix == notebook.SUFFIX else path.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+    except (OSError, UnicodeDecodeError, UsageError, SyntaxError, ValueError):
+        return None
+    found = {node.name: ast.get_source_segment(text, node) for node in tree.body
+             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in step_ids}
+    return {step_id: found.get(step_id) for step_id in step_ids}
+
+
+def step_versions(path: Path, exercise: Exercise) -> dict[str, str]:
+    """A short hash of each step's source, for the steps written (not as the stub has them)."""
+    ids = [step.id for step in exercise.steps]
+    mine, stub = step_sources(path, ids) or {}, step_sources(exercise.stub_path, ids) or {}
+    return {step_id: hashlib.sha256(source.encode()).hexdigest()[:16]
+            for step_id, source in mine.items() if source and source != stub.get(step_id)}
+
+
+def record_grade(path: Path, result) -> Progress | None:
+    """Record a grade of the file at `path` in the workspace it lies in, if any; the workspace's progress."""
+    progress = Progress.find(path.parent)
+    if progress:
+        progress.record_grade(result, step_versions(path, load_manifest()[result.exercise]))
+        progress.save()
+    return progress
 
 
 def _with_stub_step(path: Path, stub: Path, step_id: str) -> str:

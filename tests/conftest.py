@@ -1,8 +1,11 @@
-"""Shared helpers: write a candidate file and grade it in this process (the worker is still a subprocess)."""
+"""Shared helpers: write a candidate file and grade it in this process (the worker is still a subprocess);
+play a watch or interview session (`save`, `script`) without sleeping."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -14,6 +17,39 @@ from grader.grade import grade
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = (ROOT / "solutions" / "mha.py").read_text()
+STUB = (ROOT / "exercises" / "mha.py").read_text()
+_stamps = itertools.count(1)
+
+
+def written(text: str, **bodies: str) -> str:
+    """`text` with the stub's body of each named step replaced."""
+    for step, body in bodies.items():
+        stub_body = f'    # TODO\n    raise NotImplementedError("{step}: not implemented yet")'
+        assert stub_body in text, step
+        text = text.replace(stub_body, body)
+    return text
+
+
+def save(path, text: str) -> None:
+    """Write `text` with a modification time never seen before: watch sees the save, however coarse the clock."""
+    path.write_text(text)
+    stamp = 10**18 + next(_stamps) * 10**9
+    os.utime(path, ns=(stamp, stamp))
+
+
+def script(*actions):
+    """A read_key doing one action a call, then q: a string is the keys pressed; a function is a thing done,
+    and the keys pressed if it returns a string."""
+    todo = list(actions)
+
+    def read_key(timeout):
+        if not todo:
+            return "q"
+        action = todo.pop(0)
+        keys = action() if callable(action) else action
+        return keys if isinstance(keys, str) else ""
+
+    return read_key
 
 
 def lost(result) -> dict[str, int]:

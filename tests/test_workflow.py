@@ -22,10 +22,11 @@ from click.testing import CliRunner
 
 from grader import cli, report
 from grader.progress import FILE_NAME, Progress
-from tests.conftest import REFERENCE, ROOT
+from tests.conftest import REFERENCE, ROOT, STUB
 
 SCHEMAS = Path(__file__).parent / "schemas"
-STUB = (ROOT / "exercises" / "mha.py").read_text()
+STEPS = ["project", "split_heads", "attention_scores", "scale_scores", "apply_mask", "softmax", "weighted_sum",
+         "merge_heads", "MultiHeadAttention"]
 BUGGY = REFERENCE + "\ndef scale_scores(scores, head_dim):\n    return scores\n"
 
 
@@ -197,6 +198,31 @@ def test_solution_asks_first_unless_the_step_has_full_marks(tmp_path):
     invoke(tmp_path / "mha.py", "--device", "cpu")  # full marks recorded in the workspace
     solved = invoke("solution", "mha", "softmax", "--workspace", tmp_path)
     assert solved.exit_code == 0 and "def softmax" in solved.stdout
+
+
+def test_solution_views_are_recorded_with_their_time(tmp_path):
+    invoke("init", tmp_path, "--exercise", "mha")
+    invoke("solution", "mha", "softmax", "--workspace", tmp_path, "--yes")
+    invoke("solution", "mha", "--workspace", tmp_path, "--yes")
+    invoke("solution", "mha", "project", "--workspace", tmp_path, input="n\n")  # declined: nothing seen
+    views = Progress.find(tmp_path).solutions("mha")
+    assert [v["step"] for v in views] == ["softmax", None] and all(v["at"] for v in views)
+    elsewhere = invoke("solution", "mha", "softmax", "--workspace", tmp_path / "nowhere", "--yes")
+    assert elsewhere.exit_code == 0 and "not recorded" in elsewhere.stderr
+
+
+def test_every_grade_in_a_workspace_is_recorded_and_a_new_version_of_a_step_is_an_attempt(tmp_path):
+    invoke("init", tmp_path, "--exercise", "mha")
+    path = tmp_path / "mha.py"
+    wrong = STUB.replace('    # TODO\n    raise NotImplementedError("softmax: not implemented yet")',
+                         "    return scores.exp() / scores.exp().sum(dim, keepdim=True)")
+    for text in [STUB, wrong, wrong + "\n# a comment outside every step\n", REFERENCE]:
+        path.write_text(text)
+        invoke(path, "--device", "cpu")
+    progress = Progress.find(tmp_path)
+    assert [g["edited"] for g in progress.grades("mha")] == [[], ["softmax"], [], [s for s in STEPS]]
+    assert [g["score"] for g in progress.grades("mha")][-1] == 100
+    assert progress.attempts("mha", "softmax") == 2 and progress.attempts("mha", "project") == 1
 
 
 def test_reset_restores_one_step_or_the_whole_file_and_keeps_a_backup(tmp_path):

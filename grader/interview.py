@@ -1,0 +1,353 @@
+"""An interview: a workspace with one exercise's stub, a countdown over the live step table, a scorecard.
+
+`attn-grade interview mha --minutes 45 --candidate Ada FOLDER` writes the stub into FOLDER and
+regrades the candidate's file on every save, as `watch` does, under a countdown. Every grade,
+hint and model answer seen is recorded with its time in the workspace's progress file
+(grader/progress.py), whichever command made it (`watch`'s h key, `attn-grade hint`,
+`attn-grade solution` run in the folder). The session itself (who, which exercise, how long,
+when it started) is `.attn-grade-interview.json` beside it, so the same command in the same
+folder resumes the clock. When time is up, or the interviewer stops it (q, Ctrl-C), the
+scorecard is written beside the file: `scorecard.md` and `scorecard.html` (one self-contained
+page, inline CSS, made to print).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import click
+
+from grader import workspace
+from grader.candidate import Zygote
+from grader.exercise import Exercise, UsageError, load_manifest
+from grader.progress import Progress
+from grader.score import Grade, StepResult
+from grader.watch import KEYS, NOT_WRITTEN, Watcher, keys_and_zygote, loss, run as run_watch
+
+SESSION_FILE = ".attn-grade-interview.json"
+SCORECARD = "scorecard"  # scorecard.md and scorecard.html
+NOTES = ("Approach and reasoning", "Communication", "Testing and debugging", "Overall")
+ENDINGS = {"time up": "time up", "quit": "ended with q", "Ctrl-C": "stopped with Ctrl-C"}
+
+
+@dataclass(frozen=True)
+class Session:
+    folder: Path
+    exercise: Exercise
+    candidate: str
+    minutes: float
+    started: float  # seconds since the epoch: a wall-clock time, so that a restart resumes the clock
+
+    @property
+    def path(self) -> Path:
+        return self.folder / self.exercise.file
+
+    @property
+    def deadline(self) -> float:
+        return self.started + self.minutes * 60
+
+    def save(self) -> None:
+        data = {"version": 1, "exercise": self.exercise.name, "candidate": self.candidate,
+                "minutes": self.minutes, "started": _iso(self.started)}
+        tmp = self.folder / (SESSION_FILE + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, self.folder / SESSION_FILE)
+
+
+def start(folder: Path, exercise: str, minutes: float, candidate: str, clock=time.time) -> tuple[Session, bool]:
+    """A new session in `folder` (a fresh stub, its progress started now), or the one there resumed: (it, resumed)."""
+    exercises = load_manifest()
+    if exercise not in exercises:
+        raise UsageError(f"unknown exercise '{exercise}' (known: {', '.join(exercises)}).")
+    candidate = " ".join(candidate.split())
+    if not candidate or not candidate.isprintable():
+        raise UsageError("--candidate: give the candidate's name on one line, e.g. --candidate 'Ada Lovelace'.")
+    if not (math.isfinite(minutes) and minutes > 0):
+        raise UsageError(f"--minutes: give the length of the interview in minutes, more than 0 (got {minutes}).")
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{folder} is a file; give a folder for the interview (it is created if need be).")
+    saved = _load(folder)
+    if saved:
+        if (saved["exercise"], saved["candidate"]) != (exercise, candidate):
+            raise UsageError(f"{folder} holds {saved['candidate']}'s interview on {saved['exercise']}: give the same "
+                             f"exercise and --candidate to resume it, or another folder for a new one.")
+        session = Session(folder, exercises[exercise], candidate, minutes, saved["started"])
+        session.save()  # the length given now counts: an interviewer may give more time
+        return session, True
+    try:
+        workspace.init(folder, [exercises[exercise]])
+    except UsageError:
+        raise UsageError(f"{folder / exercises[exercise].file} already holds work and {folder} no interview: "
+                         f"give a new folder for the interview.") from None
+    session = Session(folder, exercises[exercise], candidate, minutes, float(int(clock())))
+    progress = Progress.find(folder)
+    progress.restart(exercise)  # a folder drilled in before: nothing of that counts here
+    progress.exercise(exercise)["started"] = _iso(session.started)
+    progress.save()
+    session.save()
+    return session, False
+
+
+def run(folder: Path, exercise: str, minutes: float, candidate: str, options: dict, clock=time.time,
+        read_key=None, zygote: Zygote | None = None) -> tuple[Path, Path]:
+    """Run the interview until time is up, q or Ctrl-C; write the scorecard and return its two paths.
+
+    `clock` is the wall clock (seconds since the epoch) and `read_key(timeout)` the keys pressed, as in
+    watch: tests pass their own, and nothing here sleeps but the poll between saves.
+    """
+    session, resumed = start(Path(folder), exercise, minutes, candidate, clock)
+    left = _left(session.deadline - clock())
+    if resumed:
+        click.echo(f"Resuming {session.candidate}'s interview on {exercise}, started {_hhmm(session.started)}: {left} left.")
+    else:
+        click.echo(f"Interview of {session.candidate} on {exercise}, {minutes:g} min. "
+                   f"The candidate edits {session.path}; every save is graded here.")
+    with keys_and_zygote(options, read_key, zygote) as (zygote, read):
+        help_line = f" · {KEYS} · q: end the interview" if read else ""
+        watcher = Watcher(session.path, {**options, "exercise": exercise}, zygote, keys=read is not None,
+                          status=lambda: f"⏱ {_left(session.deadline - clock())} left{help_line}", suggest_next=False)
+        try:
+            ended = run_watch(watcher, read, deadline=session.deadline, clock=clock)
+        except KeyboardInterrupt:
+            ended = "Ctrl-C"
+        resume = "" if ended == "time up" else "; the same command resumes it"
+        ending = ENDINGS[ended]
+        click.echo(f"\n{ending[0].upper() + ending[1:]} with {_left(session.deadline - clock())} left{resume}.")
+        watcher.saved()
+        if watcher.result is None or watcher.graded_stamp != watcher.stamp:
+            watcher.regrade()  # the scorecard grades the file as it is now
+    return write_scorecard(session, watcher.result, min(clock(), session.deadline), ended)
+
+
+def write_scorecard(session: Session, result: Grade | None, ended: float, how: str) -> tuple[Path, Path]:
+    card = Scorecard.build(session, result, Progress.find(session.folder) or Progress(session.folder), ended, how)
+    paths = session.folder / f"{SCORECARD}.md", session.folder / f"{SCORECARD}.html"
+    paths[0].write_text(card.markdown(), encoding="utf-8")
+    paths[1].write_text(card.html(), encoding="utf-8")
+    return paths
+
+
+@dataclass(frozen=True)
+class Scorecard:
+    """What the interviewer reads, once, for both formats: facts, a row per step, the named mistakes, the
+    rules broken, a timeline (minutes from the start) and the notes to fill in."""
+
+    title: str
+    facts: list[tuple[str, str]]
+    rows: list[tuple[str, ...]]  # step, score, first green, attempts, hints, model answer
+    mistakes: list[tuple[str, list[str]]]  # step, one line per diagnosis
+    rules: list[tuple[str, str]]  # step, the rule it broke
+    timeline: list[tuple[str, str]]  # "+m:ss", what happened
+
+    HEADER = ("Step", "Score", "First green", "Attempts", "Hints", "Model answer")
+
+    @classmethod
+    def build(cls, session: Session, result: Grade | None, progress: Progress, ended: float, how: str) -> Scorecard:
+        name, at = session.exercise.name, lambda iso: _seconds(iso) - session.started
+        hints, solutions = progress.hints(name), progress.solutions(name)
+        steps = result.steps if result else ()
+        ending = ENDINGS[how]
+        facts = [
+            ("Candidate", session.candidate),
+            ("Date", datetime.fromtimestamp(session.started, timezone.utc).strftime("%Y-%m-%d")),
+            ("Exercise", f"{session.exercise.title} ({name})"),
+            ("Time", f"{session.minutes:g} min planned; started {_hhmm(session.started)}, {ending} at "
+                     f"{_hhmm(ended)} after {_left(ended - session.started)}"),
+            ("Final score", f"{result.score}/{result.max_score}" if result else "not graded"),
+            ("Grades", f"{len(progress.grades(name))} (score over time: {_over_time(progress.grades(name))})"),
+            ("Hints seen", str(len(hints))),
+            ("Model answers seen", ", ".join(s["step"] or "the whole file" for s in solutions) or "none"),
+            ("File", str(session.path)),
+            ("SHA-256", _sha256(session.path)),
+        ]
+        if result and result.environment.get("file_error"):
+            facts.append(("The file", result.environment["file_error"]))
+        rows = []
+        green = progress.time_to_green(name)
+        for step in steps:
+            levels = [str(h["level"]) for h in hints if h["step"] == step.id]
+            seen = [s for s in solutions if s["step"] in (step.id, None)]
+            rows.append((
+                f"{_mark(step)} {step.id}", f"{step.score}/{step.max_score}",
+                _offset(green[step.id]) if step.id in green else "–", str(progress.attempts(name, step.id)),
+                f"levels {', '.join(levels)}" if levels else "–", f"seen at {_offset(at(seen[0]['at']))}" if seen else "–",
+            ))
+        timeline = [(0.0, "started")]
+        for seconds in sorted(set(green.values())):  # steps that went green in the same grade: one line
+            timeline.append((seconds, "first green: " + ", ".join(s for s, t in green.items() if t == seconds)))
+        timeline += [(at(h["at"]), f"hint, level {h['level']}, for {h['step']}") for h in hints]
+        timeline += [(at(s["at"]), f"model answer seen: {s['step'] or 'the whole file'}") for s in solutions]
+        timeline.append((ended - session.started, ending + (f", {result.score}/{result.max_score}" if result else "")))
+        return cls(
+            title=f"Interview scorecard: {session.candidate}",
+            facts=facts,
+            rows=rows,
+            mistakes=_mistakes(steps),
+            rules=[(s.id, s.breach) for s in steps if s.breach],
+            timeline=[(_offset(seconds), text) for seconds, text in sorted(timeline, key=lambda item: item[0])],
+        )
+
+    def markdown(self) -> str:
+        cell = lambda text: html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+        lines = [f"# {self.title}", ""]
+        lines += [f"- **{label}**: {cell(value)}" for label, value in self.facts]
+        lines += ["", "## Steps", "", "| " + " | ".join(self.HEADER) + " |", "| --- |" + " ---: |" * 3 + " --- | --- |"]
+        lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in self.rows]
+        lines += ["", "## Named mistakes and failed checks", ""]
+        lines += [f"- `{step}`: {cell(line)}" for step, found in self.mistakes for line in found] or ["- none"]
+        lines += ["", "## Rules broken", ""]
+        lines += [f"- `{step}` earns nothing: {cell(rule)}" for step, rule in self.rules] or ["- none"]
+        lines += ["", "## Timeline", "", "| Time | Event |", "| ---: | --- |"]
+        lines += [f"| {when} | {cell(what)} |" for when, what in self.timeline]
+        lines += ["", "## Notes", ""]
+        for prompt in NOTES:
+            lines += [f"**{prompt}:**", "", "", ""]
+        return "\n".join(lines).rstrip("\n") + "\n"
+
+    def html(self) -> str:
+        e = html.escape
+        facts = "".join(f"<dt>{e(label)}</dt><dd>{e(value)}</dd>" for label, value in self.facts)
+        head = "".join(f"<th>{e(h)}</th>" for h in self.HEADER)
+        rows = "".join(
+            f'<tr class="{_css(row[0])}">' + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>" for row in self.rows
+        )
+        mistakes = "".join(f"<li><code>{e(step)}</code>: {e(line)}</li>" for step, found in self.mistakes for line in found)
+        rules = "".join(f"<li><code>{e(step)}</code> earns nothing: {e(rule)}</li>" for step, rule in self.rules)
+        timeline = "".join(f"<tr><td>{e(when)}</td><td>{e(what)}</td></tr>" for when, what in self.timeline)
+        notes = "".join(f'<h3>{e(prompt)}</h3><div class="lines">{"<p></p>" * 4}</div>' for prompt in NOTES)
+        return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{e(self.title)}</title>
+<style>
+body {{ font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1b1b1b;
+       max-width: 54rem; margin: 2rem auto; padding: 0 1rem; }}
+h1 {{ font-size: 1.5rem; margin: 0 0 1rem; }}
+h2 {{ font-size: 1.1rem; border-bottom: 1px solid #bbb; padding-bottom: .2rem; margin-top: 1.8rem; }}
+h3 {{ font-size: .95rem; margin: 1rem 0 .2rem; }}
+dl {{ display: grid; grid-template-columns: max-content 1fr; gap: .15rem 1rem; margin: 0; }}
+dt {{ font-weight: 600; }}
+dd {{ margin: 0; overflow-wrap: anywhere; }}
+table {{ border-collapse: collapse; width: 100%; }}
+th, td {{ border: 1px solid #d0d0d0; padding: .3rem .5rem; text-align: left; vertical-align: top; }}
+th {{ background: #f3f3f3; }}
+td:nth-child(n+2):nth-child(-n+4) {{ font-variant-numeric: tabular-nums; }}
+tr.full td:first-child {{ color: #17692d; }}
+tr.partial td:first-child {{ color: #8a5a00; }}
+tr.none td:first-child {{ color: #a4161a; }}
+code {{ font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9em; }}
+.lines p {{ border-bottom: 1px solid #999; height: 1.6rem; margin: 0; }}
+@page {{ margin: 1.6cm; }}
+@media print {{
+  body {{ font-size: 10.5pt; max-width: none; margin: 0; padding: 0; color: #000; }}
+  th {{ background: none; }}
+  h2, h3 {{ break-after: avoid; }}
+  tr, li, .lines {{ break-inside: avoid; }}
+  .lines p {{ height: 2.2rem; }}
+}}
+</style>
+</head>
+<body>
+<h1>{e(self.title)}</h1>
+<dl>{facts}</dl>
+<h2>Steps</h2>
+<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>
+<h2>Named mistakes and failed checks</h2>
+<ul>{mistakes or "<li>none</li>"}</ul>
+<h2>Rules broken</h2>
+<ul>{rules or "<li>none</li>"}</ul>
+<h2>Timeline</h2>
+<table><thead><tr><th>Time</th><th>Event</th></tr></thead><tbody>{timeline}</tbody></table>
+<h2>Notes</h2>
+{notes}
+</body>
+</html>
+"""
+
+
+def _mistakes(steps) -> list[tuple[str, list[str]]]:
+    """Per step that lost points, its diagnoses; the steps not written at all, on one line at the end."""
+    unwritten = [s.id for s in steps if s.score < s.max_score and loss(s) == "not written"]
+    found = [(s.id, _diagnoses(s)) for s in steps if s.score < s.max_score and s.id not in unwritten]
+    return found + ([(", ".join(unwritten), [NOT_WRITTEN])] if unwritten else [])
+
+
+def _diagnoses(step: StepResult) -> list[str]:
+    """One line per diagnosis of a step's lost checks: a named mistake once, with its count, else the message."""
+    found: dict[str, list] = {}
+    for check in step.checks:
+        if check.points < check.max_points:
+            key = check.mistake_id or check.message
+            found.setdefault(key, [check, 0])[1] += 1
+    lines = []
+    for check, count in found.values():
+        more = f" and {count - 1} more" if count > 1 else ""
+        text = f"{check.name}{more}: {check.message}"
+        lines.append(f"{check.mistake} ({text})" if check.mistake else text)
+    return lines
+
+
+def _load(folder: Path) -> dict | None:
+    path = folder / SESSION_FILE
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {"exercise": str(data["exercise"]), "candidate": str(data["candidate"]),
+                "started": _seconds(data["started"])}
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"{path} is no interview session attn-grade can read: move it away, or give another folder.") from None
+
+
+def _over_time(grades: list[dict]) -> str:
+    """The scores of the grades that changed it: 0 → 24 → 38."""
+    scores = [g["score"] for g in grades]
+    return " → ".join(str(s) for i, s in enumerate(scores) if i == 0 or s != scores[i - 1]) or "none"
+
+
+def _sha256(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError as error:
+        return f"unreadable ({error.strerror})"
+
+
+def _mark(step: StepResult) -> str:
+    return "✓" if step.score == step.max_score else "✗" if step.score == 0 else "~"
+
+
+def _css(first_cell: str) -> str:
+    return {"✓": "full", "~": "partial"}.get(first_cell[:1], "none")
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds")
+
+
+def _seconds(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def _hhmm(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%H:%M UTC")
+
+
+def _left(seconds: float) -> str:
+    """m:ss, rounded up (a countdown that shows 0:00 is over)."""
+    minutes, secs = divmod(max(0, math.ceil(seconds)), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+def _offset(seconds: float) -> str:
+    minutes, secs = divmod(max(0, int(seconds)), 60)
+    return f"+{minutes}:{secs:02d}"

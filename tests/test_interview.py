@@ -1,0 +1,166 @@
+"""attn-grade interview: a session with a countdown, everything recorded with its time, a scorecard.
+
+The clock is injected: a test moves it forward itself, and the progress file's timestamps follow
+it, so nothing here sleeps and the timeline's minutes are exact. `read_key` plays the interview:
+each call is the next thing that happens (a key, a save, a command the candidate runs).
+"""
+
+import hashlib
+import re
+from datetime import datetime, timezone
+
+import pytest
+from click.testing import CliRunner
+
+from grader import cli, interview, progress, workspace
+from grader.exercise import load_manifest
+from grader.progress import Progress
+from tests.conftest import REFERENCE, STUB, save, script, written
+
+MASK_INVERTED = REFERENCE.replace("scores.masked_fill(~mask,", "scores.masked_fill(mask,")
+SCALE_WRONG = "\ndef scale_scores(scores, head_dim):\n    return scores\n"
+SOFTMAX_FORBIDDEN = "\ndef softmax(scores, dim=-1):\n    return torch.softmax(scores, dim)\n"
+
+
+class Clock:
+    """The wall clock of the session, moved by the test."""
+
+    def __init__(self):
+        self.now = float(int(datetime.now(timezone.utc).timestamp()))
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(progress, "now", lambda: datetime.fromtimestamp(clock.now, timezone.utc).isoformat(timespec="seconds"))
+    return clock
+
+
+def invoke(*args, input=None):
+    result = CliRunner().invoke(cli.main, [str(a) for a in args], input=input)
+    print(result.output)
+    return result
+
+
+def at(clock, seconds, action):
+    """An action done at `seconds` after the start."""
+    start = clock.now
+
+    def run():
+        clock.now = start + seconds
+        return action()
+
+    return run
+
+
+def test_an_interview_records_grades_hints_and_solutions_and_writes_a_scorecard(tmp_path, zygote, clock):
+    assert "scores.masked_fill(~mask," in REFERENCE
+    folder = tmp_path / "iv"
+    path = folder / "mha.py"
+    actions = [
+        at(clock, 60, lambda: save(path, MASK_INVERTED + SCALE_WRONG + SOFTMAX_FORBIDDEN)),
+        at(clock, 120, lambda: "h"),  # the detail is scale_scores: the first step edited that lost points
+        at(clock, 150, lambda: invoke("solution", "mha", "scale_scores", "--yes", "--workspace", folder)),
+        at(clock, 200, lambda: save(path, MASK_INVERTED + SOFTMAX_FORBIDDEN)),
+        at(clock, 601, lambda: None),  # ten minutes and a second
+    ]
+    start = clock.now
+    md, page = interview.run(folder, "mha", 10, "Ada Lovelace", {"device": "cpu"}, clock=clock,
+                             read_key=script(*actions), zygote=zygote)
+    text = md.read_text()
+    print(text)
+    day = datetime.fromtimestamp(start, timezone.utc).strftime("%Y-%m-%d")
+    assert "# Interview scorecard: Ada Lovelace" in text and f"- **Date**: {day}" in text
+    assert re.search(r"- \*\*Time\*\*: 10 min planned; started \d\d:\d\d UTC, time up at \d\d:\d\d UTC after 10:00", text)
+    assert "- **Final score**: 74/100" in text, text  # apply_mask lost 10, the module 2 end to end; softmax broke a rule
+    assert "- **Grades**: 3 (score over time: 0 → 67 → 74)" in text
+    assert "- **Model answers seen**: scale_scores" in text
+    assert f"- **SHA-256**: {hashlib.sha256(path.read_bytes()).hexdigest()}" in text
+    assert "| ✓ scale_scores | 8/8 | +3:20 | 2 | levels 1 | seen at +2:30 |" in text
+    assert "| ✓ project | 10/10 | +1:00 | 1 | – | – |" in text
+    assert "| ✗ softmax | 0/14 | – | 1 | – | – |" in text
+    assert re.search(r"- `apply_mask`: .*mask", text) and "`scale_scores`:" not in text.split("## Named mistakes")[1]
+    assert re.search(r"## Rules broken\n\n- `softmax` earns nothing: .*softmax", text)
+    for event in ["| +0:00 | started |", "| +1:00 | first green: project, split_heads", "| +2:00 | hint, level 1, for scale_scores |",
+                  "| +2:30 | model answer seen: scale_scores |", "| +3:20 | first green: scale_scores |", "| +10:00 | time up, 74/100 |"]:
+        assert event in text
+    timeline = text.split("## Timeline")[1]
+    assert timeline.index("| +2:00 |") < timeline.index("| +2:30 |") < timeline.index("| +3:20 |")  # in order of time
+    assert "## Notes" in text and "**Overall:**" in text
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "<style>" in html and "@media print" in html
+    assert not re.search(r"<link|<script|src=|href=", html)  # one file: nothing to fetch
+    for part in ["Ada Lovelace", "74/100", "+3:20", "seen at +2:30", "earns nothing", "Notes"]:
+        assert part in html
+
+
+def test_the_same_command_resumes_the_clock(tmp_path, clock):
+    folder = tmp_path / "iv"
+    first, resumed = interview.start(folder, "mha", 1, "Ada", clock)
+    assert not resumed and (folder / "mha.py").read_text() == workspace.stub_text(load_manifest()["mha"])
+    save(folder / "mha.py", written(STUB, softmax="    return scores"))
+    clock.now += 30
+    again, resumed = interview.start(folder, "mha", 1, "Ada", clock)
+    assert resumed and again.started == first.started and again.deadline - clock() == 30
+    assert (folder / "mha.py").read_text() != STUB  # the candidate's work is kept
+    assert interview._left(again.deadline - clock()) == "0:30"
+
+
+def test_stopped_with_ctrl_c_it_writes_the_scorecard_and_a_restart_resumes(tmp_path, zygote, clock, capsys):
+    folder = tmp_path / "iv"
+
+    def interrupt(timeout):
+        clock.now += 90
+        raise KeyboardInterrupt
+
+    md, page = interview.run(folder, "mha", 5, "Ada <i>L</i>", {"device": "cpu"}, clock=clock, read_key=interrupt, zygote=zygote)
+    assert "stopped with Ctrl-C" in md.read_text() and "after 1:30" in md.read_text()
+    assert "Stopped with Ctrl-C with 3:30 left; the same command resumes it." in capsys.readouterr().out
+    steps = "project, split_heads, attention_scores, scale_scores, apply_mask, softmax, weighted_sum, merge_heads"
+    assert f"- `{steps}, MultiHeadAttention`: not implemented yet\n" in md.read_text()  # the stub: one line, not nine
+    assert "Ada &lt;i&gt;L&lt;/i&gt;" in page.read_text() and "<i>L</i>" not in page.read_text()
+    clock.now += 600  # past the end: the same command writes the final scorecard at once
+    md, _ = interview.run(folder, "mha", 5, "Ada <i>L</i>", {"device": "cpu"}, clock=clock, read_key=script(), zygote=zygote)
+    assert "time up" in md.read_text() and "after 5:00" in md.read_text()
+
+
+def test_the_countdown_shows_under_each_screen(tmp_path, zygote, clock, capsys):
+    folder = tmp_path / "iv"
+    actions = [at(clock, 75, lambda: save(folder / "mha.py", REFERENCE)), at(clock, 200, lambda: None)]
+    interview.run(folder, "mha", 3, "Ada", {"device": "cpu"}, clock=clock, read_key=script(*actions), zygote=zygote)
+    out = capsys.readouterr().out
+    assert "⏱ 3:00 left · d: every failed check · h: next hint · q: end the interview" in out
+    assert "⏱ 1:45 left" in out and "Total: 100/100" in out
+
+
+def test_a_short_interview_from_the_command_line(tmp_path):
+    result = invoke("interview", "mha", tmp_path / "iv", "--minutes", "0.001", "--candidate", "Ada", "--device", "cpu")
+    assert result.exit_code == 0 and "Scorecard:" in result.stdout
+    assert (tmp_path / "iv" / "scorecard.md").exists() and (tmp_path / "iv" / "scorecard.html").exists()
+    assert Progress.find(tmp_path / "iv").grades("mha")  # graded once at the end
+
+
+@pytest.mark.parametrize("args, says", [
+    (["mha", "--minutes", "5"], "--candidate"),
+    (["mha", "--candidate", "Ada"], "--minutes"),
+    (["mha", "--minutes", "0", "--candidate", "Ada"], "--minutes"),
+    (["nope", "--minutes", "5", "--candidate", "Ada"], "unknown exercise 'nope'"),
+    (["mha", "--minutes", "5", "--candidate", "  "], "--candidate"),
+])
+def test_usage_errors_exit_2_with_one_line(tmp_path, args, says):
+    result = invoke("interview", *args[:1], tmp_path / "iv", *args[1:])
+    assert result.exit_code == 2 and says in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_folder_with_work_or_someone_elses_interview_is_refused(tmp_path, clock):
+    (tmp_path / "drills").mkdir()
+    (tmp_path / "drills" / "mha.py").write_text(REFERENCE)
+    refused = invoke("interview", "mha", tmp_path / "drills", "--minutes", "5", "--candidate", "Ada")
+    assert refused.exit_code == 2 and "already holds work" in refused.stderr
+    assert (tmp_path / "drills" / "mha.py").read_text() == REFERENCE
+    interview.start(tmp_path / "iv", "mha", 5, "Ada", clock)
+    other = invoke("interview", "mha", tmp_path / "iv", "--minutes", "5", "--candidate", "Grace")
+    assert other.exit_code == 2 and "holds Ada's interview on mha" in other.stderr
