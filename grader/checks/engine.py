@@ -577,9 +577,15 @@ def end_to_end(**params):
         call = run.inputs(**params)
         try:
             run.expect_right(run.output(run.answer(call)), call)
-        except CheckFailed as failure:  # which of the steps it could have lost through: those its source names
-            source = _source_of(run.ctx.source, run.step.id)
-            calls = [n for n in run.step.answered if re.search(rf"\b{re.escape(n)}\b", source)]
+        except CheckFailed as failure:  # which of the steps it could have lost through: those its source names,
+            # and those theirs name (gqa's module calls grouped_attention, which calls repeat_kv)
+            calls, sources = [], [_source_of(run.ctx.source, run.step.id)]
+            while sources:
+                source = sources.pop()
+                for name in run.step.answered:
+                    if name not in calls and re.search(rf"\b{re.escape(name)}\b", source):
+                        calls.append(name)
+                        sources.append(_source_of(run.ctx.source, name))
             raise CheckFailed(failure.message, failure.mistake, {**failure.details, "calls": calls}, failure.outcome) from None
 
     return check
