@@ -39,6 +39,21 @@ class GroupedQueryAttention(GroupedQueryAttention):
 """
 
 
+def init_checking_only(condition: str) -> str:
+    """A GroupedQueryAttention whose __init__ raises ValueError for `condition` and for nothing else."""
+    return f"""
+class GroupedQueryAttention(GroupedQueryAttention):
+    def __init__(self, embed_dim, num_heads, num_kv_heads, bias=False):
+        if {condition}:
+            raise ValueError("invalid head counts")
+        nn.Module.__init__(self)
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, embed_dim // num_heads
+        kv = num_kv_heads * self.head_dim
+        self.w_q, self.w_o = nn.Linear(embed_dim, embed_dim, bias=bias), nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.w_k, self.w_v = nn.Linear(embed_dim, kv, bias=bias), nn.Linear(embed_dim, kv, bias=bias)
+"""
+
+
 REFERENCE_MODULE_END = """\
         y = grouped_attention(q, k, v, mask)
         return self.w_o(y.transpose(1, 2).reshape(B, T, D))"""
@@ -157,28 +172,10 @@ class GroupedQueryAttention(GroupedQueryAttention):
         self.w_q, self.w_k, self.w_v, self.w_o = self.q_proj, self.k_proj, self.v_proj, self.o_proj
         return super().forward(x, mask)
 """, "GroupedQueryAttention", "layer_names"),
-    Variant("module_no_width_check", """
-class GroupedQueryAttention(GroupedQueryAttention):
-    def __init__(self, embed_dim, num_heads, num_kv_heads, bias=False):
-        if num_heads % num_kv_heads:
-            raise ValueError("num_kv_heads must divide num_heads")
-        nn.Module.__init__(self)
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, embed_dim // num_heads
-        kv = num_kv_heads * self.head_dim
-        self.w_q, self.w_o = nn.Linear(embed_dim, embed_dim, bias=bias), nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.w_k, self.w_v = nn.Linear(embed_dim, kv, bias=bias), nn.Linear(embed_dim, kv, bias=bias)
-""", "GroupedQueryAttention", "GroupedQueryAttention.no_width_check"),
-    Variant("module_no_kv_heads_check", """
-class GroupedQueryAttention(GroupedQueryAttention):
-    def __init__(self, embed_dim, num_heads, num_kv_heads, bias=False):
-        if embed_dim % num_heads:
-            raise ValueError("num_heads must divide embed_dim")
-        nn.Module.__init__(self)
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, embed_dim // num_heads
-        kv = num_kv_heads * self.head_dim
-        self.w_q, self.w_o = nn.Linear(embed_dim, embed_dim, bias=bias), nn.Linear(embed_dim, embed_dim, bias=bias)
-        self.w_k, self.w_v = nn.Linear(embed_dim, kv, bias=bias), nn.Linear(embed_dim, kv, bias=bias)
-""", "GroupedQueryAttention", "GroupedQueryAttention.no_kv_heads_check"),
+    Variant("module_no_width_check", init_checking_only("num_heads % num_kv_heads"),
+            "GroupedQueryAttention", "GroupedQueryAttention.no_width_check"),
+    Variant("module_no_kv_heads_check", init_checking_only("embed_dim % num_heads"),
+            "GroupedQueryAttention", "GroupedQueryAttention.no_kv_heads_check"),
 ]
 
 RULES_ONLY = [

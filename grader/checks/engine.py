@@ -540,6 +540,28 @@ def linear_layers(names: tuple[str, ...], init: tuple, what: str):
     return check
 
 
+def raises_value_error(init: tuple, what: str, missing):
+    """A check: building the module with `init` raises ValueError (an assert would vanish under python -O).
+
+    `what` says why the arguments are invalid; `missing` is the mistake of a module built without complaint.
+    """
+
+    def check(run: Run) -> None:
+        name = f"{run.step.id}({', '.join(map(repr, init))})"
+        try:
+            run.ctx.candidate.module(run.step.id, init=init, forward=False)
+        except CandidateError as error:
+            if error.type == "ValueError":
+                return
+            if error.kind != "raised":  # not implemented, not importable, hung, died: said as it is
+                raise
+            mistake = diagnose.ASSERT_NOT_VALUEERROR if error.type == "AssertionError" else None
+            raise CheckFailed(f"{name} raised {error.message}; the contract says ValueError", mistake) from None
+        raise CheckFailed(f"{name} was built without complaint: {what}, so raise ValueError", missing)
+
+    return check
+
+
 def gradients(**params):
     """A check: the gradients of the module's output with respect to its tensor inputs and every weight."""
 
