@@ -540,6 +540,28 @@ def linear_layers(names: tuple[str, ...], init: tuple, what: str):
     return check
 
 
+def raises_value_error(init: tuple, what: str, missing):
+    """A check: building the module with `init` raises ValueError (an assert would vanish under python -O).
+
+    `what` says why the arguments are invalid; `missing` is the mistake of a module built without complaint.
+    """
+
+    def check(run: Run) -> None:
+        name = f"{run.step.id}({', '.join(map(repr, init))})"
+        try:
+            run.ctx.candidate.module(run.step.id, init=init, forward=False)
+        except CandidateError as error:
+            if error.type == "ValueError":
+                return
+            if error.kind != "raised":  # not implemented, not importable, hung, died: said as it is
+                raise
+            mistake = diagnose.ASSERT_NOT_VALUEERROR if error.type == "AssertionError" else None
+            raise CheckFailed(f"{name} raised {error.message}; the contract says ValueError", mistake) from None
+        raise CheckFailed(f"{name} was built without complaint: {what}, so raise ValueError", missing)
+
+    return check
+
+
 def gradients(**params):
     """A check: the gradients of the module's output with respect to its tensor inputs and every weight."""
 
@@ -577,9 +599,15 @@ def end_to_end(**params):
         call = run.inputs(**params)
         try:
             run.expect_right(run.output(run.answer(call)), call)
-        except CheckFailed as failure:  # which of the steps it could have lost through: those its source names
-            source = _source_of(run.ctx.source, run.step.id)
-            calls = [n for n in run.step.answered if re.search(rf"\b{re.escape(n)}\b", source)]
+        except CheckFailed as failure:  # which of the steps it could have lost through: those its source names,
+            # and those theirs name (gqa's module calls grouped_attention, which calls repeat_kv)
+            calls, sources = [], [_source_of(run.ctx.source, run.step.id)]
+            while sources:
+                source = sources.pop()
+                for name in run.step.answered:
+                    if name not in calls and re.search(rf"\b{re.escape(name)}\b", source):
+                        calls.append(name)
+                        sources.append(_source_of(run.ctx.source, name))
             raise CheckFailed(failure.message, failure.mistake, {**failure.details, "calls": calls}, failure.outcome) from None
 
     return check
