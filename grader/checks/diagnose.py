@@ -181,9 +181,9 @@ def meta_unsupported(error) -> bool:
     return error.kind in ("raised", "not_implemented") and any(s in error.message for s in META_UNSUPPORTED)
 
 
-def error(error, line: str, source: str, call, device: str):
+def error(error, line: str, source: str):
     """The generic mistake an exception shows, if any."""
-    return next((m for m in ERRORS if m.raises.matches(error, line, source, call)), None)
+    return next((m for m in ERRORS if m.raises.matches(error, line, source)), None)
 
 
 def form(value, native, backend: str = "torch", device: str = "cpu"):

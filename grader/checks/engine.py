@@ -296,8 +296,8 @@ class Run:
         """An exception the candidate's code raised, said with its line and inputs, and named if it is a known one."""
         line = _line(self.ctx.source, error.line)
         source = _source_of(self.ctx.source, self.step.id)
-        mistake = next((m for m in self.step.mistakes if m.raises and m.raises.matches(error, line, source, call)), None)
-        mistake = mistake or diagnose.error(error, line, source, call, device)
+        mistake = next((m for m in self.step.mistakes if m.raises and m.raises.matches(error, line, source)), None)
+        mistake = mistake or diagnose.error(error, line, source)
         message = error.message
         if error.line:
             label = self.ctx.candidate.where(error.line)  # "line N", or "cell C, line M" in a notebook
