@@ -46,12 +46,13 @@ def grade(
         raise UsageError(f"unknown device '{device}'; use one of {', '.join(DEVICES)}.")
     path = Path(path)
     found = find_exercise(path, exercise)
-    about = {"seed": seed, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "graded_at": now(),
-             "kit_version": kit_version()}
+    about = {"seed": seed, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "graded_at": now()}
     warm = found.device_checks and device != "cpu"
     candidate = Candidate(path, timeout, memory_limit_mb, file_timeout, warm_device=warm, zygote=zygote)
     with candidate:
-        # The worker is importing torch now; the grader imports pytest and torch beside it.
+        # The worker is importing torch now; the grader imports pytest and torch beside it (and looks up
+        # its own version, which takes a while, only now).
+        about["kit_version"] = kit_version()
         import torch
 
         from grader.run_checks import run_checks
