@@ -9,8 +9,9 @@ plain tensors decoded from the worker's bytes.
 
 A composite step (a module that calls the exercise's other steps) is graded on its own
 wiring: while its checks run, the worker asks the grader for the answers of the step
-functions it calls (`Step.answered`), and the grader answers with the reference's, so a
-bug in `softmax` costs `softmax` and not the module. A check marked `end_to_end` runs the
+functions it calls (`Step.answered`) that lost points in their own checks, and the grader
+answers with the reference's, so a bug in `softmax` costs `softmax` and not the module
+(a step that passed runs as written: the same answers, without the round trips). A check marked `end_to_end` runs the
 module with the candidate's own steps, so an interviewer also sees whether the whole
 thing works; when only it fails and other steps have lost points, the report says so.
 """

@@ -144,7 +144,8 @@ class Step:
     closely (tensors, arrays, tuples of them) under the tolerance policy of grader/checks/expect.py.
     outputs: names of the parts of a tuple answer ("output", "weights"), for messages.
     answered: for a composite step, the exercise's step functions the grader answers while
-    it runs (so a bug in them is charged to them, not here); see grader/checks/engine.py.
+    it runs, those of them that lost points (so a bug in them is charged to them, not here);
+    see grader/checks/engine.py.
     """
 
     id: str
