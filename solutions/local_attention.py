@@ -45,12 +45,9 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     non-power-of-two rule is the paper's; models trained with it (BLOOM, MPT)
     need exactly these numbers, and 2^(-8h/n) for n = 12 is not them.
     """
-
-    def powers_of_two(n):  # 2^(-8/n), 2^(-16/n), ..., 2^(-8)
-        return [2 ** (-8 * h / n) for h in range(1, n + 1)]
-
     p = 2 ** int(math.floor(math.log2(num_heads)))  # the largest power of two <= num_heads
-    slopes = powers_of_two(p) + powers_of_two(2 * p)[0::2][: num_heads - p]
+    slopes = [2 ** (-8 * h / p) for h in range(1, p + 1)]  # 2^(-8/p), 2^(-16/p), ..., 2^(-8)
+    slopes += [2 ** (-8 * h / (2 * p)) for h in range(1, 2 * p + 1, 2)][: num_heads - p]  # every other slope of 2p
     return torch.tensor(slopes, dtype=torch.float32)  # (H,)
 
 

@@ -92,6 +92,13 @@ def mask_on_device(run):
     run.expect_right(value, mask_inputs(run.gen, None), where)
 
 
+def mask_reference(t_q, t_k, window, device=None):
+    """The reference, also as the grader's answer to local_attention's call: a device given there reaches the grader as
+    an opaque stand-in (the wire carries tensors, not torch.device), so the answer is made on the CPU; the worker moves
+    answers to the device of the call's tensors, and this call has none (on CUDA the answered mask stays on the CPU)."""
+    return ref.sliding_window_mask(t_q, t_k, window, device if isinstance(device, (str, torch.device)) else None)
+
+
 WINDOW_PLUS_ONE = ("window + 1 keys per row (j >= p - window, or triu(diagonal=offset - window)): the window counts the "
                    "query itself, p - window < j <= p, so a row sees at most `window` keys")
 BIDIRECTIONAL = ("a two-sided window |p - j| <= window: 2·window + 1 keys, the future included; the window is causal, "
@@ -100,7 +107,7 @@ TOP_LEFT = ("aligned to the top-left (query i at position i): with t_q < t_k the
             "query i sits at p = t_k - t_q + i")
 
 MASK = Step(
-    "sliding_window_mask", mask_inputs, ref.sliding_window_mask,
+    "sliding_window_mask", mask_inputs, mask_reference,
     checks=(
         shape(2), values("square", 4, t_q=8, t_k=8), values("bottom_right", 5, t_q=3, t_k=9, window=4),
         prop("keys_per_row", 4, keys_per_row), prop("wide_window_is_causal", 4, wide_window_is_causal),
