@@ -753,12 +753,12 @@ class _Answered:
             @staticmethod
             def forward(ctx, args, kwargs, *tensors):
                 value, ctx.index = answered.ask({"op": "answer", "name": name, "args": args, "kwargs": kwargs, "grad": True})
-                return answered.placed(value, tensors)
+                return answered.placed(value, answered.target(tensors, {}))
 
             @staticmethod
             def backward(ctx, *grads):
                 value, _ = answered.ask({"op": "answer_grad", "index": ctx.index, "grads": grads})
-                return (None, None, *answered.placed(tuple(value), grads))
+                return (None, None, *answered.placed(tuple(value), answered.target(grads, {})))
 
         signature = inspect.signature(self.saved[name])
 
@@ -770,7 +770,7 @@ class _Answered:
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             if not any(t.requires_grad for t in tensors):  # nothing to differentiate (NumPy, or no grad wanted)
                 question = {"op": "answer", "name": name, "args": args, "kwargs": kwargs, "grad": False}
-                return answered.placed(answered.ask(question)[0], tensors)
+                return answered.placed(answered.ask(question)[0], answered.target(tensors, bound.arguments))
             return Answer.apply(args, kwargs, *tensors)
 
         proxy.__name__ = name
@@ -780,16 +780,24 @@ class _Answered:
         """nn.Parameter and other tensor subclasses as plain tensors: only those cross."""
         if isinstance(value, self.torch.Tensor) and type(value) is not self.torch.Tensor:
             return self.torch.Tensor._make_subclass(self.torch.Tensor, value.detach())
+        if isinstance(value, self.torch.device):  # crosses as its name: the grader answers on the CPU anyway
+            return str(value)
         if isinstance(value, (tuple, list)):
             return type(value)(self._plain(v) for v in value)
         if isinstance(value, dict):
             return {k: self._plain(v) for k, v in value.items()}
         return value
 
-    def placed(self, value, like):
-        """Tensors of an answer moved to the device of the inputs (the grader answers on the CPU)."""
-        device = next((t.device for t in like if isinstance(t, self.torch.Tensor)), None)
-        if device is None or device.type in ("cpu", "meta"):
+    def target(self, tensors, arguments) -> object:
+        """Where an answer belongs: the device a `device` argument asks for, else the inputs' device."""
+        asked = arguments.get("device")
+        if isinstance(asked, (str, self.torch.device)):
+            return self.torch.device(asked)
+        return next((t.device for t in tensors if isinstance(t, self.torch.Tensor)), None)
+
+    def placed(self, value, device):
+        """Tensors of an answer moved to `device` (the grader answers on the CPU; a meta answer comes as meta)."""
+        if device is None or device.type == "cpu":
             return value
         if isinstance(value, tuple):
             return tuple(v.to(device) if isinstance(v, self.torch.Tensor) else v for v in value)

@@ -361,6 +361,8 @@ class Answers:
         try:
             bound = self.signatures[name].bind(*args, **kwargs)  # by position, or by the contract's names
             bound.apply_defaults()
+            if "device" in bound.arguments:  # answered on the CPU; the worker moves the answer where it was asked for
+                bound.arguments["device"] = None
             args, kwargs = tuple(bound.args), dict(bound.kwargs)
             value = self.references[name](*args, **kwargs)
         except Exception as exc:  # the composite called the step with inputs outside its contract

@@ -14,7 +14,6 @@ dtype.
 
 import math
 
-import pytest
 import torch
 
 from grader.checks.diagnose import RESULT_ON_CPU
@@ -94,10 +93,9 @@ def mask_on_device(run):
 
 
 def mask_reference(t_q, t_k, window, device=None):
-    """The reference, also as the grader's answer to local_attention's call: a device given there reaches the grader as
-    an opaque stand-in (the wire carries tensors, not torch.device), so the answer is made on the CPU; the worker moves
-    answers to the device of the call's tensors, and this call has none (on CUDA the answered mask stays on the CPU)."""
-    return ref.sliding_window_mask(t_q, t_k, window, device if isinstance(device, (str, torch.device)) else None)
+    """The reference, made on the CPU (a device asked for is where the worker puts the mask when it answers
+    local_attention's call to sliding_window_mask; the checks compare on the CPU)."""
+    return ref.sliding_window_mask(t_q, t_k, window)
 
 
 WINDOW_PLUS_ONE = ("window + 1 keys per row (j >= p - window, or triu(diagonal=offset - window)): the window counts the "
@@ -314,35 +312,13 @@ def decode_matches_prefill(run):
                           f"full sequence (t_q = t_k = 9): {failure.message}", run.explain(tail, last), failure.details) from None
 
 
-def local_on_device(run):
-    """The device check (what a `device` check does), but for one case the engine cannot run fairly.
-
-    While sliding_window_mask has lost points, the grader answers local_attention's call to it. That
-    call's only device is a `device=` argument, which crosses to the grader as an opaque stand-in
-    (the wire carries tensors, not torch.device), and the worker moves an answer only to the device
-    of the call's tensors: the answered mask comes back on the CPU and would be charged here as a
-    tensor the candidate made on the CPU. That case is skipped, as the meta device's gaps are
-    (a skipped check earns its points only when the step's other checks all pass).
-    """
-    where = run.ctx.device
-    answered_mask = where != "cpu" and not run.ctx.passed("sliding_window_mask")
-    call = run.inputs(window=WINDOW, alibi=True)
-    try:
-        run.expect_right(run.output(run.answer(call, device=where)), call, where)
-    except CheckFailed:
-        if answered_mask:
-            pytest.skip("not checked on the device: sliding_window_mask lost points, and the grader's answer to it (made "
-                        "for local_attention while that step is broken) cannot follow a device= argument to the device")
-        raise
-
-
 LOCAL = Step(
     "local_attention", local_inputs, ref.local_attention, answered=("sliding_window_mask", "alibi_bias"),
     checks=(
         shape(2, window=WINDOW, alibi=True), values("values", 3, FLOATS, window=WINDOW, alibi=True), values("causal", 3),
         values("window", 4, window=WINDOW), values("alibi", 4, alibi=True), values("wide_window", 2, window=TK + 3, alibi=True),
         prop("shifted_bias", 4, shifted_bias), prop("decode_matches_prefill", 4, decode_matches_prefill),
-        values("half", 1, HALF, window=WINDOW, alibi=True), rules(2, window=WINDOW, alibi=True), prop("device", 2, local_on_device),
+        values("half", 1, HALF, window=WINDOW, alibi=True), rules(2, window=WINDOW, alibi=True), device(2, window=WINDOW, alibi=True),
     ),
     mistakes=(
         Mistake("local_attention.window_plus_one", WINDOW_PLUS_ONE, _variant(extra=1)),
