@@ -162,3 +162,15 @@ def test_a_cached_regrade_runs_only_what_changed_and_agrees_with_a_full_grade(tm
             assert ran and all(name.startswith(("scale_scores_", "module_")) for name in ran), ran
         if text is versions[3]:
             assert "project_shape" in ran and "module_structure" in ran
+
+
+def test_an_answered_call_that_asks_for_a_device_gets_its_answer_there(tmp_path, zygote):
+    """local_attention calls sliding_window_mask(..., device=q.device); with that step broken the grader answers
+    the call, and the answer must reach the device asked for, or a correct local_attention would be charged for it."""
+    path = tmp_path / "local_attention.py"
+    path.write_text((ROOT / "solutions" / "local_attention.py").read_text() + """
+def sliding_window_mask(t_q, t_k, window, device=None):
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril()  # top-left: a bug of this step
+""")
+    result = grade(path, zygote=zygote)  # the device checks on the meta device
+    assert set(lost(result)) == {"sliding_window_mask"}, explain(result)
