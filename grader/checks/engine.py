@@ -65,11 +65,29 @@ class SpecFile(pytest.File):
         for step in spec.steps:
             for check in step.checks:
                 for dtype in check.dtypes or (None,):
-                    several = len(check.dtypes) > 1
-                    name = f"{step.check_prefix}_{check.name}" + (f"[{_dtype_name(dtype)}]" if several else "")
+                    name = item_name(step, check, dtype)
                     item = SpecItem.from_parent(self, name=name, spec=spec, step=step, check=check, dtype=dtype)
                     item.add_marker(pytest.mark.step(step.id, points=check.points))
                     yield item
+
+
+def item_name(step: Step, check: Check, dtype) -> str:
+    several = len(check.dtypes) > 1
+    return f"{step.check_prefix}_{check.name}" + (f"[{_dtype_name(dtype)}]" if several else "")
+
+
+def main_call(step: Step) -> str | None:
+    """The item name of the step's plain call: its first values check on float32 with no parameters.
+
+    The step's shape and rules checks (when they have no parameters either) ask the same
+    question, so they share its inputs and its answer: one call to the worker for three checks.
+    """
+    for check in step.checks:
+        if check.kind == "values" and not check.params and not check.strided:
+            dtype = check.dtypes[0] if check.dtypes else None
+            if dtype in (None, torch.float32):
+                return item_name(step, check, dtype)
+    return None
 
 
 class SpecItem(pytest.Item):
@@ -95,6 +113,7 @@ class Context:
     source: str
     forbidden: dict  # step id -> forbidden torch function names, from the manifest
     outcomes: list = field(default_factory=list)  # the results so far (steps run in manifest order)
+    shared: dict = field(default_factory=dict)  # a step's main call (see main_call): its answer, once asked
 
     def passed(self, step_id: str) -> bool:
         """Did this step run, and pass (or skip) every one of its checks?"""
@@ -130,7 +149,10 @@ class Run:
         self.ctx, self.spec, self.step, self.check = context, spec, step, check
         self.dtype = dtype if dtype is not None else torch.float32
         self.name = name
-        self.gen = Gen(generator(context.seed, name), spec.backend)
+        main = main_call(step)
+        plain = check.kind in ("shape", "rules") and not check.params and not check.strided
+        self.shared = main if plain or name == main else None  # the main call's name, if this check asks it
+        self.gen = Gen(generator(context.seed, self.shared or name), spec.backend)
 
     # -- the kinds of check ------------------------------------------------------------
 
@@ -140,10 +162,15 @@ class Run:
             self.check.run(self)
             return
         draws = VALUE_DRAWS if kind == "values" and len(self.check.dtypes) > 1 else 1  # the values check, not an edge case
-        for _ in range(draws):
+        for draw in range(draws):
             call = self.inputs(**self.check.params)
             device = self.ctx.device if kind == "device" else "cpu"
-            answer = self.answer(call, device=device, strided=self.check.strided)
+            if self.shared and draw == 0:  # asked once for the step's shape, values and rules checks
+                if self.shared not in self.ctx.shared:
+                    self.ctx.shared[self.shared] = self.answer(call, device=device)
+                answer = self.ctx.shared[self.shared]
+            else:
+                answer = self.answer(call, device=device, strided=self.check.strided)
             if kind == "rules":
                 check_rules(answer.called, self.ctx.forbidden.get(self.step.id, ()), self.ctx.source,
                             _source_of(self.ctx.source, self.step.id))
