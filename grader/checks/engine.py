@@ -217,11 +217,13 @@ class Run:
             if error.kind == "not_implemented":
                 raise
             action = actions[error.action] if error.action is not None else {}
-            what = ".".join(str(action.get(k)) for k in ("class", "method", "attribute") if action.get(k))
+            built = [a.get("class") for a in actions if a.get("do") == "build"]
+            owner = built[action["object"]] if type(action.get("object")) is int and action["object"] < len(built) else ""
+            what = action.get("class") or ".".join(str(n) for n in (owner, action.get("method") or action.get("attribute")) if n)
             call = Call(tuple(action.get("args") or action.get("init") or ()),
-                        dict(action.get("kwargs") or action.get("init_kwargs") or {}))
+                        dict(action.get("kwargs") or action.get("init_kwargs") or {}), tuple(action.get("names") or ()))
             failure = self.error_failure(error, call, device)
-            where = f" (action {error.action + 1} of the script: {action.get('do')} {what})" if error.action is not None else ""
+            where = f" (in action {error.action + 1} of the script: {action.get('do')} {what})" if error.action is not None else ""
             raise CheckFailed(failure.message + where, failure.mistake, failure.details, failure.outcome) from None
 
     def output(self, answer):
