@@ -782,9 +782,10 @@ def _act(torch, wire, module, stand_in, objects, action, device):
             instance.eval()
         objects.append(instance)
         return None
-    target = objects[action.get("object")] if type(action.get("object")) is int else None
-    if target is None:
+    index = action.get("object")
+    if type(index) is not int or not 0 <= index < len(objects):
         raise ValueError("an action names an object that was not built")
+    target = objects[index]
     if do == "call":
         args = [_to_device(torch, a, device, None) for a in action.get("args") or ()]
         kwargs = {k: _to_device(torch, v, device, None) for k, v in (action.get("kwargs") or {}).items()}
