@@ -12,6 +12,7 @@ them. Only the end-to-end check runs the candidate's own cache and mask.
 """
 
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -80,8 +81,21 @@ def cache_inputs(gen, dtype, chunks=CHUNKS):
     return Call((ks, vs), names=("k_new", "v_new"))
 
 
+class Append(NamedTuple):
+    """What one append of a CacheScript showed, and what it should have."""
+
+    index: int
+    returned: object  # append's answer
+    length: object  # then read: length, k, v
+    k: object
+    v: object
+    keys: torch.Tensor  # every key appended so far, (B, H, length, Dh)
+    vals: torch.Tensor
+    expected_length: int
+
+
 class CacheScript:
-    """A cache built, then for each chunk: append, read length, k and v. `observed` sorts the results out."""
+    """A cache built, then for each chunk: append, read length, k and v; `initial` and `appends` sort the results out."""
 
     def __init__(self, run: Run, dtype=torch.float32, device: str = "cpu", chunks=CHUNKS, nan: bool = False):
         self.run, self.dtype, self.device, self.chunks = run, dtype, device, chunks
@@ -99,17 +113,17 @@ class CacheScript:
         return self.results[self.start:self.start + 3]  # k, v, length
 
     def appends(self):
-        """For each append: (returned, length, k, v, expected keys, expected values, expected length)."""
+        """One Append for each chunk, in order."""
         first = self.start + 3
         for i, _ in enumerate(self.chunks):
             returned, length, k, v = self.results[first + 4 * i:first + 4 * i + 4]
             keys, vals = torch.cat(self.ks[:i + 1], dim=2), torch.cat(self.vs[:i + 1], dim=2)
-            yield i, returned, length, k, v, keys, vals, keys.shape[2]
+            yield Append(i, returned, length, k, v, keys, vals, keys.shape[2])
 
 
 def cache_mistake(script: CacheScript):
     """The named mistake the cache's observations show, if any: its buffers' shapes, its lengths, its answers."""
-    k0, _, length0 = script.initial
+    k0 = script.initial[0]
     if isinstance(k0, torch.Tensor) and tuple(k0.shape) == (B, MAX_LEN, H, DH):
         return WRONG_AXIS
     for _, returned, length, k, _, _, _, expected_length in script.appends():
@@ -374,12 +388,13 @@ def _proj(state, y, name):
 def cached(state, x, splits=None, *, bug=None):
     """The module's outputs for x fed in chunks of `splits` (None: one call, no cache), from the contract;
     `bug` makes the named wrong variants."""
+    with_cache = splits is not None
     splits = splits or (x.shape[1],)
     ks, vs, outs, start = [], [], [], 0
     for t in splits:
         chunk = x[:, start:start + t]
         q, k, v = (_heads(_proj(state, chunk, n)) for n in ("w_q", "w_k", "w_v"))
-        past = start if len(splits) > 1 else 0
+        past = start  # tokens before this call
         ks.append(k)
         vs.append(v)
         keys, vals = torch.cat(ks, dim=2), torch.cat(vs, dim=2)
@@ -388,10 +403,10 @@ def cached(state, x, splits=None, *, bug=None):
             mask = torch.ones(t, past + t, dtype=torch.bool).tril()
         elif bug == "no_mask_with_cache" and past:
             mask = torch.ones(t, past + t, dtype=torch.bool)
-        elif bug == "keys_attended_twice" and len(splits) > 1:  # the cache's answer, and this call's keys again
+        elif bug == "keys_attended_twice" and with_cache:  # the cache's answer, and this call's keys again
             keys, vals = torch.cat([keys, k], dim=2), torch.cat([vals, v], dim=2)
             mask = ref.decode_mask(t, past + t)
-        elif bug == "appended_twice" and len(splits) > 1:  # every call's keys twice in the cache, all of them attended
+        elif bug == "appended_twice" and with_cache:  # every call's keys twice in the cache, all of them attended
             ks.append(k)
             vs.append(v)
             keys, vals = torch.cat(ks, dim=2), torch.cat(vs, dim=2)
