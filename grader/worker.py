@@ -734,7 +734,7 @@ def _script(torch, wire, spy, module, request, blobs, blobs_out, answered):
         for index, action in enumerate(actions):
             mark = len(blobs_out)
             try:
-                value = _act(torch, wire, module, stand_in, objects, action, device)
+                value = _act(torch, wire, spy, module, stand_in, objects, action, device)
                 item = wire.encode(value, blobs_out)
                 _bounded(item, blobs_out)
                 encoded.append(item)
@@ -764,7 +764,7 @@ def _bounded(item, blobs_out) -> None:
         raise ValueError(f"the results hold more than {MAX_SCRIPT_BYTES >> 20} MB of tensors: more than the grader reads")
 
 
-def _act(torch, wire, module, stand_in, objects, action, device):
+def _act(torch, wire, spy, module, stand_in, objects, action, device):
     """One action of a script; its result (None for build and fill_unused)."""
     if not isinstance(action, dict):
         raise ValueError("an action is a dict")
@@ -794,7 +794,7 @@ def _act(torch, wire, module, stand_in, objects, action, device):
         return target(*args, **kwargs) if method == "__call__" else getattr(target, method)(*args, **kwargs)
     if do == "get":
         return getattr(target, _name(action.get("attribute")))
-    if do == "fill_unused":
+    if do == "fill_unused":  # the candidate's length, k and v are read as it wrote them; the filling is the grader's
         length = target.length
         if type(length) is not int:
             raise TypeError(f"the cache's length is {wire.type_name(length)}, not an int")
@@ -802,8 +802,12 @@ def _act(torch, wire, module, stand_in, objects, action, device):
             buffer = getattr(target, name)
             if type(buffer) is not torch.Tensor or buffer.dim() != 4:
                 raise TypeError(f"the cache's {name} is not a 4-dimensional torch.Tensor (B, H, max_len, Dh)")
-            if buffer.is_floating_point():
-                buffer[:, :, length:] = float("nan")
+            seen, spy.seen = spy.seen, set()
+            try:
+                if buffer.is_floating_point():
+                    buffer[:, :, length:] = float("nan")
+            finally:
+                spy.seen = seen
         return None
     raise ValueError(f"unknown action {str(do)[:40]!r}")
 
