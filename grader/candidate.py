@@ -557,6 +557,7 @@ class Candidate:
             "memory_limit": self.memory_limit_mb * 1024 * 1024,
             "pid_namespace": self._zygote.pid_namespace,
             "fs_isolation": self._zygote.fs_isolation,
+            "cuda": self.warm_device,  # where torch sees CUDA, start it before the candidate's code runs
         }
         try:
             ticket = self._zygote.send(request, (to_child_r, from_child_w, output_w))
@@ -574,6 +575,9 @@ class Candidate:
             child.pid, child.namespaced = int(reply["pid"]), reply.get("namespaced") is True
             child.fs_isolated = reply.get("fs_isolated") is True
             self.fs_isolated = self.fs_isolated is not False and child.fs_isolated
+            if reply.get("cuda_error"):  # the zygote's word, before any candidate code ran
+                raise GraderBug(f"CUDA works in the grader but would not start in its worker "
+                                f"({reply['cuda_error']}); grade with --device cpu, or see the README's sandbox section")
         return child.pid
 
     def _deadline(self, seconds: float) -> float:

@@ -4,12 +4,14 @@ The grader starts `python -I -u worker.py CONTROL_FD WIRE_PY` in a new session w
 scrubbed environment. This zygote never runs candidate code. It imports torch (and warms
 the device the checks will use), then answers the grader on its control socket:
 
-    {"op": "spawn", ...} with three file descriptors -> {"pid": N, "namespaced": bool, "fs_isolated": bool}
+    {"op": "spawn", ...} with three file descriptors -> {"pid": N, "namespaced": bool, "fs_isolated": bool,
+                                                         "cuda_error": str | None}
         fork a child that drops into its own sandbox (below), imports the candidate file,
         says hello on its pipe and answers requests there. As root, the zygote gives each
         child a PID namespace of its own, whose first process the child is. "fs_isolated"
         says whether the child's file system is the allowlist (`_allowlist_root`): the child
-        tells the zygote before any candidate code runs, so no candidate can forge it.
+        tells the zygote before any candidate code runs, so no candidate can forge it; so
+        does "cuda_error", why CUDA would not start in the child (a fault of the grader's).
     {"op": "kill", "pid": N, "wait": bool, "grace": seconds} -> {"status": "exit code 0" | "killed by signal SIGSEGV" | ...}
         kill that child's process group, then every process below the zygote but the other
         children and theirs, and (with "wait") say how the child ended.
@@ -64,6 +66,9 @@ CHILD_PROCESS_LIMIT = 64  # processes a worker child may have below it: a fork b
 PIDS_CGROUP = "/sys/fs/cgroup/pids"  # cgroup v1's pids hierarchy, used when the grader runs as root
 FILE_SIZE_LIMIT = 64 * 1024 * 1024  # bytes a child may write to one file
 SHM_SIZE = "64m"  # its own /dev/shm
+# /proc stays writable (the CUDA driver writes to its process's own files there, and fails
+# with error 304 where it cannot), but not these: root's uid could change the kernel through them.
+PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 MINIMAL_DEVICES = ("null", "zero", "full", "random", "urandom")  # the /dev of a worker without CUDA
 SANDBOX_SETUP_TIMEOUT = 10.0  # seconds the zygote waits for a child to say whether it is isolated
 BUG_EXIT = 70  # the zygote's exit status for "a bug here, not the candidate's doing" (EX_SOFTWARE)
@@ -136,8 +141,9 @@ def main() -> None:
             spawned.add(pid)
             for fd in fds:
                 os.close(fd)
-            fs_isolated = _isolation_status(status_read)
-            _reply(control, {"pid": pid, "namespaced": namespaced, "fs_isolated": fs_isolated})
+            status = _isolation_status(status_read)
+            _reply(control, {"pid": pid, "namespaced": namespaced, "fs_isolated": not status.get("fs"),
+                             "cuda_error": status.get("cuda")})
         elif request["op"] == "ping":
             _reply(control, {"alive": True})
         elif request["op"] == "kill":
@@ -282,7 +288,9 @@ def _child(wire, torch, request, fds, cuda: bool, status_fd: int, plan: dict) ->
             _fork_into_pid_namespace()
         # Told before any candidate code runs: the zygote's word, never the candidate's.
         failure = _allowlist_root(request["workdir"], plan, cuda) if request.get("fs_isolation", True) else "turned off"
-        os.write(status_fd, b"1" if failure is None else b"0" + failure.encode()[:400])
+        cuda_error = _cap_memory(torch, request["memory_limit"], cuda and request.get("cuda", True))
+        status = {"fs": failure and failure[:400], "cuda": cuda_error and cuda_error[:400]}
+        os.write(status_fd, json.dumps(status).encode())
         os.close(status_fd)
         _drop_capabilities()
         _serve(wire, torch, request["candidate"], read_fd, write_fd, cuda)
@@ -290,17 +298,52 @@ def _child(wire, torch, request, fds, cuda: bool, status_fd: int, plan: dict) ->
         os._exit(0)
 
 
-def _isolation_status(status_fd: int) -> bool:
-    """Whether the child just forked says it sees only the allowlist (not if it died first);
-    why not goes to the zygote's log."""
+def _cap_memory(torch, limit: int, cuda: bool) -> str | None:
+    """Cap the memory the candidate's process can write to (RLIMIT_DATA) at `limit` bytes.
+
+    With CUDA the driver first maps over a GB of host memory of its own (measured on an
+    H100: a 1 GB cap fails its start), so CUDA starts here, before any candidate code, and
+    the cap is `limit` on top of what it took. Returns why CUDA would not start, if it did not.
+    """
+    error = None
+    if cuda:
+        os.environ["CUDA_CACHE_DISABLE"] = "1"  # no JIT cache to fill (the driver still makes an empty ~/.nv)
+        try:
+            torch.zeros(1, device="cuda")
+        except Exception as exc:  # the sandbox's fault, or the machine's: never the candidate's
+            error = f"{type(exc).__name__}: {exc}"
+    if limit > 0:
+        resource.setrlimit(resource.RLIMIT_DATA, (limit + _data_size(),) * 2 if cuda else (limit,) * 2)
+    return error
+
+
+def _data_size() -> int:
+    """The bytes RLIMIT_DATA counts for this process now (VmData)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _isolation_status(status_fd: int) -> dict:
+    """What the child just forked says before any candidate code runs: why it does not see
+    only the allowlist ("fs"), and why CUDA would not start ("cuda"), each None if all is
+    well (and both said if it died first). Said in the zygote's log too."""
     try:
         ready, _, _ = select.select([status_fd], [], [], SANDBOX_SETUP_TIMEOUT)
-        status = os.read(status_fd, 512) if ready else b"0no answer"
+        raw = os.read(status_fd, 2048) if ready else b""
     finally:
         os.close(status_fd)
-    if status != b"1":
-        print("attn-grade zygote: a worker runs without file-system isolation:", status[1:].decode(errors="replace"), flush=True)
-    return status == b"1"
+    try:
+        status = json.loads(raw)
+    except ValueError:
+        status = {"fs": "no answer", "cuda": None}
+    if status.get("fs"):
+        print("attn-grade zygote: a worker runs without file-system isolation:", status["fs"], flush=True)
+    if status.get("cuda"):
+        print("attn-grade zygote: CUDA did not start in a worker:", status["cuda"], flush=True)
+    return status
 
 
 def _fork_into_pid_namespace() -> None:
@@ -345,10 +388,6 @@ def _enter_sandbox(request, output_fd, keep, cuda: bool = False) -> bool:
     workdir = request["workdir"]
     os.chdir(workdir)
     os.environ.update(HOME=workdir, TMPDIR=workdir)
-    if request["memory_limit"] > 0 and not cuda:
-        # RLIMIT_DATA counts the memory the process can write to. Not where CUDA is: its
-        # driver maps host memory in ways no rlimit was made for; the GPU bounds its own.
-        resource.setrlimit(resource.RLIMIT_DATA, (request["memory_limit"],) * 2)
     resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT,) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash is reported, not dumped
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
@@ -415,7 +454,10 @@ def _sandbox_plan(home: str, cuda: bool) -> dict:
     hidden = [h for h in hidden if os.path.isdir(h) and any(_within(h, p) for p in allowed)]
     new_root = os.path.join(home, "new-root")  # the mount point each child's new root is built on
     os.makedirs(new_root, exist_ok=True)
-    return {"allowed": allowed, "hidden": hidden, "new_root": new_root}
+    devices = list(MINIMAL_DEVICES)
+    if cuda:  # nvidia0, nvidiactl, nvidia-uvm, nvidia-caps/...: the GPU's device files, no other
+        devices += sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))
+    return {"allowed": allowed, "hidden": hidden, "new_root": new_root, "devices": devices}
 
 
 def _home_folder() -> str:
@@ -463,7 +505,7 @@ def _within(path: str, folder: str) -> bool:
 def _allowlist_root(workdir: str, plan: dict, cuda: bool) -> str | None:
     """Make this child's file system the allowlist: a new root on a fresh tmpfs, holding
     read-only bind mounts of the plan's folders, a /proc, a /dev of five character devices
-    (with CUDA, the real /dev and /sys, for the GPU), a small /dev/shm of its own, and the
+    (with CUDA, the GPU's device files too, and /sys), a small /dev/shm of its own, and the
     working directory, the only place it may write. Entered with pivot_root; the old root
     is unmounted, so no path leads back to it.
 
@@ -487,18 +529,19 @@ def _allowlist_root(workdir: str, plan: dict, cuda: bool) -> str | None:
         os.mkdir(new_root + "/proc")
         if libc.mount(b"proc", (new_root + "/proc").encode(), b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
             _bind(libc, "/proc", new_root + "/proc")  # no proc of its own here (a container's masked /proc)
-        if cuda:  # the GPU's device files and what the driver reads
-            _bind(libc, "/dev", new_root + "/dev")
+        for name in PROC_READ_ONLY:  # each its own mount, made read-only below with the rest
+            path = f"{new_root}/proc/{name}"
+            if os.path.exists(path):
+                _mount(libc, path, path, None, MS_BIND | MS_REC, None)
+        for name in plan["devices"]:  # never a disk: with CUDA, only the GPU's own files besides
+            _bind(libc, f"/dev/{name}", f"{new_root}/dev/{name}")
+        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                             ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+            os.symlink(target, f"{new_root}/dev/{name}")
+        os.mkdir(new_root + "/dev/shm")
+        _mount(libc, "none", new_root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={SHM_SIZE}")
+        if cuda:  # what the driver reads about the GPU (read-only below, like every mount)
             _bind(libc, "/sys", new_root + "/sys")
-        else:
-            for name in MINIMAL_DEVICES:
-                _bind(libc, f"/dev/{name}", f"{new_root}/dev/{name}")
-            for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                                 ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
-                os.symlink(target, f"{new_root}/dev/{name}")
-            os.mkdir(new_root + "/dev/shm")
-        if os.path.isdir(new_root + "/dev/shm"):
-            _mount(libc, "none", new_root + "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, f"size={SHM_SIZE}")
         os.chdir(new_root)
         if SYS_PIVOT_ROOT is None or libc.syscall(SYS_PIVOT_ROOT, b".", b".") != 0:
             raise OSError(ctypes.get_errno(), f"pivot_root failed on {platform.machine()}")
@@ -506,7 +549,7 @@ def _allowlist_root(workdir: str, plan: dict, cuda: bool) -> str | None:
             raise OSError(ctypes.get_errno(), "cannot unmount the old root")
         os.chdir(workdir)
         for mount_point in _mount_points():
-            if mount_point not in (workdir, "/dev/shm"):
+            if mount_point not in (workdir, "/dev/shm", "/proc"):  # CUDA's driver writes its own /proc/self
                 _read_only(libc, mount_point)
     except OSError as error:
         return str(error)

@@ -86,7 +86,8 @@ TENSOR_ON_CPU = Mistake(
     f"a tensor was created on the CPU inside the step (torch.FloatTensor([...]), or torch.tensor, torch.ones, "
     f"torch.arange without device=): {CPU_DEVICE_HINT}",
     raises=Raises(message=r"is not on the expected device|Expected all tensors to be on the same device|"
-                          r"found at least two devices|device type (cpu|cuda) .* does not match"),
+                          r"found at least two devices|device type (cpu|cuda) .* does not match|"
+                          r"Expected a '\w+' device type for generator"),  # torch.rand(..., generator=) on the CPU
 )
 LAYER_NAMES = Mistake(
     "layer_names",
