@@ -56,8 +56,13 @@ def _pair(value, what: str):
     """An append's answer as (k, v)."""
     if isinstance(value, (tuple, list)) and len(value) == 2:
         return value
-    got = f"a {type(value).__name__} of {len(value)}" if isinstance(value, (tuple, list)) else getattr(value, "type_name", type(value).__name__)
+    got = f"a {type(value).__name__} of {len(value)}" if isinstance(value, (tuple, list)) else _type(value)
     raise CheckFailed(f"{what} returned {got}; expected a tuple (k, v)")
+
+
+def _type(value) -> str:
+    """What a result that should have been something else is, for a message."""
+    return getattr(value, "type_name", None) or f"{type(value).__module__}.{type(value).__qualname__}"
 
 
 def _same(name: str, got, expected: torch.Tensor, device: str = "cpu", tolerance: Tolerance | None = None) -> None:
@@ -126,14 +131,14 @@ def cache_mistake(script: CacheScript):
     k0 = script.initial[0]
     if isinstance(k0, torch.Tensor) and tuple(k0.shape) == (B, MAX_LEN, H, DH):
         return WRONG_AXIS
-    for _, returned, length, k, _, _, _, expected_length in script.appends():
-        if isinstance(k, torch.Tensor) and (k.dim() != 4 or k.shape[2] != MAX_LEN):
+    for a in script.appends():
+        if isinstance(a.k, torch.Tensor) and (a.k.dim() != 4 or a.k.shape[2] != MAX_LEN):
             return GROWN_BY_CAT
-        if type(length) is int and length in (0, 2 * expected_length) and length != expected_length:
-            return LENGTH_NOT_ADVANCED if length == 0 else LENGTH_TWICE
-        if isinstance(returned, (tuple, list)) and returned and isinstance(returned[0], torch.Tensor):
-            if returned[0].dim() == 4 and returned[0].shape[2] == MAX_LEN != expected_length:
-                return WHOLE_BUFFER
+        if type(a.length) is int and a.length in (0, 2 * a.expected_length) and a.length != a.expected_length:
+            return LENGTH_NOT_ADVANCED if a.length == 0 else LENGTH_TWICE
+        first = a.returned[0] if isinstance(a.returned, (tuple, list)) and a.returned else None
+        if isinstance(first, torch.Tensor) and first.dim() == 4 and first.shape[2] == MAX_LEN != a.expected_length:
+            return WHOLE_BUFFER
     if isinstance(k0, torch.Tensor) and (k0.dim() != 4 or k0.shape[2] != MAX_LEN):
         return GROWN_BY_CAT
     return None
@@ -162,37 +167,38 @@ def preallocated(script: CacheScript) -> None:
                               f"preallocate (B, H, max_len, Dh)") from None
     if length != 0 or type(length) is not int:
         raise CheckFailed(f"a new cache's length is {length!r}; expected 0")
-    for i, _, _, k, _, _, _, _ in script.appends():
-        if not isinstance(k, torch.Tensor) or tuple(k.shape) != (B, H, MAX_LEN, DH):
-            got = tuple(k.shape) if isinstance(k, torch.Tensor) else getattr(k, "type_name", type(k).__name__)
-            raise CheckFailed(f"after append {i + 1}, k is {got}: the buffer must stay (B, H, max_len, Dh) = "
+    for a in script.appends():
+        if not isinstance(a.k, torch.Tensor) or tuple(a.k.shape) != (B, H, MAX_LEN, DH):
+            got = tuple(a.k.shape) if isinstance(a.k, torch.Tensor) else _type(a.k)
+            raise CheckFailed(f"after append {a.index + 1}, k is {got}: the buffer must stay (B, H, max_len, Dh) = "
                               f"{(B, H, MAX_LEN, DH)}, written in place")
 
 
 def appends(script: CacheScript) -> None:
-    for i, returned, _, _, _, keys, vals, _ in script.appends():
-        rk, rv = _pair(returned, f"append {i + 1}")
-        _same(f"append {i + 1} (after {keys.shape[2]} tokens in all) returned k", rk, keys)
-        _same(f"append {i + 1} returned v", rv, vals)
+    for a in script.appends():
+        k, v = _pair(a.returned, f"append {a.index + 1}")
+        _same(f"append {a.index + 1} (after {a.expected_length} tokens in all) returned k", k, a.keys)
+        _same(f"append {a.index + 1} returned v", v, a.vals)
 
 
 def lengths(script: CacheScript) -> None:
-    for i, _, length, _, _, _, _, expected in script.appends():
-        if type(length) is not int:
-            raise CheckFailed(f"after append {i + 1}, length is {getattr(length, 'type_name', type(length).__name__)}, not an int")
-        if length != expected:
-            raise CheckFailed(f"after appends of {', '.join(map(str, script.chunks[:i + 1]))} tokens, length is {length}; "
-                              f"expected {expected}")
+    for a in script.appends():
+        if type(a.length) is not int:
+            raise CheckFailed(f"after append {a.index + 1}, length is {_type(a.length)}, not an int")
+        if a.length != a.expected_length:
+            raise CheckFailed(f"after appends of {', '.join(map(str, script.chunks[:a.index + 1]))} tokens, length is "
+                              f"{a.length}; expected {a.expected_length}")
 
 
 def contents(script: CacheScript) -> None:
-    for i, _, length, k, v, keys, vals, expected in script.appends():
-        for name, buffer, want in (("k", k, keys), ("v", v, vals)):
-            if not isinstance(buffer, torch.Tensor) or buffer.dim() != 4 or buffer.shape[2] < expected:
-                got = tuple(buffer.shape) if isinstance(buffer, torch.Tensor) else getattr(buffer, "type_name", type(buffer).__name__)
-                raise CheckFailed(f"after append {i + 1}, the cache's {name} is {got}; expected (B, H, max_len, Dh) "
-                                  f"holding {expected} positions")
-            _same(f"after append {i + 1}, the cache's {name}[:, :, :{expected}]", buffer[:, :, :expected], want)
+    for a in script.appends():
+        n = a.expected_length
+        for name, buffer, want in (("k", a.k, a.keys), ("v", a.v, a.vals)):
+            if not isinstance(buffer, torch.Tensor) or buffer.dim() != 4 or buffer.shape[2] < n:
+                got = tuple(buffer.shape) if isinstance(buffer, torch.Tensor) else _type(buffer)
+                raise CheckFailed(f"after append {a.index + 1}, the cache's {name} is {got}; expected (B, H, max_len, Dh) "
+                                  f"holding {n} positions")
+            _same(f"after append {a.index + 1}, the cache's {name}[:, :, :{n}]", buffer[:, :, :n], want)
 
 
 def unused_slots_nan(run: Run) -> None:
@@ -207,21 +213,22 @@ def unused_slots_nan(run: Run) -> None:
         raise CheckFailed(f"with NaN in the unused slots: {failure.message}", mistake, failure.details) from None
 
 
-def overflow_script(run: Run) -> tuple[list, torch.Tensor, torch.Tensor]:
-    """A cache of max_len 6 takes 4 tokens, then is offered 3 more: the results and the 4 tokens' keys and values."""
+def overflow_script(run: Run) -> dict:
+    """A cache of max_len 6 takes 4 tokens, then is offered 3 more: what it showed before and after, by name."""
     (k1, k2), (v1, v2) = run.inputs(chunks=(4, 3)).args
     actions = [build("KVCache", B, H, DH, 6), call(0, "append", k1, v1), get(0, "k"), get(0, "v"), get(0, "length"),
                call(0, "append", k2, v2, may_raise=True), get(0, "length"), get(0, "k"), get(0, "v")]
-    results = run.script(actions).value
-    if results[4] != 4:  # the append that fits must have worked first
-        mistake = {0: LENGTH_NOT_ADVANCED, 8: LENGTH_TWICE}.get(results[4]) if type(results[4]) is int else None
-        raise CheckFailed(f"a cache of max_len 6 took 4 tokens, and its length is {results[4]!r}; expected 4", mistake)
-    return results[:4] + results[5:], k1, v1
+    names = ("built", "first", "k_before", "v_before", "length_before", "error", "length", "k_after", "v_after")
+    seen = dict(zip(names, run.script(actions).value), k1=k1, v1=v1)
+    if seen["length_before"] != 4:  # the append that fits must have worked first
+        length = seen["length_before"]
+        mistake = {0: LENGTH_NOT_ADVANCED, 8: LENGTH_TWICE}.get(length) if type(length) is int else None
+        raise CheckFailed(f"a cache of max_len 6 took 4 tokens, and its length is {length!r}; expected 4", mistake)
+    return seen
 
 
 def overflow_raises(run: Run) -> None:
-    results, _, _ = overflow_script(run)
-    error = results[4]
+    error = overflow_script(run)["error"]  # a CandidateError if append raised, else what it returned
     if not isinstance(error, CandidateError):
         raise CheckFailed("a cache of max_len 6 holding 4 tokens took 3 more without complaint: check length + T > max_len "
                           "and raise ValueError", OVERFLOW_NOT_REFUSED)
@@ -232,12 +239,12 @@ def overflow_raises(run: Run) -> None:
 
 
 def unchanged_after_overflow(run: Run) -> None:
-    results, k1, v1 = overflow_script(run)
-    k_before, v_before, length, k_after, v_after = results[2], results[3], *results[5:8]
-    if length != 4:
-        raise CheckFailed(f"after the refused append (3 tokens past max_len 6), length is {length!r}; expected 4, as before it",
-                          CHANGED_BEFORE_RAISING)
-    for name, before, after, want in (("k", k_before, k_after, k1), ("v", v_before, v_after, v1)):
+    seen = overflow_script(run)
+    if seen["length"] != 4:
+        raise CheckFailed(f"after the refused append (3 tokens past max_len 6), length is {seen['length']!r}; expected 4, "
+                          "as before it", CHANGED_BEFORE_RAISING)
+    for name in ("k", "v"):
+        before, after, want = seen[f"{name}_before"], seen[f"{name}_after"], seen[f"{name}1"]
         _same(f"{name}[:, :, :4] after the first append", before[:, :, :4] if isinstance(before, torch.Tensor) else before, want)
         if not (isinstance(after, torch.Tensor) and isinstance(before, torch.Tensor) and after.shape == before.shape
                 and torch.equal(after.nan_to_num(), before.nan_to_num())):
@@ -267,10 +274,10 @@ def cache_on_device(run: Run) -> None:
                               "device asked for", diagnose.RESULT_ON_CPU)
     script = CacheScript(run, device=where)
     try:
-        for i, returned, _, _, _, keys, vals, _ in script.appends():
-            rk, rv = _pair(returned, f"append {i + 1}")
-            _same(f"on {where}, append {i + 1} returned k", rk, keys, where, Tolerance(0, 0))
-            _same(f"on {where}, append {i + 1} returned v", rv, vals, where, Tolerance(0, 0))
+        for a in script.appends():
+            k, v = _pair(a.returned, f"append {a.index + 1}")
+            _same(f"on {where}, append {a.index + 1} returned k", k, a.keys, where, Tolerance(0, 0))
+            _same(f"on {where}, append {a.index + 1} returned v", v, a.vals, where, Tolerance(0, 0))
     except CheckFailed as failure:
         raise CheckFailed(failure.message, failure.mistake or cache_mistake(script), failure.details) from None
 
@@ -636,7 +643,7 @@ def bytes_check(**params):
         expected = _bytes(*call_.args)
         what = f"kv_cache_bytes({', '.join(map(repr, call_.args))})"
         if type(value) is not int:
-            got = getattr(value, "type_name", f"{type(value).__module__}.{type(value).__qualname__}")
+            got = _type(value)
             raise CheckFailed(f"{what} returned {got}{f' {value!r}' if isinstance(value, float) else ''}; expected an int",
                               NOT_INT)
         if value != expected:
