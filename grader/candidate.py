@@ -44,6 +44,7 @@ ZYGOTE_REPLY_TIMEOUT = 10.0
 CHILD_END_GRACE = 0.5  # seconds a child whose pipe closed gets to end by itself, so its cause of death is its own
 STOP_CHECK_INTERVAL = 0.5  # how soon a zygote a candidate stopped (SIGSTOP) is noticed
 MAX_QUESTIONS = 10_000  # step functions one call may ask the grader to answer
+MAX_SCRIPT_ACTIONS = 256  # actions in one script (the worker refuses more)
 
 
 class CandidateError(Exception):
@@ -55,6 +56,8 @@ class CandidateError(Exception):
         self.message = message
         self.type = type  # the exception's class name, when the candidate's code raised
         self.line = line  # the candidate's own line that raised it, if known
+        self.action: int | None = None  # in a script, the action that raised
+        self.results: list = []  # in a script, the results of the actions before it
 
 
 @dataclass(frozen=True)
@@ -401,6 +404,49 @@ class Candidate:
             self._drop_live()
             raise CandidateError("protocol", "worker sent a malformed module result")
         return answer
+
+    def script(self, name: str, actions: list[dict], device: str = "cpu", answers=None) -> Answer:
+        """Run `actions` in order in the worker (grader/worker.py, `_script`): build the candidate's objects, or
+        the worker's stand-in KV cache, call their methods, read their attributes, fill a cache's unused slots.
+
+        `name` is the step the script grades (its worker, its time limit). The answer's value is
+        a list, one entry per action: its result as plain data, or, for an action marked may_raise
+        that raised, the CandidateError that says what it raised. Any other exception ends the script: it is raised here as a
+        CandidateError whose `action` says which action raised and whose `results` are those before it.
+        `answers` as in `invoke`.
+        """
+        if len(actions) > MAX_SCRIPT_ACTIONS:
+            raise ValueError(f"a script of {len(actions)} actions: at most {MAX_SCRIPT_ACTIONS}")
+        header = {"op": "script", "name": name, "device": device, "answered": list(answers.names) if answers else []}
+        answer = self._request(header, name, (), {}, {"actions": actions}, answers)
+        value = answer.value
+        results, raised, stopped = (value.get(k) for k in ("results", "raised", "stopped")) if isinstance(value, dict) else (None,) * 3
+        well_formed = (isinstance(results, list) and len(results) <= len(actions) and isinstance(raised, dict)
+                       and all(isinstance(e, dict) and k.isdigit() and int(k) < len(results) for k, e in raised.items())
+                       and (stopped is None or (type(stopped) is int and str(stopped) in raised and stopped == len(results) - 1)))
+        if not well_formed:
+            self._drop_live()
+            raise CandidateError("protocol", "worker sent a malformed script result")
+        errors = {int(k): self._script_error(e, actions[int(k)]) for k, e in raised.items()}
+        results = [errors.get(i, result) for i, result in enumerate(results)]
+        if stopped is not None:
+            error = errors[stopped]
+            error.action, error.results = stopped, results[:stopped]
+            if error.kind == "memory":  # like a hang: the next call would only fill memory again
+                self._broken[name] = (error.kind, error.message)
+            raise error
+        return Answer(results, answer.called)
+
+    def _script_error(self, error: dict, action: dict) -> CandidateError:
+        """The CandidateError (also a script's `Raised` result) for an exception one action raised."""
+        failure = _error(error, self.memory_limit_mb)
+        failure.message = self._locate(failure.message, error)
+        failure.args = (failure.message,)
+        built = action.get("class") if action.get("do") == "build" and not action.get("stand_in") else None
+        if built and _names_missing(error, built):
+            self.missing.add(built)
+            failure = CandidateError("missing", f"the file defines no {built}")
+        return failure
 
     def _request(self, header: dict, name: str, args, kwargs, extra, answers=None) -> Answer:
         try:

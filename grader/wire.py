@@ -9,6 +9,7 @@ A value in a header is plain JSON, or a tagged object:
     {"kind": "float", "value": "inf"}          # JSON has no inf or nan
     {"kind": "tuple" | "list", "items": [...]}
     {"kind": "dict", "items": {"name": ...}}
+    {"kind": "dtype", "name": "float16"}       # a torch.dtype of TORCH_DTYPES (a KV cache's dtype argument)
     {"kind": "object", "type": "builtins.set"}  # anything else: its type name only
 
 The worker loads this file by path (it may not import the grader package), and both
@@ -146,6 +147,8 @@ def encode(value, blobs: list[bytes]):
             out["blob"] = len(blobs)
             blobs.append(flat.view(torch.uint8).numpy().tobytes())
         return out
+    if type(value) is torch.dtype and str(value).removeprefix("torch.") in TORCH_DTYPES:
+        return {"kind": "dtype", "name": str(value).removeprefix("torch.")}
     if type(value) is np.ndarray and value.dtype.name in NUMPY_DTYPES:
         out = {"kind": "ndarray", "dtype": value.dtype.name, "shape": list(value.shape), "blob": len(blobs)}
         blobs.append(np.ascontiguousarray(value).tobytes())
@@ -178,6 +181,8 @@ def decode(item, blobs: list[bytes]):
         return tuple(items) if kind == "tuple" else items
     if kind == "dict" and type(item.get("items")) is dict:
         return {str(k): decode(v, blobs) for k, v in item["items"].items()}
+    if kind == "dtype" and item.get("name") in TORCH_DTYPES:
+        return getattr(torch, item["name"])
     if kind == "object":
         return Opaque(str(item.get("type", "?"))[:MAX_TYPE_NAME])
     if kind in ("tensor", "ndarray"):

@@ -28,6 +28,10 @@ A child answers requests one at a time:
     {"op": "module", "name": "MultiHeadAttention", "init": [...], "init_kwargs": {...},
      "state": {...}, "args": [...], "kwargs": {...}, "device": "cpu",
      "grad_output": <tensor or None>, "grad_args": [0, 1]}
+    {"op": "script", "name": "CachedSelfAttention", "device": "cpu", "answered": [...], "actions": [...]}
+
+"script" runs a list of plain-data actions in order, for a stateful class (a KV cache, a
+module that fills one), under torch.no_grad as inference runs: see `_script`.
 
 with {"ok": true, "value": ..., "called": [...]} or {"ok": false, "error": {...}}.
 "called" names every torch function the candidate's code called (seen through a
@@ -696,6 +700,9 @@ def _handle(torch, wire, spy, module, request, blobs, blobs_out, fds):
     spy.device = device
     answered = _Answered(torch, wire, spy, module, request.get("answered", []), fds)
 
+    if request["op"] == "script":
+        return _script(torch, wire, spy, module, request, blobs, blobs_out, answered), spy.seen
+
     if request["op"] == "call":
         with spy, answered:
             value = target(*args, **kwargs)
@@ -733,6 +740,160 @@ def _handle(torch, wire, spy, module, request, blobs, blobs_out, fds):
         result["arg_grads"] = [args[i].grad for i in grad_args]
         result["param_grads"] = {name: p.grad for name, p in instance.named_parameters()}
     return wire.encode(result, blobs_out), spy.seen
+
+
+MAX_SCRIPT_ACTIONS = 256  # actions in one script
+MAX_RESULT_HEADER = 64 * 1024  # bytes of JSON one action's result may take
+MAX_SCRIPT_BYTES = 64 * 1024 * 1024  # tensor bytes all of a script's results may take together
+SCRIPT_ATTRIBUTE = re.compile(r"[A-Za-z][A-Za-z0-9_]*|__call__")  # what an action may call or read
+
+
+def _script(torch, wire, spy, module, request, blobs, blobs_out, answered):
+    """Run the grader's actions in order on objects built here; each action's result is plain data.
+
+    Actions (every one a dict; objects are numbered in the order they are built):
+      {"do": "build", "class": "KVCache", "init": [...], "init_kwargs": {...}, "state": {...} or None,
+       "stand_in": false}   the candidate's class (or, with stand_in, the worker's own KV cache, `_stand_in_cache`);
+                            with a state, a module: weights loaded, moved to the device, in eval mode
+      {"do": "call", "object": 0, "method": "append" | "__call__", "args": [...], "kwargs": {...},
+       "refs": {"cache": 1}, "may_raise": false}   tensors in args and kwargs go to the device; refs pass objects
+      {"do": "get", "object": 0, "attribute": "length"}
+      {"do": "fill_unused", "object": 0}   the slots [length:] on axis 2 of the object's k and v become NaN
+
+    The reply's value: {"results": [one per action run], "raised": {"index": error}, "stopped": index or None}.
+    An action marked may_raise that raises records its error in "raised" and the script goes on
+    (the result is None); any other exception ends the script there ("stopped"). Every result is
+    encoded as soon as its action returns (a view of a buffer the next action writes is sent as
+    it was), and is bounded.
+    """
+    actions = wire.decode(request.get("actions"), blobs)
+    device = request.get("device", "cpu")
+    if not isinstance(actions, list) or len(actions) > MAX_SCRIPT_ACTIONS:
+        raise ValueError(f"a script is a list of at most {MAX_SCRIPT_ACTIONS} actions")
+    objects, encoded, raised, stopped = [], [], {}, None
+    stand_in = _stand_in_cache(torch, spy)
+    path = getattr(module, "__file__", "")
+    with torch.no_grad(), spy, answered:
+        for index, action in enumerate(actions):
+            mark = len(blobs_out)
+            try:
+                value = _act(torch, wire, spy, module, stand_in, objects, action, device)
+                item = wire.encode(value, blobs_out)
+                _bounded(item, blobs_out)
+                encoded.append(item)
+            except BaseException as exc:  # the candidate's exception, even SystemExit, is an answer
+                del blobs_out[mark:]  # a result that could not be sent leaves no bytes behind
+                raised[str(index)] = _describe(exc, path)
+                encoded.append(None)
+                if not (isinstance(action, dict) and action.get("may_raise") is True):
+                    stopped = index
+                    break
+    return {"kind": "dict", "items": {
+        "results": {"kind": "list", "items": encoded},
+        "raised": wire.encode(raised, blobs_out),
+        "stopped": stopped,
+    }}
+
+
+def _bounded(item, blobs_out) -> None:
+    """One action's encoded result is small enough to send: JSON-able, short, and the script's bytes in bounds."""
+    try:
+        size = len(json.dumps(item, allow_nan=False))
+    except (ValueError, TypeError, RecursionError):
+        raise TypeError("the result is not plain data that can be sent (an integer too large?)") from None
+    if size > MAX_RESULT_HEADER:
+        raise ValueError(f"the result takes {size} bytes to describe: more than the grader reads")
+    if sum(len(b) for b in blobs_out) > MAX_SCRIPT_BYTES:
+        raise ValueError(f"the results hold more than {MAX_SCRIPT_BYTES >> 20} MB of tensors: more than the grader reads")
+
+
+def _act(torch, wire, spy, module, stand_in, objects, action, device):
+    """One action of a script; its result (None for build and fill_unused)."""
+    if not isinstance(action, dict):
+        raise ValueError("an action is a dict")
+    do = action.get("do")
+    if do == "build":
+        cls = stand_in if action.get("stand_in") is True else getattr(module, _name(action.get("class")))
+        instance = cls(*(action.get("init") or ()), **(action.get("init_kwargs") or {}))
+        state = action.get("state")
+        if isinstance(state, dict) and state:
+            unloaded = _load(instance, state)
+            if unloaded:
+                raise LookupError(f"the grader's weights did not fill {', '.join(unloaded)}")
+        if isinstance(instance, torch.nn.Module):
+            instance.to(device)
+            instance.eval()
+        objects.append(instance)
+        return None
+    index = action.get("object")
+    if type(index) is not int or not 0 <= index < len(objects):
+        raise ValueError("an action names an object that was not built")
+    target = objects[index]
+    if do == "call":
+        args = [_to_device(torch, a, device, None) for a in action.get("args") or ()]
+        kwargs = {k: _to_device(torch, v, device, None) for k, v in (action.get("kwargs") or {}).items()}
+        kwargs.update({k: objects[i] for k, i in (action.get("refs") or {}).items()})
+        method = _name(action.get("method"))
+        return target(*args, **kwargs) if method == "__call__" else getattr(target, method)(*args, **kwargs)
+    if do == "get":
+        return getattr(target, _name(action.get("attribute")))
+    if do == "fill_unused":  # the candidate's length, k and v are read as it wrote them; the filling is the grader's
+        length = target.length
+        if type(length) is not int:
+            raise TypeError(f"the cache's length is {wire.type_name(length)}, not an int")
+        for name in ("k", "v"):
+            buffer = getattr(target, name)
+            if type(buffer) is not torch.Tensor or buffer.dim() != 4:
+                raise TypeError(f"the cache's {name} is not a 4-dimensional torch.Tensor (B, H, max_len, Dh)")
+            seen, spy.seen = spy.seen, set()
+            try:
+                if buffer.is_floating_point():
+                    buffer[:, :, length:] = float("nan")
+            finally:
+                spy.seen = seen
+        return None
+    raise ValueError(f"unknown action {str(do)[:40]!r}")
+
+
+def _name(value) -> str:
+    if type(value) is not str or not SCRIPT_ATTRIBUTE.fullmatch(value):
+        raise ValueError(f"{str(value)[:40]!r} is not a name an action may use")
+    return value
+
+
+def _stand_in_cache(torch, spy):
+    """The worker's own KV cache: what the stub's docstring promises, nothing more.
+
+    A module that fills a cache is graded with this one while the candidate's KVCache has lost
+    points, so a bug in the cache is charged to the cache alone. Its torch calls are not the
+    candidate's: the call record leaves them out.
+    """
+
+    class KVCache:
+        def __init__(self, batch_size, num_heads, head_dim, max_len, dtype=torch.float32, device=None):
+            shape = (batch_size, num_heads, max_len, head_dim)
+            seen, spy.seen = spy.seen, set()
+            try:
+                self.k = torch.zeros(shape, dtype=dtype, device=device)
+                self.v = torch.zeros(shape, dtype=dtype, device=device)
+            finally:
+                spy.seen = seen
+            self.max_len, self.length = max_len, 0
+
+        def append(self, k_new, v_new):
+            t = k_new.shape[2]
+            if self.length + t > self.max_len:
+                raise ValueError(f"{self.length} + {t} tokens pass max_len {self.max_len}")
+            seen, spy.seen = spy.seen, set()
+            try:
+                self.k[:, :, self.length:self.length + t] = k_new
+                self.v[:, :, self.length:self.length + t] = v_new
+                self.length += t
+                return self.k[:, :, :self.length], self.v[:, :, :self.length]
+            finally:
+                spy.seen = seen
+
+    return KVCache
 
 
 def _load(instance, state) -> list:

@@ -837,3 +837,126 @@ def test_cuda_that_will_not_start_in_the_worker_is_the_graders_fault(tmp_path):
     candidate = Candidate(path, zygote=Zygote())
     with pytest.raises(GraderBug, match="CUDA works in the grader but would not start in its worker.*--device cpu"):
         candidate._pid(_Child(ticket=0, fds=(-1, -1)))
+
+
+# Issue 11: the script op, which keeps a candidate's objects alive across calls (kv_cache). ---------
+
+KV_REFERENCE = (ROOT / "solutions" / "kv_cache.py").read_text()
+
+
+def grade_kv(grade_source, code, **options):
+    return grade_source(code, base=KV_REFERENCE, name="kv_cache.py", **options)
+
+
+def only_the_cache_lost(result) -> bool:
+    """The cache lost points; the module only in its end-to-end check, which runs the candidate's own cache."""
+    module = [c for c in step(result, "CachedSelfAttention").checks if c.points < c.max_points]
+    return set(lost(result)) <= {"KVCache", "CachedSelfAttention"} and all(c.end_to_end for c in module)
+
+
+def test_a_cache_answering_with_objects_that_are_no_plain_data_is_refused_by_type_and_never_unpickled(grade_source, tmp_path):
+    marker = tmp_path / "unpickled"
+    code = f"""
+    import os
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("touch {marker}",))
+    class Liar(torch.Tensor):
+        pass
+    class KVCache(KVCache):
+        def append(self, k_new, v_new):
+            k, v = super().append(k_new, v_new)
+            return Payload(), v.as_subclass(Liar)
+    """
+    result = grade_kv(grade_source, code)
+    assert only_the_cache_lost(result) and "KVCache" in lost(result), explain(result)
+    assert any("expected a torch.Tensor, got candidate.Payload" in m for m in messages(result, "KVCache")), explain(result)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("length, refused", [
+    ("10 ** 100_000", "not plain data"),  # an int JSON cannot hold (Python refuses to print it)
+    ("list(range(1_000_000))", "more than the grader reads"),  # a header of megabytes
+    ("torch.zeros(3 * 10**7)", "more than the grader reads"),  # 120 MB of tensor
+], ids=["huge int", "long list", "big tensor"])
+def test_a_cache_whose_length_is_huge_is_refused_within_bounds(grade_source, length, refused):
+    code = f"""
+    class KVCache(KVCache):
+        @property
+        def length(self):
+            return self._length if not getattr(self, "_huge", False) else {length}
+        @length.setter
+        def length(self, value):
+            self._length = value
+        def append(self, k_new, v_new):
+            out = super().append(k_new, v_new)
+            self._huge = True  # from the first append on, reading length returns the monster
+            return out
+    """
+    start = time.monotonic()
+    result = grade_kv(grade_source, code)
+    assert time.monotonic() - start < 60
+    assert "KVCache" in lost(result) and only_the_cache_lost(result), explain(result)
+    assert any(refused in m for m in messages(result, "KVCache")), explain(result)
+
+
+def test_a_cache_whose_buffers_are_no_tensors_fails_in_its_own_checks(grade_source):
+    code = """
+    class KVCache(KVCache):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._k, self.k = self.k, [[0.0]]  # what the grader reads is a list; the buffer hides elsewhere
+        def append(self, k_new, v_new):
+            self.k = self._k
+            out = super().append(k_new, v_new)
+            self._k, self.k = self.k, [[0.0]]
+            return out
+    """
+    result = grade_kv(grade_source, code)
+    assert only_the_cache_lost(result) and "KVCache" in lost(result), explain(result)
+    assert any("expected a torch.Tensor, got builtins.list" in m for m in messages(result, "KVCache")), explain(result)
+    assert any("the cache's k is not a 4-dimensional torch.Tensor" in m for m in messages(result, "KVCache")), explain(result)
+
+
+def test_an_attribute_read_that_kills_its_worker_costs_only_that_step(grade_source):
+    code = """
+    import os
+    class KVCache(KVCache):
+        def __getattribute__(self, name):
+            if name == "v" and object.__getattribute__(self, "length") > 0:
+                os._exit(0)  # reading v after an append ends the worker
+            return object.__getattribute__(self, name)
+    """
+    result = grade_kv(grade_source, code)
+    assert only_the_cache_lost(result) and "KVCache" in lost(result), explain(result)
+    assert any("worker died (exit code 0)" in m for m in messages(result, "KVCache")), explain(result)
+
+
+def test_a_property_that_hangs_is_killed_at_its_timeout_and_waited_on_once(grade_source):
+    code = """
+    class KVCache(KVCache):
+        @property
+        def length(self):
+            while True:
+                pass
+        @length.setter
+        def length(self, value):
+            pass
+    """
+    start = time.monotonic()
+    result = grade_kv(grade_source, code, timeout=1.0)
+    assert time.monotonic() - start < 2 * 1.0 + 20  # the cache's checks, then the module's end-to-end run: one wait each
+    assert step(result, "KVCache").score == 0 and only_the_cache_lost(result), explain(result)
+    assert all("timed out after 1 s" in m for m in messages(result, "KVCache")), explain(result)
+
+
+def test_signalling_the_zygote_from_a_method_costs_only_the_steps_that_do_it(grade_source, in_pid_namespace):
+    code = FIND_ANCESTORS + """
+class KVCache(KVCache):
+    def append(self, k_new, v_new):
+        os.kill(zygote(), signal.SIGKILL)
+        return super().append(k_new, v_new)
+"""
+    result = grade_kv(grade_source, code)
+    assert only_the_cache_lost(result) and step(result, "KVCache").score < 30, explain(result)
+    assert step(result, "kv_cache_bytes").score == 10 and step(result, "decode_mask").score == 15, explain(result)

@@ -31,6 +31,12 @@ def test_plain_data_round_trips():
     assert isinstance(out["c"], np.ndarray) and np.array_equal(out["c"], value["c"])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool])
+def test_dtypes_cross_by_name(dtype):
+    assert roundtrip(dtype) is dtype
+    assert roundtrip({"dtype": dtype})["dtype"] is dtype
+
+
 def test_meta_tensors_cross_without_bytes():
     blobs = []
     header = wire.encode(torch.empty(2, 3, device="meta"), blobs)
@@ -59,6 +65,8 @@ def test_anything_else_crosses_as_its_type_name_only(value, type_name):
     ({"kind": "tensor", "dtype": "float32", "shape": [-1], "blob": 0}, [b""]),
     ({"kind": "tensor", "dtype": "float32", "shape": [1], "blob": 3}, [b"xxxx"]),
     ({"kind": "pickle", "data": "gASVAAAAAAAAAAA="}, []),
+    ({"kind": "dtype", "name": "complex64"}, []),
+    ({"kind": "dtype", "name": "__class__"}, []),
     ([1, 2], []),
 ])
 def test_malformed_descriptions_are_refused(header, blobs):

@@ -230,6 +230,29 @@ class Run:
                 raise
             raise self.error_failure(error, call, device) from None
 
+    def script(self, actions: list[dict], device: str = "cpu"):
+        """The candidate's answer to a script of actions (Candidate.script): one result per action.
+
+        The composite's answered steps are answered as in `answer`. An exception that ends the
+        script becomes a failed check with its diagnosis, said with the action that raised.
+        """
+        try:
+            return self.ctx.candidate.script(self.step.id, actions, device=device, answers=self.answers())
+        except CandidateError as error:
+            if device == "meta" and diagnose.meta_unsupported(error):
+                pytest.skip(f"the meta device cannot run this code, so it was not checked there: {error.message}")
+            if error.kind == "not_implemented":
+                raise
+            action = actions[error.action] if error.action is not None else {}
+            built = [a.get("class") for a in actions if a.get("do") == "build"]
+            owner = built[action["object"]] if type(action.get("object")) is int and action["object"] < len(built) else ""
+            what = action.get("class") or ".".join(str(n) for n in (owner, action.get("method") or action.get("attribute")) if n)
+            call = Call(tuple(action.get("args") or action.get("init") or ()),
+                        dict(action.get("kwargs") or action.get("init_kwargs") or {}), tuple(action.get("names") or ()))
+            failure = self.error_failure(error, call, device)
+            where = f" (in action {error.action + 1} of the script: {action.get('do')} {what})" if error.action is not None else ""
+            raise CheckFailed(failure.message + where, failure.mistake, failure.details, failure.outcome) from None
+
     def output(self, answer):
         return answer.value["output"] if self.step.module else answer.value
 

@@ -1,0 +1,147 @@
+"""Reference solution: a KV cache for autoregressive decoding.
+
+A model answer to exercises/kv_cache.py: the same classes and functions with the same
+contracts, each written as the shortest clear code, with the shape of every reshape and
+matmul in a comment. Compare with your own once the grader passes, or when you are
+stuck on a step.
+"""
+
+import math
+
+import torch
+from torch import nn
+
+
+class KVCache:
+    """The keys and values of every token seen so far, for one attention layer.
+
+    __init__(batch_size, num_heads, head_dim, max_len, dtype=torch.float32, device=None)
+    preallocates `k` and `v`, each (B, H, max_len, Dh) of that dtype on that device,
+    and sets `length = 0`: the number of positions filled so far.
+
+    append(k_new, v_new): k_new and v_new are (B, H, T, Dh), T >= 1. Writes them at
+    positions [length, length + T) of k and v, advances `length` by T, and returns
+    (k, v) for the first `length` positions after the write, each (B, H, length, Dh).
+    Raises ValueError when length + T would pass max_len, and then leaves the cache
+    as it was (length, k and v unchanged).
+
+    Slots [length, max_len) are unused. Nothing the cache returns may depend on what
+    they hold: the grader fills them with NaN.
+
+    Why: a decoder generates one token at a time, and each new token attends to every
+    token before it. Without a cache, each step recomputes the keys and values of the
+    whole prefix: O(T) work per token for the projections, O(T²) over a sequence. With
+    one, each step computes its own key and value once and reads the rest. Preallocating
+    once, and writing in place, avoids copying the whole cache at every step (torch.cat
+    would copy it: quadratic in the sequence length) and keeps its memory fixed.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        num_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
+        shape = (batch_size, num_heads, max_len, head_dim)  # (B, H, max_len, Dh)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.length = 0
+
+    def append(self, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write (B, H, T, Dh) new keys and values after the cached ones; return (k, v) for all `length` positions."""
+        t = k_new.shape[2]  # new tokens
+        end = self.length + t
+        if end > self.max_len:  # checked before anything changes: a refused append leaves the cache as it was
+            raise ValueError(f"{self.length} cached + {t} new tokens pass max_len {self.max_len}")
+        self.k[:, :, self.length:end] = k_new  # positions [length, length + T) on the token axis
+        self.v[:, :, self.length:end] = v_new
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]  # (B, H, length, Dh): the used slots only
+
+
+def decode_mask(t_new: int, past_len: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """A bool (t_new, past_len + t_new) mask, True = may attend, for t_new new tokens after past_len cached ones.
+
+    New token i sits at position past_len + i and sees keys 0 … past_len + i: every
+    cached key, and the new ones up to itself. The mask is aligned to the
+    bottom-right: tril(diagonal=past_len) of a (t_new, past_len + t_new) block. With
+    past_len = 0 it is the ordinary causal mask; with t_new = 1 it is all True.
+
+    Why: with a cache the queries are only the new tokens, but the keys are all of
+    them. A causal mask aligned to the top-left (query i sees keys 0 … i) would hide
+    the cache from the new tokens.
+    """
+    # (t_new, past_len + t_new): row i allows the columns j <= past_len + i
+    return torch.ones(t_new, past_len + t_new, dtype=torch.bool, device=device).tril(diagonal=past_len)
+
+
+class CachedSelfAttention(nn.Module):
+    """Causal multi-head self-attention that decodes with a KV cache, batch first, no dropout.
+
+    __init__(embed_dim, num_heads, bias=True) creates w_q, w_k, w_v and w_o, each
+    nn.Linear(D, D, bias=bias), D = embed_dim, Dh = D // num_heads (the grader loads
+    weights by these names).
+
+    forward(x, cache=None): x holds the new tokens, (B, T, D); returns (B, T, D).
+    Without a cache: causal self-attention over x. With a cache (a KVCache of
+    (B, H, max_len, Dh)): append this call's keys and values, heads split as
+    (B, H, T, Dh), to the cache, and attend from the new tokens to every cached
+    position, masked with decode_mask(T, past_len), scores / √Dh.
+
+    The contract, checked: a prefill of any length followed by any mix of one-token
+    and several-token calls gives, for each token, exactly the output of one causal
+    call over the whole sequence.
+
+    Must not call F.scaled_dot_product_attention: write the attention out.
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, bias: bool = True) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, embed_dim // num_heads
+        self.w_q = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.w_k = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.w_v = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.w_o = nn.Linear(embed_dim, embed_dim, bias=bias)
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """New tokens (B, T, D) -> (B, T, D), attending to the cache's positions too when one is given."""
+        B, T, D = x.shape
+        H, Dh = self.num_heads, self.head_dim
+        q, k, v = (w(x).view(B, T, H, Dh).transpose(1, 2) for w in (self.w_q, self.w_k, self.w_v))  # (B, H, T, Dh)
+        past_len = 0
+        if cache is not None:
+            past_len = cache.length  # read before the append moves it
+            k, v = cache.append(k, v)  # (B, H, past_len + T, Dh)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(Dh)  # (B, H, T, Dh) x (B, H, Dh, past_len + T)
+        scores = scores.masked_fill(~decode_mask(T, past_len, device=x.device), float("-inf"))
+        y = torch.softmax(scores, dim=-1) @ v  # (B, H, T, past_len + T) x (B, H, past_len + T, Dh) -> (B, H, T, Dh)
+        return self.w_o(y.transpose(1, 2).reshape(B, T, D))  # merge the heads: (B, T, H·Dh)
+
+
+def kv_cache_bytes(
+    batch_size: int, num_layers: int, num_kv_heads: int, head_dim: int, seq_len: int, dtype: torch.dtype
+) -> int:
+    """The bytes a KV cache takes: 2 · L · B · Hkv · Dh · S · itemsize, as an int.
+
+    2 for the keys and the values; L layers, each with a cache of its own; B
+    sequences; Hkv KV heads (the query heads do not count: with grouped-query
+    attention there are fewer KV heads than query heads); Dh the head width; S
+    tokens; itemsize the bytes of one element of `dtype` (2 for bfloat16).
+
+    Why: at long contexts the cache, not the weights, bounds how many sequences fit
+    on a GPU. A Llama-style 8B model (32 layers, head width 128) at 8k tokens in
+    bfloat16 keeps 4 GiB per sequence with 32 KV heads, 1 GiB with 8 (GQA).
+    """
+    itemsize = torch.empty((), dtype=dtype).element_size()  # bytes per element
+    return 2 * num_layers * batch_size * num_kv_heads * head_dim * seq_len * itemsize
+
+
+if __name__ == "__main__":
+    # How much memory: a Llama-style 8B model (32 layers, head width 128) at 8k tokens, batch 1, bfloat16.
+    for name, kv_heads in (("MHA, 32 KV heads", 32), ("GQA, 8 KV heads", 8)):
+        size = kv_cache_bytes(1, 32, kv_heads, 128, 8192, torch.bfloat16)
+        print(f"{name}: {size:,} bytes = {size / 2**30:g} GiB")
