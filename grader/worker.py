@@ -635,9 +635,12 @@ def _serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool) -> None:
         except wire.Closed:
             return
         blobs_out: list[bytes] = []
+        spy.shapes = _Shapes() if request.get("shapes") is True else None
         try:
             value, called = _handle(torch, wire, spy, module, request, blobs, blobs_out, (read_fd, write_fd))
             answer = {"ok": True, "value": value, "called": sorted(called)}
+            if spy.shapes is not None:
+                answer["shapes"] = spy.shapes.data()
         except BaseException as exc:  # the candidate's exception, even SystemExit, is an answer
             blobs_out = []
             answer = {"ok": False, "error": _describe(exc, candidate_path), "called": sorted(spy.seen)}
@@ -734,6 +737,7 @@ class _Answered:
     def ask(self, header):
         """One question to the grader, and its answer; the torch calls made here are the grader's, not the candidate's."""
         seen, self.spy.seen = self.spy.seen, set()
+        shapes, self.spy.shapes = self.spy.shapes, None  # nor the tensors they create
         try:
             blobs = []
             header = {k: self.wire.encode(self._plain(v), blobs) if k in ("args", "kwargs", "grads") else v
@@ -745,6 +749,7 @@ class _Answered:
             return self.wire.decode(reply.get("value"), reply_blobs), reply.get("index")
         finally:
             self.spy.seen = seen
+            self.spy.shapes = shapes
 
     def _proxy(self, name):
         torch, answered = self.torch, self
@@ -834,15 +839,51 @@ def _make_spy(torch):
 
         seen: set = set()
         device: str = "cpu"
+        shapes = None  # a _Shapes while a request asks for the shapes of what the call creates (`"shapes": true`)
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             self.seen.add(str(getattr(func, "__name__", "?")))
             kwargs = kwargs or {}
             if self.device == "meta":
                 args, kwargs = _scalars_to_meta(torch, args, kwargs)
-            return func(*args, **kwargs)
+            value = func(*args, **kwargs)
+            if self.shapes is not None:
+                self.shapes.add(torch, value)
+            return value
 
     return Spy()
+
+
+class _Shapes:
+    """The shapes of the tensors a call's torch functions create, for checks of what a step materialises
+    (flash_attention's tiles). A view (a slice, a transpose, an expand; einsum returns one too) counts as
+    the tensor whose memory it views, so a full score matrix shows however it is reached, and an expand
+    of a small tensor stays small. Plain data, bounded: each distinct shape once, in the order first
+    seen, at most MAX_SHAPES of them; `more` counts the distinct shapes left out:
+    {"created": [[2, 2, 16, 24], [2, 2, 16], ...], "more": 0}.
+    """
+
+    MAX_SHAPES = 256
+
+    def __init__(self):
+        self.seen = {}
+        self.more = 0
+
+    def add(self, torch, value) -> None:
+        for t in value if isinstance(value, (tuple, list)) else (value,):
+            if not isinstance(t, torch.Tensor):
+                continue
+            base = t._base if t._base is not None else t
+            key = tuple(int(n) for n in base.shape)
+            if key in self.seen:
+                continue
+            if len(self.seen) >= self.MAX_SHAPES:
+                self.more += 1
+                continue
+            self.seen[key] = True
+
+    def data(self) -> dict:
+        return {"created": [list(s) for s in self.seen], "more": self.more}
 
 
 def _scalars_to_meta(torch, args, kwargs):
