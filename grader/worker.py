@@ -856,12 +856,11 @@ def _make_spy(torch):
 
 class _Shapes:
     """The shapes of the tensors a call's torch functions create, for checks of what a step materialises
-    (flash_attention's tiles). A view that shows all of the memory it views, or more (a transpose, a
-    reshape, an expand; einsum returns one too) counts as that memory's tensor, so a full score matrix
-    shows however it is reached and an expand of a small tensor stays small; a view that shows part of
-    it (a slice, of an input or of a tensor already listed) counts as itself. Plain data, bounded: each
-    distinct shape once, in the order first
-    seen, at most MAX_SHAPES of them; `more` counts the distinct shapes left out:
+    (flash_attention's tiles). A view counts as itself (a transpose or reshape holds as many elements
+    as the memory it views, einsum's answer among them; a slice fewer), but a view larger than that
+    memory (an expand of a small tensor) counts as the tensor it views: no more is held. Plain data,
+    bounded: each distinct shape once, in the order first seen, at most MAX_SHAPES of them; `more`
+    counts the distinct shapes left out:
     {"created": [[2, 2, 16, 24], [2, 2, 16], ...], "more": 0}.
     """
 
@@ -875,8 +874,8 @@ class _Shapes:
         for t in value if isinstance(value, (tuple, list)) else (value,):
             if not isinstance(t, torch.Tensor):
                 continue
-            base = t._base if t._base is not None and t._base.numel() <= t.numel() else t  # not a slice's: that
-            key = tuple(int(n) for n in base.shape)  # base was listed when it was made (or is an input)
+            base = t._base if t._base is not None and t._base.numel() < t.numel() else t  # an expand: its memory
+            key = tuple(int(n) for n in base.shape)
             if key in self.seen:
                 continue
             if len(self.seen) >= self.MAX_SHAPES:
