@@ -484,7 +484,9 @@ def _is_meta(value) -> bool:
 def _nan_to_zero(value):
     if isinstance(value, tuple):
         return tuple(_nan_to_zero(v) for v in value)
-    return value.nan_to_num(0.0) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+    if isinstance(value, torch.Tensor) and value.is_floating_point():  # NaN only: an lse of -inf stays -inf
+        return torch.where(torch.isnan(value), torch.zeros((), dtype=value.dtype), value)
+    return value
 
 
 def _same_dtypes(value, wrong) -> bool:
