@@ -252,6 +252,10 @@ DEVICE_BUGGY = [
 ]
 
 CORRECT = [
+    Variant("tile_matmul_in_q_dtype",  # the tile's q · k in q's own dtype (as the kernels' tensor cores do), the state in float32
+            flash().replace("qb = q[..., i:i + block_q, :].to(work) * scale", "qb = q[..., i:i + block_q, :] * scale")
+            .replace("kb = k[..., j:j + block_k, :].to(work)", "kb = k[..., j:j + block_k, :]")
+            .replace("scores = qb @ kb.transpose(-2, -1)", "scores = (qb @ kb.transpose(-2, -1)).to(work)")),
     Variant(
         "exp2_inline_k_outer",  # base 2 throughout (q scaled by log2(e)/√D, exp2), keys outer, queries inner, lse in ln
         """

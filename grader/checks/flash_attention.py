@@ -17,9 +17,10 @@ a block_q × block_k tile or the inputs and outputs themselves (`tiles_only`). T
 and the merge are answered by the grader while flash_attention's checks run, once they have
 lost points, so a bug in the update is charged to the update.
 
-For the half types the low-precision rule measures against the plain same-dtype
-implementation (scores, softmax and weighted sum in that dtype): `flash_reference` below
-gives it when asked for the answer in a half type, the model answer otherwise.
+flash_attention's reference here is plain attention (scores, softmax, weighted sum; the
+lse by torch.logsumexp), which the model answer equals (tests/test_flash_attention_oracle.py):
+exact when upcast to float64, and, in a half type, the plain same-dtype implementation the
+engine's low-precision rule measures by.
 """
 
 import math
@@ -257,10 +258,10 @@ def plain(q, k, v, causal=False):
 
 
 def flash_reference(q, k, v, causal=False, block_q=32, block_k=32):
-    """The model answer; in a half type the plain same-dtype implementation, which the low-precision rule measures by."""
-    if q.dtype in HALF_TYPES:
-        return plain(q, k, v, causal)
-    return ref.flash_attention(q, k, v, causal, block_q, block_k)
+    """The right answer, whatever the block sizes: plain attention (tests/test_flash_attention_oracle.py holds the
+    model answer to it). In float64 it is exact; in a half type it is the plain same-dtype implementation, which
+    the low-precision rule measures by; and one matmul is cheaper here than the model answer's Python loop."""
+    return plain(q, k, v, causal)
 
 
 def tiled(q, k, v, causal=False, block_q=32, block_k=32, *, scale="sqrt", top_left=False, k_step=None, last_block=True,
