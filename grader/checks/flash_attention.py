@@ -76,10 +76,10 @@ def update_inputs(gen, dtype, state="running", raise_max=False, masked=None, sca
     if state == "initial":
         m = torch.full((*leading, tq), -INF, dtype=torch.float64)
         l, acc = torch.zeros(*leading, tq, dtype=torch.float64), torch.zeros(*leading, tq, DV, dtype=torch.float64)
-    else:
-        m, l, acc = ref.online_softmax_update(torch.full((*leading, tq), -INF, dtype=torch.float64),
-                                              torch.zeros(*leading, tq, dtype=torch.float64),
-                                              torch.zeros(*leading, tq, DV, dtype=torch.float64), before, v_before)
+    else:  # the state after the 7 keys before: their max, and their sum and output relative to it
+        m = before.amax(-1)
+        p = torch.exp(before - torch.where(m == -INF, 0.0, m)[..., None])
+        l, acc = p.sum(-1), p @ v_before
     args = tuple(torch.as_tensor(x).to(dtype) for x in (m, l, acc, scores, v))
     return Call(args, names=("m", "l", "acc", "scores", "v"))
 
