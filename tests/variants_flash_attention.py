@@ -205,6 +205,9 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
         "    outs, lses = [], []\n"
         "    visible = torch.arange(t_k, device=q.device)[None, :] <= torch.arange(offset, offset + t_q, device=q.device)[:, None]"),
         "flash_attention", "flash_attention.full_score_matrix"),
+    Variant("flash_block_sizes_ignored",  # 32 × 32 tiles, whatever the caller asks for
+            flash().replace("    t_q, t_k, d = q.shape[-2]", "    block_q = block_k = 32\n    t_q, t_k, d = q.shape[-2]"),
+            "flash_attention", "flash_attention.block_sizes_ignored"),
     Variant("flash_returns_out_only", flash(end="    return torch.cat(outs, dim=-2).to(q.dtype)"), "flash_attention"),
 ]
 

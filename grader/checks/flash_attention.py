@@ -366,10 +366,23 @@ def per_batch_and_head(size, batch_heads):
     return math.prod(size) // batch_heads if lead % batch_heads == 0 else math.prod(size)
 
 
+def _too_large(size, batch_heads, allowed):
+    """Why a created tensor is more than a tile holds ('' if it is not): too many elements per batch and head, or a
+    matrix too large whose last two axes are both wider than a head (D, Dv), as only scores are (a tile larger than
+    block_q × block_k)."""
+    n = per_batch_and_head(size, batch_heads)
+    if n > allowed:
+        return f"{n} elements per batch and head, more than the inputs and outputs hold ({allowed})"
+    if len(size) >= 2 and min(size[-2:]) > max(MEM_D, MEM_DV) and size[-2] * size[-1] > MEM_BQ * MEM_BK:
+        return f"a {size[-2]} × {size[-1]} matrix of scores, larger than a block_q × block_k tile"
+    return ""
+
+
 def tiles_only(run):
-    """No tensor that flash_attention's torch calls create holds more elements per batch and head than a
-    block_q × block_k tile or the inputs and outputs (padded to whole blocks): a (Tq, Tk) score matrix or mask, or a
-    block_q × Tk row of it, does. Non-causal and causal; the answer must be right too."""
+    """No tensor that flash_attention's torch calls create holds more than a block_q × block_k tile of scores per batch and
+    head, or more elements than the inputs and outputs (padded to whole blocks): a (Tq, Tk) score matrix or mask, a
+    block_q × Tk row of it, or tiles of sizes other than the ones asked for, do. Non-causal and causal; the answer
+    must be right too."""
     bh = B * H
     pad = lambda t, b: -(-t // b) * b  # noqa: E731
     allowed = max(MEM_BQ * MEM_BK, *(pad(MEM_TQ, MEM_BQ) * w for w in (MEM_D, MEM_DV)),
@@ -381,14 +394,15 @@ def tiles_only(run):
         if record["more"]:
             raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different shapes: too many "
                               "to check what it materialises", FULL_SCORES)
-        largest = max(record["created"], key=lambda s: per_batch_and_head(s, bh), default=())
-        if largest and per_batch_and_head(largest, bh) > allowed:
-            n = per_batch_and_head(largest, bh)
-            raise CheckFailed(
-                f"with Tq={MEM_TQ}, Tk={MEM_TK}, block_q={MEM_BQ}, block_k={MEM_BK}" + (", causal" if causal else "")
-                + f": a tensor of shape {tuple(largest)} was created, {n} elements per batch and head; a {MEM_BQ} × {MEM_BK} "
-                f"tile holds {MEM_BQ * MEM_BK}, the inputs and outputs at most {allowed} (the full score matrix: "
-                f"{MEM_TQ * MEM_TK})", FULL_SCORES, {"shape": list(largest), "elements": n, "allowed": allowed})
+        for size in record["created"]:
+            why = _too_large(size, bh, allowed)
+            if why:
+                whole = max(size[-2:], default=0) >= min(MEM_TQ, MEM_TK) or per_batch_and_head(size, bh) > allowed
+                raise CheckFailed(
+                    f"with Tq={MEM_TQ}, Tk={MEM_TK}, block_q={MEM_BQ}, block_k={MEM_BK}" + (", causal" if causal else "")
+                    + f": a tensor of shape {tuple(size)} was created, {why}; a tile holds {MEM_BQ * MEM_BK} scores (the "
+                    f"full score matrix: {MEM_TQ * MEM_TK})", FULL_SCORES if whole else BLOCK_SIZES_IGNORED,
+                    {"shape": list(size), "elements": per_batch_and_head(size, bh), "allowed": allowed})
         run.expect_right(run.output(answer), call)
 
 
@@ -396,6 +410,9 @@ FULL_SCORES = Mistake(
     "flash_attention.full_score_matrix", "materialises the full score matrix (or a whole row or column of tiles of it, or a "
     "(Tq, Tk) mask): hold one block_q × block_k tile of scores at a time, masked from the positions of its own rows and "
     "columns, and carry the running max, sum and output from tile to tile")
+BLOCK_SIZES_IGNORED = Mistake(
+    "flash_attention.block_sizes_ignored", "tiles larger than block_q × block_k (block sizes of its own, or the arguments "
+    "not used): the caller picks the tile to fit its fast memory; use block_q queries and block_k keys per tile")
 TOP_LEFT = ("causal tiles aligned to the top-left (query i at position i): the queries are the last Tq of the Tk positions, "
             "query i sits at Tk - Tq + i; mask the tile's key j when j > Tk - Tq + i")
 
@@ -434,7 +451,7 @@ FLASH = Step(
                 "lse = m + log(l)", _flash_variant(lse_max=False)),
         Mistake("flash_attention.lse_log2", "lse is in base 2 (log2 of the sum, as exp2-based kernels keep it): the contract's "
                 "lse is the natural log; multiply by ln 2", _flash_variant(log2=True)),
-        FULL_SCORES,
+        FULL_SCORES, BLOCK_SIZES_IGNORED,
     ),
 )
 
