@@ -220,9 +220,11 @@ def _first_off(value, native):
     """The first part of a tuple answer whose shape or dtype is not the reference's (else the first parts)."""
     if isinstance(value, (tuple, list)) and isinstance(native, tuple) and len(value) == len(native):
         for got, want in zip(value, native):
-            if isinstance(got, (torch.Tensor, np.ndarray)) and isinstance(want, torch.Tensor):
-                if tuple(got.shape) != tuple(want.shape) or str(got.dtype).removeprefix("torch.") != str(want.dtype).removeprefix("torch."):
-                    return got, want
+            if not (isinstance(got, (torch.Tensor, np.ndarray)) and isinstance(want, torch.Tensor)):
+                continue
+            dtypes = (str(t.dtype).removeprefix("torch.") for t in (got, want))  # an ndarray's float32 is a tensor's
+            if tuple(got.shape) != tuple(want.shape) or len(set(dtypes)) > 1:
+                return got, want
     return _first(value), _first(native)
 
 

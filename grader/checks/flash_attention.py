@@ -84,10 +84,10 @@ def update_inputs(gen, dtype, state="running", raise_max=False, masked=None, sca
     return Call(args, names=("m", "l", "acc", "scores", "v"))
 
 
-def update(m, l, acc, scores, v, *, rescale="both", sign=1, old_max=False, normalise=False, subtract_max=True, guard=True):
+def update(m, l, acc, scores, v, *, rescale="both", sign=1, old_max=False, normalise=False, subtract_max=True):
     """online_softmax_update; the keyword arguments after * make the named wrong variants."""
     m_new = torch.maximum(m, scores.amax(-1))
-    shift = torch.where(m_new == -INF, 0.0, m_new) if guard else m_new
+    shift = torch.where(m_new == -INF, 0.0, m_new)  # a row with nothing seen yet subtracts 0
     alpha = torch.exp(m - shift) if sign == 1 else torch.exp(shift - m)
     p = torch.exp(scores - (m if old_max else shift)[..., None]) if subtract_max else torch.exp(scores)
     if not subtract_max:  # sums of e^score: nothing to rescale
@@ -265,7 +265,7 @@ def flash_reference(q, k, v, causal=False, block_q=32, block_k=32):
 
 
 def tiled(q, k, v, causal=False, block_q=32, block_k=32, *, scale="sqrt", top_left=False, k_step=None, last_block=True,
-          slice_short=0, rescale=True, normalise_in_loop=False, lse_max=True, log2=False, guard=True, out_dtype=None):
+          slice_short=0, rescale=True, normalise_in_loop=False, lse_max=True, log2=False):
     """flash_attention written out here (its own loop, not the model answer's); the keyword arguments after * make the
     named wrong variants."""
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -286,18 +286,16 @@ def tiled(q, k, v, causal=False, block_q=32, block_k=32, *, scale="sqrt", top_le
             if causal:
                 rows = torch.arange(offset + i, offset + i + bq)[:, None]
                 scores = scores.masked_fill(torch.arange(j, j + kb.shape[-2])[None, :] > rows, -INF)
-            m, l, acc = update(m, l, acc, scores, vb, rescale="both" if rescale else "none", guard=guard)
+            m, l, acc = update(m, l, acc, scores, vb, rescale="both" if rescale else "none")
             if normalise_in_loop:
                 acc = acc / l[..., None]
         if normalise_in_loop:
             outs.append(acc)
-        elif guard:
-            outs.append(torch.where((l > 0)[..., None], acc / torch.where(l > 0, l, 1.0)[..., None], 0.0))
         else:
-            outs.append(acc / l[..., None])
+            outs.append(torch.where((l > 0)[..., None], acc / torch.where(l > 0, l, 1.0)[..., None], 0.0))
         lse = (m + torch.log(l)) if lse_max else torch.log(l)
         lses.append(lse / math.log(2) if log2 else lse)
-    return torch.cat(outs, -2).to(out_dtype or q.dtype), torch.cat(lses, -1)
+    return torch.cat(outs, -2).to(q.dtype), torch.cat(lses, -1)
 
 
 def _flash_variant(**wrong):
