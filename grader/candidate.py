@@ -64,6 +64,7 @@ class CandidateError(Exception):
 class Answer:
     value: object
     called: frozenset[str]  # names of the torch functions the candidate's code called
+    shapes: dict | None = None  # asked for (invoke(shapes=True)): {"created": [shape, ...], "more": n}, see grader/worker.py
 
 
 @dataclass(frozen=True)
@@ -361,12 +362,15 @@ class Candidate:
         """Call the candidate's function `name` on `device` with the grader's inputs."""
         return self.invoke(name, args, kwargs, device)
 
-    def invoke(self, name: str, args: tuple, kwargs: dict, device: str = "cpu", answers=None) -> Answer:
+    def invoke(self, name: str, args: tuple, kwargs: dict, device: str = "cpu", answers=None, shapes: bool = False) -> Answer:
         """`call`, with the keyword arguments as a dict (one of them may be called `device`).
 
-        `answers` (see grader/checks/engine.py) answers the step functions the call asks the grader for.
+        `answers` (see grader/checks/engine.py) answers the step functions the call asks the grader for;
+        with `shapes` the answer also says the shapes of the tensors the call's torch functions created.
         """
         header = {"op": "call", "name": name, "device": device, "answered": list(answers.names) if answers else []}
+        if shapes:
+            header["shapes"] = True
         return self._request(header, name, args, kwargs, {}, answers)
 
     def module(
@@ -520,7 +524,7 @@ class Candidate:
                 if error.kind == "memory":  # like a hang: the next call would only fill memory again
                     self._broken[name] = (error.kind, error.message)
                 raise error
-            return Answer(wire.decode(answer.get("value"), answer_blobs), called)
+            return Answer(wire.decode(answer.get("value"), answer_blobs), called, _shapes(answer.get("shapes")))
         except CandidateError:
             raise
         except Exception as exc:  # anything a forged frame can make the decoding do
@@ -659,6 +663,19 @@ def _encode_arg(value, blobs: list[bytes]):
     if isinstance(value, Seeded):
         return {"kind": "generator", "seed": int(value.seed)}
     return wire.encode(value, blobs)
+
+
+def _shapes(record) -> dict | None:
+    """The worker's record of the shapes a call created, checked to be what it says: lists of whole numbers."""
+    if record is None:
+        return None
+    created = record.get("created") if isinstance(record, dict) else None
+    more = record.get("more") if isinstance(record, dict) else None
+    if not isinstance(created, list) or type(more) is not int or len(created) > 4096:
+        raise ValueError("a malformed record of shapes")
+    if not all(isinstance(s, list) and len(s) <= 64 and all(type(n) is int and n >= 0 for n in s) for s in created):
+        raise ValueError("a malformed record of shapes")
+    return {"created": [tuple(s) for s in created], "more": more}
 
 
 def _text(value) -> str:

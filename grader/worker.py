@@ -682,9 +682,12 @@ def _serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool) -> None:
         except wire.Closed:
             return
         blobs_out: list[bytes] = []
+        spy.shapes = _Shapes() if request.get("shapes") is True else None
         try:
             value, called = _handle(torch, wire, spy, module, request, blobs, blobs_out, (read_fd, write_fd))
             answer = {"ok": True, "value": value, "called": sorted(called)}
+            if spy.shapes is not None:
+                answer["shapes"] = spy.shapes.data()
         except BaseException as exc:  # the candidate's exception, even SystemExit, is an answer
             blobs_out = []
             answer = {"ok": False, "error": _describe(exc, candidate_path), "called": sorted(spy.seen)}
@@ -938,6 +941,7 @@ class _Answered:
     def ask(self, header):
         """One question to the grader, and its answer; the torch calls made here are the grader's, not the candidate's."""
         seen, self.spy.seen = self.spy.seen, set()
+        shapes, self.spy.shapes = self.spy.shapes, None  # nor the tensors they create
         try:
             blobs = []
             header = {k: self.wire.encode(self._plain(v), blobs) if k in ("args", "kwargs", "grads") else v
@@ -949,6 +953,7 @@ class _Answered:
             return self.wire.decode(reply.get("value"), reply_blobs), reply.get("index")
         finally:
             self.spy.seen = seen
+            self.spy.shapes = shapes
 
     def _proxy(self, name):
         torch, answered = self.torch, self
@@ -1038,15 +1043,52 @@ def _make_spy(torch):
 
         seen: set = set()
         device: str = "cpu"
+        shapes = None  # a _Shapes while a request asks for the shapes of what the call creates (`"shapes": true`)
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             self.seen.add(str(getattr(func, "__name__", "?")))
             kwargs = kwargs or {}
             if self.device == "meta":
                 args, kwargs = _scalars_to_meta(torch, args, kwargs)
-            return func(*args, **kwargs)
+            value = func(*args, **kwargs)
+            if self.shapes is not None:
+                self.shapes.add(torch, value)
+            return value
 
     return Spy()
+
+
+class _Shapes:
+    """The shapes of the tensors a call's torch functions create, for checks of what a step materialises
+    (flash_attention's tiles). A view counts as itself (a transpose or reshape holds as many elements
+    as the memory it views, einsum's answer among them; a slice fewer), but a view larger than that
+    memory (an expand of a small tensor) counts as the tensor it views: no more is held. Plain data,
+    bounded: each distinct shape once, in the order first seen, at most MAX_SHAPES of them; `more`
+    counts the distinct shapes left out:
+    {"created": [[2, 2, 16, 24], [2, 2, 16], ...], "more": 0}.
+    """
+
+    MAX_SHAPES = 256
+
+    def __init__(self):
+        self.seen = {}
+        self.more = 0
+
+    def add(self, torch, value) -> None:
+        for t in value if isinstance(value, (tuple, list)) else (value,):
+            if not isinstance(t, torch.Tensor):
+                continue
+            base = t._base if t._base is not None and t._base.numel() < t.numel() else t  # an expand: its memory
+            key = tuple(int(n) for n in base.shape)
+            if key in self.seen:
+                continue
+            if len(self.seen) >= self.MAX_SHAPES:
+                self.more += 1
+                continue
+            self.seen[key] = True
+
+    def data(self) -> dict:
+        return {"created": [list(s) for s in self.seen], "more": self.more}
 
 
 def _scalars_to_meta(torch, args, kwargs):

@@ -174,3 +174,31 @@ def sliding_window_mask(t_q, t_k, window, device=None):
 """)
     result = grade(path, zygote=zygote)  # the device checks on the meta device
     assert set(lost(result)) == {"sliding_window_mask"}, explain(result)
+
+
+def test_the_worker_records_the_shapes_a_call_creates_when_asked(tmp_path, zygote):
+    """The record flash_attention's memory check reads: each distinct shape a torch call created once, a view
+    counted as the tensor it views (einsum returns one), an expand of a small tensor as small; only when asked."""
+    import torch
+
+    from grader.candidate import Candidate
+
+    path = tmp_path / "shapes.py"
+    path.write_text("""
+import torch
+
+def tiles(q, k):
+    s = torch.einsum("bqd,bkd->bqk", q, k)  # a view of a (2, 6, 7) result
+    wide = torch.zeros(6, 1).expand(6, 1000)  # no memory of its own: counts as (6, 1)
+    for i in range(0, 6, 2):
+        q[:, i:i + 2] @ k.mT  # (2, 2, 7), three times: listed once
+    return s.sum(-1)  # (2, 6)
+""")
+    q, k = torch.ones(2, 6, 3), torch.ones(2, 7, 3)
+    with Candidate(path, zygote=zygote) as candidate:
+        answer = candidate.invoke("tiles", (q, k), {}, shapes=True)
+        assert answer.shapes["more"] == 0
+        created = answer.shapes["created"]
+        assert (2, 6, 7) in created and (6, 1) in created and (2, 2, 7) in created and (2, 6) in created
+        assert (6, 1000) not in created and len(created) == len(set(created))
+        assert candidate.invoke("tiles", (q, k), {}).shapes is None  # not asked: not recorded

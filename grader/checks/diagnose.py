@@ -188,8 +188,8 @@ def error(error, line: str, source: str):
 
 
 def form(value, native, backend: str = "torch", device: str = "cpu"):
-    """The generic mistake a wrong dtype, shape or device shows, if any."""
-    value, native = _first(value), _first(native)
+    """The generic mistake a wrong dtype, shape or device shows, if any (of a tuple: its first part that is off)."""
+    value, native = _first_off(value, native)
     if isinstance(value, np.ndarray):
         value = torch.from_numpy(np.ascontiguousarray(value))
     if not isinstance(value, torch.Tensor) or not isinstance(native, torch.Tensor):
@@ -215,6 +215,18 @@ def _shape_mistake(got: tuple, expected: tuple):
     if len(got) == len(expected):
         return AXES_SWAPPED if sorted(got) == sorted(expected) else WRONG_AXIS_SIZE
     return None
+
+
+def _first_off(value, native):
+    """The first part of a tuple answer whose shape or dtype is not the reference's (else the first parts)."""
+    if isinstance(value, (tuple, list)) and isinstance(native, tuple) and len(value) == len(native):
+        for got, want in zip(value, native):
+            if not (isinstance(got, (torch.Tensor, np.ndarray)) and isinstance(want, torch.Tensor)):
+                continue
+            dtypes = (str(t.dtype).removeprefix("torch.") for t in (got, want))  # an ndarray's float32 is a tensor's
+            if tuple(got.shape) != tuple(want.shape) or len(set(dtypes)) > 1:
+                return got, want
+    return _first(value), _first(native)
 
 
 def _first(value):

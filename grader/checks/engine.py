@@ -208,10 +208,11 @@ class Run:
         signatures = {n: inspect.signature(getattr(contract, n) if contract else f) for n, f in references.items()}
         return Answers(references, signatures, self.spec.backend)
 
-    def answer(self, call: Call, device: str = "cpu", strided=(), **extra):
+    def answer(self, call: Call, device: str = "cpu", strided=(), shapes: bool = False, **extra):
         """The candidate's answer to `call`; an exception it raised becomes a failed check with its diagnosis.
 
-        `extra` goes to Candidate.module: grad_output and grad_args, repeat.
+        `extra` goes to Candidate.module: grad_output and grad_args, repeat. With `shapes` (a function step)
+        the answer also holds the shapes of the tensors the call created (Answer.shapes).
         """
         step = self.step
         args = tuple(Strided(a) if i in strided else a for i, a in enumerate(call.args))
@@ -222,7 +223,7 @@ class Run:
                     step.id, init=call.init, init_kwargs=call.init_kwargs, state=call.state, args=args,
                     kwargs=call.kwargs, device=device, answers=self.answers(), **extra,
                 )
-            return candidate.invoke(step.id, args, call.kwargs, device=device, answers=self.answers())
+            return candidate.invoke(step.id, args, call.kwargs, device=device, answers=self.answers(), shapes=shapes)
         except CandidateError as error:
             if device == "meta" and diagnose.meta_unsupported(error):
                 pytest.skip(f"the meta device cannot run this code, so it was not checked there: {error.message}")
@@ -533,7 +534,9 @@ def _is_meta(value) -> bool:
 def _nan_to_zero(value):
     if isinstance(value, tuple):
         return tuple(_nan_to_zero(v) for v in value)
-    return value.nan_to_num(0.0) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+    if isinstance(value, torch.Tensor) and value.is_floating_point():  # NaN only: an lse of -inf stays -inf
+        return torch.where(torch.isnan(value), torch.zeros((), dtype=value.dtype), value)
+    return value
 
 
 def _same_dtypes(value, wrong) -> bool:
