@@ -85,9 +85,12 @@ TENSOR_ON_CPU = Mistake(
     "tensor_on_cpu",
     f"a tensor was created on the CPU inside the step (torch.FloatTensor([...]), or torch.tensor, torch.ones, "
     f"torch.arange without device=): {CPU_DEVICE_HINT}",
-    raises=Raises(message=r"is not on the expected device|Expected all tensors to be on the same device|"
+    # CUDA's own wordings, as torch 2.11 on an H100 gave them: "Expected all tensors to be on the same
+    # device", "masked_fill_: Expected inputs to be on same device", "Expected a 'cpu' device type for
+    # generator" (torch.rand(..., generator=) on the CPU); and the meta device's.
+    raises=Raises(message=r"is not on the expected device|to be on (the )?same device|must (all )?be on the same device|"
                           r"found at least two devices|device type (cpu|cuda) .* does not match|"
-                          r"Expected a '\w+' device type for generator"),  # torch.rand(..., generator=) on the CPU
+                          r"Expected a '\w+' device type for generator"),
 )
 LAYER_NAMES = Mistake(
     "layer_names",
