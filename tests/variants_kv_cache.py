@@ -109,6 +109,14 @@ class KVCache:
         self.v[:, :, self.length:end] = v_new
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]"""), "KVCache", "KVCache.overflow_not_refused"),
+    Variant("cache_full_refused", append_with("""\
+        end = self.length + t
+        if end >= self.max_len:  # refuses the append that fills the last slot
+            raise ValueError("the cache is full")
+        self.k[:, :, self.length:end] = k_new
+        self.v[:, :, self.length:end] = v_new
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]"""), "KVCache", "KVCache.full_refused"),
     Variant("cache_changed_before_raising", append_with("""\
         self.length += t
         if self.length > self.max_len:

@@ -19,6 +19,7 @@ thing works; when only it fails and other steps have lost points, the report say
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import re
@@ -570,6 +571,7 @@ def _line(source: str, number) -> str:
     return lines[number - 1] if isinstance(number, int) and 0 < number <= len(lines) else ""
 
 
+@functools.lru_cache(maxsize=64)  # asked by every rules check and diagnosis of one file: parsed once
 def _source_of(source: str, name: str) -> str:
     """The source of the candidate's top-level function or class `name` ('' if it has none or does not parse)."""
     try:

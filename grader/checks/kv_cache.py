@@ -252,6 +252,23 @@ def unchanged_after_overflow(run: Run) -> None:
                               CHANGED_BEFORE_RAISING)
 
 
+def fills_to_max_len(run: Run) -> None:
+    """A cache of max_len 7 takes 4 tokens, then 3: the last slot is the cache's to fill (>= would refuse it)."""
+    (k1, k2), (v1, v2) = run.inputs(chunks=(4, 3)).args
+    actions = [build("KVCache", B, H, DH, 7), call(0, "append", k1, v1), call(0, "append", k2, v2, may_raise=True),
+               get(0, "length")]
+    _, _, result, length = run.script(actions).value
+    if isinstance(result, CandidateError):
+        mistake = FULL_REFUSED if result.type in ("ValueError", "AssertionError") else None
+        raise CheckFailed(f"a cache of max_len 7 holding 4 tokens refused 3 more, which fill it exactly: {result.message}",
+                          mistake)
+    if length != 7:
+        raise CheckFailed(f"a cache of max_len 7 took 4 tokens, then 3, and its length is {length!r}; expected 7")
+    got = result if isinstance(result, (tuple, list)) and len(result) == 2 else (result, None)
+    for name, value, want in (("k", got[0], torch.cat([k1, k2], 2)), ("v", got[1], torch.cat([v1, v2], 2))):
+        _same(f"the {name} returned by the append that filled the cache", value, want)
+
+
 def half(run: Run) -> None:
     script = CacheScript(run, dtype=torch.float16)
     k, _, _ = script.initial
@@ -300,6 +317,9 @@ WHOLE_BUFFER = Mistake(
 ADDED_NOT_WRITTEN = Mistake(
     "KVCache.added_not_written", "the new keys were added to what the slots held (+=, index_add_) instead of written: "
     "that is right only while the slots hold zeros; assign them (k[:, :, a:b] = k_new, or copy_)")
+FULL_REFUSED = Mistake(
+    "KVCache.full_refused", "refused an append that fills the cache exactly (length + T == max_len): the last slot is "
+    "yours to fill; raise only when length + T > max_len (>= refuses it)")
 OVERFLOW_NOT_REFUSED = Mistake(
     "KVCache.overflow_not_refused", "an append past max_len was not refused with ValueError (a slice silently cut short, "
     "or the copy's own RuntimeError): check length + T > max_len first and raise ValueError")
@@ -313,13 +333,14 @@ DTYPE_IGNORED = Mistake(
 CACHE = Step(
     "KVCache", cache_inputs, lambda ks, vs: None, prefix="cache",
     checks=(
-        prop("preallocated", 3, _cache_check(preallocated)), prop("appends", 5, _cache_check(appends)),
+        prop("preallocated", 3, _cache_check(preallocated)), prop("appends", 4, _cache_check(appends)),
         prop("length", 3, _cache_check(lengths)), prop("contents", 4, _cache_check(contents)),
-        prop("unused_slots_nan", 3, unused_slots_nan), prop("overflow_raises", 3, overflow_raises),
+        prop("unused_slots_nan", 3, unused_slots_nan), prop("fills_to_max_len", 2, fills_to_max_len),
+        prop("overflow_raises", 2, overflow_raises),
         prop("unchanged_after_overflow", 3, unchanged_after_overflow), prop("half", 3, half), prop("device", 3, cache_on_device),
     ),
     mistakes=(WRONG_AXIS, GROWN_BY_CAT, LENGTH_NOT_ADVANCED, LENGTH_TWICE, WHOLE_BUFFER, ADDED_NOT_WRITTEN,
-              OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, DTYPE_IGNORED),
+              FULL_REFUSED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, DTYPE_IGNORED),
 )
 
 # -- decode_mask --------------------------------------------------------------------------
