@@ -107,6 +107,14 @@ BUGGY = [
     p = torch.exp(scores - m_new[..., None])
     l_new = alpha * l + p.sum(-1)
     acc_new = alpha[..., None] * acc + p @ v"""), "online_softmax_update", "online_softmax_update.nan_rows"),
+    Variant("update_block_max_only", """
+def online_softmax_update(m, l, acc, scores, v):
+    m_new = scores.amax(dim=-1)  # the block's max, the running one forgotten
+    safe = torch.where(m_new == -math.inf, 0.0, m_new)
+    alpha = torch.exp(m - safe)
+    p = torch.exp(scores - safe[..., None])
+    return m_new, alpha * l + p.sum(-1), alpha[..., None] * acc + p @ v
+""", "online_softmax_update", "online_softmax_update.block_max_only"),
     Variant("update_l_keepdim", update(GUARDED + """
     l_new = alpha[..., None] * l[..., None] + p.sum(-1, keepdim=True)
     acc_new = alpha[..., None] * acc + p @ v"""), "online_softmax_update", "axis_extra"),
@@ -126,6 +134,22 @@ BUGGY = [
     w1, w2 = torch.exp(lse1 - safe)[..., None], torch.exp(lse2 - safe)[..., None]
     o = w1 * o1.to(w1.dtype) + w2 * o2.to(w1.dtype)
     return o.to(o1.dtype), torch.maximum(lse1, lse2)"""), "merge_partials", "merge_partials.max_lse"),
+    Variant("merge_max_lse_weights", merge("""\
+    lse = torch.maximum(lse1, lse2)  # and the weights relative to it
+    safe = torch.where(lse == -math.inf, 0.0, lse)
+    w1, w2 = torch.exp(lse1 - safe)[..., None], torch.exp(lse2 - safe)[..., None]
+    return (w1 * o1.to(w1.dtype) + w2 * o2.to(w1.dtype)).to(o1.dtype), lse"""), "merge_partials", "merge_partials.max_lse"),
+    Variant("merge_weights_swapped", merge("""\
+    lse = torch.logaddexp(lse1, lse2)
+    safe = torch.where(lse == -math.inf, 0.0, lse)
+    w1, w2 = torch.exp(lse1 - safe)[..., None], torch.exp(lse2 - safe)[..., None]
+    return (w2 * o1.to(w1.dtype) + w1 * o2.to(w1.dtype)).to(o1.dtype), lse"""), "merge_partials", "merge_partials.weights_swapped"),
+    Variant("merge_weights_not_unsqueezed", merge("""\
+    lse = torch.logaddexp(lse1, lse2)
+    safe = torch.where(lse == -math.inf, 0.0, lse)
+    w1, w2 = torch.exp(lse1 - safe), torch.exp(lse2 - safe)
+    return (w1 * o1.to(w1.dtype) + w2 * o2.to(w1.dtype)).to(o1.dtype), lse"""), "merge_partials",
+            "merge_partials.weights_not_unsqueezed"),
     Variant("merge_unnormalised", merge("""\
     top = torch.maximum(lse1, lse2)
     safe = torch.where(top == -math.inf, 0.0, top)
@@ -148,6 +172,21 @@ BUGGY = [
             "flash_attention", "flash_attention.unscaled"),
     Variant("flash_scaled_by_d", flash().replace("scale = 1.0 / math.sqrt(d)", "scale = 1.0 / d"),
             "flash_attention", "flash_attention.scaled_by_d"),
+    Variant("flash_scaled_by_value_width", flash().replace("scale = 1.0 / math.sqrt(d)", "scale = 1.0 / math.sqrt(v.shape[-1])"),
+            "flash_attention", "flash_attention.scaled_by_value_width"),
+    Variant("flash_no_diagonal", flash().replace("cols > rows, -math.inf", "cols >= rows, -math.inf"),
+            "flash_attention", "flash_attention.no_diagonal"),
+    Variant("flash_tile_local_mask", flash(mask="""\
+            if causal:  # positions within the tile
+                rows = torch.arange(bq, device=q.device)[:, None] + offset
+                cols = torch.arange(kb.shape[-2], device=q.device)[None, :]
+                scores = scores.masked_fill(cols > rows, -math.inf)"""),
+            "flash_attention", "flash_attention.tile_local_mask"),
+    Variant("flash_skip_stops_short",  # causal: keys after the block's last query skipped, one too many
+            flash().replace("range(0, t_k, block_k)", "range(0, min(t_k, offset + i + bq - 1) if causal else t_k, block_k)"),
+            "flash_attention", "flash_attention.skip_stops_short"),
+    Variant("flash_finite_fill", flash().replace("cols > rows, -math.inf", "cols > rows, -1e9"),
+            "flash_attention", "flash_attention.finite_fill"),
     Variant("flash_top_left", flash().replace("offset = t_k - t_q", "offset = 0"), "flash_attention", "flash_attention.top_left"),
     Variant("flash_last_block_dropped", flash().replace("range(0, t_k, block_k)", "range(0, t_k - block_k + 1, block_k)"),
             "flash_attention", "flash_attention.last_block_dropped"),

@@ -17,8 +17,14 @@ class KVCache(KVCache):
 """
 
 
-def forward_with(body: str) -> str:
-    """A CachedSelfAttention whose forward projects and splits the heads as the reference does, then runs `body`."""
+REFERENCE_TAIL = """\
+        y = torch.softmax(scores, dim=-1) @ v
+        return self.w_o(y.transpose(1, 2).reshape(B, T, D))"""
+
+
+def forward_with(body: str, tail: str = REFERENCE_TAIL) -> str:
+    """A CachedSelfAttention whose forward projects and splits the heads as the reference does, then runs `body`
+    (which makes `scores`), then `tail` (the reference's softmax, weighted sum, merge and output projection)."""
     return f"""
 class CachedSelfAttention(CachedSelfAttention):
     def forward(self, x, cache=None):
@@ -26,8 +32,7 @@ class CachedSelfAttention(CachedSelfAttention):
         H, Dh = self.num_heads, self.head_dim
         q, k, v = (w(x).view(B, T, H, Dh).transpose(1, 2) for w in (self.w_q, self.w_k, self.w_v))
 {body}
-        y = torch.softmax(scores, dim=-1) @ v
-        return self.w_o(y.transpose(1, 2).reshape(B, T, D))
+{tail}
 """
 
 
@@ -95,6 +100,15 @@ class KVCache:
         self.v[:, :, self.length:end] = v_new
         self.length = end
         return self.k, self.v"""), "KVCache", "KVCache.returns_whole_buffer"),
+    Variant("cache_returns_old_prefix", append_with("""\
+        start = self.length
+        if start + t > self.max_len:
+            raise ValueError("the cache is full")
+        self.k[:, :, start:start + t] = k_new
+        self.v[:, :, start:start + t] = v_new
+        out = self.k[:, :, :self.length], self.v[:, :, :self.length]  # sliced before length moves on
+        self.length += t
+        return out"""), "KVCache", "KVCache.returns_old_prefix"),
     Variant("cache_added_not_written", append_with("""\
         end = self.length + t
         if end > self.max_len:
@@ -144,6 +158,11 @@ def decode_mask(t_new, past_len, device=None):
 def decode_mask(t_new, past_len, device=None):
     return torch.ones(t_new, past_len + t_new, dtype=torch.bool, device=device).triu(diagonal=past_len + 1)
 """, "decode_mask", "decode_mask.inverted"),
+    Variant("mask_no_diagonal", """
+def decode_mask(t_new, past_len, device=None):
+    query = torch.arange(past_len, past_len + t_new, device=device)[:, None]
+    return torch.arange(past_len + t_new, device=device)[None, :] < query
+""", "decode_mask", "decode_mask.no_diagonal"),
     Variant("mask_not_causal", """
 def decode_mask(t_new, past_len, device=None):
     return torch.ones(t_new, past_len + t_new, dtype=torch.bool, device=device)
@@ -174,6 +193,30 @@ class CachedSelfAttention(CachedSelfAttention):
         "            past_len = cache.length\n            k, v = cache.append(k, v)",
         "            k, v = cache.append(k, v)\n            past_len = cache.length")),
             "CachedSelfAttention", "CachedSelfAttention.length_after_append"),
+    Variant("module_length_after_append_cut_to_fit", forward_with("""\
+        if cache is not None:
+            k, v = cache.append(k, v)
+        past_len = 0 if cache is None else cache.length
+        scores = q @ k.transpose(-2, -1) / math.sqrt(Dh)
+        mask = decode_mask(T, past_len, device=x.device)[:, :k.shape[2]]  # cut to the scores' width
+        scores = scores.masked_fill(~mask, float("-inf"))"""),
+            "CachedSelfAttention", "CachedSelfAttention.length_after_append"),
+    Variant("module_no_mask_without_cache", forward_with("""\
+        scores = q @ k.transpose(-2, -1) / math.sqrt(Dh)
+        if cache is not None:
+            past_len = cache.length
+            k, v = cache.append(k, v)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(Dh)
+            scores = scores.masked_fill(~decode_mask(T, past_len, device=x.device), float("-inf"))"""),
+            "CachedSelfAttention", "CachedSelfAttention.no_mask_without_cache"),
+    Variant("module_softmax_query_axis", forward_with(REFERENCE_ATTEND, REFERENCE_TAIL.replace("dim=-1", "dim=-2")),
+            "CachedSelfAttention", "CachedSelfAttention.softmax_query_axis"),
+    Variant("module_merge_no_transpose", forward_with(REFERENCE_ATTEND, REFERENCE_TAIL.replace(
+        "y.transpose(1, 2).reshape(B, T, D)", "y.reshape(B, T, D)")),
+            "CachedSelfAttention", "CachedSelfAttention.merge_no_transpose"),
+    Variant("module_no_output_projection", forward_with(REFERENCE_ATTEND, REFERENCE_TAIL.replace(
+        "self.w_o(y.transpose(1, 2).reshape(B, T, D))", "y.transpose(1, 2).reshape(B, T, D)  # w_o: applied by the caller")),
+            "CachedSelfAttention", "CachedSelfAttention.no_output_projection"),
     Variant("module_no_mask_with_cache", forward_with("""\
         past_len = 0
         if cache is not None:

@@ -316,14 +316,16 @@ class Run:
                         return mistake
                     continue
                 wrong = mistake.variant(*args, **kwargs)
-                if not _same_dtypes(value, wrong):  # a wrong dtype is a mistake of its own (diagnose.form)
-                    continue
-                for form in (wrong, _nan_to_zero(wrong)):  # as it is, or with its NaN guarded away (nan_to_num)
-                    try:
-                        compare(value, form, call, loose, self.step.outputs)
-                        return mistake
-                    except CheckFailed:
-                        pass
+                # a list: the several forms the mistake takes, each an answer (a tuple is one answer of several parts)
+                for one in wrong if isinstance(wrong, list) else [wrong]:
+                    if not _same_dtypes(value, one):  # a wrong dtype is a mistake of its own (diagnose.form)
+                        continue
+                    for form in (one, _nan_to_zero(one)):  # as it is, or with its NaN guarded away (nan_to_num)
+                        try:
+                            compare(value, form, call, loose, self.step.outputs)
+                            return mistake
+                        except CheckFailed:
+                            pass
             except CheckFailed:
                 continue
             except Exception:  # a variant that cannot be formed for these inputs explains nothing

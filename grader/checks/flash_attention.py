@@ -29,7 +29,7 @@ import torch
 
 from grader.checks.engine import end_to_end
 from grader.checks.expect import HALF_TYPES, CheckFailed, Tolerance, expect_close
-from grader.checks.spec import Call, Exercise, Mistake, Step, device, prop, rules, shape, values
+from grader.checks.spec import Call, Exercise, Mistake, Raises, Step, device, prop, rules, shape, values
 from solutions import flash_attention as ref
 
 FLOATS = (torch.float32, torch.float64)
@@ -84,9 +84,10 @@ def update_inputs(gen, dtype, state="running", raise_max=False, masked=None, sca
     return Call(args, names=("m", "l", "acc", "scores", "v"))
 
 
-def update(m, l, acc, scores, v, *, rescale="both", sign=1, old_max=False, normalise=False, subtract_max=True):
+def update(m, l, acc, scores, v, *, rescale="both", sign=1, old_max=False, normalise=False, subtract_max=True,
+           block_max=False):
     """online_softmax_update; the keyword arguments after * make the named wrong variants."""
-    m_new = torch.maximum(m, scores.amax(-1))
+    m_new = scores.amax(-1) if block_max else torch.maximum(m, scores.amax(-1))
     shift = torch.where(m_new == -INF, 0.0, m_new)  # a row with nothing seen yet subtracts 0
     alpha = torch.exp(m - shift) if sign == 1 else torch.exp(shift - m)
     p = torch.exp(scores - (m if old_max else shift)[..., None]) if subtract_max else torch.exp(scores)
@@ -152,6 +153,9 @@ UPDATE = Step(
                 "at least the old m, so the factor is e^(m - m') <= 1", _update_variant(sign=-1)),
         Mistake("online_softmax_update.old_max", "the block's terms were taken relative to the old max, e^(scores - m): "
                 "the new state is relative to the new max m', so use e^(scores - m')", _update_variant(old_max=True)),
+        Mistake("online_softmax_update.block_max_only", "the new max is the block's own max, with the running max m "
+                "forgotten: m' must be max(m, the block's max), or it can fall, e^(m - m') exceeds 1 and the terms kept so "
+                "far are no longer relative to the largest score seen", _update_variant(block_max=True)),
         Mistake("online_softmax_update.normalised", "acc was divided by l: the state keeps acc unnormalised (the sum of "
                 "e^(score - m)·v); divide once, after the last block", _update_variant(normalise=True)),
         Mistake("online_softmax_update.no_max", "e^scores without subtracting the running max: l and acc are kept "
@@ -165,13 +169,16 @@ UPDATE = Step(
 # -- merge_partials -----------------------------------------------------------------------
 
 
+MERGE_TQ = 5  # queries in the merge's checks: not DV, so weights broadcast against the wrong axis fail
+
+
 def merge_inputs(gen, dtype, empty=None, far=False, leading=(B, H)):
     """(o1, lse1, o2, lse2): attention over two disjoint sets of keys (4 and 6 of them), computed here in float64.
 
     empty: "one" leaves part 1 without keys in row 1 and part 2 in row 3; "both" leaves both without keys in rows
     1 and 3. far: part 2's scores sit 200 above part 1's (which sit at 100): e^lse overflows.
     """
-    tq = 5
+    tq = MERGE_TQ
     parts = []
     for n, keys in enumerate((4, 6)):
         scores = gen.randn(*leading, tq, keys, dtype=torch.float64) + (100.0 + 200.0 * n if far else 0.0)
@@ -185,7 +192,7 @@ def merge_inputs(gen, dtype, empty=None, far=False, leading=(B, H)):
     return Call(tuple(parts), names=("o1", "lse1", "o2", "lse2"))
 
 
-def merge(o1, lse1, o2, lse2, *, lse_of="logaddexp", normalise=True, weighted=True, stable=True):
+def merge(o1, lse1, o2, lse2, *, lse_of="logaddexp", normalise=True, weighted=True, stable=True, swapped=False):
     """merge_partials; the keyword arguments after * make the named wrong variants."""
     work = torch.promote_types(o1.dtype, torch.promote_types(lse1.dtype, torch.float32))
     if not stable:  # e^lse directly
@@ -196,6 +203,8 @@ def merge(o1, lse1, o2, lse2, *, lse_of="logaddexp", normalise=True, weighted=Tr
     top = torch.maximum(lse1, lse2) if not normalise else true_lse
     safe = torch.where(top == -INF, 0.0, top)
     w1, w2 = torch.exp(lse1 - safe)[..., None].to(work), torch.exp(lse2 - safe)[..., None].to(work)
+    if swapped:
+        w1, w2 = w2, w1
     o = w1 * o1.to(work) + w2 * o2.to(work) if weighted else (o1.to(work) + o2.to(work)) / 2
     lse = torch.maximum(lse1, lse2) if lse_of == "max" else true_lse
     return o.to(o1.dtype), lse
@@ -226,11 +235,18 @@ MERGE = Step(
                 "(-inf)) is NaN; where the merged lse is -inf, subtract 0 instead (torch.where), so o = 0 and lse = -inf",
                 test=_nan_where_both_empty),
         Mistake("merge_partials.max_lse", "the merged lse is max(lse1, lse2): the union's sum is e^lse1 + e^lse2, so its "
-                "log is logaddexp(lse1, lse2) = max + log(1 + e^(min - max))", _merge_variant(lse_of="max")),
+                "log is logaddexp(lse1, lse2) = max + log(1 + e^(min - max)), and the weights e^(lse_i - lse) taken from "
+                "it", lambda *a: [merge(*a, lse_of="max"), merge(*a, lse_of="max", normalise=False)]),
         Mistake("merge_partials.unnormalised", "the weights e^(lse_i - max) were not normalised: they must sum to 1, so "
                 "take e^(lse_i - lse) with lse = logaddexp(lse1, lse2)", _merge_variant(normalise=False)),
         Mistake("merge_partials.unweighted", "the two outputs were averaged: each part counts as much as its share of the "
                 "union's sum, e^(lse_i - lse)", _merge_variant(weighted=False)),
+        Mistake("merge_partials.weights_swapped", "each output was weighted by the other part's share (o1 by e^(lse2 - lse), "
+                "o2 by e^(lse1 - lse)): o = e^(lse1 - lse)·o1 + e^(lse2 - lse)·o2", _merge_variant(swapped=True)),
+        Mistake("merge_partials.weights_not_unsqueezed", "the (..., Tq) weights were multiplied into the (..., Tq, Dv) outputs "
+                "as they are, so they broadcast along Dv (an error, or wrong where Tq == Dv): unsqueeze them, w[..., None]",
+                raises=Raises(message=rf"tensor a \(({MERGE_TQ}|{DV})\) must match the size of tensor b \(({DV}|{MERGE_TQ})\)",
+                              line=r"\*")),
         Mistake("merge_partials.unstable", "e^lse computed directly: an lse of a few hundred overflows (e^89 is inf in "
                 "float32), and inf / inf is NaN; work with differences, e^(lse_i - lse), lse = logaddexp(lse1, lse2)",
                 _merge_variant(stable=False)),
@@ -265,12 +281,13 @@ def flash_reference(q, k, v, causal=False, block_q=32, block_k=32):
 
 
 def tiled(q, k, v, causal=False, block_q=32, block_k=32, *, scale="sqrt", top_left=False, k_step=None, last_block=True,
-          slice_short=0, rescale=True, normalise_in_loop=False, lse_max=True, log2=False):
+          slice_short=0, rescale=True, normalise_in_loop=False, lse_max=True, log2=False, strict=False, fill=-INF,
+          tile_local=False, stop_short=False):
     """flash_attention written out here (its own loop, not the model answer's); the keyword arguments after * make the
     named wrong variants."""
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     work = _work(q.dtype)
-    factor = {"sqrt": d**-0.5, "d": 1.0 / d, "none": 1.0}[scale]
+    factor = {"sqrt": d**-0.5, "d": 1.0 / d, "none": 1.0, "dv": v.shape[-1] ** -0.5}[scale]
     offset = 0 if top_left else t_k - t_q
     stop = t_k if last_block else t_k - t_k % block_k
     outs, lses = [], []
@@ -280,12 +297,14 @@ def tiled(q, k, v, causal=False, block_q=32, block_k=32, *, scale="sqrt", top_le
         m = torch.full(qb.shape[:-1], -INF, dtype=work)
         l = torch.zeros(qb.shape[:-1], dtype=work)
         acc = torch.zeros(*qb.shape[:-1], v.shape[-1], dtype=work)
-        for j in range(0, stop, k_step or block_k):
+        end = min(stop, offset + i + bq - 1) if causal and stop_short else stop  # stop_short: the last query's own key
+        for j in range(0, end, k_step or block_k):
             kb, vb = (x[..., j:j + block_k - slice_short, :].to(work) for x in (k, v))
             scores = qb @ kb.transpose(-2, -1)
             if causal:
-                rows = torch.arange(offset + i, offset + i + bq)[:, None]
-                scores = scores.masked_fill(torch.arange(j, j + kb.shape[-2])[None, :] > rows, -INF)
+                rows = torch.arange(offset + i, offset + i + bq)[:, None] - (i if tile_local else 0)
+                cols = torch.arange(j, j + kb.shape[-2])[None, :] - (j if tile_local else 0)
+                scores = scores.masked_fill(cols >= rows if strict else cols > rows, fill)
             m, l, acc = update(m, l, acc, scores, vb, rescale="both" if rescale else "none")
             if normalise_in_loop:
                 acc = acc / l[..., None]
@@ -432,7 +451,21 @@ FLASH = Step(
                 "give such rows out 0 (torch.where(l > 0, ...)) and lse -inf", test=_has_nan),
         Mistake("flash_attention.unscaled", "scores not scaled: multiply q · k by 1/√D", _flash_variant(scale="none")),
         Mistake("flash_attention.scaled_by_d", "scores scaled by 1/D: the scale is 1/√D (D = q.shape[-1])", _flash_variant(scale="d")),
+        Mistake("flash_attention.scaled_by_value_width", "scores scaled by 1/√Dv (the width of v): the scale is 1/√D, the "
+                "width of q and k (q.shape[-1])", _flash_variant(scale="dv")),
         Mistake("flash_attention.top_left", TOP_LEFT, _flash_variant(top_left=True)),
+        Mistake("flash_attention.no_diagonal", "a query cannot see the key at its own position (>= where > belongs): query i "
+                "sits at Tk - Tq + i and sees keys 0 … Tk - Tq + i; mask key j only when j > Tk - Tq + i",
+                _flash_variant(strict=True)),
+        Mistake("flash_attention.tile_local_mask", "the causal mask was built from positions within the tile (0 … block_q, "
+                "0 … block_k), so every tile got the same pattern: compare absolute positions, query Tk - Tq + i0 + r with "
+                "key j0 + c", lambda *a, **kw: [tiled(*a, **kw, tile_local=True), tiled(*a, **kw, tile_local=True, top_left=True)]),
+        Mistake("flash_attention.skip_stops_short", "the causal key loop stops one key short: the last query of a block sits "
+                "at Tk - Tq + i1 - 1 and sees its own key, so when that key starts a new key block the block is skipped; "
+                "end the key loop at min(Tk, Tk - Tq + i1)", _flash_variant(stop_short=True)),
+        Mistake("flash_attention.finite_fill", "masked scores filled with a finite value (-1e9): a row with no key to see "
+                "then averages every value (out ≠ 0) and its lse is about -1e9; fill with -inf and give such rows out 0, "
+                "lse -inf", _flash_variant(fill=-1e9)),
         Mistake("flash_attention.last_block_dropped", "the last, shorter key block was dropped (range(0, Tk - block_k + 1, "
                 "block_k), or Tk // block_k blocks): loop j over range(0, Tk, block_k) and slice k[..., j:j + block_k, :], "
                 "which is shorter at the end", _flash_variant(last_block=False)),

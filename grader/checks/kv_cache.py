@@ -12,6 +12,7 @@ them. Only the end-to-end check runs the candidate's own cache and mask.
 """
 
 import math
+import re
 from typing import NamedTuple
 
 import torch
@@ -139,9 +140,19 @@ def cache_mistake(script: CacheScript):
         first = a.returned[0] if isinstance(a.returned, (tuple, list)) and a.returned else None
         if isinstance(first, torch.Tensor) and first.dim() == 4 and first.shape[2] == MAX_LEN != a.expected_length:
             return WHOLE_BUFFER
+        if _old_prefix(first, a.keys, script.chunks[a.index]):
+            return RETURNS_OLD_PREFIX
     if isinstance(k0, torch.Tensor) and (k0.dim() != 4 or k0.shape[2] != MAX_LEN):
         return GROWN_BY_CAT
     return None
+
+
+def _old_prefix(returned, keys: torch.Tensor, t: int) -> bool:
+    """Is `returned` the keys cached before this append of t tokens (of `keys`, all so far): sliced before advancing?"""
+    old = keys.shape[2] - t
+    return (isinstance(returned, torch.Tensor) and returned.dim() == 4 and t > 0
+            and tuple(returned.shape) == (*keys.shape[:2], old, keys.shape[3])
+            and (returned.is_meta or matches_any(returned.to(keys.dtype), [keys[:, :, :old]])))
 
 
 def _cache_check(look):
@@ -266,7 +277,11 @@ def fills_to_max_len(run: Run) -> None:
         raise CheckFailed(f"a cache of max_len 7 took 4 tokens, then 3, and its length is {length!r}; expected 7")
     got = result if isinstance(result, (tuple, list)) and len(result) == 2 else (result, None)
     for name, value, want in (("k", got[0], torch.cat([k1, k2], 2)), ("v", got[1], torch.cat([v1, v2], 2))):
-        _same(f"the {name} returned by the append that filled the cache", value, want)
+        try:
+            _same(f"the {name} returned by the append that filled the cache", value, want)
+        except CheckFailed as failure:
+            mistake = failure.mistake or (RETURNS_OLD_PREFIX if _old_prefix(value, want, k2.shape[2]) else None)
+            raise CheckFailed(failure.message, mistake, failure.details) from None
 
 
 def half(run: Run) -> None:
@@ -314,6 +329,9 @@ LENGTH_TWICE = Mistake(
 WHOLE_BUFFER = Mistake(
     "KVCache.returns_whole_buffer", "returned the whole buffer, unused slots included: return k[:, :, :length] and "
     "v[:, :, :length], the positions filled so far")
+RETURNS_OLD_PREFIX = Mistake(
+    "KVCache.returns_old_prefix", "returned the positions cached before this append, without the tokens just written (sliced "
+    "k[:, :, :length] before advancing length): advance length first, or return k[:, :, :length + T]")
 ADDED_NOT_WRITTEN = Mistake(
     "KVCache.added_not_written", "the new keys were added to what the slots held (+=, index_add_) instead of written: "
     "that is right only while the slots hold zeros; assign them (k[:, :, a:b] = k_new, or copy_)")
@@ -339,7 +357,7 @@ CACHE = Step(
         prop("overflow_raises", 2, overflow_raises),
         prop("unchanged_after_overflow", 3, unchanged_after_overflow), prop("half", 3, half), prop("device", 3, cache_on_device),
     ),
-    mistakes=(WRONG_AXIS, GROWN_BY_CAT, LENGTH_NOT_ADVANCED, LENGTH_TWICE, WHOLE_BUFFER, ADDED_NOT_WRITTEN,
+    mistakes=(WRONG_AXIS, GROWN_BY_CAT, LENGTH_NOT_ADVANCED, LENGTH_TWICE, WHOLE_BUFFER, RETURNS_OLD_PREFIX, ADDED_NOT_WRITTEN,
               FULL_REFUSED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, DTYPE_IGNORED),
 )
 
@@ -385,6 +403,9 @@ MASK = Step(
                 lambda t, p, device=None: torch.ones(t, t, dtype=torch.bool).tril()),
         Mistake("decode_mask.inverted", "mask convention inverted: True must mean 'may attend'",
                 lambda t, p, device=None: ~ref.decode_mask(t, p)),
+        Mistake("decode_mask.no_diagonal", "a new token cannot see its own key (< where <= belongs, or tril(diagonal=past_len "
+                "- 1)): new token i sits at position past_len + i and sees keys 0 … past_len + i, itself included",
+                lambda t, p, device=None: _ones(t, p).tril(p - 1)),
         Mistake("decode_mask.not_causal", "every new token may see every key: a new token must not see the new tokens "
                 "after it (only with t_new = 1 is the mask all True)", lambda t, p, device=None: _ones(t, p)),
     ),
@@ -441,10 +462,15 @@ def cached(state, x, splits=None, *, bug=None):
             mask = ref.decode_mask(t, keys.shape[2] - t)
         elif bug == "cache_ignored":
             keys, vals, mask = k, v, ref.decode_mask(t, 0)
+        elif bug == "no_mask_without_cache" and not with_cache:
+            mask = torch.ones(t, t, dtype=torch.bool)
+        elif bug == "length_after_append" and with_cache:  # decode_mask(T, past_len + T), its first columns kept to fit
+            mask = ref.decode_mask(t, past + t)[:, :past + t]
         root = {"unscaled": 1.0, "scaled_by_embed_dim": math.sqrt(D)}.get(bug, math.sqrt(DH))
         scores = (q @ keys.transpose(-2, -1) / root).masked_fill(~mask, float("-inf"))
-        y = torch.softmax(scores, dim=-1) @ vals
-        outs.append(_proj(state, y.transpose(1, 2).reshape(chunk.shape), "w_o"))
+        y = torch.softmax(scores, dim=-2 if bug == "softmax_query_axis" else -1) @ vals
+        merged = y.reshape(chunk.shape) if bug == "merge_no_transpose" else y.transpose(1, 2).reshape(chunk.shape)
+        outs.append(merged if bug == "no_output_projection" else _proj(state, merged, "w_o"))
         start += t
     return torch.cat(outs, dim=1)
 
@@ -484,11 +510,16 @@ class ModuleScript:
         self.results, self.called = answer.value, answer.called
 
     def expect_right(self) -> None:
-        expect_outputs(self.call, self.splits, [self.results[i] for i in self.outputs], self.device)
+        expect_outputs(self.call, self.splits, [self.results[i] for i in self.outputs], self.device,
+                       _source_of(self.run.ctx.source, self.run.step.id))
 
 
-def expect_outputs(call_: Call, splits: tuple, outputs: list, device: str = "cpu") -> None:
-    """Each call's output is the full causal forward's at its tokens; the mistake named if one explains them."""
+def expect_outputs(call_: Call, splits: tuple, outputs: list, device: str = "cpu", source: str = "") -> None:
+    """Each call's output is the full causal forward's at its tokens; the mistake named if one explains them.
+
+    `source` is the module's source: a mistake recognised both by a wrong answer and by an exception raised
+    in a source of its own (Raises.source) is named from its answer only in such a source too.
+    """
     x, state = call_.args[0], call_.state
     native = cached(state, x)  # in the input's dtype, for the form and the half types' tolerance
     exact = cached(upcast(state), upcast(x))
@@ -504,11 +535,11 @@ def expect_outputs(call_: Call, splits: tuple, outputs: list, device: str = "cpu
             return
         expect_close(torch.cat(got, dim=1), exact, None, tolerance)
     except CheckFailed as failure:
-        mistake = failure.mistake or _module_mistake(call_, splits, outputs, got, native, device)
+        mistake = failure.mistake or _module_mistake(call_, splits, outputs, got, native, device, source)
         raise CheckFailed(f"{what}: {failure.message}", mistake, failure.details) from None
 
 
-def _module_mistake(call_: Call, splits: tuple, outputs: list, got: list, native, device: str):
+def _module_mistake(call_: Call, splits: tuple, outputs: list, got: list, native, device: str, source: str = ""):
     """The named mistake the outputs show: a wrong form, NaN from the unused slots, or one of the step's wrong variants."""
     if len(got) != len(splits):
         start = sum(splits[:len(got)])
@@ -518,7 +549,10 @@ def _module_mistake(call_: Call, splits: tuple, outputs: list, got: list, native
         return WHOLE_BUFFER_MASKED
     x, state = call_.args[0], call_.state
     for mistake in MODULE.mistakes:
-        if mistake.variant is not None and matches_any(value, [mistake.variant(state, x, splits)]):
+        if mistake.variant is None or (mistake.raises and mistake.raises.source
+                                       and not re.search(mistake.raises.source, source)):
+            continue
+        if matches_any(value, [mistake.variant(state, x, splits)]):
             return mistake
     return None
 
@@ -547,7 +581,7 @@ def every_split(run: Run) -> None:
             start += t
     results = run.script(actions).value
     for splits, indices in outputs.items():
-        expect_outputs(call_, splits, [results[i] for i in indices])
+        expect_outputs(call_, splits, [results[i] for i in indices], source=_source_of(run.ctx.source, run.step.id))
 
 
 def cache_contents(run: Run) -> None:
@@ -618,7 +652,8 @@ MODULE = Step(
         Mistake("CachedSelfAttention.top_left_mask", TOP_LEFT.replace("new token i", "with a cache, new token i", 1),
                 _variant("top_left")),
         Mistake("CachedSelfAttention.length_after_append", "past_len was read after the append, which already counts the new "
-                "tokens: the mask came out (T, past_len + 2T); read cache.length before appending",
+                "tokens: the mask came out (T, past_len + 2T), and cut to fit the scores it lets every new token see every "
+                "key, its future ones too; read cache.length before appending", _variant("length_after_append"),
                 raises=Raises(message=r"must match the size|broadcast|shape mismatch|Expected size", source=r"\.append\([\s\S]*\.length\b")),
         Mistake("CachedSelfAttention.square_mask", "a (T, T) causal mask ([:T, :T] of a bigger one) with T new tokens after a "
                 "cache: the scores are (T, past_len + T); use decode_mask(T, past_len)",
@@ -632,9 +667,19 @@ MODULE = Step(
                 _variant("keys_attended_twice")),
         Mistake("CachedSelfAttention.cache_ignored", "attended over this call's tokens only: the cache's keys and values are "
                 "the point; attend over what append returns", _variant("cache_ignored")),
+        Mistake("CachedSelfAttention.no_mask_without_cache", "no causal mask without a cache: a call without one is a "
+                "whole sequence, and each token must not see the ones after it; mask with decode_mask(T, 0) then too",
+                _variant("no_mask_without_cache")),
         Mistake("CachedSelfAttention.unscaled", "scores not scaled: divide q @ kᵀ by √Dh", _variant("unscaled")),
         Mistake("CachedSelfAttention.scaled_by_embed_dim", "scaled by √embed_dim instead of √head_dim",
                 _variant("scaled_by_embed_dim")),
+        Mistake("CachedSelfAttention.softmax_query_axis", "softmax over the query axis (dim=-2): each query's weights "
+                "must sum to 1 over the keys, dim=-1", _variant("softmax_query_axis")),
+        Mistake("CachedSelfAttention.merge_no_transpose", "merged the heads without moving the head axis back: (B, H, T, Dh) "
+                "reshaped to (B, T, D) mixes tokens and heads; transpose(1, 2) before the reshape",
+                _variant("merge_no_transpose")),
+        Mistake("CachedSelfAttention.no_output_projection", "forgot the output projection: apply w_o after merging the heads",
+                _variant("no_output_projection")),
         WHOLE_BUFFER_MASKED, APPENDED_TWICE, CACHED_SCALED_KEYS,
     ),
 )

@@ -51,7 +51,8 @@ class Mistake:
     """A named mistake: an id, a message that says what is wrong and how to fix it, and how it is recognised.
 
     How it is recognised (a wrong answer, an exception, or both):
-      variant: computes the wrong answer from the check's inputs; an answer equal to it is this mistake;
+      variant: computes the wrong answer from the check's inputs; an answer equal to it is this mistake
+               (a list of answers: the several forms the mistake takes, an answer equal to any of them);
       test:    looks at the answer itself, `test(value, *args, **kwargs)` -> bool;
       raises:  recognises the exception the candidate's code raised (the same mistake may raise
                on some inputs and answer wrongly on others: x @ weight is wrong when square).
