@@ -107,6 +107,11 @@ def apply_rope(x, cos, sin):
     rotated = torch.stack((-xf[..., 1::2], xf[..., ::2]), dim=-1).flatten(-2)
     return (xf * cos + rotated * sin).to(x.dtype)
 """, "apply_rope", "apply_rope.interleaved_layout"),
+    Variant("apply_rope_in_bfloat16", """
+def apply_rope(x, cos, sin):
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # the tables cast down: the math runs in x's dtype
+    return x * cos + rotate_half(x) * sin
+""", "apply_rope", "apply_rope.low_precision_math"),
     Variant("apply_rope_minus", """
 def apply_rope(x, cos, sin):
     xf = x.float()

@@ -224,12 +224,42 @@ def position_zero_identity(run) -> None:
                                         f"{failure.message}"), got, call) from None
 
 
+def float32_math(run) -> None:
+    """A bfloat16 x: the rotation is computed in float32 and rounded to bfloat16 once, so each entry is within one
+    bfloat16 step of the float32 answer. Computed in bfloat16 (cos and sin cast down, two products and a sum each
+    rounded), a quarter of the entries are further off: the values check's low-precision rule, which allows twice
+    the error of plain same-dtype code, cannot tell that apart, so this check asks for what the contract says."""
+    call = run.inputs(dtype=torch.bfloat16, long=True)
+    got = run.output(run.answer(call))
+    run.expect_form(got, call)
+    x, cos, sin = call.args
+    exact = apply(x.float(), cos, sin)  # float32 math, not yet rounded
+    step = torch.finfo(torch.bfloat16).eps * exact.abs().clamp_min(torch.finfo(torch.bfloat16).tiny)  # one step at |exact|
+    off = (got.float() - exact).abs() > step
+    if off.any():
+        where = tuple(int(i) for i in off.nonzero()[0])
+        raise run.diagnosed(CheckFailed(
+            f"bfloat16 x: {int(off.sum())} of {off.numel()} entries are more than one bfloat16 step from the rotation "
+            f"computed in float32 (at {where}: expected {exact[where]:.6g}, got {got.float()[where]:.6g}); compute "
+            f"x.float() · cos + rotate_half(x.float()) · sin, then .to(x.dtype) once"), got, call) from None
+
+
+def _bfloat16_math(x, cos, sin):
+    """The rotation computed in x's own dtype: cos and sin cast down, every product and sum rounded."""
+    c, s = cos.to(x.dtype), sin.to(x.dtype)
+    return x * c + rotate(x, kind="half") * s
+
+
 APPLY = Step(
     "apply_rope", apply_inputs, apply, answered=("rotate_half",),
     checks=(shape(2), values("values", 3, LOW), values("float16", 1, (torch.float16,)),
-            values("positions_to_8192", 3, (torch.bfloat16,), long=True), values("noncontiguous", 2, strided=(0,)),
-            prop("position_zero_identity", 3, position_zero_identity), prop("keeps_pair_norms", 3, keeps_pair_norms)),
+            values("positions_to_8192", 3, (torch.bfloat16,), long=True), values("noncontiguous", 1, strided=(0,)),
+            prop("position_zero_identity", 3, position_zero_identity), prop("keeps_pair_norms", 2, keeps_pair_norms),
+            prop("float32_math", 2, float32_math)),
     mistakes=(
+        Mistake("apply_rope.low_precision_math", "computed in x's low-precision dtype (cos and sin cast down to it): "
+                "compute x.float() · cos + rotate_half(x.float()) · sin in float32, then round once with .to(x.dtype)",
+                lambda x, cos, sin: _bfloat16_math(x, cos, sin) if x.dtype in (torch.bfloat16, torch.float16) else None),
         Mistake("apply_rope.interleaved_layout", "rotated neighbouring pairs (x[2i], x[2i+1]), the interleaved layout: with "
                 "rope_cos_sin's tables (half layout) feature j pairs with j + Dh/2, x·cos + rotate_half(x)·sin",
                 _apply_variant(kind="pairs")),
