@@ -134,6 +134,13 @@ BUGGY = [
     if slopes is not None:
         weights = weights + alibi_bias(slopes, t_q, t_k).to(weights.dtype)""", "    return weights @ v"),
             "local_attention", "local_attention.bias_after_softmax"),
+    Variant("attention_masked_bias_after_softmax",  # the bias kept to the allowed keys, but added to the weights
+            attention("""\
+    allowed = sliding_window_mask(t_q, t_k, t_k if window is None else window, device=q.device)
+    weights = torch.softmax(torch.where(allowed, scores, float("-inf")), dim=-1)
+    if slopes is not None:
+        weights = weights + torch.where(allowed, alibi_bias(slopes, t_q, t_k).to(weights.dtype), 0.0)""", "    return weights @ v"),
+            "local_attention", "local_attention.bias_after_softmax"),
     Variant("attention_unscaled", attention(REFERENCE_MIDDLE).replace(" / math.sqrt(q.shape[-1])", ""),
             "local_attention", "local_attention.unscaled"),
     Variant("attention_bias_not_cast",  # the float32 bias promotes half-precision scores, which then meet half v

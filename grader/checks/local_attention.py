@@ -269,8 +269,8 @@ def attend(q, k, v, window=None, slopes=None, *, extra=0, top_left=False, two_si
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
-    if b is not None and after_softmax:
-        weights = weights + b
+    if b is not None and after_softmax:  # "masked": the bias zeroed where the mask blocks, then added
+        weights = weights + (b.masked_fill(~mask, 0.0) if after_softmax == "masked" and mask is not None else b)
     return weights @ v
 
 
@@ -327,8 +327,9 @@ LOCAL = Step(
         Mistake("local_attention.not_causal", "with window=None no mask was applied: the attention is still causal; use the causal "
                 "mask (sliding_window_mask with a window of Tk)", _variant(causal=False)),
         Mistake("local_attention.bias_sign", BIAS_SIGN, _variant(sign=1)),
-        Mistake("local_attention.bias_after_softmax", "the ALiBi bias was added to the weights after the softmax: add it to the "
-                "scores before the softmax (and before the mask)", _variant(after_softmax=True)),
+        Mistake("local_attention.bias_after_softmax", "the ALiBi bias was added to the weights after the softmax (whole, or zeroed where the mask blocks): add it to the "
+                "scores before the softmax (and before the mask)",
+                lambda *a, **k: [attend(*a, **k, after_softmax=form) for form in ("whole", "masked")]),
         Mistake("local_attention.unscaled", "scores not scaled: divide q @ kᵀ by √D", _variant(scale=False)),
     ),
 )
