@@ -69,6 +69,9 @@ BUGGY = [
     Variant("repeat_kv_batch_axis", "def repeat_kv(x, n_rep):\n    return torch.repeat_interleave(x, n_rep, 0)",
             "repeat_kv", "repeat_kv.batch_axis"),
     Variant("repeat_kv_no_dim", "def repeat_kv(x, n_rep):\n    return x.repeat_interleave(n_rep)", "repeat_kv", "repeat_kv.flattened"),
+    Variant("repeat_kv_copies_after_tokens",  # the copies stacked after the token axis: the reshape folds tokens into heads
+            "def repeat_kv(x, n_rep):\n    B, H, T, Dh = x.shape\n"
+            "    return torch.stack([x] * n_rep, dim=3).reshape(B, H * n_rep, T, Dh)", "repeat_kv", "repeat_kv.copies_after_tokens"),
     Variant("repeat_kv_expand_view",  # view() cannot merge an expanded (stride 0) axis
             "def repeat_kv(x, n_rep):\n    B, H, T, Dh = x.shape\n"
             "    return x[:, :, None].expand(B, H, n_rep, T, Dh).view(B, H * n_rep, T, Dh)", "repeat_kv", "view_non_contiguous"),
@@ -104,6 +107,14 @@ BUGGY = [
         scores = scores.masked_fill(~mask, float("-inf"))
     scores = scores.reshape(B, Hq, Tq, Tk)
     v = repeat_kv(v, G)"""), "grouped_attention", "grouped_attention.mask_misaligned"),
+    Variant("grouped_attention_mask_head_order",  # the mask's heads unflattened as (G, Hkv), swapped, flattened again
+            attention_with("""\
+    k, v = repeat_kv(k, G), repeat_kv(v, G)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(Dh)
+    if mask is not None:
+        B, Hq, Tq, Tk = scores.shape
+        m = mask.expand(B, Hq, Tq, Tk).unflatten(1, (G, Hq // G)).transpose(1, 2).flatten(1, 2)
+        scores = scores.masked_fill(m.logical_not(), float("-inf"))"""), "grouped_attention", "grouped_attention.mask_head_order"),
     Variant("grouped_attention_softmax_query_axis", attention_with(REFERENCE_SCORES).replace("dim=-1", "dim=-2"),
             "grouped_attention", "grouped_attention.softmax_query_axis"),
     Variant("grouped_attention_minus_1e9", attention_with(REFERENCE_SCORES.replace('float("-inf")', "-1e9")),
@@ -154,6 +165,18 @@ class GroupedQueryAttention(GroupedQueryAttention):
     Variant("module_no_output_projection", module_with(REFERENCE_MODULE_END.replace(
         "return self.w_o(y.transpose(1, 2).reshape(B, T, D))", "return y.transpose(1, 2).reshape(B, T, D)")),
             "GroupedQueryAttention", "GroupedQueryAttention.no_output_projection"),
+    Variant("module_split_no_transpose", """
+class GroupedQueryAttention(GroupedQueryAttention):
+    def forward(self, x, mask=None):
+        B, T, D = x.shape
+        Hq, Hkv, Dh = self.num_heads, self.num_kv_heads, self.head_dim
+        q = self.w_q(x).view(B, Hq, T, Dh)  # straight to (B, H, T, Dh): tokens and heads mixed
+        k = self.w_k(x).view(B, Hkv, T, Dh)
+        v = self.w_v(x).view(B, Hkv, T, Dh)
+        return self.w_o(grouped_attention(q, k, v, mask).transpose(1, 2).reshape(B, T, D))
+""", "GroupedQueryAttention", "GroupedQueryAttention.split_no_transpose"),
+    Variant("module_merge_no_transpose", module_with(REFERENCE_MODULE_END.replace(
+        "y.transpose(1, 2).reshape(B, T, D)", "y.reshape(B, T, -1)")), "GroupedQueryAttention", "GroupedQueryAttention.merge_no_transpose"),
     Variant("module_kv_split_into_query_heads", """
 class GroupedQueryAttention(GroupedQueryAttention):
     def forward(self, x, mask=None):

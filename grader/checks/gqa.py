@@ -48,6 +48,10 @@ REPEAT = Step(
                 lambda x, n: x.repeat_interleave(n, dim=0)),
         Mistake("repeat_kv.flattened", "repeat_interleave without dim flattens the tensor first: pass dim=1",
                 lambda x, n: x.repeat_interleave(n)),
+        Mistake("repeat_kv.copies_after_tokens", "the axis of the copies went after the token axis (x[:, :, :, None]"
+                ".expand(B, Hkv, T, n_rep, Dh), or after the head width), so the reshape to (B, Hkv·n_rep, T, Dh) folds tokens "
+                "into heads: add it right after the heads, x[:, :, None].expand(B, Hkv, n_rep, T, Dh)",
+                lambda x, n: [x.repeat_interleave(n, dim=axis).reshape(x.shape[0], x.shape[1] * n, *x.shape[2:]) for axis in (2, 3)]),
     ),
 )
 
@@ -77,7 +81,7 @@ def _blocked_rows(mask):
 
 
 def grouped(q, k, v, mask=None, *, mapping="interleave", scale="head", fill=float("-inf"), invert=False, dim=-1,
-            nan_rows=False, mask_grouped=False):
+            nan_rows=False, mask_grouped=False, mask_order=None):
     """grouped_attention; the keyword arguments after * make the named wrong variants."""
     hq, hkv, dh = q.shape[1], k.shape[1], q.shape[-1]
     g = hq // hkv
@@ -87,6 +91,10 @@ def grouped(q, k, v, mask=None, *, mapping="interleave", scale="head", fill=floa
         k, v = k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1)
     root = {"head": math.sqrt(dh), "query_width": math.sqrt(hq * dh), "kv_width": math.sqrt(hkv * dh), "none": 1.0}[scale]
     scores = q @ k.transpose(-2, -1) / root
+    if mask is not None and mask_order is not None:  # the mask's heads grouped in the other order: (G, Hkv) for (Hkv, G)
+        b, _, tq, tk = scores.shape
+        split, merged = {"groups_first": ((g, hkv), (hkv, g)), "kv_first": ((hkv, g), (g, hkv))}[mask_order]
+        mask = mask.expand(b, hq, tq, tk).reshape(b, *split, tq, tk).transpose(1, 2).reshape(b, hq, tq, tk)
     if mask is not None:
         blocked = mask if invert else ~mask
         if mask_grouped:  # scores kept as (B, Hkv, G, Tq, Tk), the mask broadcast against them from the right
@@ -135,6 +143,11 @@ GROUPED = Step(
                 "broadcastable to (B, Hq, Tq, Tk) does not line up with them (the batch axis fell on the KV heads); apply it "
                 "to the scores as (B, Hq, Tq, Tk)", _variant(mask_grouped=True),
                 raises=Raises(message=r"must match the size|broadcast|shape mismatch", source=r"G\s*,|n_rep\s*,|groups?\s*,")),
+        Mistake("grouped_attention.mask_head_order", "a per-head mask's heads went to the wrong query heads: its head axis was "
+                "grouped as (G, Hkv) (then transposed) where the query heads are grouped as (Hkv, G) (or the other way round); query "
+                "head h = j·G + g is group g of KV head j, so group the mask's heads exactly as you group q's, "
+                "mask.expand(B, Hq, Tq, Tk).reshape(B, Hkv, G, Tq, Tk)",
+                lambda *a, **k: [grouped(*a, **k, mask_order=order) for order in ("groups_first", "kv_first")]),
         VALUES_NOT_REPEATED,
         Mistake("grouped_attention.softmax_query_axis", "softmax over the query axis: normalize over the keys, dim=-1", _variant(dim=-2)),
         Mistake("grouped_attention.finite_fill", "blocked scores filled with a finite value (-1e9): a fully blocked row then spreads "
@@ -147,20 +160,26 @@ GROUPED = Step(
 # -- GroupedQueryAttention ----------------------------------------------------------------
 
 
-def attend(state, x, mask=None, *, mapping="interleave", scale="head", out_proj=True, use_mask=True):
+def attend(state, x, mask=None, *, mapping="interleave", scale="head", out_proj=True, use_mask=True, bare_split=(),
+           merge_transposed=True):
     """The module's forward from reference steps, heads read off the weights (Dh = 4 in every check);
-    the keyword arguments after * make the named wrong variants."""
+    the keyword arguments after * make the named wrong variants (bare_split: the projections split with a bare reshape
+    to (B, H, T, Dh), no transpose)."""
     b, t, d = x.shape
     hq, hkv = d // DH, state["w_k.weight"].shape[0] // DH
 
     def proj(y, name):
         return y @ state[f"{name}.weight"].T + state.get(f"{name}.bias", 0)
 
-    q = proj(x, "w_q").view(b, t, hq, DH).transpose(1, 2)  # (B, Hq, T, Dh)
-    k, v = (proj(x, n).view(b, t, hkv, DH).transpose(1, 2) for n in ("w_k", "w_v"))  # (B, Hkv, T, Dh)
+    def split(name, heads):
+        y = proj(x, name)
+        return y.reshape(b, heads, t, DH) if name in bare_split else y.view(b, t, heads, DH).transpose(1, 2)
+
+    q = split("w_q", hq)  # (B, Hq, T, Dh)
+    k, v = split("w_k", hkv), split("w_v", hkv)  # (B, Hkv, T, Dh)
     root = {"head": "head", "embed": "query_width"}[scale]
     y = grouped(q, k, v, mask if use_mask else None, mapping=mapping, scale=root)
-    y = y.transpose(1, 2).reshape(b, t, d)
+    y = y.transpose(1, 2).reshape(b, t, d) if merge_transposed else y.reshape(b, t, d)
     return proj(y, "w_o") if out_proj else y
 
 
@@ -209,6 +228,13 @@ MODULE = Step(
         Mistake("GroupedQueryAttention.mask_ignored", "the mask was never applied: pass it to grouped_attention", _module_variant(use_mask=False)),
         Mistake("GroupedQueryAttention.no_output_projection", "forgot the output projection w_o after merging heads",
                 _module_variant(out_proj=False)),
+        Mistake("GroupedQueryAttention.split_no_transpose", "heads split with a bare reshape straight to (B, H, T, Dh): that "
+                "mixes tokens and heads; view the projection as (B, T, H, Dh), then transpose(1, 2) (for q with num_heads, "
+                "for k and v with num_kv_heads)",
+                lambda *a, **k: [attend(*a, **k, bare_split=names) for names in (("w_q", "w_k", "w_v"), ("w_q",), ("w_k", "w_v"))]),
+        Mistake("GroupedQueryAttention.merge_no_transpose", "merged the heads without moving the head axis back: (B, Hq, T, Dh) "
+                "reshaped to (B, T, D) mixes tokens and heads; transpose(1, 2) before the reshape",
+                _module_variant(merge_transposed=False)),
         Mistake("GroupedQueryAttention.kv_split_into_query_heads", "split the keys or values into num_heads heads: they have "
                 "num_kv_heads heads of head_dim each, (B, T, Hkv·Dh) -> (B, Hkv, T, Dh)",
                 raises=Raises(message=r"invalid for input of size", line=r"num_heads|\bH(q)?\b|n_heads|\.h\b")),
