@@ -288,7 +288,7 @@ def _child(wire, torch, request, fds, cuda: bool, status_fd: int, plan: dict) ->
             _fork_into_pid_namespace()
         # Told before any candidate code runs: the zygote's word, never the candidate's.
         failure = _allowlist_root(request["workdir"], plan, cuda) if request.get("fs_isolation", True) else "turned off"
-        cuda_error = _cap_memory(torch, request["memory_limit"], cuda and request.get("cuda", True))
+        cuda_error = _cap_memory(torch, request["memory_limit"], cuda, cuda and request.get("cuda", True))
         status = {"fs": failure and failure[:400], "cuda": cuda_error and cuda_error[:400]}
         os.write(status_fd, json.dumps(status).encode())
         os.close(status_fd)
@@ -298,15 +298,16 @@ def _child(wire, torch, request, fds, cuda: bool, status_fd: int, plan: dict) ->
         os._exit(0)
 
 
-def _cap_memory(torch, limit: int, cuda: bool) -> str | None:
+def _cap_memory(torch, limit: int, cuda: bool, start_cuda: bool) -> str | None:
     """Cap the memory the candidate's process can write to (RLIMIT_DATA) at `limit` bytes.
 
-    With CUDA the driver first maps over a GB of host memory of its own (measured on an
-    H100: a 1 GB cap fails its start), so CUDA starts here, before any candidate code, and
-    the cap is `limit` on top of what it took. Returns why CUDA would not start, if it did not.
+    Where torch sees CUDA, its build already holds over a GB of writable mappings (1.26 GB
+    measured on an H100, where a 1 GB cap stopped CUDA's start), so the cap is `limit` on top
+    of what the process holds; and where the device checks run on CUDA (`start_cuda`), CUDA
+    starts here first, before any candidate code. Returns why CUDA would not start, if it did not.
     """
     error = None
-    if cuda:
+    if start_cuda:
         os.environ["CUDA_CACHE_DISABLE"] = "1"  # no JIT cache to fill (the driver still makes an empty ~/.nv)
         try:
             torch.zeros(1, device="cuda")

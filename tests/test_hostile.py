@@ -825,8 +825,9 @@ def test_cuda_that_will_not_start_in_the_worker_is_the_graders_fault(tmp_path):
         def zeros(*args, **kwargs):
             raise RuntimeError("Unexpected error from cudaGetDeviceCount(). Error 304")
 
-    assert worker._cap_memory(BrokenCuda, 0, cuda=True) == "RuntimeError: Unexpected error from cudaGetDeviceCount(). Error 304"
-    assert worker._cap_memory(BrokenCuda, 0, cuda=False) is None  # not asked to start CUDA: no error
+    error = worker._cap_memory(BrokenCuda, 0, cuda=True, start_cuda=True)
+    assert error == "RuntimeError: Unexpected error from cudaGetDeviceCount(). Error 304"
+    assert worker._cap_memory(BrokenCuda, 0, cuda=True, start_cuda=False) is None  # --device cpu: CUDA is not started
 
     class Zygote:
         def reply(self, ticket, deadline):
