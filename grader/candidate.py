@@ -436,10 +436,14 @@ class Candidate:
         if stopped is not None:
             error = errors[stopped]
             error.action, error.results = stopped, results[:stopped]
-            if error.kind == "memory":  # like a hang: the next call would only fill memory again
-                self._broken[name] = (error.kind, error.message)
-            raise error
+            raise self._remember(name, error)
         return Answer(results, answer.called)
+
+    def _remember(self, name: str, error: CandidateError) -> CandidateError:
+        """A function that ran out of memory is not called again: like a hang, the next call would only fill it again."""
+        if error.kind == "memory":
+            self._broken[name] = (error.kind, error.message)
+        return error
 
     def _script_error(self, error: dict, action: dict) -> CandidateError:
         """The CandidateError (also a script's `Raised` result) for an exception one action raised."""
@@ -521,9 +525,7 @@ class Candidate:
                 if _names_missing(answer.get("error"), name):
                     self.missing.add(name)
                     error = CandidateError("missing", f"the file defines no {name}")
-                if error.kind == "memory":  # like a hang: the next call would only fill memory again
-                    self._broken[name] = (error.kind, error.message)
-                raise error
+                raise self._remember(name, error)
             return Answer(wire.decode(answer.get("value"), answer_blobs), called, _shapes(answer.get("shapes")))
         except CandidateError:
             raise
