@@ -40,6 +40,7 @@ were forbidden. Nothing here decides a score: everything in a child is untrusted
 """
 
 import ctypes
+import gc
 import importlib.util
 import inspect
 import json
@@ -91,6 +92,10 @@ def main() -> None:
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # ask NVML, so no CUDA context exists to break fork
     own_pid_namespace = _own_pid_namespace()
 
+    # No garbage collection while torch loads: it makes hundreds of thousands of objects, and
+    # each full collection on the way walks them all (a tenth of the import's time). Then the
+    # lot is frozen, so no child's collection walks (and copies) the pages it shares with us.
+    gc.disable()
     import numpy  # noqa: F401  (imported once here, not in every child)
     import torch
 
@@ -98,6 +103,8 @@ def main() -> None:
     cuda = torch.cuda.is_available()  # asked once, here: NVML's handles would not survive the sandbox
     if os.environ.get("ATTN_GRADE_WARM") == "device" and not cuda:
         _warm_meta(torch)
+    gc.freeze()
+    gc.enable()
     _libc().prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     _remove_stale_cgroups()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -267,8 +274,6 @@ def _skip_lazy_dynamo_import(torch) -> None:
     torch._dynamo on a function's first call only to wrap it so torch.compile will not
     trace it. Nothing is compiled here, so each wrapper gets its function as is.
     """
-    import gc
-
     inner = torch._compile._disable_dynamo(_warm_meta).__code__
     slot = inner.co_freevars.index("fn")
     for obj in gc.get_objects():

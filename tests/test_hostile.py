@@ -321,6 +321,7 @@ def look():
     found += [m for m in sys.modules if m.startswith(("solutions", "grader"))]
     found += ["env " + k for k in os.environ if "SECRET" in k]
     found += ["file " + f for f in os.listdir(".") if f not in ("mha.py", "__pycache__", ".nv")]  # .nv: CUDA's empty cache folder
+    gc.unfreeze()  # the zygote froze what it imported: get_objects() would not list it
     found += ["big tensor" for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.numel() > 10**4]
     kit = os.path.dirname(os.path.dirname(os.path.abspath(sys.argv[0])))  # sys.argv[0] is grader/worker.py
     for beside in ("solutions", "tests", ".git"):
