@@ -414,6 +414,13 @@ RULES_ONLY = [
         "softmax", "forbidden_call",
     ),
     Variant(
+        "project_in_torch",  # the import is project's: it costs project (a breach), not every step's rules
+        "import torch\n\ndef project(x, weight, bias=None):\n"
+        "    y = torch.from_numpy(x) @ torch.from_numpy(weight).T\n"
+        "    return (y if bias is None else y + torch.from_numpy(bias)).numpy()",
+        "project", "forbidden_call",
+    ),
+    Variant(
         "softmax_scipy",  # scipy is not installed here: the import is what the rule sees (a file-level rule)
         "try:\n    from scipy.special import softmax as _scipy_softmax\nexcept ImportError:\n    _scipy_softmax = None",
     ),

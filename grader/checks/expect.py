@@ -349,9 +349,13 @@ def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: st
                           FORBIDDEN_CALL, details={"forbidden_calls": used}, breach=True)
 
 
-def numpy_only(answer, source: str) -> None:
-    """The rules of a NumPy exercise: the file imports no torch (a small cost), the call runs none (a breach)."""
-    expect_no_import(source, "torch")
+def numpy_only(answer, source: str, step: str, steps: tuple[str, ...]) -> None:
+    """The rules of a NumPy exercise: the call runs no torch (a breach), the file imports none (a small cost).
+
+    The import is charged to the steps whose code names what it bound (a step that used torch
+    costs itself, not its neighbours); an import no step's code names, the habit of a first
+    line, costs every step a little, as a rule of the whole file.
+    """
     if answer.called:
         used = sorted(answer.called)
         more = f" and {len(used) - 5} more" if len(used) > 5 else ""
@@ -359,3 +363,38 @@ def numpy_only(answer, source: str) -> None:
 
         raise CheckFailed(f"called torch ({', '.join(used[:5])}{more}): this exercise is NumPy only",
                           FORBIDDEN_CALL, details={"forbidden_calls": used}, breach=True)
+    try:
+        expect_no_import(source, "torch")
+    except CheckFailed:
+        tree = ast.parse(source)  # it parsed in expect_no_import
+        users = [s for s in steps if _names_any(tree, s, _bound_by_imports_of(tree, "torch"), steps)]
+        if not users or step in users:
+            raise
+
+
+def _bound_by_imports_of(tree: ast.AST, module: str) -> set[str]:
+    """The names that the file's imports of `module` (anywhere in it) bind."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == module}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == module and not node.level:
+            bound |= {a.asname or a.name for a in node.names}
+    return bound
+
+
+def _names_any(tree: ast.Module, step: str, names: set[str], steps: tuple[str, ...]) -> bool:
+    """Whether the step's definition, or a helper it names (and so on), names any of `names`.
+
+    Other steps are not followed: what they name is theirs (a module that calls `project` is
+    not charged for `project`'s code).
+    """
+    defined = {node.name: node for node in tree.body if hasattr(node, "name") and (node.name == step or node.name not in steps)}
+    reached, frontier = set(), {step} & defined.keys()
+    while frontier:
+        reached |= frontier
+        named = {n.id for name in frontier for n in ast.walk(defined[name]) if isinstance(n, ast.Name)}
+        if named & names:
+            return True
+        frontier = (named & defined.keys()) - reached
+    return False

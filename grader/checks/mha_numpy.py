@@ -131,7 +131,7 @@ FUNCTION = Step(
 
 def numpy_rules(answer, source: str, step: str) -> None:
     """No torch in the file or the call, and no scipy in softmax (scipy.special.softmax is the one-line shortcut)."""
-    numpy_only(answer, source)
+    numpy_only(answer, source, step, tuple(s.id for s in (*STEPS, FUNCTION)))
     if step == "softmax":
         expect_no_import(source, "scipy")
 
