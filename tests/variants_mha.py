@@ -205,6 +205,9 @@ BUGGY = [
             "attention_scores", "fixed_rank"),
     Variant("attention_scores_dot_T", "def attention_scores(q, k):\n    return q @ k.T", "attention_scores", "transpose_all_axes"),
     Variant("attention_scores_bmm", "def attention_scores(q, k):\n    return torch.bmm(q, k.transpose(1, 2))", "attention_scores", "fixed_rank"),
+    Variant("project_addmm",  # the fused bias-add of a textbook: torch.addmm takes 2-D inputs only
+            "def project(x, weight, bias=None):\n    return x @ weight.t() if bias is None else torch.addmm(bias, x, weight.t())",
+            "project", "fixed_rank"),
     Variant("scale_scores_precedence", "def scale_scores(scores, head_dim):\n    return scores / head_dim ** 1/2",
             "scale_scores", "scale_scores.precedence"),
     Variant("scale_scores_by_last_axis", "def scale_scores(scores, head_dim):\n    return scores / math.sqrt(scores.size(-1))",

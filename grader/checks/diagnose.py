@@ -75,11 +75,13 @@ KEEPDIM_LOST = Mistake(
 )
 FIXED_RANK = Mistake(
     "fixed_rank",
-    "the step works for one number of axes only (B, T, D = x.shape, torch.bmm, an einsum without ...) where its "
-    "contract allows any number of leading dims: use x.shape[-1], @ (torch.matmul), '...' in einsum, "
-    "transpose(-2, -1)",
+    "the step works for one number of axes only (B, T, D = x.shape, torch.bmm, torch.mm or addmm, .t(), an einsum "
+    "without ...) where its contract allows any number of leading dims: use x.shape[-1], @ (torch.matmul), '...' "
+    "in einsum, transpose(-2, -1)",
+    # torch.mm and addmm ("mat1 must be a matrix"; the meta device: "a must be 2D"), .t() and mv on a batch too
     raises=Raises(message=r"values to unpack|must be a 3D tensor|batch\d must be a 3D|subscripts|einstein sum|"
-                          r"does not match the number of dimensions|Dimension out of range|axis \d+ is out of bounds"),
+                          r"does not match the number of dimensions|Dimension out of range|axis \d+ is out of bounds|"
+                          r"must be a matrix|\ba must be 2D|expects a tensor with <= 2 dimensions|matrix @ vector expected"),
 )
 TENSOR_ON_CPU = Mistake(
     "tensor_on_cpu",
