@@ -226,6 +226,14 @@ class CachedSelfAttention(CachedSelfAttention):
         if past_len == 0:  # with something cached, the new token may see it all
             scores = scores.masked_fill(~decode_mask(T, 0, device=x.device), float("-inf"))"""),
             "CachedSelfAttention", "CachedSelfAttention.no_mask_with_cache"),
+    Variant("module_no_mask_given_a_cache", forward_with("""\
+        if cache is None:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(Dh)
+            scores = scores.masked_fill(~decode_mask(T, 0, device=x.device), float("-inf"))
+        else:  # decoding: one new token, which may see everything (a prefill into the cache is not)
+            k, v = cache.append(k, v)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(Dh)"""),
+            "CachedSelfAttention", "CachedSelfAttention.no_mask_with_cache"),
     Variant("module_keys_attended_twice", forward_with("""\
         if cache is not None:
             k_all, v_all = cache.append(k, v)

@@ -143,6 +143,10 @@ BUGGY = [
             "local_attention", "local_attention.bias_after_softmax"),
     Variant("attention_unscaled", attention(REFERENCE_MIDDLE).replace(" / math.sqrt(q.shape[-1])", ""),
             "local_attention", "local_attention.unscaled"),
+    Variant("attention_bias_scaled",  # one division for both: (q @ kᵀ + bias) / √D
+            attention(REFERENCE_MIDDLE.replace("    mask =", "    scores = scores / math.sqrt(q.shape[-1])\n    mask =", 1))
+            .replace("scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])", "scores = q @ k.transpose(-2, -1)"),
+            "local_attention", "local_attention.bias_scaled"),
     Variant("attention_bias_not_cast",  # the float32 bias promotes half-precision scores, which then meet half v
             attention(REFERENCE_MIDDLE.replace("alibi_bias(slopes, t_q, t_k).to(scores.dtype)", "alibi_bias(slopes, t_q, t_k)")),
             "local_attention", "dtype_mismatch"),

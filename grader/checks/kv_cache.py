@@ -450,7 +450,7 @@ def cached(state, x, splits=None, *, bug=None):
         mask = ref.decode_mask(t, past)
         if bug == "top_left":
             mask = torch.ones(t, past + t, dtype=torch.bool).tril()
-        elif bug == "no_mask_with_cache" and past:
+        elif (bug == "no_mask_with_cache" and past) or (bug == "no_mask_given_a_cache" and with_cache):
             mask = torch.ones(t, past + t, dtype=torch.bool)
         elif bug == "keys_attended_twice" and with_cache:  # the cache's answer, and this call's keys again
             keys, vals = torch.cat([keys, k], dim=2), torch.cat([vals, v], dim=2)
@@ -552,7 +552,8 @@ def _module_mistake(call_: Call, splits: tuple, outputs: list, got: list, native
         if mistake.variant is None or (mistake.raises and mistake.raises.source
                                        and not re.search(mistake.raises.source, source)):
             continue
-        if matches_any(value, [mistake.variant(state, x, splits)]):
+        forms = mistake.variant(state, x, splits)
+        if matches_any(value, forms if isinstance(forms, list) else [forms]):  # a mistake may have several forms
             return mistake
     return None
 
@@ -661,7 +662,7 @@ MODULE = Step(
                               line=r"\[\s*:\s*\w+\s*,\s*:\s*\w+\s*\]|\(\s*\w+\s*,\s*\w+\s*(,\s*dtype[^)]*)?\)\.tril\(\)")),
         Mistake("CachedSelfAttention.no_mask_with_cache", "no mask when a cache is given: one new token may see every key, "
                 "but several new tokens (a chunked prefill) must not see the ones after them; use decode_mask(T, past_len)",
-                _variant("no_mask_with_cache")),
+                lambda *a, **k: [cached(*a, **k, bug=form) for form in ("no_mask_with_cache", "no_mask_given_a_cache")]),
         Mistake("CachedSelfAttention.keys_attended_twice", "the new keys were attended twice (append's answer, which holds "
                 "them already, concatenated with them again): attend over what append returns, as it is",
                 _variant("keys_attended_twice")),

@@ -255,12 +255,15 @@ def local_inputs(gen, dtype, t_q=TQ, t_k=TK, window=None, alibi=False):
 
 
 def attend(q, k, v, window=None, slopes=None, *, extra=0, top_left=False, two_sided=False, causal=True, sign=-1,
-           after_softmax=False, scale=True):
+           after_softmax=False, scale=True, bias_scaled=False):
     """local_attention; the keyword arguments after * make the named wrong variants."""
     t_q, t_k = q.shape[-2], k.shape[-2]
-    scores = q @ k.transpose(-2, -1) / (math.sqrt(q.shape[-1]) if scale else 1.0)
+    scores = q @ k.transpose(-2, -1)
     b = None if slopes is None else bias(slopes, t_q, t_k, sign=sign).to(scores.dtype)
-    if b is not None and not after_softmax:
+    if b is not None and bias_scaled:  # added before the scaling: divided by √D with the scores
+        scores = scores + b
+    scores = scores / (math.sqrt(q.shape[-1]) if scale else 1.0)
+    if b is not None and not after_softmax and not bias_scaled:
         scores = scores + b
     if window is not None:
         mask = window_mask(t_q, t_k, window, extra=extra, top_left=top_left, two_sided=two_sided)
@@ -331,6 +334,8 @@ LOCAL = Step(
                 "scores before the softmax (and before the mask)",
                 lambda *a, **k: [attend(*a, **k, after_softmax=form) for form in ("whole", "masked")]),
         Mistake("local_attention.unscaled", "scores not scaled: divide q @ kᵀ by √D", _variant(scale=False)),
+        Mistake("local_attention.bias_scaled", "the ALiBi bias was divided by √D with the scores (added before the scaling): "
+                "scale q @ kᵀ first, then add the bias at full strength", _variant(bias_scaled=True)),
     ),
 )
 
