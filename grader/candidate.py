@@ -65,6 +65,7 @@ class Answer:
     value: object
     called: frozenset[str]  # names of the torch functions the candidate's code called
     shapes: dict | None = None  # asked for (invoke(shapes=True)): {"created": [shape, ...], "more": n}, see grader/worker.py
+    changed_in_place: tuple[str, ...] = ()  # the arguments (positions as "0", "1", ..., or keywords) the call changed
 
 
 @dataclass(frozen=True)
@@ -526,7 +527,9 @@ class Candidate:
                     self.missing.add(name)
                     error = CandidateError("missing", f"the file defines no {name}")
                 raise self._remember(name, error)
-            return Answer(wire.decode(answer.get("value"), answer_blobs), called, _shapes(answer.get("shapes")))
+            changed = answer.get("changed_in_place")
+            changed = tuple(_text(n)[:64] for n in changed[:16] if isinstance(n, str)) if isinstance(changed, list) else ()
+            return Answer(wire.decode(answer.get("value"), answer_blobs), called, _shapes(answer.get("shapes")), changed)
         except CandidateError:
             raise
         except Exception as exc:  # anything a forged frame can make the decoding do

@@ -36,7 +36,9 @@ module that fills one), under torch.no_grad as inference runs: see `_script`.
 with {"ok": true, "value": ..., "called": [...]} or {"ok": false, "error": {...}}.
 "called" names every torch function the candidate's code called (seen through a
 TorchFunctionMode, so aliases and getattr do not hide a call); the grader decides which
-were forbidden. Nothing here decides a score: everything in a child is untrusted.
+were forbidden. A "call" answer also says, as "changed_in_place", which arguments (by
+position or keyword) the call changed. Nothing here decides a score: everything in a
+child is untrusted.
 """
 
 import ctypes
@@ -689,11 +691,14 @@ def _serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool) -> None:
             return
         blobs_out: list[bytes] = []
         spy.shapes = _Shapes() if request.get("shapes") is True else None
+        spy.changed = []
         try:
             value, called = _handle(torch, wire, spy, module, request, blobs, blobs_out, (read_fd, write_fd))
             answer = {"ok": True, "value": value, "called": sorted(called)}
             if spy.shapes is not None:
                 answer["shapes"] = spy.shapes.data()
+            if spy.changed:
+                answer["changed_in_place"] = spy.changed
         except BaseException as exc:  # the candidate's exception, even SystemExit, is an answer
             blobs_out = []
             answer = {"ok": False, "error": _describe(exc, candidate_path), "called": sorted(spy.seen)}
@@ -713,8 +718,10 @@ def _handle(torch, wire, spy, module, request, blobs, blobs_out, fds):
         return _script(torch, wire, spy, module, request, blobs, blobs_out, answered), spy.seen
 
     if request["op"] == "call":
+        before = _snapshot(torch, [*enumerate(args), *kwargs.items()])
         with spy, answered:
             value = target(*args, **kwargs)
+        spy.changed = _changed_in_place(torch, before)
         return wire.encode(value, blobs_out), spy.seen
 
     # op == "module": build it on the CPU, load the grader's weights, move it, run forward (and backward)
@@ -749,6 +756,37 @@ def _handle(torch, wire, spy, module, request, blobs, blobs_out, fds):
         result["arg_grads"] = [args[i].grad for i in grad_args]
         result["param_grads"] = {name: p.grad for name, p in instance.named_parameters()}
     return wire.encode(result, blobs_out), spy.seen
+
+
+def _snapshot(torch, named: list) -> list:
+    """The bytes of each tensor or array argument (by position or keyword) before the call, to tell which it changed."""
+    import numpy
+
+    kept = []
+    for key, value in named:
+        if isinstance(value, torch.Tensor) and value.device.type != "meta":  # a meta tensor has no bytes
+            kept.append((str(key), value, tuple(value.shape), _bytes_of(torch, value)))
+        elif isinstance(value, numpy.ndarray):
+            kept.append((str(key), value, value.shape, value.tobytes()))
+    return kept
+
+
+def _changed_in_place(torch, kept: list) -> list[str]:
+    """The arguments whose shape or bytes the call changed (masked_fill_, x /= s, a[mask] = v on the caller's data)."""
+    changed = []
+    for key, value, shape, data in kept:
+        if isinstance(value, torch.Tensor):
+            same = tuple(value.shape) == shape and torch.equal(_bytes_of(torch, value), data)
+        else:
+            same = value.shape == shape and value.tobytes() == data
+        if not same:
+            changed.append(key)
+    return changed
+
+
+def _bytes_of(torch, tensor):
+    # bytes, not values: NaN equals itself here, and -0.0 differs from 0.0
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8).clone()
 
 
 MAX_SCRIPT_ACTIONS = 256  # actions in one script
@@ -1050,6 +1088,7 @@ def _make_spy(torch):
         seen: set = set()
         device: str = "cpu"
         shapes = None  # a _Shapes while a request asks for the shapes of what the call creates (`"shapes": true`)
+        changed: list = []  # the arguments a call changed in place
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             self.seen.add(str(getattr(func, "__name__", "?")))

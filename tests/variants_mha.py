@@ -205,6 +205,9 @@ BUGGY = [
             "attention_scores", "fixed_rank"),
     Variant("attention_scores_dot_T", "def attention_scores(q, k):\n    return q @ k.T", "attention_scores", "transpose_all_axes"),
     Variant("attention_scores_bmm", "def attention_scores(q, k):\n    return torch.bmm(q, k.transpose(1, 2))", "attention_scores", "fixed_rank"),
+    Variant("apply_mask_in_place",  # right values, but the caller's scores are filled too
+            "def apply_mask(scores, mask):\n    return scores if mask is None else scores.masked_fill_(~mask, float('-inf'))",
+            "apply_mask", "input_changed_in_place"),
     Variant("project_addmm",  # the fused bias-add of a textbook: torch.addmm takes 2-D inputs only
             "def project(x, weight, bias=None):\n    return x @ weight.t() if bias is None else torch.addmm(bias, x, weight.t())",
             "project", "fixed_rank"),

@@ -30,6 +30,10 @@ REFERENCE_MIDDLE = """\
     return project(y, w_o, b_o)"""
 
 BUGGY = [
+    Variant("apply_mask_in_place",  # right values, but the caller's scores are filled too
+            "def apply_mask(scores, mask):\n    if mask is not None:\n        scores[~np.broadcast_to(mask, scores.shape)] = -np.inf\n"
+            "    return scores",
+            "apply_mask", "input_changed_in_place"),
     # -- project
     Variant("project_no_bias", "def project(x, weight, bias=None):\n    return x @ weight.T", "project", "project.no_bias"),
     Variant(

@@ -175,11 +175,18 @@ DROPOUT_AT_EVAL = Mistake(
     "the module gave different outputs for the same input in eval mode: dropout still acts at eval; use "
     "nn.Dropout (off after model.eval()) or F.dropout(x, p, training=self.training)",
 )
+INPUT_CHANGED = Mistake(
+    "input_changed_in_place",
+    "the step changed an argument in place (masked_fill_, x /= s, x[mask] = v, np.exp(x, out=x)): the caller's "
+    "tensors and arrays are theirs, and may be read again; compute into a new one (masked_fill, x / s, np.where) "
+    "or work on a copy",
+)
 
 ERRORS = (VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED, TENSOR_TRUTHINESS, DTYPE_MISMATCH, FLOAT_SHAPE,
           TRANSPOSE_ALL_AXES, DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK, LAYER_NAMES)
 FORMS = (MASK_NOT_BOOL, DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE, RESULT_ON_CPU)
-CATALOGUE = (*ERRORS, *FORMS, PARAMETERS_NOT_LOADED, GRADIENT_CUT, DROPOUT_AT_EVAL, FORBIDDEN_CALL, ASSERT_NOT_VALUEERROR)
+CATALOGUE = (*ERRORS, *FORMS, PARAMETERS_NOT_LOADED, GRADIENT_CUT, DROPOUT_AT_EVAL, FORBIDDEN_CALL, ASSERT_NOT_VALUEERROR,
+             INPUT_CHANGED)
 
 
 def meta_unsupported(error) -> bool:

@@ -91,6 +91,13 @@ def main_call(step: Step) -> str | None:
     return None
 
 
+def arguments_check(step: Step) -> str | None:
+    """The item name of the check that also asks whether the call left its arguments alone: the main
+    call's values check, else the step's first values check."""
+    first = next((c for c in step.checks if c.kind == "values"), None)
+    return main_call(step) or (first and item_name(step, first, first.dtypes[0] if first.dtypes else None))
+
+
 class SpecItem(pytest.Item):
     def __init__(self, *, spec: Exercise, step: Step, check: Check, dtype, **kwargs):
         super().__init__(**kwargs)
@@ -187,6 +194,8 @@ class Run:
                                       failure.details) from None
             else:
                 self.expect_right(self.output(answer), call, device)
+                if self.name == arguments_check(self.step):  # a side effect costs one check, the step's main one
+                    self.expect_arguments_kept(answer, call)
 
     # -- pieces a property check uses too ----------------------------------------------
 
@@ -269,6 +278,14 @@ class Run:
     def reference_args(self, call: Call) -> tuple:
         args = tuple(as_tensor(a) if isinstance(a, np.ndarray) else a for a in call.args)
         return (call.state, *args) if self.step.module else args
+
+    def expect_arguments_kept(self, answer, call: Call) -> None:
+        """The call left its arguments as it found them (the worker compares their bytes before and after)."""
+        if answer.changed_in_place:
+            named = lambda key: call.names[int(key)] if key.isdigit() and int(key) < len(call.names) else key  # noqa: E731
+            changed = [named(key) for key in answer.changed_in_place]
+            raise CheckFailed(f"the right answer, but the call changed its argument {', '.join(changed)} in place",
+                              diagnose.INPUT_CHANGED, details={"changed_in_place": changed})
 
     def expect_form(self, value, call: Call, device: str = "cpu"):
         """The answer has the reference's type, shape, dtype and device (its values are not looked at)."""
