@@ -205,6 +205,9 @@ BUGGY = [
             "attention_scores", "fixed_rank"),
     Variant("attention_scores_dot_T", "def attention_scores(q, k):\n    return q @ k.T", "attention_scores", "transpose_all_axes"),
     Variant("attention_scores_bmm", "def attention_scores(q, k):\n    return torch.bmm(q, k.transpose(1, 2))", "attention_scores", "fixed_rank"),
+    Variant("weighted_sum_renormalized",  # "make sure each row is an average": dropout's weights are not
+            "def weighted_sum(weights, v):\n    return (weights / weights.sum(-1, keepdim=True)) @ v",
+            "weighted_sum", "weighted_sum.renormalized"),
     Variant("apply_mask_in_place",  # right values, but the caller's scores are filled too
             "def apply_mask(scores, mask):\n    return scores if mask is None else scores.masked_fill_(~mask, float('-inf'))",
             "apply_mask", "input_changed_in_place"),
@@ -237,6 +240,9 @@ BUGGY = [
             "    return e / e.sum(dim, keepdim=True)", "softmax", "softmax.max_namedtuple"),
     Variant("softmax_max_no_keepdim", "def softmax(scores, dim=-1):\n    e = torch.exp(scores - scores.amax(dim))\n"
             "    return e / e.sum(dim, keepdim=True)", "softmax", "softmax.max_no_keepdim"),
+    Variant("softmax_sum_over_last_axis", "def softmax(scores, dim=-1):\n"
+            "    e = torch.exp(scores - scores.amax(dim, keepdim=True).clamp_min(-1e30))\n"
+            "    return e / e.sum(-1, keepdim=True).clamp_min(1e-30)", "softmax", "softmax.sum_over_last_axis"),
     Variant("softmax_max_over_last_axis", "def softmax(scores, dim=-1):\n"
             "    m = scores.amax(-1, keepdim=True).clamp_min(-1e30)\n    e = torch.exp(scores - m)\n"
             "    return e / e.sum(dim, keepdim=True).clamp_min(1e-30)", "softmax", "softmax.max_over_last_axis"),

@@ -226,12 +226,19 @@ BUGGY = [
         "softmax", "softmax.global_max",
     ),
     Variant(
+        "softmax_sum_over_last_axis",  # the shift along axis, the sum from the usual last axis
+        "def softmax(scores, axis=-1):\n    e = np.exp(scores - scores.max(axis=axis, keepdims=True))\n"
+        "    return e / e.sum(axis=-1, keepdims=True)",
+        "softmax", "softmax.sum_over_last_axis",
+    ),
+    Variant(
         "softmax_max_over_last_axis",  # the shift from the usual last axis, the sum along axis
         "def softmax(scores, axis=-1):\n    e = np.exp(scores - scores.max(axis=-1, keepdims=True))\n"
         "    return e / e.sum(axis=axis, keepdims=True)",
         "softmax", "softmax.max_over_last_axis",
     ),
     # -- weighted_sum
+    Variant("weighted_sum_renormalized", "def weighted_sum(weights, v):\n    return (weights / weights.sum(axis=-1, keepdims=True)) @ v", "weighted_sum", "weighted_sum.renormalized"),
     Variant(
         "weighted_sum_transposed",
         "def weighted_sum(weights, v):\n    return np.swapaxes(weights, -1, -2) @ v",

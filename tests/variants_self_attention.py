@@ -182,12 +182,19 @@ BUGGY = [
         "softmax", "softmax.max_no_keepdim",
     ),
     Variant(
+        "softmax_sum_over_last_axis",  # the shift along dim, the sum from the usual last axis
+        "def softmax(scores, dim=-1):\n    e = torch.exp(scores - scores.amax(dim, keepdim=True))\n"
+        "    return e / e.sum(dim=-1, keepdim=True)",
+        "softmax", "softmax.sum_over_last_axis",
+    ),
+    Variant(
         "softmax_max_over_last_axis",  # the shift from the usual last axis, the sum along dim
         "def softmax(scores, dim=-1):\n    e = torch.exp(scores - scores.amax(-1, keepdim=True))\n"
         "    return e / e.sum(dim=dim, keepdim=True)",
         "softmax", "softmax.max_over_last_axis",
     ),
     # -- weighted_sum
+    Variant("weighted_sum_renormalized", "def weighted_sum(weights, values):\n    weights = weights / weights.sum(dim=-1, keepdim=True)  # each row an average\n    return weights @ values", "weighted_sum", "weighted_sum.renormalized"),
     Variant(
         "weighted_sum_transposed",
         "def weighted_sum(weights, values):\n    return weights.transpose(-2, -1) @ values",

@@ -210,6 +210,10 @@ def _exp_over(x, dim, keepdim=True):
     return e / e.sum(dim, keepdim=keepdim)
 
 
+def _shifted_exp(x, dim):
+    return torch.exp(x - x.amax(dim, keepdim=True))
+
+
 UNSTABLE_MESSAGE = "not numerically stable: exp overflows for large logits; subtract the max along dim first"
 NAN_ROWS = Mistake("softmax.nan_rows", "a slice that is all -inf gives NaN: give it zeros (replace a -inf max by 0 and guard the zero sum)",
                    test=lambda out, x, dim=-1: _nonfinite(out, x, dim, blocked_slices=True))
@@ -218,6 +222,8 @@ SOFTMAX_MISTAKES = (  # the order matters: an answer that is all NaN fits severa
     Mistake("softmax.unstable", UNSTABLE_MESSAGE, lambda x, dim=-1: _exp_over(x, dim)),
     Mistake("softmax.identity", "returned the scores as they came: exponentiate, then divide by the sum along dim", lambda x, dim=-1: x),
     Mistake("softmax.ignored_dim", "softmax over the last axis whatever dim says: normalize along dim", lambda x, dim=-1: ref.softmax(x, -1)),
+    Mistake("softmax.sum_over_last_axis", "the sum was taken over the last axis, not along dim (the shift was right): "
+            "divide by the sum along dim", lambda x, dim=-1: _shifted_exp(x, dim) / _shifted_exp(x, dim).sum(-1, keepdim=True)),
     Mistake("softmax.dim_0", "normalized along dim 0 (the tutorials' softmax_naive on a 1-D tensor): sum along dim",
             lambda x, dim=-1: _exp_over(x, 0)),
     Mistake("softmax.whole_tensor", "normalized over the whole tensor: sum along dim with keepdim=True", lambda x, dim=-1: torch.exp(x) / torch.exp(x).sum()),
@@ -248,19 +254,26 @@ SOFTMAX = Step(
 # -- weighted_sum -------------------------------------------------------------------------
 
 
-def weighted_inputs(gen, dtype, tq=TQ, tk=TK, lead=(B, H)):
+def weighted_inputs(gen, dtype, tq=TQ, tk=TK, lead=(B, H), dropped=False):
     weights = ref.softmax(torch.as_tensor(gen.randn(*lead, tq, tk, dtype=dtype, scale=2.0)))
+    if dropped:  # as dropout leaves them: a quarter zeroed, the rest scaled by 4/3, rows no longer summing to 1
+        kept = torch.as_tensor(gen.randn(*lead, tq, tk)) > -0.6745
+        weights = (weights * kept / 0.75).to(weights.dtype)
     return Call((gen.native(weights), gen.randn(*lead, tk, DV, dtype=dtype)), names=("weights", "v"))
 
 
 WEIGHTED = Step(
     "weighted_sum", weighted_inputs, ref.weighted_sum,
-    checks=(shape(), values("values", 2, FLOATS), values("square", 1, tq=TK), values("any_leading_dims", 1, lead=(3,)), device()),
+    checks=(shape(), values("values", 1, FLOATS), values("square", 1, tq=TK), values("any_leading_dims", 1, lead=(3,)),
+            values("dropped_weights", 2, dropped=True), device()),
     mistakes=(
         Mistake("weighted_sum.transposed_weights", "weights transposed in the weighted sum: use weights @ v, not weightsᵀ @ v",
                 lambda w, v: w.transpose(-2, -1) @ v),
         Mistake("weighted_sum.summed_over_queries", "summed over the query axis: each output row mixes the value rows, so sum over the keys, giving (..., Tq, Dv)",
                 lambda w, v: (w.unsqueeze(-1) * v.unsqueeze(-3)).sum(-3)),
+        Mistake("weighted_sum.renormalized", "the weights were divided by their sum before mixing: the weighted sum is "
+                "weights @ v as given; weights after dropout (or a fully masked row of zeros) do not sum to 1, and must not "
+                "be made to", lambda w, v: (w / w.sum(-1, keepdim=True)) @ v),
         Mistake("weighted_sum.broadcast_for_2d", "a broadcast written for 2-D inputs: index from the end, (w[..., :, :, None] * v[..., None, :, :]).sum(-2), or simply weights @ v",
                 raises=Raises(message=r"must match the size|could not be broadcast", source=r"None\]|unsqueeze")),
     ),

@@ -65,7 +65,8 @@ STEPS = (
     numpy_step(mha.SOFTMAX, shape(), values("values", 2, FLOATS), values("axis_0", 1, lead=(4, 5, 6), dim=0),
                values("axis_minus_2", 1, dim=-2), values("large_logits", 2, lead=(B, TQ, TK), scale=1e4),
                values("all_masked_rows", 2, lead=(B, TQ, TK), scale=1.0, blocked=True), values("square_matrix", 1, lead=(6, 6)), rules(2)),
-    numpy_step(mha.WEIGHTED, shape(), values("values", 2, FLOATS), values("square", 1, tq=TK), values("any_leading_dims", 1, lead=(3,)), rules()),
+    numpy_step(mha.WEIGHTED, shape(), values("values", 1, FLOATS), values("square", 1, tq=TK), values("any_leading_dims", 1, lead=(3,)),
+               values("dropped_weights", 2, dropped=True), rules()),
     numpy_step(mha.MERGE, shape(), values("values", 2, FLOATS), mha.MERGE.checks[3], values("single_head", 1, heads=1, width=D), rules(2)),
 )
 

@@ -126,13 +126,14 @@ SOFTMAX = Step(
 )
 
 
-def weighted_inputs(gen, dtype, tq=TQ, tk=TK, lead=(B,)):
-    return mha.weighted_inputs(gen, dtype, tq, tk, lead)
+def weighted_inputs(gen, dtype, tq=TQ, tk=TK, lead=(B,), dropped=False):
+    return mha.weighted_inputs(gen, dtype, tq, tk, lead, dropped)
 
 
 WEIGHTED = Step(
     "weighted_sum", weighted_inputs, ref.weighted_sum, mistakes=mha.WEIGHTED.mistakes,
-    checks=(shape(2), values("values", 2, FLOATS), values("square", 2, tq=T, tk=T), values("unbatched", 2, tq=T, tk=T, lead=()), device(2)),
+    checks=(shape(2), values("values", 1, FLOATS), values("square", 2, tq=T, tk=T), values("unbatched", 2, tq=T, tk=T, lead=()),
+            values("dropped_weights", 2, dropped=True), device(2)),
 )
 
 # -- SelfAttention ------------------------------------------------------------------------
