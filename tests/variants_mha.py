@@ -208,6 +208,13 @@ BUGGY = [
     Variant("weighted_sum_renormalized",  # "make sure each row is an average": dropout's weights are not
             "def weighted_sum(weights, v):\n    return (weights / weights.sum(-1, keepdim=True)) @ v",
             "weighted_sum", "weighted_sum.renormalized"),
+    Variant("split_heads_sequence_first_fold",  # F.multi_head_attention_forward's fold, on batch-first input
+            "def split_heads(x, num_heads):\n    B, T, D = x.shape\n"
+            "    return x.reshape(T, B * num_heads, D // num_heads).transpose(0, 1).reshape(B, num_heads, T, D // num_heads)",
+            "split_heads", "split_heads.sequence_first_fold"),
+    Variant("attention_scores_reshape_not_transpose",
+            "def attention_scores(q, k):\n    return q @ k.reshape(*k.shape[:-2], k.shape[-1], k.shape[-2])",
+            "attention_scores", "attention_scores.reshape_not_transpose"),
     Variant("apply_mask_in_place",  # right values, but the caller's scores are filled too
             "def apply_mask(scores, mask):\n    return scores if mask is None else scores.masked_fill_(~mask, float('-inf'))",
             "apply_mask", "input_changed_in_place"),

@@ -30,6 +30,13 @@ REFERENCE_MIDDLE = """\
     return project(y, w_o, b_o)"""
 
 BUGGY = [
+    Variant("split_heads_sequence_first_fold",
+            "def split_heads(x, num_heads):\n    B, T, D = x.shape\n"
+            "    return np.swapaxes(x.reshape(T, B * num_heads, D // num_heads), 0, 1).reshape(B, num_heads, T, D // num_heads)",
+            "split_heads", "split_heads.sequence_first_fold"),
+    Variant("attention_scores_reshape_not_transpose",
+            "def attention_scores(q, k):\n    return q @ k.reshape(*k.shape[:-2], k.shape[-1], k.shape[-2])",
+            "attention_scores", "attention_scores.reshape_not_transpose"),
     Variant("apply_mask_in_place",  # right values, but the caller's scores are filled too
             "def apply_mask(scores, mask):\n    if mask is not None:\n        scores[~np.broadcast_to(mask, scores.shape)] = -np.inf\n"
             "    return scores",

@@ -193,6 +193,9 @@ BUGGY = [
         "    return e / e.sum(dim=dim, keepdim=True)",
         "softmax", "softmax.max_over_last_axis",
     ),
+    Variant("attention_scores_reshape_not_transpose",
+            "def attention_scores(queries, keys):\n    return queries @ keys.reshape(*keys.shape[:-2], keys.shape[-1], keys.shape[-2])",
+            "attention_scores", "attention_scores.reshape_not_transpose"),
     # -- weighted_sum
     Variant("weighted_sum_renormalized", "def weighted_sum(weights, values):\n    weights = weights / weights.sum(dim=-1, keepdim=True)  # each row an average\n    return weights @ values", "weighted_sum", "weighted_sum.renormalized"),
     Variant(

@@ -76,6 +76,10 @@ SPLIT = Step(
                 lambda x, h: x.reshape(x.shape[0], x.shape[1], x.shape[2] // h, h).permute(0, 3, 1, 2)),
         Mistake("split_heads.head_width_last", "the axes came out (B, H, Dh, T): the head width goes last, (B, H, T, Dh)",
                 lambda x, h: x.reshape(x.shape[0], x.shape[1], h, x.shape[2] // h).permute(0, 2, 3, 1)),
+        Mistake("split_heads.sequence_first_fold", "heads folded into the batch as nn.MultiheadAttention does, reshape(T, B·H, Dh): "
+                "that is for sequence-first (T, B, D) input; this one is (B, T, D), so view (B, T, H, Dh), then transpose(1, 2)",
+                lambda x, h: x.reshape(x.shape[1], x.shape[0] * h, x.shape[2] // h).transpose(0, 1)
+                .reshape(x.shape[0], h, x.shape[1], x.shape[2] // h)),
     ),
 )
 
@@ -95,6 +99,9 @@ SCORES = Step(
     mistakes=(
         Mistake("attention_scores.transposed", "scores transposed: you computed k @ qᵀ; the result is (..., Tq, Tk) = q @ kᵀ",
                 lambda q, k: k @ q.transpose(-2, -1)),
+        Mistake("attention_scores.reshape_not_transpose", "kᵀ made with a reshape to (..., Dh, Tk): a reshape keeps the order "
+                "of the elements, so it scrambles the keys instead of transposing them; use k.transpose(-2, -1)",
+                lambda q, k: q @ k.reshape(*k.shape[:-2], k.shape[-1], k.shape[-2])),
         Mistake("attention_scores.fixed_axes", "transposed fixed axes of k (transpose(1, 2), transpose(0, 1)): those are the last two "
                 "only for one number of dims; use transpose(-2, -1)", lambda q, k: q @ k.transpose(1, 2),
                 raises=Raises(message=r"size|shape|mismatch|must match|aligned",
