@@ -44,6 +44,11 @@ def rope_frequencies(head_dim, base=10000.0):
 def rope_frequencies(head_dim, base=10000.0):
     return base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
 """, "rope_frequencies", "rope_frequencies.exponent_sign"),
+    Variant("frequencies_integer_division", """
+def rope_frequencies(head_dim, base=10000.0):
+    exponent = torch.arange(0, head_dim, 2) // head_dim  # integers: 0 for every pair
+    return 1.0 / base ** exponent.float()
+""", "rope_frequencies", "rope_frequencies.integer_division"),
     Variant("frequencies_full_width", """
 def rope_frequencies(head_dim, base=10000.0):
     return 1.0 / base ** (torch.arange(head_dim, dtype=torch.float32) / head_dim)
@@ -73,6 +78,18 @@ def rope_cos_sin(positions, head_dim, base=10000.0):
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos().float(), angles.sin().float()
 """, "rope_cos_sin", "rope_cos_sin.low_precision_phases"),
+    Variant("cos_sin_bfloat16_positions", """
+def rope_cos_sin(positions, head_dim, base=10000.0):
+    p = positions.to(torch.bfloat16).float()  # "small integers are exact": only up to 256
+    angles = p[:, None] * rope_frequencies(head_dim, base)[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+""", "rope_cos_sin", "rope_cos_sin.low_precision_phases"),
+    Variant("rotate_half_four_dims", """
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[:, :, :, half:], x[:, :, :, :half]), dim=-1)
+""", "rotate_half", "fixed_rank"),
     Variant("cos_sin_swapped", """
 def rope_cos_sin(positions, head_dim, base=10000.0):
     angles = positions.float()[:, None] * rope_frequencies(head_dim, base)[None, :]

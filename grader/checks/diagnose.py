@@ -81,7 +81,8 @@ FIXED_RANK = Mistake(
     # torch.mm and addmm ("mat1 must be a matrix"; the meta device: "a must be 2D"), .t() and mv on a batch too
     raises=Raises(message=r"values to unpack|must be a 3D tensor|batch\d must be a 3D|subscripts|einstein sum|"
                           r"does not match the number of dimensions|Dimension out of range|axis \d+ is out of bounds|"
-                          r"must be a matrix|\ba must be 2D|expects a tensor with <= 2 dimensions|matrix @ vector expected"),
+                          r"must be a matrix|\ba must be 2D|expects a tensor with <= 2 dimensions|matrix @ vector expected|"
+                          r"too many indices for (tensor|array)"),
 )
 TENSOR_ON_CPU = Mistake(
     "tensor_on_cpu",

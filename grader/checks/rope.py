@@ -73,7 +73,7 @@ def frequency_inputs(gen, dtype, head_dim=DH, base=None):
 
 def frequencies(head_dim, base=10000.0, *, exponent="2i/d"):
     i = torch.arange(head_dim // 2, dtype=torch.float64)
-    power = {"2i/d": 2 * i / head_dim, "i/d": i / head_dim, "-2i/d": -2 * i / head_dim}[exponent]
+    power = {"2i/d": 2 * i / head_dim, "i/d": i / head_dim, "-2i/d": -2 * i / head_dim, "2i//d": 2 * i // head_dim}[exponent]
     return (base ** -power).to(torch.float32)
 
 
@@ -85,6 +85,9 @@ FREQUENCIES = Step(
                 "so the slowest pair turns at about 1/base", lambda d, base=10000.0: frequencies(d, base, exponent="i/d")),
         Mistake("rope_frequencies.exponent_sign", "θᵢ = base^(+2i/d): the frequencies fall, θᵢ = base^(−2i/d) = 1 / base^(2i/d)",
                 lambda d, base=10000.0: frequencies(d, base, exponent="-2i/d")),
+        Mistake("rope_frequencies.integer_division", "every θᵢ is 1: the exponent 2i/d was an integer division (//), which is 0 "
+                "for every pair; divide as floats, torch.arange(0, d, 2).float() / d",
+                lambda d, base=10000.0: frequencies(d, base, exponent="2i//d")),
     ),
 )
 
@@ -97,10 +100,12 @@ def cos_sin_inputs(gen, dtype, head_dim=DH, long=False, base=None):
 
 
 def cos_sin(positions, head_dim, base=10000.0, *, layout="half", phases=torch.float64, ignore=False, swap=False,
-            low_cos=False):
+            low_cos=False, low_positions=None):
     """The tables, angles in float64 (the truth); the keyword arguments after * make the named wrong variants."""
     if ignore:
         positions = torch.arange(len(positions))
+    if low_positions is not None:  # the positions rounded to a half type, the rest right
+        positions = positions.to(low_positions)
     theta = frequencies(head_dim, base).to(phases)
     angles = positions.to(phases)[:, None] * theta[None, :]
     angles = torch.cat((angles, angles), -1) if layout == "half" else angles.repeat_interleave(2, dim=-1)
@@ -120,6 +125,7 @@ def _not_duplicated(value, positions, head_dim, base=10000.0):
 
 def _low_precision_phases(value, positions, head_dim, base=10000.0):
     low = [cos_sin(positions, head_dim, base, phases=t, low_cos=c) for t in (torch.bfloat16, torch.float16) for c in (0, 1)]
+    low += [cos_sin(positions, head_dim, base, low_positions=t) for t in (torch.bfloat16, torch.float16)]
     return matches_any(value, low)
 
 
@@ -135,8 +141,9 @@ COS_SIN = Step(
                 "the last axis so both are (T, head_dim)", test=_not_duplicated),
         Mistake("rope_cos_sin.positions_ignored", "the positions were ignored (arange(T) used instead): the angles are "
                 "positions[:, None] · θ[None, :]", _cos_sin_variant(ignore=True)),
-        Mistake("rope_cos_sin.low_precision_phases", "the angles were computed in bfloat16 or float16: at position 8192 those "
-                "types space their numbers 32 or 4 apart, so the angle is noise; compute positions · θ in float32",
+        Mistake("rope_cos_sin.low_precision_phases", "the angles (or the positions) were in bfloat16 or float16: at position "
+                "8192 those types space their numbers 32 or 4 apart (bfloat16 holds integers exactly only to 256), so the "
+                "angle is noise; compute positions · θ in float32",
                 test=_low_precision_phases),
         Mistake("rope_cos_sin.swapped", "returned (sin, cos): the contract is (cos, sin)", _cos_sin_variant(swap=True)),
     ),
