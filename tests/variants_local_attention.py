@@ -96,6 +96,8 @@ BUGGY = [
             "    p = 2 ** int(math.floor(math.log2(num_heads)))\n"
             "    powers = lambda n: [2 ** (-8 * h / n) for h in range(n)]\n"
             "    return torch.tensor(powers(p) + powers(2 * p)[0::2][:num_heads - p])", "alibi_slopes", "alibi_slopes.from_zero"),
+    Variant("slopes_extra_first", slopes("    return torch.tensor(powers(2 * p)[0::2][:num_heads - p] + powers(p))"),
+            "alibi_slopes", "alibi_slopes.extra_first"),
     Variant("slopes_consecutive_extra", slopes("    return torch.tensor(powers(p) + powers(2 * p)[:num_heads - p])"),
             "alibi_slopes", "alibi_slopes.consecutive_extra"),
     Variant("slopes_repeated_extra", slopes("    return torch.tensor(powers(p) + powers(2 * p)[1::2][:num_heads - p])"),
@@ -113,6 +115,10 @@ BUGGY = [
             "def alibi_bias(slopes, t_q, t_k):\n"
             "    j = torch.arange(t_k, device=slopes.device, dtype=torch.float32)\n"
             "    return (slopes[:, None, None] * j).expand(-1, t_q, -1)", "alibi_bias", "alibi_bias.shifted_per_row"),
+    Variant("bias_from_last_key",  # relative to the last key only: right in the last row, shifted in the others
+            "def alibi_bias(slopes, t_q, t_k):\n"
+            "    dist = (t_k - 1) - torch.arange(t_k, device=slopes.device, dtype=torch.float32)\n"
+            "    return (-slopes[:, None, None] * dist).expand(-1, t_q, -1)", "alibi_bias", "alibi_bias.shifted_per_row"),
     Variant("bias_four_dims", bias("-slopes.view(1, -1, 1, 1) * (p - j)"), "alibi_bias", "axis_extra"),
     # -- local_attention ------------------------------------------------------------------
     Variant("attention_window_plus_one", attention(inline_mask("(j <= p) & (j >= p - w)")),
@@ -143,6 +149,9 @@ BUGGY = [
             "local_attention", "local_attention.bias_after_softmax"),
     Variant("attention_unscaled", attention(REFERENCE_MIDDLE).replace(" / math.sqrt(q.shape[-1])", ""),
             "local_attention", "local_attention.unscaled"),
+    Variant("attention_window_defaults_to_tq",  # "no window" taken as a window over this call's queries
+            attention(REFERENCE_MIDDLE.replace("t_k if window is None else window", "t_q if window is None else window")),
+            "local_attention", "local_attention.window_defaults_to_tq"),
     Variant("attention_bias_scaled",  # one division for both: (q @ kᵀ + bias) / √D
             attention(REFERENCE_MIDDLE.replace("    mask =", "    scores = scores / math.sqrt(q.shape[-1])\n    mask =", 1))
             .replace("scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])", "scores = q @ k.transpose(-2, -1)"),

@@ -150,14 +150,14 @@ def _powers(n, first=1):
     return [2 ** (-8 * i / n) for i in range(first, first + n)]
 
 
-def slopes(n, *, extra="every_other", first=1):
+def slopes(n, *, extra="every_other", first=1, extra_first=False):
     """alibi_slopes; the keyword arguments after * make the named wrong variants."""
     if extra == "direct":  # 2^(-8h/n) whatever n is
         return torch.tensor(_powers(n, first), dtype=torch.float32)
     p = 2 ** math.floor(math.log2(n))
     more = _powers(2 * p, first)
-    pick = {"every_other": more[0::2], "consecutive": more, "odd": more[1::2]}[extra]
-    return torch.tensor(_powers(p, first) + pick[: n - p], dtype=torch.float32)
+    pick = {"every_other": more[0::2], "consecutive": more, "odd": more[1::2]}[extra][: n - p]
+    return torch.tensor(pick + _powers(p, first) if extra_first else _powers(p, first) + pick, dtype=torch.float32)
 
 
 def every_head_count(run):
@@ -193,6 +193,9 @@ SLOPES = Step(
                 lambda n: slopes(n, extra="consecutive")),
         Mistake("alibi_slopes.repeated_extra", "the extra slopes were get_slopes(2p)[1::2]: those repeat the slopes of p "
                 "(2^(-8·2k/2p) = 2^(-8k/p)); take get_slopes(2p)[0::2][:H - p]", lambda n: slopes(n, extra="odd")),
+        Mistake("alibi_slopes.extra_first", "the extra slopes for a non-power-of-two H came first: head h must get the h-th "
+                "slope of get_slopes(p) + get_slopes(2p)[0::2][:H - p], the extra ones after those of p",
+                lambda n: slopes(n, extra_first=True)),
     ),
 )
 
@@ -208,8 +211,9 @@ def bias(slopes, t_q, t_k, *, sign=-1, top_left=False, row_shift=False):
     """alibi_bias; the keyword arguments after * make the named wrong variants."""
     p, j = _positions(t_q, t_k, top_left)
     slopes = slopes.to(torch.float32)[:, None, None]
-    if row_shift:  # BLOOM's slope·j: the right bias plus slope·p in every row
-        return (slopes * j.to(torch.float32)).expand(-1, t_q, -1).contiguous()
+    if row_shift:  # BLOOM's slope·j, or -slope·(t_k - 1 - j): the right bias plus a constant in every row
+        key_only = j.to(torch.float32) if row_shift != "last_key" else -(t_k - 1 - j).to(torch.float32)
+        return (slopes * key_only).expand(-1, t_q, -1).contiguous()
     return sign * slopes * (p - j).to(torch.float32)
 
 
@@ -240,8 +244,9 @@ BIAS = Step(
     mistakes=(
         Mistake("alibi_bias.wrong_sign", BIAS_SIGN, _bias_variant(sign=1)),
         Mistake("alibi_bias.top_left", TOP_LEFT, _bias_variant(top_left=True)),
-        Mistake("alibi_bias.shifted_per_row", "the bias is slope·j (BLOOM's form): the softmax cannot tell it from the right one, "
-                "but the contract asks for -slope·(p - j), 0 at the query's own position", _bias_variant(row_shift=True)),
+        Mistake("alibi_bias.shifted_per_row", "the bias depends on the key alone (BLOOM's slope·j, or -slope·(t_k - 1 - j)): "
+                "the softmax cannot tell it from the right one, but the contract asks for -slope·(p - j), 0 at the query's "
+                "own position", lambda *a: [bias(*a, row_shift=form) for form in (True, "last_key")]),
     ),
 )
 
@@ -255,7 +260,7 @@ def local_inputs(gen, dtype, t_q=TQ, t_k=TK, window=None, alibi=False):
 
 
 def attend(q, k, v, window=None, slopes=None, *, extra=0, top_left=False, two_sided=False, causal=True, sign=-1,
-           after_softmax=False, scale=True, bias_scaled=False):
+           after_softmax=False, scale=True, bias_scaled=False, none_as_tq=False):
     """local_attention; the keyword arguments after * make the named wrong variants."""
     t_q, t_k = q.shape[-2], k.shape[-2]
     scores = q @ k.transpose(-2, -1)
@@ -265,6 +270,8 @@ def attend(q, k, v, window=None, slopes=None, *, extra=0, top_left=False, two_si
     scores = scores / (math.sqrt(q.shape[-1]) if scale else 1.0)
     if b is not None and not after_softmax and not bias_scaled:
         scores = scores + b
+    if none_as_tq and window is None:  # "no window" read as a window of Tq keys
+        window = t_q
     if window is not None:
         mask = window_mask(t_q, t_k, window, extra=extra, top_left=top_left, two_sided=two_sided)
     else:
@@ -334,6 +341,9 @@ LOCAL = Step(
                 "scores before the softmax (and before the mask)",
                 lambda *a, **k: [attend(*a, **k, after_softmax=form) for form in ("whole", "masked")]),
         Mistake("local_attention.unscaled", "scores not scaled: divide q @ kᵀ by √D", _variant(scale=False)),
+        Mistake("local_attention.window_defaults_to_tq", "with window=None the window was Tq: None means no window, plain "
+                "causal attention over all the keys; with Tq < Tk the queries lost the earliest keys",
+                _variant(none_as_tq=True)),
         Mistake("local_attention.bias_scaled", "the ALiBi bias was divided by √D with the scores (added before the scaling): "
                 "scale q @ kᵀ first, then add the bias at full strength", _variant(bias_scaled=True)),
     ),
