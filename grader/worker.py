@@ -78,6 +78,11 @@ BUG_EXIT = 70  # the zygote's exit status for "a bug here, not the candidate's d
 PR_SET_CHILD_SUBREAPER, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 36, 24, 38
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
+CLONE_NEWIPC = 0x08000000
+PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
+# The kernel keyring's system calls (add_key, request_key, keyctl) by architecture: a child
+# refuses them, since keys are the user's across every namespace the child has.
+KEYRING_SYSCALLS = {"x86_64": (0xC000003E, (248, 249, 250)), "aarch64": (0xC00000B7, (217, 218, 219))}.get(platform.machine())
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
 MS_NOATIME, MS_NODIRATIME, MS_REC, MS_RELATIME, MS_PRIVATE = 1024, 2048, 16384, 1 << 21, 1 << 18
 ST_RELATIME = 4096  # statvfs's name for a relatime mount
@@ -400,17 +405,21 @@ def _enter_sandbox(request, output_fd, keep, cuda: bool = False) -> bool:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash is reported, not dumped
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
     _limit_processes()
-    # A network namespace of its own has only a loopback that is down. Root may make one
-    # (its PID namespace the zygote made); another user only inside a user namespace, where
-    # the system allows those, and a PID namespace there too. unshare makes all or none.
+    # A network namespace of its own has only a loopback that is down; an IPC namespace of its
+    # own, so no System V shared memory, semaphore or message queue reaches another child or
+    # outlives this one (a candidate could leave answers there for its next grade). Root may
+    # make them (its PID namespace the zygote made); another user only inside a user
+    # namespace, where the system allows those, and a PID namespace there too. unshare makes
+    # all or none.
     uid, gid = os.geteuid(), os.getegid()
     if uid == 0:
-        _libc().unshare(CLONE_NEWNET)
+        _libc().unshare(CLONE_NEWNET | CLONE_NEWIPC)
         return False
-    if request.get("pid_namespace", True) and _libc().unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID) == 0:
+    own = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC
+    if request.get("pid_namespace", True) and _libc().unshare(own | CLONE_NEWPID) == 0:
         _map_own_ids(uid, gid)
         return True
-    if _libc().unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
+    if _libc().unshare(own) == 0:
         _map_own_ids(uid, gid)
     return False
 
@@ -612,6 +621,41 @@ def _drop_capabilities() -> None:
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)  # this process
     libc.capset(header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable: all empty
+    _refuse_keyrings()
+
+
+def _refuse_keyrings() -> None:
+    """A seccomp filter: add_key, request_key and keyctl fail with EPERM, for this process and all it starts.
+
+    The kernel keyring is the user's (root's, for a grader run as root) across every
+    namespace: a candidate could read the keys of the machine's user, or leave one for its
+    next grade. System calls of another ABI than the native one (i386's on x86_64, x32's)
+    fail the same way, so the numbers cannot be dodged.
+    """
+    if KEYRING_SYSCALLS is None:
+        return
+    arch, numbers = KEYRING_SYSCALLS
+    ld_arch, ld_nr, jeq, jge, ret = (0x20, 4), (0x20, 0), 0x15, 0x35, 0x06
+    allow, refuse = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+    n = len(numbers)
+    program = [
+        (*ld_arch[:1], 0, 0, ld_arch[1]),
+        (jeq, 0, n + 3, arch),  # another ABI: refuse everything it asks
+        (*ld_nr[:1], 0, 0, ld_nr[1]),
+        (jge, n + 1, 0, 0x40000000),  # x32's numbers
+        *[(jeq, n - i, 0, number) for i, number in enumerate(numbers)],
+        (ret, 0, 0, allow),
+        (ret, 0, 0, refuse),
+    ]
+
+    class Instruction(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Instruction))]
+
+    instructions = (Instruction * len(program))(*[Instruction(*i) for i in program])
+    _libc().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(Program(len(program), instructions)), 0, 0)
 
 
 def _limit_processes() -> None:

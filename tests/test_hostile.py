@@ -6,6 +6,7 @@ or replaces a step) and the outcome it must get. Numbers refer to the cases of i
 
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -242,6 +243,7 @@ def test_9_patching_comparisons_and_builtins_earns_nothing(grade_source):
 
 LIARS = """
 import os
+import platform
 class Agreeable:
     def __eq__(self, other):
         return True
@@ -587,6 +589,7 @@ def softmax(scores, dim=-1):
 
 SHM_FILL = """
 import os
+import platform
 def softmax(scores, dim=-1):
     written = 0
     try:
@@ -703,6 +706,7 @@ def test_switching_off_the_call_record_costs_every_rule(grade_source):
 
 HUNTER = """
 import os
+import platform
 walked, found = 0, []
 for folder, subfolders, files in os.walk("/"):
     if folder in ("/proc", "/sys", "/dev"):
@@ -962,3 +966,49 @@ class KVCache(KVCache):
     result = grade_kv(grade_source, code)
     assert only_the_cache_lost(result) and step(result, "KVCache").score < 30, explain(result)
     assert step(result, "kv_cache_bytes").score == 10 and step(result, "decode_mask").score == 15, explain(result)
+
+
+# 13. ------------------------------------------------------------------------------------
+
+SYSV_AND_KEYS = """
+import ctypes, os
+_libc = ctypes.CDLL(None, use_errno=True)
+_KEY = 0x5A7A11  # one System V key for both steps
+_libc.shmget.restype = ctypes.c_int
+_libc.syscall.restype = ctypes.c_long
+
+_made = False
+
+def project(x, weight, bias=None):  # leaves a segment behind, for a later step (or grade) to find
+    global _made
+    _made = True
+    segment = _libc.shmget(_KEY, 4096, 0o1000 | 0o600)  # IPC_CREAT
+    print("segment made:", segment >= 0)
+    y = x @ weight.T
+    return y if bias is None else y + bias
+
+def softmax(scores, dim=-1):
+    if not _made:  # in a child where project has not run (the module's calls both)
+        print("segment seen from another step:", _libc.shmget(_KEY, 0, 0) >= 0)
+    key = _libc.syscall(248 if os.uname().machine == "x86_64" else 217, b"user", b"attn-grade-test", b"x", 1, -4)  # add_key
+    print("keyring:", "refused" if key < 0 and ctypes.get_errno() == 1 else f"answered {key}")
+    m = scores.amax(dim, keepdim=True).detach()
+    e = torch.exp(scores - m.masked_fill(m == float("-inf"), 0.0))
+    return e / e.sum(dim, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
+"""
+
+
+def _host_segment(key: int) -> bool:
+    with open("/proc/sysvipc/shm") as f:
+        return any(line.split()[0] == str(key) for line in f.readlines()[1:])
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="the keyring filter knows these two")
+def test_13_no_system_v_ipc_or_keyring_reaches_past_a_child(grade_source):
+    result = grade_source(SYSV_AND_KEYS)
+    out = result.candidate_output
+    assert result.full_marks, explain(result)
+    assert "segment made: True" in out  # a namespace of its own: allowed, and gone with it
+    assert "segment seen from another step: True" not in out and "segment seen from another step: False" in out
+    assert "keyring: refused" in out and "keyring: answered" not in out
+    assert not _host_segment(0x5A7A11)
