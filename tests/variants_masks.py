@@ -85,6 +85,8 @@ BUGGY = [
             "    return padding[:, None, None, :] & causal_mask(t_q, t_k, padding.device)",
             "combine_masks"),
     # -- attention
+    Variant("attention_weights_transposed",  # once crashed the dropout diagnosis: the grader's fault, exit 3
+            attention_with(end="return w @ v, w.transpose(-2, -1)"), "attention", "axes_swapped"),
     Variant("attention_mask_inverted",
             attention_with().replace("masked_fill(~mask,", "masked_fill(mask,"),
             "attention", "attention.mask_inverted"),

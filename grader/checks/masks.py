@@ -246,6 +246,11 @@ DROPOUT_SIGNS = (  # (mistake, what the facts show), in the order they are tried
 
 
 def _dropout_mistake(weights, eval_weights, output, v, signs=DROPOUT_SIGNS, p=P):
+    """The dropout mistake the weights show, if they have the shapes to show one (a transposed answer has not)."""
+    expected_output = (*eval_weights.shape[:-1], v.shape[-1])
+    if not (isinstance(weights, torch.Tensor) and isinstance(output, torch.Tensor)
+            and weights.shape == eval_weights.shape and tuple(output.shape) == expected_output):
+        return None
     facts = DropoutFacts.of(weights, eval_weights, output, v, p)
     return None if facts.dead_changed else next((m for m, shows in signs if shows(facts)), None)
 
