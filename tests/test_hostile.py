@@ -1012,3 +1012,30 @@ def test_13_no_system_v_ipc_or_keyring_reaches_past_a_child(grade_source):
     assert "segment seen from another step: True" not in out and "segment seen from another step: False" in out
     assert "keyring: refused" in out and "keyring: answered" not in out
     assert not _host_segment(0x5A7A11)
+
+
+# 14. ------------------------------------------------------------------------------------
+
+HUGE_QUESTION = """
+def attention_scores(q, k):  # broken on purpose: the module's calls to it are answered by the grader
+    raise NotImplementedError
+
+_forward = MultiHeadAttention.forward
+
+def forward(self, query, key=None, value=None, mask=None):
+    try:  # inputs of 64K elements each that broadcast to 4G: the grader must refuse before building it
+        attention_scores(torch.zeros(256, 1, 256, 1), torch.zeros(1, 256, 256, 1))
+        print("HUGE: answered")
+    except RuntimeError as error:
+        print("HUGE:", error)
+    return _forward(self, query, key, value, mask)
+
+MultiHeadAttention.forward = forward
+"""
+
+
+def test_14_a_question_whose_answer_would_not_fit_is_refused_before_it_is_built(grade_source):
+    result = grade_source(HUGE_QUESTION)
+    assert "HUGE: attention_scores (answered by the grader): inputs too large to answer" in result.candidate_output
+    assert "HUGE: answered" not in result.candidate_output
+    assert set(lost(result)) <= {"attention_scores", "MultiHeadAttention"}, explain(result)

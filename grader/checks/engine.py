@@ -22,6 +22,7 @@ import ast
 import functools
 import importlib
 import inspect
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -385,6 +386,7 @@ class Run:
 MAX_QUESTION_ELEMENTS = 1 << 16
 MAX_QUESTION_SIZE = 256  # the largest size of any axis of any input
 MAX_CALL_ELEMENTS = 1 << 24  # inputs and answers of all of one call's questions together
+MAX_ANSWER_ELEMENTS = 1 << 22  # an upper bound on one answer (answer_size_bound), before the reference runs
 
 
 class Answers:
@@ -422,10 +424,12 @@ class Answers:
         if self.backend == "numpy":  # NumPy promotes mixed float dtypes where torch refuses: promote as it would
             args, kwargs = _promoted(args), dict(zip(kwargs, _promoted(tuple(kwargs.values()))))
         args, kwargs = as_tensor_tree(args), {k: as_tensor_tree(v) for k, v in kwargs.items()}
-        leaves = _leaves(args, kwargs)
+        leaves, ints = _leaves(args, kwargs), _leaves(args, kwargs, int)
         size = sum(t.numel() for t in leaves)
-        if size > MAX_QUESTION_ELEMENTS or any(n > MAX_QUESTION_SIZE for t in leaves for n in t.shape):
+        if (size > MAX_QUESTION_ELEMENTS or any(n > MAX_QUESTION_SIZE for t in leaves for n in t.shape)
+                or any(abs(n) > MAX_QUESTION_SIZE for n in ints) or answer_size_bound(leaves, ints) > MAX_ANSWER_ELEMENTS):
             return {"ok": False, "error": "inputs too large to answer"}
+
         meta = any(t.is_meta for t in leaves)
         if meta:  # shapes are all a meta answer has: computed on CPU zeros (the meta kernels cost a lazy import)
             args, kwargs = _zeros_for_meta(args), dict(zip(kwargs, _zeros_for_meta(tuple(kwargs.values()))))
@@ -461,7 +465,7 @@ class Answers:
 
     def _gradients(self, name: str, args: tuple, kwargs: dict, grads: tuple) -> tuple:
         """The reference's vector-Jacobian product at the asked inputs: one gradient (or None) per tensor input."""
-        leaves = _leaves(args, kwargs)
+        leaves = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]  # the worker's order: top level
         inputs = {id(t): t.detach().requires_grad_(t.is_floating_point()) for t in leaves}
         swap = lambda v: inputs.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
         with torch.enable_grad():
@@ -501,8 +505,30 @@ def _on_meta(item):
     return item
 
 
-def _leaves(args: tuple, kwargs: dict) -> list:
-    return [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+def _leaves(args: tuple, kwargs: dict, kind=torch.Tensor) -> list:
+    """Every `kind` in the arguments, however deep in tuples, lists and dicts (a bool is no int)."""
+    found = []
+
+    def visit(x):
+        if isinstance(x, kind) and not isinstance(x, bool):
+            found.append(x)
+        elif isinstance(x, (tuple, list, dict)):
+            for y in x.values() if isinstance(x, dict) else x:
+                visit(y)
+
+    visit((*args, *kwargs.values()))
+    return found
+
+
+def answer_size_bound(leaves: list, ints: list) -> int:
+    """About the most elements a reference makes of these inputs, known before it runs: the broadcast of
+    them all, every leading axis at its largest, then two axes as long as the longest of the last two
+    or of the integer arguments (a matmul's Tq × Tk, a mask's t_q × t_k). A question whose inputs
+    broadcast to more than the grader can hold is refused before anything is built."""
+    rank = max((t.dim() for t in leaves), default=0)
+    widest = [max((t.shape[t.dim() - rank + i] for t in leaves if t.dim() >= rank - i), default=1) for i in range(rank)]
+    longest = max([1, *widest[-2:], *(abs(n) for n in ints)])
+    return math.prod(widest[:-2]) * longest * longest
 
 
 def _numpy_tree(value):
