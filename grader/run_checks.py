@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import hashlib
 import importlib
 import io
@@ -93,16 +94,21 @@ def check_keys(source: str, spec) -> dict[str, str] | None:
         tree = ast.parse(source)
     except SyntaxError:
         return None
-    lines = source.splitlines()
+    lines = re.split(r"\r\n|\r|\n", source)  # the parser's lines (splitlines would also split at a form feed)
     steps = {step.id for step in spec.steps}
     own: dict[str, list[str]] = {name: [] for name in steps}
-    rest = []
+    rest, at_import = [], []
     for node in tree.body:
         start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
         segment = "\n".join(lines[start - 1 : node.end_lineno])
-        (own[node.name] if getattr(node, "name", None) in steps else rest).append(segment)
+        if getattr(node, "name", None) in steps:
+            own[node.name].append(segment)
+            at_import.append(_run_at_import(node))  # a default argument may patch what every step calls
+        else:
+            rest.append(segment)
     names = lambda text: {n for n in steps if re.search(rf"\b{re.escape(n)}\b", text)}  # noqa: E731
     outside = names("\n".join(rest))
+    rest += [part for part in at_import if part]
     digest = lambda *parts: hashlib.sha256("\0".join(parts).encode()).hexdigest()  # noqa: E731
     keys = {"": digest(source)}
     for step in spec.steps:
@@ -114,6 +120,18 @@ def check_keys(source: str, spec) -> dict[str, str] | None:
             reached = set(steps)
         keys[step.id] = digest(*rest, *("\n".join(own[n]) for n in sorted(reached)))
     return keys
+
+
+def _run_at_import(node: ast.AST) -> str:
+    """What of a step's definition runs code when the file is imported ("" if nothing does): its
+    decorators, and calls in its default arguments and annotations or in a class's body; never
+    the bodies of its functions."""
+    node = copy.deepcopy(node)
+    for inner in ast.walk(node):
+        if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            inner.body = [ast.Expr(ast.Constant(...))]
+    runs = any(getattr(inner, "decorator_list", None) or isinstance(inner, (ast.Call, ast.NamedExpr)) for inner in ast.walk(node))
+    return ast.unparse(node) if runs else ""
 
 
 class _Plugin:

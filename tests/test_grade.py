@@ -149,7 +149,12 @@ def test_a_cached_regrade_runs_only_what_changed_and_agrees_with_a_full_grade(tm
     path = tmp_path / "mha.py"
     cache: dict = {}
     versions = [REFERENCE, REFERENCE + "\ndef scale_scores(scores, head_dim):\n    return scores\n", REFERENCE,
-                REFERENCE + "\nHELPER = 2.0\n"]  # a change outside every step: everything runs again
+                REFERENCE + "\nHELPER = 2.0\n",  # a change outside every step: everything runs again
+                # a default argument runs at import, and here breaks every step's torch.softmax: all run again
+                REFERENCE + "\ndef merge_heads(x, _=setattr(torch, 'softmax', None)):\n"
+                            "    B, H, T, Dh = x.shape\n    return x.transpose(1, 2).reshape(B, T, H * Dh)\n",
+                # a form feed (a page break) is no line break to the parser: the steps are still found
+                "\x0c\n" + REFERENCE, "\x0c\n" + REFERENCE.replace("y = x @ weight.T", "y = x @ weight")]
     for text in versions:
         path.write_text(text)
         before = set(cache)
@@ -162,6 +167,10 @@ def test_a_cached_regrade_runs_only_what_changed_and_agrees_with_a_full_grade(tm
             assert ran and all(name.startswith(("scale_scores_", "module_")) for name in ran), ran
         if text is versions[3]:
             assert "project_shape" in ran and "module_structure" in ran
+        if text is versions[4]:
+            assert "softmax_values[float32]" in ran and "project_shape" in ran
+        if text is versions[6]:
+            assert "project_shape" in ran and "softmax_values[float32]" not in ran
 
 
 def test_an_answered_call_that_asks_for_a_device_gets_its_answer_there(tmp_path, zygote):
