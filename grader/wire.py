@@ -27,7 +27,7 @@ import struct
 import time
 
 MAX_HEADER_BYTES = 1 << 20
-MAX_BLOB_BYTES = 1 << 30
+MAX_BLOB_BYTES = 1 << 28  # 256 MiB a frame: answers are kilobytes, and the grader makes copies of a wrong one
 MAX_TYPE_NAME = 120
 
 # dtypes that may cross, by the names torch and numpy print.
