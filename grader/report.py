@@ -164,13 +164,13 @@ def grid(details: dict) -> list[str]:
 
 def _matrix(side) -> bool:
     return (isinstance(side, list) and len(side) > 0 and all(isinstance(row, list) for row in side)
-            and all(isinstance(v, (bool, int, float)) for row in side for v in row))
+            and all(isinstance(v, (bool, int, float, str)) for row in side for v in row))
 
 
 def _cell(value) -> str:
     if isinstance(value, bool):
         return "■" if value else "·"
-    if not math.isfinite(value):
+    if isinstance(value, str) or not math.isfinite(value):  # "nan", "inf", "-inf"
         return "?"
     if value <= 1e-6 or value >= 1 - 1e-6:  # 0 and 1 (as float32 rounds them) have shades of their own
         return SHADES[0] if value <= 1e-6 else SHADES[-1]

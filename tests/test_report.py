@@ -55,3 +55,19 @@ def test_details_without_a_grid_or_with_a_malformed_one_draw_nothing():
         assert report.grid({"grid": bad}) == [], bad
     result = graded(failed("apply_mask_values", {"grid": {"expected": [[[True]]], "got": CAUSAL}}))
     assert "expected  got" not in report.to_text(result) + report.to_markdown(result)
+
+
+def test_nan_and_inf_weights_reach_json_as_strings_and_are_drawn_as_question_marks():
+    """JSON has no NaN: a bare NaN in --format json breaks strict parsers (JavaScript's JSON.parse)."""
+    import json
+
+    import torch
+
+    from grader.checks.expect import grid
+
+    got = torch.tensor([[float("nan"), float("inf")], [0.5, 0.5]])
+    details = grid(got, torch.tensor([[1.0, 0.0], [0.5, 0.5]]))
+    assert details["grid"]["got"][0] == ["nan", "inf"]
+    text = report.to_json(graded(failed("attention_values", details)))
+    json.loads(text, parse_constant=lambda name: (_ for _ in ()).throw(ValueError(f"bare {name}")))
+    assert report.grid(details)[1].endswith("│??│")

@@ -16,6 +16,7 @@ so correct low-precision code never fails by luck and wrong code never passes.
 from __future__ import annotations
 
 import ast
+import math
 import zlib
 from dataclasses import dataclass
 
@@ -259,6 +260,12 @@ def expect_close(value, expected, call=None, tolerance: Tolerance | None = None,
 GRID_SIZE = 12  # rows and columns of a pattern a report shows
 
 
+def _json_number(value) -> float | str:
+    """A float for a JSON report: NaN and ±inf as the strings "nan", "inf", "-inf" (JSON has no such numbers)."""
+    value = float(value)
+    return round(value, 3) if math.isfinite(value) else str(value)
+
+
 def grid(got, expected) -> dict:
     """The first matrix of a mask or of attention weights, returned and expected, for a report to draw.
 
@@ -270,7 +277,7 @@ def grid(got, expected) -> dict:
     if got.dim() < 2 or got.is_meta:
         return {}
     first = (0,) * (got.dim() - 2)
-    rows = lambda x: [[bool(v) if x.dtype == torch.bool else round(float(v), 3) for v in row]  # noqa: E731
+    rows = lambda x: [[bool(v) if x.dtype == torch.bool else _json_number(v) for v in row]  # noqa: E731
                       for row in x[first][:GRID_SIZE, :GRID_SIZE].tolist()]
     return {"grid": {"expected": rows(expected), "got": rows(got), "shape": list(got.shape[-2:])}}
 
