@@ -294,7 +294,7 @@ def _not_recorded(folder: str) -> None:
 
 def _write(path: str, text: str) -> None:
     try:
-        Path(path).write_text(text, encoding="utf-8")
+        Path(path).write_text(text, encoding="utf-8", errors="backslashreplace")  # a file name that is no UTF-8 too
     except OSError as error:
         raise click.UsageError(f"cannot write {path}: {error.strerror}. Pass --output a path in a folder you can write to.") from None
 

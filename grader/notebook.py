@@ -39,6 +39,8 @@ def read(path: Path) -> Notebook:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, ValueError) as error:
         raise UsageError(f"{path} is not a Jupyter notebook (not JSON: {error}). {again}") from None
+    except RecursionError:  # JSON nested deeper than the parser goes: no notebook is
+        raise UsageError(f"{path} is not a Jupyter notebook (its JSON is nested too deep to read). {again}") from None
     cells = data.get("cells") if isinstance(data, dict) else None
     if not isinstance(cells, list):
         raise UsageError(f"{path} has no list of cells, as a Jupyter notebook (format 4) has. {again}")

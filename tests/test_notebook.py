@@ -84,6 +84,7 @@ def test_the_rules_read_the_code_cells_not_the_notebooks_json(tmp_path, zygote):
 @pytest.mark.parametrize("text, says", [
     ("{oops", "is not a Jupyter notebook (not JSON"),
     ("[1, 2]", "has no list of cells"),
+    ('{"cells": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deep"),  # once a RecursionError: exit 3
     ('{"cells": [{"cell_type": "code", "source": 3}]}', "cell 1 has no text as its source"),
 ])
 def test_a_broken_notebook_is_a_usage_error(tmp_path, text, says):

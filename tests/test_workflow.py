@@ -363,6 +363,17 @@ def test_batch_of_one_file_says_file_and_a_file_of_no_exercise_has_a_row(tmp_pat
     assert row["status"].startswith("usage error:") and "pass --exercise NAME" in row["status"]
 
 
+def test_batch_writes_its_csv_when_a_file_name_is_no_utf8(tmp_path):
+    """A name of bytes that are no UTF-8 once made the CSV write fail after every file was graded (exit 3)."""
+    odd = os.fsdecode(bytes(tmp_path / "attempt") + b"\xff.py")
+    Path(odd).write_text(REFERENCE)
+    out = tmp_path / "results.csv"
+    result = invoke("batch", tmp_path, "--output", out)
+    assert result.exit_code == 0, result.stderr
+    [row] = csv.DictReader(io.StringIO(out.read_text(encoding="utf-8")))
+    assert "\\udcff" in row["file"]
+
+
 def test_batch_progress_gives_the_time_left_from_the_files_graded_so_far():
     from grader.batch import progress_line
 
