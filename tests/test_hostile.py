@@ -1046,3 +1046,26 @@ def test_14_a_question_whose_answer_would_not_fit_is_refused_before_it_is_built(
     assert "HUGE: attention_scores (answered by the grader): inputs too large to answer" in result.candidate_output
     assert "HUGE: answered" not in result.candidate_output
     assert set(lost(result)) <= {"attention_scores", "MultiHeadAttention"}, explain(result)
+
+
+def test_editing_the_call_record_from_a_helper_costs_the_step_that_calls_it(grade_source):
+    """A helper outside the steps that finds the worker's record through the stack and edits it: the step
+    calling it earns nothing, as if it had made the forbidden call (a hostile review kept 96 of 100 this way)."""
+    code = """
+    def _hide():
+        import sys
+        frame = sys._getframe(1)
+        while frame is not None:
+            spy = frame.f_locals.get("spy")
+            if spy is not None and hasattr(spy, "seen"):
+                spy.seen = {n for n in spy.seen if "softmax" not in n}
+            frame = frame.f_back
+
+    def softmax(scores, dim=-1):
+        out = torch.softmax(scores, dim).nan_to_num(0.0)
+        _hide()
+        return out
+    """
+    result = grade_source(code)
+    assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
+    assert result.score < 86  # what making the call openly costs

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import math
+import re
 import zlib
 from dataclasses import dataclass
 
@@ -38,7 +39,10 @@ LOW_PRECISION_FACTOR = 2
 HALF_TYPES = (torch.float16, torch.bfloat16)
 
 # Ways to switch off the worker's record of torch calls; a file that names one keeps no rule.
-TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_set_torch_function_mode", "torch.ops.")
+# Names of ways to blind the worker's record of torch calls: switching the mode off, or reaching the
+# record itself (the mode stack, the worker's frames, the garbage collector's list of every object).
+TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_set_torch_function_mode", "torch.ops.",
+             "_get_current_function_mode_stack", "_getframe", "currentframe", "f_locals", "f_back", "get_objects")
 
 
 class CheckFailed(AssertionError):
@@ -346,7 +350,7 @@ def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: st
         from grader.checks.diagnose import FORBIDDEN_CALL
 
         raise CheckFailed(f"the file uses {tampering[0]}, which hides torch calls from the rules check", FORBIDDEN_CALL,
-                          details={"tampering": tampering[0]}, breach=tampering[0] in step_source)
+                          details={"tampering": tampering[0]}, breach=tampering[0] in _with_helpers(source, step_source))
     wanted = {f.lstrip("_") for f in forbidden}
     used = sorted(n for n in called if any(f in n.split(".")[0] for f in wanted))
     if used:
@@ -354,6 +358,24 @@ def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: st
 
         raise CheckFailed(f"called {', '.join(used)}, which this step must not use: write it with basic tensor ops",
                           FORBIDDEN_CALL, details={"forbidden_calls": used}, breach=True)
+
+
+def _with_helpers(source: str, step_source: str) -> str:
+    """The step's source and that of every top-level definition it names, and those name, and so on."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return step_source
+    defined = {node.name: ast.get_source_segment(source, node) or "" for node in tree.body if hasattr(node, "name")}
+    texts, frontier, seen = [step_source], [step_source], set()
+    while frontier:
+        text = frontier.pop()
+        for name in sorted(defined.keys() - seen):
+            if re.search(rf"\b{re.escape(name)}\b", text):
+                seen.add(name)
+                texts.append(defined[name])
+                frontier.append(defined[name])
+    return "\n".join(texts)
 
 
 def numpy_only(answer, source: str, step: str, steps: tuple[str, ...]) -> None:
