@@ -341,7 +341,9 @@ def softmax(scores, dim=-1):
 def test_12_peeking_finds_nothing_that_helps(grade_source, monkeypatch):
     monkeypatch.setenv("ATTN_GRADE_SECRET_TOKEN", "hunter2")
     result = grade_source(PEEKS)
-    assert result.full_marks, explain(result)
+    # gc.get_objects is a way to reach the worker's call record too: the rules checks say so, nothing else fails
+    failed = [c for s in result.steps for c in s.checks if c.points < c.max_points]
+    assert failed and all(c.name.endswith("_rules") and "get_objects" in c.message for c in failed), explain(result)
     assert "FOUND: []" in result.candidate_output and "FOUND: ['" not in result.candidate_output
     assert "refused: the candidate may not import 'solutions' while being graded" in result.candidate_output
 
@@ -693,7 +695,9 @@ def test_forged_answers_are_refused_and_never_crash_the_grader(grade_source):
         return scores / head_dim ** 0.5
     """
     result = grade_source(code)
-    assert set(lost(result)) <= {"scale_scores"} | STEPS_OF_MODULE, explain(result)
+    failed = {(s.id, c.name) for s in result.steps for c in s.checks if c.points < c.max_points}
+    # beyond its own step and the module that calls it, only rules checks: sys._getframe counts as tampering
+    assert all(s in {"scale_scores"} | STEPS_OF_MODULE or name.endswith("_rules") for s, name in failed), explain(result)
     assert step(result, "scale_scores").score == 0
     assert any("malformed" in m for m in messages(result, "scale_scores")), explain(result)
 

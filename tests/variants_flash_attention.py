@@ -82,6 +82,10 @@ BUGGY = [
     Variant("update_l_not_rescaled", update(GUARDED + """
     l_new = l + p.sum(-1)
     acc_new = alpha[..., None] * acc + p @ v"""), "online_softmax_update", "online_softmax_update.l_not_rescaled"),
+    Variant("update_l_rescaled_twice", update(GUARDED + """
+    l = alpha * l  # rescaled here, and again below
+    l_new = alpha * l + p.sum(-1)
+    acc_new = alpha[..., None] * acc + p @ v"""), "online_softmax_update", "online_softmax_update.l_rescaled_twice"),
     Variant("update_acc_not_rescaled", update(GUARDED + """
     l_new = alpha * l + p.sum(-1)
     acc_new = acc + p @ v"""), "online_softmax_update", "online_softmax_update.acc_not_rescaled"),

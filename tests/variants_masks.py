@@ -61,6 +61,10 @@ BUGGY = [
             "def padding_mask(lengths, t):\n"
             "    return torch.arange(int(lengths.max()), device=lengths.device) < lengths[:, None]",
             "padding_mask", "padding_mask.max_length"),
+    Variant("padding_lengths_not_a_column",  # right only when the batch has one sequence
+            "def padding_mask(lengths, t):\n"
+            "    return torch.arange(t, device=lengths.device)[None, :] < lengths",
+            "padding_mask", "padding_mask.lengths_not_a_column"),
     Variant("padding_clamped_difference",  # 1 where position < length, as integers: no bool mask
             "def padding_mask(lengths, t):\n"
             "    return (lengths[:, None] - torch.arange(t, device=lengths.device)).clamp(0, 1)",

@@ -94,6 +94,8 @@ def update(m, l, acc, scores, v, *, rescale="both", sign=1, old_max=False, norma
     if not subtract_max:  # sums of e^score: nothing to rescale
         alpha = torch.ones_like(m)
     a_l = alpha if rescale in ("both", "l") else torch.ones_like(alpha)  # rescale: which of l and acc are rescaled
+    a_l = alpha * alpha if rescale == "l_twice" else a_l
+    rescale = "both" if rescale == "l_twice" else rescale
     a_acc = alpha if rescale in ("both", "acc") else torch.ones_like(alpha)
     l_new = a_l * l + p.sum(-1)
     acc_new = a_acc[..., None] * acc + p @ v
@@ -149,6 +151,9 @@ UPDATE = Step(
                 "e^(m - m') too, l' = e^(m - m')·l + Σ e^(scores - m')", _update_variant(rescale="acc")),
         Mistake("online_softmax_update.acc_not_rescaled", "acc was not rescaled when the max rose (l was): multiply acc "
                 "by e^(m - m') too, acc' = e^(m - m')·acc + e^(scores - m') @ v", _update_variant(rescale="l")),
+        Mistake("online_softmax_update.l_rescaled_twice", "l was multiplied by e^(m - m') twice (rescaled in place, then "
+                "again in the update): rescale it once, l' = e^(m - m')·l + Σ e^(scores - m')",
+                _update_variant(rescale="l_twice")),
         Mistake("online_softmax_update.rescale_sign", "the rescale has its sign flipped, e^(m' - m): the new max m' is "
                 "at least the old m, so the factor is e^(m - m') <= 1", _update_variant(sign=-1)),
         Mistake("online_softmax_update.old_max", "the block's terms were taken relative to the old max, e^(scores - m): "

@@ -14,7 +14,7 @@ import torch
 from grader.candidate import Seeded
 from grader.checks.diagnose import RESULT_ON_CPU
 from grader.checks.expect import CheckFailed, Tolerance, expect_close
-from grader.checks.spec import Call, Exercise, Mistake, Step, device, prop, rules, shape, values
+from grader.checks.spec import Call, Exercise, Mistake, Raises, Step, device, prop, rules, shape, values
 from grader.wire import device_of
 from solutions import masks as ref
 
@@ -103,6 +103,9 @@ PADDING = Step(
                 lambda lengths, t: torch.arange(t) <= lengths[:, None]),
         Mistake("padding_mask.max_length", "the mask has max(lengths) columns: it must have t, even when every sequence is shorter",
                 lambda lengths, t: torch.arange(int(lengths.max())) < lengths[:, None]),
+        Mistake("padding_mask.lengths_not_a_column", "lengths (B,) was compared with the positions as it is, so it lined up "
+                "with the time axis: make it a column, arange(t)[None, :] < lengths[:, None], (1, t) against (B, 1) gives (B, t)",
+                raises=Raises(message=r"must match the size|could not be broadcast", source=r"<\s*lengths\b(?!\s*\[)|lengths\s*>(?!=)")),
     ),
 )
 
