@@ -635,17 +635,18 @@ def _refuse_keyrings() -> None:
     if KEYRING_SYSCALLS is None:
         return
     arch, numbers = KEYRING_SYSCALLS
-    ld_arch, ld_nr, jeq, jge, ret = (0x20, 4), (0x20, 0), 0x15, 0x35, 0x06
+    load, equal, at_least, give = 0x20, 0x15, 0x35, 0x06  # BPF: load a word of seccomp_data, jump if ==, if >=, return
     allow, refuse = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
     n = len(numbers)
+    # (code, jump if true, jump if false, value): a jump skips that many instructions; the last is "refuse"
     program = [
-        (*ld_arch[:1], 0, 0, ld_arch[1]),
-        (jeq, 0, n + 3, arch),  # another ABI: refuse everything it asks
-        (*ld_nr[:1], 0, 0, ld_nr[1]),
-        (jge, n + 1, 0, 0x40000000),  # x32's numbers
-        *[(jeq, n - i, 0, number) for i, number in enumerate(numbers)],
-        (ret, 0, 0, allow),
-        (ret, 0, 0, refuse),
+        (load, 0, 0, 4),  # seccomp_data.arch
+        (equal, 0, n + 3, arch),  # another ABI: refuse everything it asks
+        (load, 0, 0, 0),  # seccomp_data.nr
+        (at_least, n + 1, 0, 0x40000000),  # x32's numbers
+        *[(equal, n - i, 0, number) for i, number in enumerate(numbers)],
+        (give, 0, 0, allow),
+        (give, 0, 0, refuse),
     ]
 
     class Instruction(ctypes.Structure):
