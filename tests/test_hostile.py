@@ -1073,3 +1073,23 @@ def test_editing_the_call_record_from_a_helper_costs_the_step_that_calls_it(grad
     result = grade_source(code)
     assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
     assert result.score < 86  # what making the call openly costs
+
+
+def test_14b_an_integer_size_past_the_bounds_is_refused_before_the_mask_is_built(grade_source):
+    code = """
+    _local = local_attention
+
+    def sliding_window_mask(t_q, t_k, window, device=None):  # broken: the grader answers it for local_attention
+        raise NotImplementedError
+
+    def local_attention(q, k, v, window=None, slopes=None):
+        try:  # 40000 × 40000 bools, built in the grader's process, had it answered
+            sliding_window_mask(40000, 40000, 1)
+            print("HUGE: answered")
+        except RuntimeError as error:
+            print("HUGE:", error)
+        return _local(q, k, v, window, slopes)
+    """
+    result = grade_source(code, base=(ROOT / "solutions" / "local_attention.py").read_text(), name="local_attention.py")
+    assert "HUGE: sliding_window_mask (answered by the grader): inputs too large to answer" in result.candidate_output
+    assert "HUGE: answered" not in result.candidate_output

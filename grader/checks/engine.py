@@ -426,12 +426,10 @@ class Answers:
         if self.backend == "numpy":  # NumPy promotes mixed float dtypes where torch refuses: promote as it would
             args, kwargs = _promoted(args), dict(zip(kwargs, _promoted(tuple(kwargs.values()))))
         args, kwargs = as_tensor_tree(args), {k: as_tensor_tree(v) for k, v in kwargs.items()}
-        leaves, ints = _leaves(args, kwargs), _leaves(args, kwargs, int)
+        leaves = _leaves(args, kwargs)
         size = sum(t.numel() for t in leaves)
-        if (size > MAX_QUESTION_ELEMENTS or any(n > MAX_QUESTION_SIZE for t in leaves for n in t.shape)
-                or any(abs(n) > MAX_QUESTION_SIZE for n in ints) or answer_size_bound(leaves, ints) > MAX_ANSWER_ELEMENTS):
+        if size > MAX_QUESTION_ELEMENTS or any(n > MAX_QUESTION_SIZE for t in leaves for n in t.shape):
             return {"ok": False, "error": "inputs too large to answer"}
-
         meta = any(t.is_meta for t in leaves)
         if meta:  # shapes are all a meta answer has: computed on CPU zeros (the meta kernels cost a lazy import)
             args, kwargs = _zeros_for_meta(args), dict(zip(kwargs, _zeros_for_meta(tuple(kwargs.values()))))
@@ -440,6 +438,11 @@ class Answers:
             bound.apply_defaults()
             if "device" in bound.arguments:  # answered on the CPU; the worker moves the answer where it was asked for
                 bound.arguments["device"] = None
+            # int arguments are sizes (t_q, num_heads, n_rep): bounded, and counted in the answer's size; not a
+            # float parameter given a whole number (rope's base=10000)
+            sizes = [v for p, v in bound.arguments.items() if type(v) is int and not _float_parameter(bound.signature.parameters[p])]
+            if any(abs(n) > MAX_QUESTION_SIZE for n in sizes) or answer_size_bound(leaves, sizes) > MAX_ANSWER_ELEMENTS:
+                return {"ok": False, "error": "inputs too large to answer"}
             args, kwargs = tuple(bound.args), dict(bound.kwargs)
             value = self.references[name](*args, **kwargs)
         except Exception as exc:  # the composite called the step with inputs outside its contract
@@ -505,6 +508,10 @@ def _on_meta(item):
     if isinstance(item, dict) and isinstance(item.get("items"), list):
         return dict(item, items=[_on_meta(v) for v in item["items"]])
     return item
+
+
+def _float_parameter(parameter: inspect.Parameter) -> bool:
+    return parameter.annotation in (float, "float") or type(parameter.default) is float
 
 
 def _elements(value) -> int:
