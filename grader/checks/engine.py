@@ -554,8 +554,8 @@ def _numpy_tree(value):
 
 
 def matches_any(value, candidates) -> bool:
-    """Does the answer equal one of these (a mistake's several forms), within its dtype's floor?"""
-    for candidate in candidates:
+    """Does the answer equal one of these (a list among them: a mistake's several forms), within its dtype's floor?"""
+    for candidate in (form for c in candidates for form in (c if isinstance(c, list) else [c])):
         try:
             expect_close(value, candidate, None, Tolerance.loose(value))
             return True

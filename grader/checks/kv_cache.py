@@ -552,8 +552,7 @@ def _module_mistake(call_: Call, splits: tuple, outputs: list, got: list, native
         if mistake.variant is None or (mistake.raises and mistake.raises.source
                                        and not re.search(mistake.raises.source, source)):
             continue
-        forms = mistake.variant(state, x, splits)
-        if matches_any(value, forms if isinstance(forms, list) else [forms]):  # a mistake may have several forms
+        if matches_any(value, [mistake.variant(state, x, splits)]):
             return mistake
     return None
 
