@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.variants_mha import BUGGY  # noqa: E402  (the same buggy files the tests use)
+from tests.exercises.mha.variants import BUGGY  # noqa: E402  (the same buggy files the tests use)
 
 
 def main() -> None:

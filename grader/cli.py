@@ -17,7 +17,7 @@ import click
 
 from grader import workspace
 from grader.candidate import DEFAULT_FILE_TIMEOUT, DEFAULT_MEMORY_LIMIT_MB, DEFAULT_TIMEOUT
-from grader.exercise import UsageError, find_exercise, load_manifest
+from grader.exercise import UsageError, find_exercise, load_course
 from grader.progress import Progress
 from grader.report import FORMATS, render
 
@@ -113,7 +113,7 @@ def grade(file, fmt, output, verbose, **options) -> None:
 def list_(folder) -> None:
     """List the exercises with their steps, points and, in a workspace, the best score so far."""
     progress = Progress.find(Path(folder))
-    exercises = list(load_manifest().values())
+    exercises = list(load_course().values())
     steps = [(e, s) for e in exercises for s in e.steps]
 
     def best(exercise, step) -> str:  # "" outside a workspace, "–" for a step not graded yet
@@ -162,7 +162,7 @@ def init(folder, exercise, force) -> None:
 @click.option("--workspace", "folder", type=click.Path(file_okay=False), default=".", show_default=True,
               help="The workspace that records hints used.")
 def hint(exercise, step, level, folder) -> None:
-    """Show a hint for one STEP of EXERCISE."""
+    """Show a hint for one STEP of SPEC."""
     found = _step(exercise, step)
     if level > len(found.hints):
         raise click.UsageError(f"{step} has {len(found.hints)} hint levels; pass --level 1 to {len(found.hints)}.")
@@ -182,7 +182,7 @@ def hint(exercise, step, level, folder) -> None:
 @click.option("--workspace", "folder", type=click.Path(file_okay=False), default=".", show_default=True,
               help="The workspace whose progress tells whether you solved the step.")
 def solution(exercise, step, yes, folder) -> None:
-    """Show the model answer for EXERCISE, or one STEP of it."""
+    """Show the model answer for SPEC, or one STEP of it."""
     found = _exercises(exercise)[0]
     steps = [_step(exercise, step)] if step else list(found.steps)
     progress = Progress.find(Path(folder))
@@ -237,7 +237,7 @@ def watch(file, **options) -> None:
 @click.option("--candidate", required=True, metavar="NAME", help="The candidate's name, for the scorecard.")
 @run_options
 def interview(exercise, folder, minutes, candidate, **options) -> None:
-    """Run an interview on EXERCISE in FOLDER (default: here): a fresh stub, a countdown over the live
+    """Run an interview on SPEC in FOLDER (default: here): a fresh stub, a countdown over the live
     step table, and a scorecard for the interviewer at the end (markdown and HTML)."""
     from grader import interview as interview_
 
@@ -312,7 +312,7 @@ def _run(function, *args, **kwargs):
 
 
 def _exercises(name: str | None) -> list:
-    exercises = load_manifest()
+    exercises = load_course()
     if name is None:
         return list(exercises.values())
     if name not in exercises:

@@ -1,4 +1,4 @@
-"""Stage 1 of a grade: find the exercise a candidate file belongs to, and its manifest entry.
+"""Stage 1 of a grade: find the exercise a candidate file belongs to, and its entry in the course (grader/course/).
 
 Nothing here imports torch: the command line resolves the exercise and starts the
 worker before the grader pays for importing torch.
@@ -15,8 +15,8 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
 GRADER_DIR = Path(__file__).resolve().parent
-MANIFEST_PATH = GRADER_DIR / "manifest.toml"
-CHECKS_DIR = GRADER_DIR / "checks"
+COURSE_DIR = GRADER_DIR / "course"  # one folder per exercise, and course.toml: their order
+ENGINE_DIR = GRADER_DIR / "engine"
 CANDIDATE_SUFFIXES = (".py", ".ipynb")  # a notebook's code cells are graded (grader/notebook.py)
 
 
@@ -44,14 +44,24 @@ class Exercise:
     file: str
     device_checks: bool
     steps: tuple[Step, ...]
+    extends: str | None = None  # the exercise whose spec this one's reuses (mha_numpy reuses mha's steps)
 
     @property
     def max_score(self) -> int:
         return sum(step.points for step in self.steps)
 
     @property
+    def folder(self) -> Path:
+        """Everything the grader hides about the exercise: exercise.toml, spec.py, contract.md, stand-ins."""
+        return COURSE_DIR / self.name
+
+    @property
     def checks_path(self) -> Path:
-        return CHECKS_DIR / f"{self.name}.py"
+        return self.folder / "spec.py"
+
+    @property
+    def spec_module(self) -> str:
+        return f"grader.course.{self.name}.spec"
 
     @property
     def stub_path(self) -> Path:
@@ -68,11 +78,16 @@ class Exercise:
         raise KeyError(step_id)
 
 
-def load_manifest(path: Path = MANIFEST_PATH) -> dict[str, Exercise]:
-    """Every exercise in the manifest, by name, in manifest order."""
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
+def course_order(course: Path = COURSE_DIR) -> list[str]:
+    """The exercises' names, in course order (course.toml)."""
+    return list(tomllib.loads((course / "course.toml").read_text(encoding="utf-8"))["order"])
+
+
+def load_course(course: Path = COURSE_DIR) -> dict[str, Exercise]:
+    """Every exercise of the course, by name, in course order: each one's exercise.toml."""
     exercises = {}
-    for name, entry in data.items():
+    for name in course_order(course):
+        entry = tomllib.loads((course / name / "exercise.toml").read_text(encoding="utf-8"))
         steps = tuple(
             Step(
                 id=s["id"],
@@ -89,6 +104,7 @@ def load_manifest(path: Path = MANIFEST_PATH) -> dict[str, Exercise]:
             file=entry["file"],
             device_checks=bool(entry.get("device_checks", True)),
             steps=steps,
+            extends=entry.get("extends"),
         )
     return exercises
 
@@ -108,7 +124,7 @@ def find_exercise(candidate: Path, name: str | None = None) -> Exercise:
             f"{candidate.name} is neither a Python file (.py) nor a Jupyter notebook (.ipynb). "
             f"Save your code as a .py file, e.g. mha.py, and grade that."
         )
-    exercises = load_manifest()
+    exercises = load_course()
     known = ", ".join(exercises)
     if name is not None:
         if name not in exercises:

@@ -27,7 +27,7 @@ import click
 
 from grader import workspace
 from grader.candidate import Zygote
-from grader.exercise import Exercise, UsageError, load_manifest
+from grader.exercise import Exercise, UsageError, load_course
 from grader.progress import Progress
 from grader.score import Grade, StepResult
 from grader.watch import KEYS, NOT_WRITTEN, Watcher, keys_and_zygote, loss, run as run_watch
@@ -64,7 +64,7 @@ class Session:
 
 def start(folder: Path, exercise: str, minutes: float, candidate: str, clock=time.time) -> tuple[Session, bool]:
     """A new session in `folder` (a fresh stub, its progress started now), or the one there resumed: (it, resumed)."""
-    exercises = load_manifest()
+    exercises = load_course()
     if exercise not in exercises:
         raise UsageError(f"unknown exercise '{exercise}' (known: {', '.join(exercises)}).")
     candidate = " ".join(candidate.split())

@@ -24,9 +24,9 @@ from dataclasses import replace
 import pytest
 
 from grader.candidate import Candidate, CandidateError
-from grader.checks.engine import Context, SpecFile, SpecItem, is_spec
-from grader.checks.expect import CheckFailed
-from grader.exercise import CHECKS_DIR, Exercise, GraderBug
+from grader.engine.runner import Context, SpecFile, SpecItem, is_spec
+from grader.engine.expect import CheckFailed
+from grader.exercise import ENGINE_DIR, Exercise, GraderBug
 from grader.score import CheckResult
 
 UNUSED_PLUGINS = (
@@ -46,9 +46,9 @@ def run_checks(exercise: Exercise, candidate: Candidate, seed: int, device: str,
     plugin = _Plugin(exercise, candidate, seed, device, cache)
     args = [
         str(exercise.checks_path),
-        "-c", str(CHECKS_DIR / "pytest.ini"),
-        "--rootdir", str(CHECKS_DIR),
-        "--confcutdir", str(CHECKS_DIR),
+        "-c", str(ENGINE_DIR / "pytest.ini"),
+        "--rootdir", str(ENGINE_DIR),
+        "--confcutdir", str(ENGINE_DIR),
         "-p", "pytest_timeout",
         # Built-in plugins the checks do not use cost time on every check (logging alone 0.2 s a grade).
         *[arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")],
@@ -146,9 +146,9 @@ class _Plugin:
         self.bug: GraderBug | None = None
 
     def pytest_collect_file(self, file_path, parent):
-        """A spec module (it declares EXERCISE) is collected by the engine: its steps become items."""
+        """A spec module (it declares SPEC) is collected by the engine: its steps become items."""
         if file_path == self.exercise.checks_path:
-            name = f"grader.checks.{file_path.stem}"
+            name = self.exercise.spec_module
             if is_spec(importlib.import_module(name)):
                 return SpecFile.from_parent(parent, path=file_path, context=self.context(), module_name=name)
         return None
@@ -167,7 +167,7 @@ class _Plugin:
         self.order = {item.name: i for i, item in enumerate(items)}
         if self.cache is not None:
             keys = check_keys(self._candidate.path.read_text(encoding="utf-8", errors="replace"),
-                              importlib.import_module(f"grader.checks.{self.exercise.name}").EXERCISE)
+                              importlib.import_module(self.exercise.spec_module).SPEC)
             items[:] = [item for item in items if not self._cached(item, keys)]
 
     def _cached(self, item, keys: dict | None) -> bool:

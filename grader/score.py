@@ -88,7 +88,7 @@ class Grade:
 
 
 def score(exercise: Exercise, checks_run: list[CheckResult], file: str, environment: dict, candidate_output: str = "") -> Grade:
-    """The grade, steps in manifest order; a step whose checks do not add up to its points is a grader bug."""
+    """The grade, steps in course order; a step whose checks do not add up to its points is a grader bug."""
     steps = []
     losing = {c.step for c in checks_run if c.points < c.max_points and not c.end_to_end}
     for step in exercise.steps:
@@ -102,7 +102,7 @@ def score(exercise: Exercise, checks_run: list[CheckResult], file: str, environm
         result = StepResult(step.id, step.title, checks)
         if not checks or result.max_score != step.points:
             raise GraderBug(
-                f"step {step.id} of {exercise.name} has checks worth {result.max_score} points; the manifest says {step.points}"
+                f"step {step.id} of {exercise.name} has checks worth {result.max_score} points; exercise.toml says {step.points}"
             )
         steps.append(result)
     return Grade(exercise.name, exercise.title, file, tuple(steps), environment, candidate_output)

@@ -28,7 +28,7 @@ import click
 
 from grader import workspace
 from grader.candidate import Zygote
-from grader.exercise import Exercise, UsageError, find_exercise, load_manifest
+from grader.exercise import Exercise, UsageError, find_exercise, load_course
 from grader.grade import grade
 from grader.progress import Progress
 from grader.report import to_text
@@ -330,7 +330,7 @@ def split_report(result: Grade) -> tuple[list[str], dict[str, list[str]], str]:
 
 def next_exercise(current: str, progress: Progress | None) -> Exercise | None:
     """The next exercise of the manifest (after `current`, then from the top) without full marks in the workspace."""
-    exercises = list(load_manifest().values())
+    exercises = list(load_course().values())
     i = [e.name for e in exercises].index(current)
     for exercise in exercises[i + 1 :] + exercises[:i]:
         if not (progress and all(progress.full_marks(exercise.name, s.id) for s in exercise.steps)):

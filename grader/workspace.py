@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from grader import notebook
-from grader.exercise import Exercise, UsageError, load_manifest
+from grader.exercise import Exercise, UsageError, load_course
 from grader.progress import Progress
 
 
@@ -98,7 +98,7 @@ def record_grade(path: Path, result) -> Progress | None:
     """Record a grade of the file at `path` in the workspace it lies in, if any; the workspace's progress."""
     progress = Progress.find(path.parent)
     if progress:
-        progress.record_grade(result, step_versions(path, load_manifest()[result.exercise]))
+        progress.record_grade(result, step_versions(path, load_course()[result.exercise]))
         progress.save()
     return progress
 

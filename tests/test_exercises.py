@@ -2,11 +2,11 @@
 
 import pytest
 
-from grader.exercise import load_manifest
+from grader.exercise import load_course
 from grader.grade import grade
 from tests.conftest import ROOT, explain
 
-EXERCISES = list(load_manifest().values())
+EXERCISES = list(load_course().values())
 
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.name)

@@ -11,7 +11,7 @@ import pytest
 
 from grader import report
 from grader.candidate import NOT_IMPORTED
-from grader.exercise import load_manifest
+from grader.exercise import load_course
 from grader.grade import grade, kit_version
 from tests.conftest import REFERENCE, ROOT, explain, lost, report_but_when
 
@@ -65,7 +65,7 @@ def test_sys_exit_at_import_is_never_a_pass(grade_source):
 @pytest.mark.parametrize("code", ["", "# nothing yet\n", "def helper(x):\n    return x\n"])
 def test_a_file_that_defines_none_of_the_steps_says_so_by_their_names(grade_source, code):
     result = grade_source(code, base="")
-    steps = ", ".join(step.id for step in load_manifest()["mha"].steps)
+    steps = ", ".join(step.id for step in load_course()["mha"].steps)
     assert result.score == 0
     assert result.environment["file_error"] == (
         f"mha.py defines none of {steps}: start from the stub (attn-grade init writes one) and keep its names."

@@ -314,7 +314,7 @@ PEEKS = """
 import gc, os, sys
 def look():
     found = []
-    for name in ("solutions", "grader", "solutions.mha", "grader.checks.mha"):
+    for name in ("solutions", "grader", "solutions.mha", "grader.course.mha.spec"):
         try:
             __import__(name)
             found.append("imported " + name)

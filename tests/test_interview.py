@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from grader import cli, interview, progress, workspace
-from grader.exercise import load_manifest
+from grader.exercise import load_course
 from grader.progress import Progress
 from tests.conftest import REFERENCE, STUB, save, script, written
 
@@ -100,7 +100,7 @@ def test_an_interview_records_grades_hints_and_solutions_and_writes_a_scorecard(
 def test_the_same_command_resumes_the_clock(tmp_path, clock):
     folder = tmp_path / "iv"
     first, resumed = interview.start(folder, "mha", 1, "Ada", clock)
-    assert not resumed and (folder / "mha.py").read_text() == workspace.stub_text(load_manifest()["mha"])
+    assert not resumed and (folder / "mha.py").read_text() == workspace.stub_text(load_course()["mha"])
     save(folder / "mha.py", written(STUB, softmax="    return scores"))
     clock.now += 30
     again, resumed = interview.start(folder, "mha", 1, "Ada", clock)

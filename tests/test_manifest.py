@@ -1,8 +1,10 @@
-"""The course check, both ways (as rustlings checks its exercises): every exercise of the manifest
-has its five places, and every file in those places belongs to an exercise of the manifest.
+"""The course check, both ways (as rustlings checks its exercises): every exercise of the course
+has its places, and every file in those places belongs to an exercise of the course.
 
-An exercise is: a stub (exercises/NAME.py), a reference (solutions/NAME.py), a spec
-(grader/checks/NAME.py), a manifest entry, and its variants (tests/variants_NAME.py).
+An exercise is: a stub (exercises/NAME.py), a reference (solutions/NAME.py), a course folder
+(grader/course/NAME/: exercise.toml, spec.py, contract.md, and any stand-ins), its tests
+(tests/exercises/NAME/: variants.py and test_oracle.py), and one line in grader/course/course.toml.
+A spec imports only the engine's public surface (grader.engine) and its own reference.
 """
 
 import ast
@@ -10,46 +12,78 @@ import importlib
 
 import pytest
 
-from grader.checks.spec import Exercise as Spec
-from grader.exercise import CHECKS_DIR, load_manifest
+from grader.engine import Spec
+from grader.exercise import COURSE_DIR, load_course
 from tests.conftest import ROOT
 
-EXERCISES = list(load_manifest().values())
-ENGINE = {"__init__.py", "spec.py", "engine.py", "expect.py", "diagnose.py"}  # grader/checks/ beside the specs
+EXERCISES = list(load_course().values())
+COURSE_FILES = {"exercise.toml", "spec.py", "contract.md", "__init__.py"}  # besides stand-ins (stand_ins.py)
+NOT_AN_EXERCISE = {"__pycache__"}
 
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.name)
-def test_every_exercise_has_its_five_places_and_100_points(exercise):
+def test_every_exercise_has_its_places_and_100_points(exercise):
     assert exercise.stub_path.is_file() and exercise.checks_path.is_file()
     assert (ROOT / "solutions" / exercise.file).is_file()
-    assert (ROOT / "tests" / f"variants_{exercise.name}.py").is_file()
-    assert isinstance(importlib.import_module(f"grader.checks.{exercise.name}").EXERCISE, Spec)
+    assert (exercise.folder / "contract.md").is_file(), "every exercise has a contract (the source of its docs page)"
+    tests = ROOT / "tests" / "exercises" / exercise.name
+    assert (tests / "variants.py").is_file() and (tests / "test_oracle.py").is_file()
+    assert isinstance(importlib.import_module(exercise.spec_module).SPEC, Spec)
     assert exercise.max_score == 100
     assert len({s.id for s in exercise.steps}) == len(exercise.steps)
 
 
-def test_every_exercise_file_belongs_to_an_exercise_of_the_manifest():
+def test_every_exercise_file_belongs_to_an_exercise_of_the_course():
     names = {e.name for e in EXERCISES}
     places = {
         "exercises": ({p.stem for p in (ROOT / "exercises").glob("*.py")} - {"__init__"}),
         "solutions": ({p.stem for p in (ROOT / "solutions").glob("*.py")} - {"__init__"}),
-        "grader/checks": ({p.stem for p in CHECKS_DIR.glob("*.py")} - {p.removesuffix(".py") for p in ENGINE}),
-        "tests/variants_*": {p.stem.removeprefix("variants_") for p in (ROOT / "tests").glob("variants_*.py")},
+        "grader/course": {p.name for p in COURSE_DIR.iterdir() if p.is_dir()} - NOT_AN_EXERCISE,
+        "tests/exercises": {p.name for p in (ROOT / "tests" / "exercises").iterdir() if p.is_dir()} - NOT_AN_EXERCISE,
     }
     for place, stems in places.items():
         assert stems == names, f"{place} holds {sorted(stems - names)} and lacks {sorted(names - stems)}"
+    for name in names:
+        files = {p.name for p in (COURSE_DIR / name).iterdir() if p.is_file()}
+        extra = files - COURSE_FILES - {"stand_ins.py"}
+        assert not extra, f"grader/course/{name} holds {sorted(extra)}: only {sorted(COURSE_FILES)} and stand_ins.py"
+
+
+@pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.name)
+def test_a_spec_imports_only_the_engine_and_its_own_reference(exercise):
+    """What a new exercise may lean on is the engine's public surface: never the worker, the process layer,
+    another exercise's spec or another exercise's reference."""
+    allowed = {"grader.engine", f"solutions.{exercise.name}", "math", "re", "functools", "itertools",
+               "typing", "dataclasses", "torch", "torch.nn.functional", "numpy", "__future__"}
+    if exercise.extends:  # an exercise that varies another (mha_numpy) may reuse that one's spec, and say so
+        allowed.add(f"grader.course.{exercise.extends}.spec")
+    for path in exercise.folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                modules = [node.module] if node.level == 0 else []
+                if node.level == 1 and node.module:  # from .stand_ins import ...: its own folder
+                    continue
+                if node.module == "solutions" or (node.module or "").startswith("grader.course."):
+                    modules = [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            for module in modules:
+                assert module in allowed, f"{path.relative_to(ROOT)} imports {module}: a spec may import only " \
+                                          f"grader.engine, its own reference and the standard library"
 
 
 @pytest.mark.parametrize("exercise", EXERCISES, ids=lambda e: e.name)
 def test_every_step_has_hints_checks_and_a_todo(exercise):
-    spec = importlib.import_module(f"grader.checks.{exercise.name}").EXERCISE
+    spec = importlib.import_module(exercise.spec_module).SPEC
     stub = exercise.stub_path.read_text()
     names = _top_level_names(stub)
-    assert [s.id for s in spec.steps] == [s.id for s in exercise.steps], "the spec's steps are the manifest's, in order"
+    assert [s.id for s in spec.steps] == [s.id for s in exercise.steps], "the spec's steps are exercise.toml's, in order"
     for step, declared in zip(exercise.steps, spec.steps):
         assert len(step.hints) >= 2, step.id
         points = sum(c.points * max(len(c.dtypes), 1) for c in declared.checks)
-        assert points == step.points, f"{step.id}: checks worth {points}, the manifest says {step.points}"
+        assert points == step.points, f"{step.id}: checks worth {points}, exercise.toml says {step.points}"
         assert step.id in names, f"the stub has no {step.id}"
         assert "# TODO" in _source_of(stub, step.id), f"the stub's {step.id} has no TODO"
 

@@ -3,7 +3,7 @@
 import re
 
 from grader import catalogue
-from grader.exercise import load_manifest
+from grader.exercise import load_course
 from tests.conftest import ROOT
 
 README = (ROOT / "README.md").read_text()
@@ -12,7 +12,7 @@ README = (ROOT / "README.md").read_text()
 def test_points_table_matches_the_manifest():
     table = README.split("<!-- points-table")[1].split("<!-- /points-table -->")[0]
     rows = dict(re.findall(r"\| `(\w+)` \| (\d+) \|", table))
-    manifest = load_manifest()["mha"]
+    manifest = load_course()["mha"]
     assert {k: int(v) for k, v in rows.items()} == {s.id: s.points for s in manifest.steps}
 
 

@@ -17,10 +17,10 @@ from types import ModuleType
 import pytest
 
 from grader import catalogue
-from grader.exercise import load_manifest
+from grader.exercise import load_course
 from tests.conftest import ROOT, explain, lost, mistakes
 
-MANIFEST = load_manifest()
+MANIFEST = load_course()
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,9 @@ class Course:
 
 
 def _course(name: str) -> Course:
-    spec = importlib.import_module(f"grader.checks.{name}").EXERCISE
+    spec = importlib.import_module(f"grader.course.{name}.spec").SPEC
     composer = next((s.id for s in spec.steps if any(c.end_to_end for c in s.checks)), None)
-    return Course(name, importlib.import_module(f"tests.variants_{name}"), composer)
+    return Course(name, importlib.import_module(f"tests.exercises.{name}.variants"), composer)
 
 
 COURSES = [_course(name) for name in MANIFEST]

@@ -13,7 +13,7 @@ import pytest
 
 from grader import watch as watch_module
 from grader import workspace
-from grader.exercise import load_manifest
+from grader.exercise import load_course
 from grader.progress import Progress
 from grader.watch import terminal_keys, watch
 from tests.conftest import REFERENCE, STUB, save, script, written
@@ -63,7 +63,7 @@ def test_the_detail_is_the_edited_step_else_a_real_failure_and_unwritten_steps_l
 
 
 def test_keys_show_every_failed_check_the_next_hint_recorded_and_quit(tmp_path, zygote, capsys):
-    workspace.init(tmp_path, [load_manifest()["mha"]])
+    workspace.init(tmp_path, [load_course()["mha"]])
     path = tmp_path / "mha.py"
     save(path, written(STUB, softmax=NAIVE_SOFTMAX))
     watch(path, {"device": "cpu"}, read_key=script("d", "h", "h", "q", "h"), zygote=zygote)
@@ -89,7 +89,7 @@ def test_long_messages_wrap_at_word_boundaries_to_the_terminal_width(tmp_path, z
 
 
 def test_full_marks_suggest_the_next_exercise_not_done_in_the_workspace(tmp_path, zygote, capsys):
-    exercises = load_manifest()
+    exercises = load_course()
     workspace.init(tmp_path, list(exercises.values()))
     progress = Progress.find(tmp_path)
     for step in exercises["self_attention"].steps:  # the next in the manifest is done already

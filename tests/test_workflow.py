@@ -169,10 +169,10 @@ def test_init_copies_stubs_and_refuses_to_overwrite_work(tmp_path):
 
 
 def test_the_stubs_init_copies_name_the_command_that_works_in_the_workspace(tmp_path):
-    from grader.exercise import load_manifest
+    from grader.exercise import load_course
 
     assert invoke("init", tmp_path).exit_code == 0
-    for exercise in load_manifest().values():
+    for exercise in load_course().values():
         assert f"attn-grade exercises/{exercise.file}" in (ROOT / "exercises" / exercise.file).read_text()  # the kit's copy
         text = (tmp_path / exercise.file).read_text()
         assert f"Grade your work with:\n\n    attn-grade watch {exercise.file}\n" in text, exercise.name
@@ -488,7 +488,7 @@ def test_python_3_10_is_supported_where_tomllib_is_missing():
     # Python 3.10 has no tomllib; tomli is the same parser under another name.
     code = (
         "import sys, tomllib; sys.modules['tomli'] = tomllib; sys.modules['tomllib'] = None\n"
-        "from grader.exercise import load_manifest; print(sorted(load_manifest()))"
+        "from grader.exercise import load_course; print(sorted(load_course()))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "'mha'" in done.stdout, done.stderr

@@ -1,0 +1,248 @@
+"""The mistakes any exercise can make, and how each is recognised from what came back.
+
+A step's own mistakes (its spec) are tried first; these come after, from every signal a
+failed check has: the exception the candidate's code raised (its type, its message and the
+candidate's own line), the answer's dtype, its shape, and its device. Each entry is a
+Mistake of the catalogue (`attn-grade mistakes` lists them with every exercise's own).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from grader.engine.spec import Mistake, Raises
+from grader.wire import device_of
+
+META_UNSUPPORTED = ("'Meta' backend", "meta tensors", "meta tensor", "data-dependent", "register_meta", "Meta device")
+
+CPU_DEVICE_HINT = (
+    "create it on the input's device (torch.tensor(..., device=x.device), torch.ones(..., device=x.device)) or "
+    "use a Python float (math.sqrt(d)). The grader ran this step on a stand-in for a GPU (torch's meta device); "
+    "on a GPU this line fails the same way"
+)
+
+# Exceptions, recognised by type, message and the candidate's own line.
+TRANSPOSE_ALL_AXES = Mistake(
+    "transpose_all_axes",
+    "`.T` reverses every axis of a batched tensor or array, not just the last two: swap only the last two "
+    "(torch: k.transpose(-2, -1) or k.mT; NumPy: np.swapaxes(k, -1, -2))",
+    raises=Raises(message=r"size|shape|mismatch|dimension|aligned|mat1|mat2", line=r"\.T\b"),
+)
+VIEW_NON_CONTIGUOUS = Mistake(
+    "view_non_contiguous",
+    "view() on a non-contiguous tensor (after a transpose or permute, or an input that is not contiguous): "
+    "use reshape(), or .contiguous().view()",
+    raises=Raises(message=r"view size is not compatible|view\(\) on a non-contiguous|Use \.reshape"),
+)
+FILL_OVERFLOWS_HALF = Mistake(
+    "fill_overflows_half",
+    "a fill value such as -1e9 does not fit in float16 (its range ends at ±65504): fill with float('-inf') "
+    "or torch.finfo(scores.dtype).min",
+    raises=Raises(message=r"cannot be converted to type .*(Half|BFloat16).* without overflow"),
+)
+NONE_UNHANDLED = Mistake(
+    "none_unhandled",
+    "an optional argument given as None (mask=None, bias=None) is not handled: use it only when it is given "
+    "(if mask is not None: ...)",
+    raises=Raises(types=("TypeError", "AttributeError"), message=r"NoneType"),
+)
+FLOAT_SHAPE = Mistake(
+    "float_shape",
+    "a size computed with / is a float (12 / 3 is 4.0): shapes and head widths need whole numbers, use // "
+    "(D // num_heads)",
+    raises=Raises(message=r"'float' object cannot be interpreted as an integer|must be tuple of ints, ?but (found element "
+                          r"of type float|got float)|received an invalid combination of arguments - got \(.*float"),
+)
+TENSOR_TRUTHINESS = Mistake(
+    "tensor_truthiness",
+    "a tensor was asked for one truth value (`key or query`, `if mask:`): compare with None instead "
+    "(key if key is not None else query)",
+    raises=Raises(message=r"Boolean value of Tensor with more than one|truth value of an array with more than one"),
+)
+DTYPE_MISMATCH = Mistake(
+    "dtype_mismatch",
+    "tensors of two dtypes met in one operation: a tensor was cast (.float()) or made without dtype=; keep the "
+    "input's dtype (dtype=x.dtype, or cast back with .to(x.dtype))",
+    raises=Raises(message=r"same dtype|expected (scalar type|m1 and m2)|dtype .* but got|found dtype"),
+)
+KEEPDIM_LOST = Mistake(
+    "keepdim_lost",
+    "a reduction lost its axis (sum/max/amax without keepdim=True), so it broadcast against the wrong axis: "
+    "pass keepdim=True",
+    raises=Raises(message=r"must match the size|could not be broadcast|operands could not|Attempting to broadcast",
+                  source=r"\.(sum|max|amax|logsumexp|mean)\((?![^)]*keepdim)[^)]*(dim|axis|-?\d)[^)]*\)"),
+)
+FIXED_RANK = Mistake(
+    "fixed_rank",
+    "the step works for one number of axes only (B, T, D = x.shape, torch.bmm, torch.mm or addmm, .t(), an einsum "
+    "without ...) where its contract allows any number of leading dims: use x.shape[-1], @ (torch.matmul), '...' "
+    "in einsum, transpose(-2, -1)",
+    # torch.mm and addmm ("mat1 must be a matrix"; the meta device: "a must be 2D"), .t() and mv on a batch too
+    raises=Raises(message=r"values to unpack|must be a 3D tensor|batch\d must be a 3D|subscripts|einstein sum|"
+                          r"does not match the number of dimensions|Dimension out of range|axis \d+ is out of bounds|"
+                          r"must be a matrix|\ba must be 2D|expects a tensor with <= 2 dimensions|matrix @ vector expected|"
+                          r"too many indices for (tensor|array)"),
+)
+TENSOR_ON_CPU = Mistake(
+    "tensor_on_cpu",
+    f"a tensor was created on the CPU inside the step (torch.FloatTensor([...]), or torch.tensor, torch.ones, "
+    f"torch.arange without device=): {CPU_DEVICE_HINT}",
+    # CUDA's own wordings, as torch 2.11 on an H100 gave them: "Expected all tensors to be on the same
+    # device", "masked_fill_: Expected inputs to be on same device", "Expected a 'cpu' device type for
+    # generator" (torch.rand(..., generator=) on the CPU); and the meta device's.
+    raises=Raises(message=r"is not on the expected device|to be on (the )?same device|must (all )?be on the same device|"
+                          r"found at least two devices|device type (cpu|cuda) .* does not match|"
+                          r"Expected a '\w+' device type for generator"),
+)
+LAYER_NAMES = Mistake(
+    "layer_names",
+    "the module's layers are not named or shaped as the contract says, so the grader's weights cannot be loaded "
+    "into them: use exactly the nn.Linear attributes the docstring names",
+    raises=Raises(message=r"Unexpected key|Missing key|size mismatch for|state_dict"),
+)
+ASSERT_NOT_VALUEERROR = Mistake(  # named by the width check itself: an assert elsewhere may be about anything
+    "assert_not_valueerror",
+    "an invalid argument raised AssertionError: `assert` is stripped by python -O; raise ValueError with a message",
+)
+DOT_ON_BATCHED = Mistake(
+    "dot_on_batched",
+    "np.dot (or np.tensordot) on batched arrays pairs every batch of one with every batch of the other (or fails "
+    "to align them): use np.matmul (the @ operator), which batches",
+    raises=Raises(message=r"not aligned|shapes .* not aligned", line=r"\bdot\("),
+)
+
+# Answers of the wrong dtype, shape or device.
+DTYPE_PROMOTED = Mistake(
+    "dtype_promoted",
+    "the result was promoted to a wider dtype (float32 to float64, or a half type to float32): a float64 "
+    "constant, tensor or NumPy scalar (np.sqrt(d), np.zeros(shape), torch.tensor(d)) entered the computation; "
+    "use Python floats, or dtype=x.dtype",
+)
+DTYPE_NARROWED = Mistake(
+    "dtype_narrowed",
+    "the result came back in a narrower dtype (float64 computed as float32): a tensor made without dtype= "
+    "(torch.zeros(...), torch.full(...), torch.tensor(...)) defaults to float32; use dtype=x.dtype or zeros_like",
+)
+AXES_SWAPPED = Mistake(
+    "axes_swapped",
+    "the result's axes are in another order than the contract's: same sizes, wrong places; check every "
+    "transpose and permute against the shapes in the docstring",
+)
+AXIS_MISSING = Mistake(
+    "axis_missing",
+    "the result has one axis too few: a sum, squeeze or indexing dropped an axis the contract keeps",
+)
+AXIS_EXTRA = Mistake(
+    "axis_extra",
+    "the result has one axis too many: an unsqueeze or a broadcast added an axis the contract does not have",
+)
+WRONG_AXIS_SIZE = Mistake(
+    "wrong_axis_size",
+    "an axis of the result has another size than the contract's (for example Tk where Tq belongs): the "
+    "reduction or product ran over the wrong axis",
+)
+MASK_NOT_BOOL = Mistake(
+    "mask_not_bool",
+    "returned a float (or integer) mask where a bool mask belongs: build it from comparisons (positions < lengths, "
+    "&, tril of a bool tensor) or end with .bool(); masked_fill and ~ need bool",
+)
+RESULT_ON_CPU = Mistake(
+    "result_on_cpu",
+    f"the result came back on the CPU, not on the device asked for or the inputs' device: a tensor created "
+    f"without device= (torch.ones(t_q, t_k) without device=device) ended up in the result; {CPU_DEVICE_HINT}",
+)
+
+# What a module's own checks see.
+PARAMETERS_NOT_LOADED = Mistake(
+    "parameters_not_loaded",
+    "the module has parameters the contract does not name, which kept their random start (a bias although "
+    "bias=False, or a layer of its own): honour the constructor's arguments, nn.Linear(..., bias=bias)",
+)
+GRADIENT_CUT = Mistake(
+    "gradient_cut",
+    "no gradient reached a weight or an input: .data, .detach(), torch.no_grad() or a new tensor built from "
+    "values (torch.tensor(x)) cut it off the graph; compute with the tensors themselves",
+)
+FORBIDDEN_CALL = Mistake(
+    "forbidden_call",
+    "the step called a function its contract forbids (torch.softmax in softmax, F.linear in project, "
+    "F.scaled_dot_product_attention in a module): the step earns nothing; write it with basic tensor ops",
+)
+
+# A module that gives two answers to the same input in eval mode.
+DROPOUT_AT_EVAL = Mistake(
+    "dropout_at_eval",
+    "the module gave different outputs for the same input in eval mode: dropout still acts at eval; use "
+    "nn.Dropout (off after model.eval()) or F.dropout(x, p, training=self.training)",
+)
+INPUT_CHANGED = Mistake(
+    "input_changed_in_place",
+    "the step changed an argument in place (masked_fill_, x /= s, x[mask] = v, np.exp(x, out=x)): the caller's "
+    "tensors and arrays are theirs, and may be read again; compute into a new one (masked_fill, x / s, np.where) "
+    "or work on a copy",
+)
+
+ERRORS = (VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED, TENSOR_TRUTHINESS, DTYPE_MISMATCH, FLOAT_SHAPE,
+          TRANSPOSE_ALL_AXES, DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK, LAYER_NAMES)
+FORMS = (MASK_NOT_BOOL, DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE, RESULT_ON_CPU)
+CATALOGUE = (*ERRORS, *FORMS, PARAMETERS_NOT_LOADED, GRADIENT_CUT, DROPOUT_AT_EVAL, FORBIDDEN_CALL, ASSERT_NOT_VALUEERROR,
+             INPUT_CHANGED)
+
+
+def meta_unsupported(error) -> bool:
+    """The meta device cannot run this code (no kernel, or it needs data): not the candidate's fault."""
+    return error.kind in ("raised", "not_implemented") and any(s in error.message for s in META_UNSUPPORTED)
+
+
+def error(error, line: str, source: str):
+    """The generic mistake an exception shows, if any."""
+    return next((m for m in ERRORS if m.raises.matches(error, line, source)), None)
+
+
+def form(value, native, backend: str = "torch", device: str = "cpu"):
+    """The generic mistake a wrong dtype, shape or device shows, if any (of a tuple: its first part that is off)."""
+    value, native = _first_off(value, native)
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(np.ascontiguousarray(value))
+    if not isinstance(value, torch.Tensor) or not isinstance(native, torch.Tensor):
+        return None
+    if tuple(value.shape) != tuple(native.shape):
+        if backend == "numpy" and value.dim() >= native.dim() + 2:  # np.dot / np.tensordot pair every batch with every other
+            return DOT_ON_BATCHED
+        return _shape_mistake(tuple(value.shape), tuple(native.shape))
+    if native.dtype == torch.bool and value.dtype != torch.bool:
+        return MASK_NOT_BOOL
+    if value.dtype != native.dtype and value.is_floating_point() and native.is_floating_point():
+        return DTYPE_PROMOTED if value.dtype.itemsize > native.dtype.itemsize else DTYPE_NARROWED
+    if device not in ("cpu", "none") and device_of(value).split(":")[0] != device.split(":")[0]:
+        return RESULT_ON_CPU
+    return None
+
+
+def _shape_mistake(got: tuple, expected: tuple):
+    if len(got) == len(expected) - 1:
+        return AXIS_MISSING
+    if len(got) == len(expected) + 1:
+        return AXIS_EXTRA
+    if len(got) == len(expected):
+        return AXES_SWAPPED if sorted(got) == sorted(expected) else WRONG_AXIS_SIZE
+    return None
+
+
+def _first_off(value, native):
+    """The first part of a tuple answer whose shape or dtype is not the reference's (else the first parts)."""
+    if isinstance(value, (tuple, list)) and isinstance(native, tuple) and len(value) == len(native):
+        for got, want in zip(value, native):
+            if not (isinstance(got, (torch.Tensor, np.ndarray)) and isinstance(want, torch.Tensor)):
+                continue
+            dtypes = (str(t.dtype).removeprefix("torch.") for t in (got, want))  # an ndarray's float32 is a tensor's
+            if tuple(got.shape) != tuple(want.shape) or len(set(dtypes)) > 1:
+                return got, want
+    return _first(value), _first(native)
+
+
+def _first(value):
+    while isinstance(value, (tuple, list)) and value:
+        value = value[0]
+    return value

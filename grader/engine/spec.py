@@ -1,0 +1,177 @@
+"""The vocabulary of an exercise's checks: steps, their checks, and the mistakes they name.
+
+An exercise's checks are data (grader/checks/NAME.py): for each step, how its inputs are
+made, the reference, how an answer is compared, the checks (each a case with its points),
+and the step's named mistakes. grader/checks/engine.py turns the steps into pytest items
+and runs them; the command line (`attn-grade mistakes`), the reports and the README read
+the same declarations, so what a step checks is said once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+# The kinds of check a step can declare; the engine runs each kind one way.
+#   shape:    the answer is a tensor (or tuple of them) of the reference's shape and dtype
+#   values:   the answer matches the reference, on every dtype listed and on two input draws
+#   rules:    the call used none of the step's forbidden functions (and is right)
+#   device:   the step runs on the device under test and its result stays there
+#   property: a plain function of its own (the escape hatch: statistics, causality, round trips)
+KINDS = ("shape", "values", "rules", "device", "property")
+
+
+@dataclass(frozen=True)
+class Raises:
+    """How an exception the candidate's code raised is recognised: every given part must match.
+
+    `types` are exception class names; `message` and `line` are regular expressions searched
+    in the exception's message and in the candidate's own line that raised it; `source` is
+    searched in the source of the step's function (or class).
+    """
+
+    types: tuple[str, ...] = ()
+    message: str = ""
+    line: str = ""
+    source: str = ""
+
+    def matches(self, error, line: str, source: str) -> bool:
+        if self.types and error.type not in self.types:
+            return False
+        if self.message and not re.search(self.message, error.message):
+            return False
+        if self.line and not re.search(self.line, line):
+            return False
+        return not self.source or bool(re.search(self.source, source))
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A named mistake: an id, a message that says what is wrong and how to fix it, and how it is recognised.
+
+    How it is recognised (a wrong answer, an exception, or both):
+      variant: computes the wrong answer from the check's inputs; an answer equal to it is this mistake
+               (a list of answers: the several forms the mistake takes, an answer equal to any of them);
+      test:    looks at the answer itself, `test(value, *args, **kwargs)` -> bool;
+      raises:  recognises the exception the candidate's code raised (the same mistake may raise
+               on some inputs and answer wrongly on others: x @ weight is wrong when square).
+    A mistake with none of them is named by its step's own property check.
+    """
+
+    id: str
+    message: str
+    variant: Callable | None = None
+    test: Callable | None = None
+    raises: Raises | None = None
+
+    def __post_init__(self):
+        if self.variant is not None and self.test is not None:
+            raise ValueError(f"mistake {self.id}: give a variant or a test, not both")
+
+    @property
+    def recognised_by(self) -> str:
+        ways = [w for w, given in (("a wrong answer", self.variant or self.test), ("an exception", self.raises)) if given]
+        return " or ".join(ways) or "its own check"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of a step: a case of the step's inputs, and what is asked of the answer.
+
+    The check's name is `<step prefix>_<name>` (with `[dtype]` for each dtype listed).
+    `params` go to the step's input maker; `strided` lists the arguments handed over
+    non-contiguous; `run` is the property check's own function, `run(ctx)`.
+    """
+
+    name: str
+    points: int
+    kind: str = "values"
+    params: dict = field(default_factory=dict)
+    dtypes: tuple = ()
+    strided: tuple[int, ...] = ()
+    run: Callable | None = None
+    end_to_end: bool = False  # a composite run with the candidate's own steps, not the grader's
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"check {self.name}: unknown kind {self.kind!r}")
+        if (self.kind == "property") != (self.run is not None):
+            raise ValueError(f"check {self.name}: a property check, and only one, has a run function")
+
+
+def shape(points: int = 1, name: str = "shape", **params) -> Check:
+    return Check(name, points, "shape", params)
+
+
+def values(name: str, points: int, dtypes: tuple = (), strided: tuple[int, ...] = (), **params) -> Check:
+    return Check(name, points, "values", params, dtypes, strided)
+
+
+def rules(points: int = 1, **params) -> Check:
+    return Check("rules", points, "rules", params)
+
+
+def device(points: int = 1, **params) -> Check:
+    return Check("device", points, "device", params)
+
+
+def prop(name: str, points: int, run: Callable, end_to_end: bool = False) -> Check:
+    return Check(name, points, "property", run=run, end_to_end=end_to_end)
+
+
+@dataclass(frozen=True)
+class Call:
+    """The inputs of one call: positional and keyword arguments; for a module, how to build it.
+
+    `names` label the positional arguments in messages ("called with q (2, 3, 5, 4), ...").
+    """
+
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    names: tuple[str, ...] = ()
+    init: tuple = ()
+    init_kwargs: dict = field(default_factory=dict)
+    state: dict | None = None
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """A step of an exercise, as its checks see it.
+
+    inputs(gen, dtype, **params) -> Call: the inputs of one check, from the grader's generator.
+    reference(*args, **kwargs): the right answer (for a module step, reference(state, *args, **kwargs)).
+    compare(value, expected, call): raises CheckFailed when the answer is wrong; None compares
+    closely (tensors, arrays, tuples of them) under the tolerance policy of grader/checks/expect.py.
+    outputs: names of the parts of a tuple answer ("output", "weights"), for messages.
+    answered: for a composite step, the exercise's step functions the grader answers while
+    it runs, those of them that lost points (so a bug in them is charged to them, not here);
+    see grader/checks/engine.py.
+    """
+
+    id: str
+    inputs: Callable
+    reference: Callable
+    checks: tuple[Check, ...]
+    mistakes: tuple[Mistake, ...] = ()
+    compare: Callable | None = None
+    outputs: tuple[str, ...] = ()
+    prefix: str = ""
+    module: bool = False
+    answered: tuple[str, ...] = ()
+
+    @property
+    def check_prefix(self) -> str:
+        return self.prefix or self.id
+
+
+@dataclass(frozen=True)
+class Spec:
+    """An exercise's checks: its steps, and what its functions take and return (torch or numpy)."""
+
+    steps: tuple[StepSpec, ...]
+    backend: str = "torch"  # numpy: arrays in and out, no device checks
+    rules: Callable | None = None  # rules(answer, source, step id): what every rules check asks besides the manifest's
+    # forbidden calls (NumPy: no torch in the file or the call)
+    contract: str = ""  # the module whose signatures a composite's calls are bound by, if not the references'
+    # (mha_numpy's softmax takes `axis` where the torch reference takes `dim`)
