@@ -48,7 +48,7 @@ def main() -> None:
         baseline.append(timed(baseline_cmd))
         grade.append(timed(grade_cmd))
         no_gc.append(timed(no_gc_cmd))
-    ratios = [g / b for g, b in zip(grade, baseline)]
+    ratios = [g / b for g, b in zip(grade, baseline, strict=True)]
     result = {
         "command": " ".join(["attn-grade", args.file, *args.extra]),
         "rounds": args.rounds,

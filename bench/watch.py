@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = ("project", "split_heads", "attention_scores", "scale_scores", "apply_mask", "softmax", "weighted_sum", "merge_heads")
+STEPS = ("project", "split_heads", "attention_scores", "scale_scores", "apply_mask", "softmax", "weighted_sum",
+         "merge_heads")
 
 
 def next_total(process) -> None:

@@ -140,4 +140,5 @@ if __name__ == "__main__":
             size = kv_cache_bytes(1, 32, kv_heads, 128, 8192, torch.bfloat16)
             print(f"{name}: {size:,} bytes = {size / 2**30:g} GiB")
     except NotImplementedError:
-        print("kv_cache_bytes is not written yet: write it, then run this again to see what the cache of an 8B model takes.")
+        print("kv_cache_bytes is not written yet: write it, then run this again to see what the cache "
+              "of an 8B model takes.")

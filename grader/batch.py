@@ -61,7 +61,8 @@ def grade_all(files: list[Path], jobs: int, options: dict, on_progress=None) -> 
 
 
 def progress_line(done: int, total: int, elapsed: float) -> str:
-    """'grading: 3/9 files, about 12 s left': the time left comes from the files graded so far (none before the first)."""
+    """'grading: 3/9 files, about 12 s left': the time left comes from the files graded so far (none before the
+    first)."""
     line = f"grading: {done}/{total} {plural(total, 'file')}"
     if 0 < done < total:
         left = round(elapsed / done * (total - done))
@@ -91,7 +92,7 @@ def to_csv(rows: list[dict]) -> str:
 
 def _start(options: dict) -> None:
     global _zygote
-    from grader.candidate import Zygote
+    from grader.pool import Zygote
 
     _zygote = Zygote(warm_device=options.get("device") != "cpu")
     multiprocessing.util.Finalize(None, _zygote.close, exitpriority=10)  # the pool's exit ends it too

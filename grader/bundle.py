@@ -13,7 +13,7 @@ from pathlib import Path
 from grader.exercise import GRADER_DIR, Exercise
 
 KIT_ROOT = GRADER_DIR.parent
-KIT_PARTS = ("pyproject.toml", "README.md", "grader", "solutions", "exercises")
+KIT_PARTS = ("pyproject.toml", "README.md", "docs", "grader", "solutions", "exercises")
 
 MIN_PYTHON = (3, 10)  # as pyproject.toml's requires-python
 
@@ -22,7 +22,9 @@ SETUP = """#!/usr/bin/env bash
 set -euo pipefail
 apt-get update -q && apt-get install -y -q python3 python3-pip python3-venv
 version="$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
-if [ "${{version%%.*}}" -lt {major} ] || {{ [ "${{version%%.*}}" -eq {major} ] && [ "${{version#*.}}" -lt {minor} ]; }}; then
+major="${{version%%.*}}"
+minor="${{version#*.}}"
+if [ "$major" -lt {major} ] || {{ [ "$major" -eq {major} ] && [ "$minor" -lt {minor} ]; }}; then
   echo "attn-grade needs Python {major}.{minor} or newer; this image's python3 is $version." \\
        "Pick a newer base image in the autograder settings (Ubuntu 22.04 has 3.10)." >&2
   exit 1
@@ -44,13 +46,15 @@ results="$root/results/results.json"
 mkdir -p "$root/results"
 file="$(find "$root/submission" -name '{file}' -type f | head -n 1)"
 if [ -z "$file" ]; then
-  printf '%s\\n' '{{"score": 0, "output": "No {file} in the submission: upload a file named {file}.", "tests": []}}' > "$results"
+  message="No {file} in the submission: upload a file named {file}."
+  printf '{{"score": 0, "output": "%s", "tests": []}}\\n' "$message" > "$results"
   exit 0
 fi
 attn-grade "$file" --exercise {exercise} --format gradescope --output "$results"
 code=$?
 if [ "$code" -ge 2 ]; then  # a usage or internal error: say so in the results, never a silent zero
-  printf '%s\\n' '{{"score": 0, "output": "The autograder failed (attn-grade exit '"$code"'); ask your instructor to rerun it.", "tests": []}}' > "$results"
+  message="The autograder failed (attn-grade exit $code); ask your instructor to rerun it."
+  printf '{{"score": 0, "output": "%s", "tests": []}}\\n' "$message" > "$results"
 fi
 exit 0
 """
@@ -63,7 +67,9 @@ def write_bundle(out: Path, exercise: Exercise) -> list[str]:
         _add_script(zf, "run_autograder", RUN.format(file=exercise.file, exercise=exercise.name))
         for part in KIT_PARTS:
             path = KIT_ROOT / part
-            files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+            files = [path] if path.is_file() else sorted(
+                p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+            )
             for file in files:
                 zf.write(file, f"kit/{file.relative_to(KIT_ROOT)}")
         return zf.namelist()

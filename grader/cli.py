@@ -66,11 +66,13 @@ RUN_OPTIONS = [
     click.option("--file-timeout", "file_timeout", type=click.FloatRange(min=0.1), default=DEFAULT_FILE_TIMEOUT,
                  show_default=True, help="Seconds all the calls into one file may take together."),
     click.option("--memory-limit", "memory_limit_mb", type=click.IntRange(min=0), default=DEFAULT_MEMORY_LIMIT_MB,
-                 show_default=True, metavar="MB", help="Memory cap of the process running the candidate's code (0: none)."),
+                 show_default=True, metavar="MB",
+                 help="Memory cap of the process running the candidate's code (0: none)."),
 ]
 GRADE_OPTIONS = [
     *RUN_OPTIONS,
-    click.option("--exercise", metavar="NAME", help="Which exercise the file is (default: from its name, mha.py is mha)."),
+    click.option("--exercise", metavar="NAME",
+                 help="Which exercise the file is (default: from its name, mha.py is mha)."),
 ]
 
 
@@ -91,7 +93,8 @@ def run_options(command):
 @click.argument("file", type=click.Path(dir_okay=False))
 @grade_options
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True, help="Report format.")
-@click.option("--output", type=click.Path(dir_okay=False, writable=True), help="Write the report to this file, not stdout.")
+@click.option("--output", type=click.Path(dir_okay=False, writable=True),
+              help="Write the report to this file, not stdout.")
 @click.option("-v", "--verbose", is_flag=True, help="Show every check and what the code printed.")
 def grade(file, fmt, output, verbose, **options) -> None:
     """Grade FILE and report a score for every step."""
@@ -125,20 +128,29 @@ def list_(folder) -> None:
     points_width = max(len(str(s.points)) for _, s in steps)
     for exercise in exercises:
         scores = [progress.best(exercise.name, s.id) for s in exercise.steps] if progress else []
-        total = f"  best {sum(b or 0 for b in scores)}/{exercise.max_score}" if any(b is not None for b in scores) else ""
-        click.echo(click.style(f"{exercise.name}: {exercise.title} ({exercise.file}, {exercise.max_score} points){total}", bold=True))
+        seen = any(b is not None for b in scores)
+        total = f"  best {sum(b or 0 for b in scores)}/{exercise.max_score}" if seen else ""
+        title = f"{exercise.name}: {exercise.title} ({exercise.file}, {exercise.max_score} points){total}"
+        click.echo(click.style(title, bold=True))
         for step in exercise.steps:
-            score = f"{best(exercise, step):>{best_width}}/{step.points:<{points_width}}" if progress else f"{step.points:>{points_width}}"
+            if progress:
+                score = f"{best(exercise, step):>{best_width}}/{step.points:<{points_width}}"
+            else:
+                score = f"{step.points:>{points_width}}"
             click.echo(f"  {step.id:<{id_width}}  {score}  {step.title}")
 
 
 @main.command()
 @click.argument("exercise", required=False)
-def mistakes(exercise) -> None:
-    """List the named mistakes the grader recognises: an exercise's own, by step, and the general ones."""
+@click.option("--why", is_flag=True, help="Show under each message its why: the reasoning behind the fix.")
+def mistakes(exercise, why) -> None:
+    """List the named mistakes the grader recognises: an exercise's own, by step, and the general ones.
+
+    Each says what is wrong and how to fix it, as a report shows it; --why adds the reasoning behind the fix.
+    """
     from grader import catalogue
 
-    click.echo(catalogue.to_text([e.name for e in _exercises(exercise)]))
+    click.echo(catalogue.to_text([e.name for e in _exercises(exercise)], why=why))
 
 
 @main.command()
@@ -260,7 +272,8 @@ def batch(paths, jobs, output, **options) -> None:
     started = time.monotonic()
 
     def show(done: int, total: int) -> None:  # one line, redrawn as each file is graded
-        click.echo("\r\x1b[K" + batch_.progress_line(done, total, time.monotonic() - started), err=True, nl=done == total)
+        line = batch_.progress_line(done, total, time.monotonic() - started)
+        click.echo("\r\x1b[K" + line, err=True, nl=done == total)
 
     rows = batch_.grade_all(files, jobs, options, on_progress=show if _terminal() else None)
     text = batch_.to_csv(rows)
@@ -270,7 +283,8 @@ def batch(paths, jobs, output, **options) -> None:
         click.echo(text, nl=False)
     errors = sum(row["status"].startswith(("usage error", "internal error")) for row in rows)
     note = f" ({errors} {batch_.plural(errors, 'error')}: see the status column)" if errors else ""
-    click.echo(f"graded {len(rows)} {batch_.plural(len(rows), 'file')} in {time.monotonic() - started:.1f} s{note}", err=True)
+    files = batch_.plural(len(rows), "file")
+    click.echo(f"graded {len(rows)} {files} in {time.monotonic() - started:.1f} s{note}", err=True)
 
 
 def _terminal() -> bool:
@@ -296,7 +310,9 @@ def _write(path: str, text: str) -> None:
     try:
         Path(path).write_text(text, encoding="utf-8", errors="backslashreplace")  # a file name that is no UTF-8 too
     except OSError as error:
-        raise click.UsageError(f"cannot write {path}: {error.strerror}. Pass --output a path in a folder you can write to.") from None
+        raise click.UsageError(
+            f"cannot write {path}: {error.strerror}. Pass --output a path in a folder you can write to."
+        ) from None
 
 
 def _run(function, *args, **kwargs):
@@ -325,7 +341,8 @@ def _step(exercise: str, step: str):
     try:
         return found.step(step)
     except KeyError:
-        raise click.UsageError(f"{exercise} has no step '{step}' (steps: {', '.join(s.id for s in found.steps)}).") from None
+        steps = ", ".join(s.id for s in found.steps)
+        raise click.UsageError(f"{exercise} has no step '{step}' (steps: {steps}).") from None
 
 
 def entry() -> None:

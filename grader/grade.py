@@ -20,9 +20,9 @@ from grader.candidate import (
     DEFAULT_TIMEOUT,
     Candidate,
     CandidateError,
-    Zygote,
 )
 from grader.exercise import GRADER_DIR, UsageError, find_exercise, tomllib
+from grader.pool import Zygote
 from grader.progress import now
 from grader.score import Grade, score
 
@@ -51,7 +51,9 @@ def grade(
     found = find_exercise(path, exercise)
     about = {"seed": seed, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "graded_at": now()}
     warm = found.device_checks and device != "cpu"
-    candidate = Candidate(path, timeout, memory_limit_mb, file_timeout, warm_device=warm, zygote=zygote)
+    stand_ins = found.folder / "stand_ins.py"
+    candidate = Candidate(path, timeout, memory_limit_mb, file_timeout, warm_device=warm, zygote=zygote,
+                          stand_ins=stand_ins if stand_ins.exists() else None)
     with candidate:
         # The worker is importing torch now; the grader imports pytest and torch beside it (and looks up
         # its own version, which takes a while, only now).
@@ -60,13 +62,17 @@ def grade(
             import torch
 
             from grader.run_checks import run_checks
+        # The grader's tensors are small: a second thread only spins, and takes the core the worker and,
+        # in a batch, the other grades need.
+        torch.set_num_threads(1)
 
         try:  # the worker's view decides: it is where the candidate's code runs
             cuda = candidate.ready()["cuda"]
         except CandidateError:  # the file does not import: every check says so, whatever the device
             cuda = torch.cuda.is_available()
         if device == "cuda" and not cuda:
-            raise UsageError("--device cuda: torch sees no CUDA device here. Use --device auto to check on the meta device instead.")
+            raise UsageError("--device cuda: torch sees no CUDA device here. "
+                             "Use --device auto to check on the meta device instead.")
         # The device checks run on CUDA, or on the meta device as a stand-in; --device cpu runs them on the
         # CPU. An exercise without them (NumPy) says so rather than skipping them silently.
         under_test = "none" if not found.device_checks else "cpu" if device == "cpu" else "cuda" if cuda else "meta"
@@ -105,7 +111,8 @@ def kit_version() -> str:
         return importlib.metadata.version("attn-grade")
     except importlib.metadata.PackageNotFoundError:
         try:
-            return tomllib.loads((GRADER_DIR.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+            pyproject = (GRADER_DIR.parent / "pyproject.toml").read_text(encoding="utf-8")
+            return tomllib.loads(pyproject)["project"]["version"]
         except (OSError, KeyError, ValueError):
             return "unknown"
 
@@ -116,5 +123,6 @@ def _file_problem(exercise, candidate: Candidate, path: Path) -> str | None:
         return candidate.import_error
     steps = [step.id for step in exercise.steps]
     if candidate.missing >= set(steps):
-        return f"{path.name} defines none of {', '.join(steps)}: start from the stub (attn-grade init writes one) and keep its names."
+        return (f"{path.name} defines none of {', '.join(steps)}: "
+                "start from the stub (attn-grade init writes one) and keep its names.")
     return None

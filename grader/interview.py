@@ -26,11 +26,12 @@ from pathlib import Path
 import click
 
 from grader import workspace
-from grader.candidate import Zygote
 from grader.exercise import Exercise, UsageError, load_course
+from grader.pool import Zygote
 from grader.progress import Progress
 from grader.score import Grade, StepResult
-from grader.watch import KEYS, NOT_WRITTEN, Watcher, keys_and_zygote, loss, run as run_watch
+from grader.watch import KEYS, NOT_WRITTEN, Watcher, keys_and_zygote, loss
+from grader.watch import run as run_watch
 
 SESSION_FILE = ".attn-grade-interview.json"
 SCORECARD = "scorecard"  # scorecard.md and scorecard.html
@@ -106,7 +107,8 @@ def run(folder: Path, exercise: str, minutes: float, candidate: str, options: di
     session, resumed = start(Path(folder), exercise, minutes, candidate, clock)
     left = _left(session.deadline - clock())
     if resumed:
-        click.echo(f"Resuming {session.candidate}'s interview on {exercise}, started {_hhmm(session.started)}: {left} left.")
+        started = _hhmm(session.started)
+        click.echo(f"Resuming {session.candidate}'s interview on {exercise}, started {started}: {left} left.")
     else:
         click.echo(f"Interview of {session.candidate} on {exercise}, {minutes:g} min. "
                    f"The candidate edits {session.path}; every save is graded here.")
@@ -178,7 +180,8 @@ class Scorecard:
             rows.append((
                 f"{_mark(step)} {step.id}", f"{step.score}/{step.max_score}",
                 _offset(green[step.id]) if step.id in green else "–", str(progress.attempts(name, step.id)),
-                f"levels {', '.join(levels)}" if levels else "–", f"seen at {_offset(at(seen[0]['at']))}" if seen else "–",
+                f"levels {', '.join(levels)}" if levels else "–",
+                f"seen at {_offset(at(seen[0]['at']))}" if seen else "–",
             ))
         timeline = [(0.0, "started")]
         for seconds in sorted(set(green.values())):  # steps that went green in the same grade: one line
@@ -219,7 +222,9 @@ class Scorecard:
         rows = "".join(
             f'<tr class="{_css(row[0])}">' + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>" for row in self.rows
         )
-        mistakes = "".join(f"<li><code>{e(step)}</code>: {e(line)}</li>" for step, found in self.mistakes for line in found)
+        mistakes = "".join(
+            f"<li><code>{e(step)}</code>: {e(line)}</li>" for step, found in self.mistakes for line in found
+        )
         rules = "".join(f"<li><code>{e(step)}</code> earns nothing: {e(rule)}</li>" for step, rule in self.rules)
         timeline = "".join(f"<tr><td>{e(when)}</td><td>{e(what)}</td></tr>" for when, what in self.timeline)
         notes = "".join(f'<h3>{e(prompt)}</h3><div class="lines">{"<p></p>" * 4}</div>' for prompt in NOTES)
@@ -306,7 +311,9 @@ def _load(folder: Path) -> dict | None:
         return {"exercise": str(data["exercise"]), "candidate": str(data["candidate"]),
                 "started": _seconds(data["started"])}
     except (OSError, ValueError, KeyError, TypeError):
-        raise UsageError(f"{path} is no interview session attn-grade can read: move it away, or give another folder.") from None
+        raise UsageError(
+            f"{path} is no interview session attn-grade can read: move it away, or give another folder."
+        ) from None
 
 
 def _over_time(grades: list[dict]) -> str:

@@ -6,11 +6,15 @@ magic (`%%bash`, `%%timeit`) an empty one. Each line of the Python file is one l
 cell, so `where(line)` can say "cell 3, line 2" for an error at line N of the file. Cells
 are counted from the top of the notebook, markdown cells included, as a reader counts them.
 Nothing here runs the notebook: the worker imports the Python file like any other.
+
+`PythonSource` is the Python a grade reads and imports, whichever the candidate handed in.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,3 +68,31 @@ def read(path: Path) -> Notebook:
             lines.append(line)
             where.append((number, in_cell))
     return Notebook("".join(line + "\n" for line in lines), tuple(where))
+
+
+@dataclass(frozen=True)
+class PythonSource:
+    """The Python file the checks read and the worker imports: the candidate's own, or a notebook's code cells."""
+
+    path: Path
+    notebook: Notebook | None = None
+
+    @classmethod
+    def of(cls, path: Path) -> PythonSource:
+        """`path` itself, or for a notebook (UsageError if it is none) its code cells as a Python file,
+        written to a folder of its own where the worker cannot rewrite it: the checks read it for the rules."""
+        if path.suffix != SUFFIX:
+            return cls(path)
+        notebook = read(path)
+        python = Path(tempfile.mkdtemp(prefix="attn-grade-source-")) / f"{path.stem}.py"
+        python.write_text(notebook.source, encoding="utf-8")
+        return cls(python, notebook)
+
+    def where(self, line: int) -> str:
+        """A line of `path` as its author knows it: "line N", or "cell C, line M" in a notebook."""
+        return self.notebook.where(line) if self.notebook is not None else f"line {line}"
+
+    def remove(self) -> None:
+        """Remove the Python file made from a notebook; a candidate's own file stays."""
+        if self.notebook is not None:
+            shutil.rmtree(self.path.parent, ignore_errors=True)

@@ -136,6 +136,6 @@ def _well_formed(data) -> bool:
         if not all(isinstance(entry.get(key, []), list) for key in ("hints", "solutions", "grades")):
             return False
         for seen in entry.get("steps", {}).values():
-            if not isinstance(seen, dict) or not isinstance(seen.get("best"), int) or not isinstance(seen.get("max"), int):
+            if not isinstance(seen, dict) or not all(isinstance(seen.get(key), int) for key in ("best", "max")):
                 return False
     return True

@@ -16,12 +16,12 @@ DEVICE_NOTE = {
     "cuda": "device checks ran on CUDA",
     "meta": "device checks ran on the meta device (no CUDA device here)",
     "cpu": "device checks ran on the CPU (--device cpu)",
-    "none": "no device checks (a NumPy exercise)",
+    "none": "no device checks (the exercise declares none)",
 }
 UNKNOWN = "unknown (not graded in a workspace)"
 NO_FS_ISOLATION = (
     "ran without file-system isolation: the candidate's code could read every file this user can "
-    "(this system gave the worker no mount namespace; see the README)"
+    "(this system gave the worker no mount namespace; see docs/sandbox.md)"
 )
 
 
@@ -107,9 +107,13 @@ def _mark(step: StepResult) -> tuple[str, str]:
 
 
 def _details(step: StepResult, verbose: bool) -> list[str]:
-    """Lines under a step: a broken rule first; then every check with -v, otherwise the lost ones, one line
-    for each diagnosis: checks with the same named mistake (or, unnamed, the same message) are said once, with a count."""
-    lines = [click.style(f"      RULE BROKEN, the step earns nothing: {_escape(step.breach)}", fg="red", bold=True)] if step.breach else []
+    """Lines under a step: a broken rule first; then every check with -v, otherwise the lost ones, one line for
+    each diagnosis: checks with the same named mistake (or, unnamed, the same message) are said once, with a count.
+    """
+    lines = []
+    if step.breach:
+        breach = f"      RULE BROKEN, the step earns nothing: {_escape(step.breach)}"
+        lines.append(click.style(breach, fg="red", bold=True))
     for first, names in _groups(step, verbose):
         label = names[0] if len(names) == 1 else f"{names[0]} and {len(names) - 1} more"
         tag = {"passed": "ok", "skipped": "skipped"}.get(first.outcome, first.outcome)
@@ -214,7 +218,8 @@ def to_markdown(grade: Grade, progress=None) -> str:
                 more = f" and {len(names) - 1} more" if len(names) > 1 else ""
                 lines.append(f"- `{step.id}` / `{names[0]}`{more} ({first.outcome}): {_md(first.message)}")
                 if first.mistake:
-                    lines.append(f"  - likely mistake{f' ({len(names)} checks)' if len(names) > 1 else ''}: {_md(first.mistake)}")
+                    count = f' ({len(names)} checks)' if len(names) > 1 else ''
+                    lines.append(f"  - likely mistake{count}: {_md(first.mistake)}")
                 drawn = grid(first.details)
                 if drawn:
                     lines += ["", "  ```text", *("  " + line for line in drawn), "  ```"]
@@ -246,7 +251,9 @@ def to_junit(grade: Grade) -> str:
             skipped=str(sum(c.outcome == "skipped" for c in step.checks)), time=_seconds(step.seconds),
         )
         if step.breach:
-            case = ET.SubElement(suite, "testcase", classname=f"{grade.exercise}.{step.id}", name="rule_broken", time="0")
+            case = ET.SubElement(
+                suite, "testcase", classname=f"{grade.exercise}.{step.id}", name="rule_broken", time="0"
+            )
             message = f"RULE BROKEN, the step earns nothing: {step.breach}"
             ET.SubElement(case, "failure", message=_xml(message)).text = _xml(message)
         for check in step.checks:
@@ -274,7 +281,8 @@ def to_gradescope(grade: Grade) -> str:
         for step in grade.steps
     ]
     env = grade.environment
-    output = f"{grade.title}: {grade.score}/{grade.max_score} (torch {env.get('torch')}; {DEVICE_NOTE.get(env.get('device'))})"
+    where = f"torch {env.get('torch')}; {DEVICE_NOTE.get(env.get('device'))}"
+    output = f"{grade.title}: {grade.score}/{grade.max_score} ({where})"
     return json.dumps({"score": grade.score, "output": output, "tests": tests}, indent=2, ensure_ascii=False)
 
 
@@ -287,7 +295,8 @@ def to_github(grade: Grade) -> str:
             "score": step.score,
             "max_score": step.max_score,
             "message": "; ".join(([f"RULE BROKEN: {step.breach}"] if step.breach else [])
-                                 + [_plain(names, first.message, first.mistake) for first, names in _groups(step)]) or None,
+                                 + [_plain(names, first.message, first.mistake) for first, names in _groups(step)])
+            or None,
             "filename": grade.file,
             "line_no": 0,
             "duration": round(step.seconds, 3),  # seconds its checks ran

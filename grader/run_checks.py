@@ -1,10 +1,10 @@
-"""Stage 3 of a grade: run an exercise's hidden checks (pytest tests in grader/checks/) on a candidate.
+"""Stage 3 of a grade: run an exercise's hidden checks (its spec, grader/course/NAME/spec.py) on a candidate.
 
 pytest runs in the grader's process with plugin autoloading off, the grader's own ini
 file, rootdir and confcutdir, so nothing beside the candidate file (a conftest.py, a
 pytest.ini) takes part. A small plugin collects the exercise's spec module through the
-engine (grader/checks/engine.py) and one CheckResult per check, reading the exception
-itself rather than pytest's text.
+engine (grader/engine/runner.py) and one CheckResult per check, reading the step and check
+each item carries and the exception itself rather than pytest's text.
 pytest-timeout is the last-resort bound on every check; the worker's own per-call
 deadline normally ends a hang long before.
 """
@@ -24,8 +24,8 @@ from dataclasses import replace
 import pytest
 
 from grader.candidate import Candidate, CandidateError
+from grader.engine.failure import CheckFailed
 from grader.engine.runner import Context, SpecFile, SpecItem, is_spec
-from grader.engine.expect import CheckFailed
 from grader.exercise import ENGINE_DIR, Exercise, GraderBug
 from grader.score import CheckResult
 
@@ -87,7 +87,7 @@ def check_keys(source: str, spec) -> dict[str, str] | None:
     """What each step's checks depend on, as a hash: the step's own definition (decorators included),
     the rest of the file but the steps, and the steps it reaches by name, directly or through
     others (all of them, if code outside the steps names one); "" for a composite's checks, which
-    depend on the whole file (its steps run as written once they pass, see engine.Run.answers).
+    depend on the whole file (its steps run as written once they pass, see Run.oracle in grader/engine/runner.py).
     None when the file does not parse.
     """
     try:
@@ -130,7 +130,8 @@ def _run_at_import(node: ast.AST) -> str:
     for inner in ast.walk(node):
         if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
             inner.body = [ast.Expr(ast.Constant(...))]
-    runs = any(getattr(inner, "decorator_list", None) or isinstance(inner, (ast.Call, ast.NamedExpr)) for inner in ast.walk(node))
+    runs = any(getattr(inner, "decorator_list", None) or isinstance(inner, (ast.Call, ast.NamedExpr))
+               for inner in ast.walk(node))
     return ast.unparse(node) if runs else ""
 
 
@@ -161,9 +162,9 @@ class _Plugin:
     def pytest_collection_modifyitems(self, items) -> None:
         steps = {s.id for s in self.exercise.steps}
         for item in items:
-            step_id, points = _marker(item)
+            step_id, points = _step_and_points(item)
             if step_id not in steps or not isinstance(points, int) or points < 0:
-                self.bug = GraderBug(f"check {item.nodeid} has no valid step marker ({step_id!r}, {points!r})")
+                self.bug = GraderBug(f"check {item.nodeid} has no valid step ({step_id!r}, {points!r})")
         self.order = {item.name: i for i, item in enumerate(items)}
         if self.cache is not None:
             keys = check_keys(self._candidate.path.read_text(encoding="utf-8", errors="replace"),
@@ -195,7 +196,7 @@ class _Plugin:
         return pytest.TestReport(item.nodeid, item.location, {}, "failed" if failed else "passed", None, call.when)
 
     def _outcome(self, item, excinfo) -> CheckResult:
-        step_id, points = _marker(item)
+        step_id, points = _step_and_points(item)
         name = item.name.removeprefix("test_")
         if excinfo is None:
             return CheckResult(step_id, name, "passed", points, end_to_end=_end_to_end(item))
@@ -223,12 +224,11 @@ def _timing(outcome: CheckResult) -> bool:
 
 
 def _end_to_end(item) -> bool:
-    check = getattr(item, "check", None)
-    return bool(check is not None and check.end_to_end)
+    return isinstance(item, SpecItem) and item.check.end_to_end
 
 
-def _marker(item) -> tuple[str | None, int | None]:
-    marker = item.get_closest_marker("step")
-    if marker is None or not marker.args:
+def _step_and_points(item) -> tuple[str | None, int | None]:
+    """The step a collected check belongs to and the points it is worth: the item carries its step and check."""
+    if not isinstance(item, SpecItem):
         return None, None
-    return marker.args[0], marker.kwargs.get("points")
+    return item.step.id, item.check.points

@@ -1,4 +1,4 @@
-"""Stage 4 of a grade: turn check outcomes into per-step scores, using the manifest's points.
+"""Stage 4 of a grade: turn check outcomes into per-step scores, using the points of exercise.toml.
 
 Results are small frozen dataclasses whose totals are computed from their parts. A
 passed check earns its points; so does a skipped one (a check the grader could not
@@ -87,7 +87,9 @@ class Grade:
         return self.score == self.max_score
 
 
-def score(exercise: Exercise, checks_run: list[CheckResult], file: str, environment: dict, candidate_output: str = "") -> Grade:
+def score(
+    exercise: Exercise, checks_run: list[CheckResult], file: str, environment: dict, candidate_output: str = ""
+) -> Grade:
     """The grade, steps in course order; a step whose checks do not add up to its points is a grader bug."""
     steps = []
     losing = {c.step for c in checks_run if c.points < c.max_points and not c.end_to_end}
@@ -102,7 +104,8 @@ def score(exercise: Exercise, checks_run: list[CheckResult], file: str, environm
         result = StepResult(step.id, step.title, checks)
         if not checks or result.max_score != step.points:
             raise GraderBug(
-                f"step {step.id} of {exercise.name} has checks worth {result.max_score} points; exercise.toml says {step.points}"
+                f"step {step.id} of {exercise.name} has checks worth {result.max_score} points; "
+                f"exercise.toml says {step.points}"
             )
         steps.append(result)
     return Grade(exercise.name, exercise.title, file, tuple(steps), environment, candidate_output)

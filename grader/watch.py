@@ -27,9 +27,9 @@ from pathlib import Path
 import click
 
 from grader import workspace
-from grader.candidate import Zygote
 from grader.exercise import Exercise, UsageError, find_exercise, load_course
 from grader.grade import grade
+from grader.pool import Zygote
 from grader.progress import Progress
 from grader.report import to_text
 from grader.score import Grade, StepResult
@@ -235,7 +235,8 @@ class Watcher:
         step, width = self.focus, _width()
         _, details, _ = split_report(replace(self.result, steps=(step,), environment={}))
         lines = details[step.id]
-        head = _wrap(click.style(f"▸ {step.id} {step.score}/{step.max_score} ({self.why}): {step.title}", bold=True), width)
+        title = f"▸ {step.id} {step.score}/{step.max_score} ({self.why}): {step.title}"
+        head = _wrap(click.style(title, bold=True), width)
         if not compact:
             return [*head, *(w for line in lines for w in _wrap(line, width))]
         first = lines[:1] + [line for line in lines[1:2] if click.unstyle(line).lstrip().startswith("→")]
@@ -273,7 +274,8 @@ class Watcher:
         """What to do after full marks: the next exercise, and the command for it on a line of its own."""
         following = next_exercise(self.exercise.name, progress)
         if following is None:
-            return _wrap(click.style("Full marks, and on every exercise of this workspace. Well done.", fg="green"), _width())
+            done = "Full marks, and on every exercise of this workspace. Well done."
+            return _wrap(click.style(done, fg="green"), _width())
         there = self.path.with_name(following.file)
         commands = [f"attn-grade watch {there}"]
         if not there.exists():
@@ -329,7 +331,7 @@ def split_report(result: Grade) -> tuple[list[str], dict[str, list[str]], str]:
 
 
 def next_exercise(current: str, progress: Progress | None) -> Exercise | None:
-    """The next exercise of the manifest (after `current`, then from the top) without full marks in the workspace."""
+    """The next exercise of the course (after `current`, then from the top) without full marks in the workspace."""
     exercises = list(load_course().values())
     i = [e.name for e in exercises].index(current)
     for exercise in exercises[i + 1 :] + exercises[:i]:

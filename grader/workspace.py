@@ -57,7 +57,9 @@ def reset(path: Path, exercise: Exercise, step_id: str | None, backup: Path) -> 
     """Put the stub back into the candidate's file (only `step_id`'s definition, if given; the rest stays),
     after copying the file to `backup`. A file in a workspace gets the workspace's stub."""
     if path.suffix != ".py":
-        raise UsageError(f"{path.name} is not a .py file; reset only rewrites Python files. Copy the stub's code by hand.")
+        raise UsageError(
+            f"{path.name} is not a .py file; reset only rewrites Python files. Copy the stub's code by hand."
+        )
     if step_id:
         text = _with_stub_step(path, exercise.stub_path, step_id)
     else:
@@ -109,7 +111,9 @@ def _with_stub_step(path: Path, stub: Path, step_id: str) -> str:
     try:
         node = _find(text, step_id, path)
     except UsageError:
-        raise UsageError(f"{path} has no {step_id} to reset (it does not parse, or the step is gone); reset the whole file.")
+        raise UsageError(
+            f"{path} has no {step_id} to reset (it does not parse, or the step is gone); reset the whole file."
+        ) from None
     lines = text.splitlines()
     fresh = step_source(stub, step_id).rstrip("\n").splitlines()
     lines[_first_line(node) - 1 : node.end_lineno] = fresh

@@ -114,7 +114,8 @@ def apply_rope_interleaved(x: torch.Tensor, positions: torch.Tensor, base: float
     """
     dtype = torch.promote_types(x.dtype, torch.float32)
     dh = x.shape[-1]
-    theta = 1.0 / base ** (torch.arange(0, dh, 2, device=x.device, dtype=dtype) / dh)  # rope_frequencies, (Dh/2,) in dtype
+    # rope_frequencies, (Dh/2,) in dtype
+    theta = 1.0 / base ** (torch.arange(0, dh, 2, device=x.device, dtype=dtype) / dh)
     angles = positions.to(device=x.device, dtype=dtype)[:, None] * theta[None, :]  # (T, Dh/2)
     cos, sin = angles.cos(), angles.sin()
     xf = x.to(dtype)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from grader import report
-from grader.candidate import Zygote
 from grader.grade import grade
+from grader.pool import Zygote
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = (ROOT / "solutions" / "mha.py").read_text()

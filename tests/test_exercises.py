@@ -1,4 +1,4 @@
-"""The course check, graded: for every exercise in the manifest the reference scores 100 and the stubs 0."""
+"""The course check, graded: for every exercise of the course the reference scores 100 and the stubs 0."""
 
 import pytest
 

@@ -59,7 +59,8 @@ def test_sys_exit_at_import_is_never_a_pass(grade_source):
         result = grade_source(code)
         assert result.score == 0, code
         error = result.environment["file_error"]
-        assert error.startswith(("could not import: candidate exited while importing", "candidate exited while importing")), error
+        exited = ("could not import: candidate exited while importing", "candidate exited while importing")
+        assert error.startswith(exited), error
 
 
 @pytest.mark.parametrize("code", ["", "# nothing yet\n", "def helper(x):\n    return x\n"])
@@ -76,7 +77,8 @@ def test_a_file_that_defines_none_of_the_steps_says_so_by_their_names(grade_sour
 
 
 def test_a_file_that_defines_some_steps_is_graded_step_by_step(grade_source):
-    result = grade_source("import torch\ndef scale_scores(scores, head_dim):\n    return scores / head_dim ** 0.5\n", base="")
+    alone = "import torch\ndef scale_scores(scores, head_dim):\n    return scores / head_dim ** 0.5\n"
+    result = grade_source(alone, base="")
     assert "file_error" not in result.environment
     assert next(s for s in result.steps if s.id == "scale_scores").score == 8
     assert {c.message for s in result.steps if s.id == "softmax" for c in s.checks} == {"the file defines no softmax"}
@@ -119,8 +121,8 @@ def test_patching_comparisons_at_import_earns_nothing(grade_source):
 def test_json_report_has_the_documented_fields():
     result = grade(ROOT / "solutions" / "mha.py", device="cpu")
     data = json.loads(report.to_json(result))
-    assert set(data) == {"exercise", "file", "sha256", "seed", "graded_at", "kit_version", "score", "max_score", "steps",
-                         "environment"}
+    assert set(data) == {"exercise", "file", "sha256", "seed", "graded_at", "kit_version", "score", "max_score",
+                         "steps", "environment"}
     assert set(data["environment"]) == {"torch", "device", "cuda_available", "fs_isolation"}
     check = data["steps"][0]["checks"][0]
     assert set(check) == {"name", "outcome", "points", "max_points", "message"}

@@ -22,10 +22,11 @@ import torch
 from click.testing import CliRunner
 
 from grader import cli, report
-from grader.candidate import NOT_IMPORTED, Zygote
+from grader.candidate import NOT_IMPORTED
 from grader.exercise import GraderBug
 from grader.grade import grade
-from grader.worker import BUG_EXIT
+from grader.pool import Zygote
+from grader.sandbox.worker import BUG_EXIT
 from tests.conftest import REFERENCE, ROOT, explain, lost, report_but_when
 
 STEPS_OF_MODULE = {"MultiHeadAttention"}
@@ -325,7 +326,7 @@ def look():
     found += ["file " + f for f in os.listdir(".") if f not in ("mha.py", "__pycache__", ".nv")]  # .nv: CUDA's empty cache folder
     gc.unfreeze()  # the zygote froze what it imported: get_objects() would not list it
     found += ["big tensor" for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.numel() > 10**4]
-    kit = os.path.dirname(os.path.dirname(os.path.abspath(sys.argv[0])))  # sys.argv[0] is grader/worker.py
+    kit = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(sys.argv[0]))))  # grader/sandbox/worker.py
     for beside in ("solutions", "tests", ".git"):
         if os.path.isdir(os.path.join(kit, beside)):
             found += [beside + "/" + f for f in os.listdir(os.path.join(kit, beside))]
@@ -475,7 +476,7 @@ def test_17_the_worker_has_no_network_where_the_system_allows(grade_source):
     result = grade_source(code)
     server.close()
     if os.geteuid() != 0 and "NETWORK: connected" in result.candidate_output:
-        pytest.skip("this system allows no network namespace to a non-root user (see the README)")
+        pytest.skip("this system allows no network namespace to a non-root user (see docs/sandbox.md)")
     assert "NETWORK: refused" in result.candidate_output and "NETWORK: connected" not in result.candidate_output
 
 
@@ -554,7 +555,7 @@ def test_a_zygote_within_reach_killed_at_import_costs_only_that_file(tmp_path, z
 @pytest.mark.parametrize("how", ["os.kill(grader(), signal.SIGKILL)", "os.kill(-1, signal.SIGKILL)", "os.kill(0, signal.SIGKILL)"])
 def test_the_grader_and_every_other_process_are_out_of_reach(grade_source, how, in_pid_namespace):
     if not in_pid_namespace:  # without one these would kill this test run (and, as root, the machine)
-        pytest.skip("no PID namespace for workers on this system (see the README)")
+        pytest.skip("no PID namespace for workers on this system (see docs/sandbox.md)")
     code = FIND_ANCESTORS + f"def softmax(scores, dim=-1):\n    {how}\n    return scores\n"
     result = grade_source(code)
     assert set(lost(result)) <= {"softmax"} | STEPS_OF_MODULE, explain(result)
@@ -611,7 +612,7 @@ def softmax(scores, dim=-1):
 
 def test_dev_shm_is_small_and_private(grade_source, in_pid_namespace):
     if not in_pid_namespace:
-        pytest.skip("no namespaces for workers on this system (see the README)")
+        pytest.skip("no namespaces for workers on this system (see docs/sandbox.md)")
     result = grade_source(SHM_FILL)
     assert "SHM stopped at" in result.candidate_output, result.candidate_output
     assert not [f for f in os.listdir("/dev/shm") if f.startswith("attn-grade-test-fill-")]
@@ -619,7 +620,7 @@ def test_dev_shm_is_small_and_private(grade_source, in_pid_namespace):
 
 def test_root_powers_are_dropped_in_the_worker(grade_source, in_pid_namespace, monkeypatch):
     if not in_pid_namespace:  # a plain child of the same user may read the grader's /proc files
-        pytest.skip("no PID namespace for workers on this system (see the README)")
+        pytest.skip("no PID namespace for workers on this system (see docs/sandbox.md)")
     monkeypatch.setenv("ATTN_GRADE_SECRET_TOKEN", "hunter2")
     result = grade_source(REACH_OUT)
     assert "DID:" not in result.candidate_output and "hunter2" not in result.candidate_output, result.candidate_output
@@ -734,7 +735,7 @@ def test_a_candidate_hunting_the_file_system_for_a_reference_finds_none(grade_so
     shutil.copytree(ROOT / "solutions", tmp_path / "another-clone" / "solutions")  # a second clone of the kit
     result = grade_source(HUNTER, base="")
     if os.geteuid() != 0 and not result.environment["fs_isolation"]:
-        pytest.skip("this system allows a non-root worker no mount namespace (see the README)")
+        pytest.skip("this system allows a non-root worker no mount namespace (see docs/sandbox.md)")
     assert result.environment["fs_isolation"] is True
     assert "HUNT: walked" in result.candidate_output and "found []" in result.candidate_output, result.candidate_output
     assert result.score == 0, explain(result)
@@ -830,17 +831,18 @@ def test_cuda_that_will_not_start_in_the_worker_is_the_graders_fault(tmp_path):
     """Where CUDA starts in the grader but not in the sandboxed worker (seen on an H100: the
     driver fails with error 304 where it cannot write its /proc/self), the child says so to
     the zygote before any candidate code runs, and the grade is an internal error, not a zero."""
-    from grader import worker
-    from grader.candidate import Candidate, _Child
+    from grader.candidate import Candidate
+    from grader.pool import Child
+    from grader.sandbox import isolation
 
     class BrokenCuda:
         @staticmethod
         def zeros(*args, **kwargs):
             raise RuntimeError("Unexpected error from cudaGetDeviceCount(). Error 304")
 
-    error = worker._cap_memory(BrokenCuda, 0, cuda=True, start_cuda=True)
+    error = isolation.cap_memory(BrokenCuda, 0, cuda=True, start_cuda=True)
     assert error == "RuntimeError: Unexpected error from cudaGetDeviceCount(). Error 304"
-    assert worker._cap_memory(BrokenCuda, 0, cuda=True, start_cuda=False) is None  # --device cpu: CUDA is not started
+    assert isolation.cap_memory(BrokenCuda, 0, cuda=True, start_cuda=False) is None  # --device cpu: CUDA is not started
 
     class Zygote:
         def reply(self, ticket, deadline):
@@ -851,9 +853,9 @@ def test_cuda_that_will_not_start_in_the_worker_is_the_graders_fault(tmp_path):
     candidate = Candidate(path, zygote=Zygote())
     try:
         with pytest.raises(GraderBug, match="CUDA works in the grader but would not start in its worker.*--device cpu"):
-            candidate._pid(_Child(ticket=0, fds=(-1, -1)))
+            candidate._pool.pid(Child(ticket=0, fds=(-1, -1)))
     finally:
-        shutil.rmtree(candidate._workdir, ignore_errors=True)  # its folder; the zygote was a stand-in
+        shutil.rmtree(candidate._pool.workdir, ignore_errors=True)  # its folder; the zygote was a stand-in
 
 
 # Issue 11: the script op, which keeps a candidate's objects alive across calls (kv_cache). ---------
@@ -932,7 +934,8 @@ def test_a_cache_whose_buffers_are_no_tensors_fails_in_its_own_checks(grade_sour
     result = grade_kv(grade_source, code)
     assert only_the_cache_lost(result) and "KVCache" in lost(result), explain(result)
     assert any("expected a torch.Tensor, got builtins.list" in m for m in messages(result, "KVCache")), explain(result)
-    assert any("the cache's k is not a 4-dimensional torch.Tensor" in m for m in messages(result, "KVCache")), explain(result)
+    not_a_buffer = "the object's k is not a torch.Tensor of more than 2 dimensions"  # the grader's fill refused it
+    assert any(not_a_buffer in m for m in messages(result, "KVCache")), explain(result)
 
 
 def test_an_attribute_read_that_kills_its_worker_costs_only_that_step(grade_source):
@@ -1060,9 +1063,9 @@ def test_editing_the_call_record_from_a_helper_costs_the_step_that_calls_it(grad
         import sys
         frame = sys._getframe(1)
         while frame is not None:
-            spy = frame.f_locals.get("spy")
-            if spy is not None and hasattr(spy, "seen"):
-                spy.seen = {n for n in spy.seen if "softmax" not in n}
+            record = frame.f_locals.get("record")
+            if record is not None and hasattr(record, "seen"):
+                record.seen = {n for n in record.seen if "softmax" not in n}
             frame = frame.f_back
 
     def softmax(scores, dim=-1):

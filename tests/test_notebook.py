@@ -1,4 +1,5 @@
-"""Candidate files that are not .py: Jupyter notebooks are graded by their code cells; anything else is a usage error."""
+"""Candidate files that are not .py: Jupyter notebooks are graded by their code cells; anything else is a usage
+error."""
 
 import json
 
@@ -58,7 +59,8 @@ def test_each_line_of_the_python_is_a_line_of_a_cell(tmp_path):
 
 
 def test_an_error_in_a_notebook_is_given_as_cell_and_line(tmp_path, zygote):
-    broken = write_notebook(tmp_path / "broken.ipynb", [("markdown", "# x"), ("code", "import torch"), ("code", "x = 1\ndef f(:\n    pass")])
+    cells = [("markdown", "# x"), ("code", "import torch"), ("code", "x = 1\ndef f(:\n    pass")]
+    broken = write_notebook(tmp_path / "broken.ipynb", cells)
     result = grade(broken, "mha", zygote=zygote, device="cpu")
     assert result.score == 0
     assert result.environment["file_error"] == "could not import: SyntaxError at cell 3, line 2: invalid syntax"
@@ -74,7 +76,8 @@ def test_an_error_in_a_notebook_is_given_as_cell_and_line(tmp_path, zygote):
 
 def test_the_rules_read_the_code_cells_not_the_notebooks_json(tmp_path, zygote):
     numpy_reference = (ROOT / "solutions" / "mha_numpy.py").read_text()
-    clean = write_notebook(tmp_path / "clean.ipynb", [("markdown", "No `import torch` here."), ("code", numpy_reference)])
+    cells = [("markdown", "No `import torch` here."), ("code", numpy_reference)]
+    clean = write_notebook(tmp_path / "clean.ipynb", cells)
     assert grade(clean, "mha_numpy", zygote=zygote).full_marks
     torch_cell = write_notebook(tmp_path / "torch.ipynb", [("code", numpy_reference), ("code", "import torch")])
     result = grade(torch_cell, "mha_numpy", zygote=zygote)

@@ -63,7 +63,7 @@ def test_nan_and_inf_weights_reach_json_as_strings_and_are_drawn_as_question_mar
 
     import torch
 
-    from grader.engine.expect import grid
+    from grader.engine import grid
 
     got = torch.tensor([[float("nan"), float("inf")], [0.5, 0.5]])
     details = grid(got, torch.tensor([[1.0, 0.0], [0.5, 0.5]]))

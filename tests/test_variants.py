@@ -1,4 +1,4 @@
-"""Every exercise, graded on its variants (tests/variants_NAME.py, one module per exercise of the manifest).
+"""Every exercise, graded on its variants (tests/exercises/NAME/variants.py, one per exercise of the course).
 
 - Each buggy variant loses points in its own step and nowhere else, with the named mistake it
   is written to show; the only exception is a composite step's end-to-end check, which runs
@@ -35,7 +35,8 @@ class Course:
         return (ROOT / "solutions" / f"{self.exercise}.py").read_text()
 
     def buggy(self) -> list:
-        return self.variants.BUGGY + getattr(self.variants, "DEVICE_BUGGY", []) + getattr(self.variants, "RULES_ONLY", [])
+        extra = getattr(self.variants, "DEVICE_BUGGY", []) + getattr(self.variants, "RULES_ONLY", [])
+        return self.variants.BUGGY + extra
 
     def all(self) -> list:
         return self.buggy() + getattr(self.variants, "CORRECT", []) + getattr(self.variants, "DEVICE_CORRECT", [])
@@ -132,7 +133,8 @@ def test_every_step_and_named_mistake_has_a_buggy_variant(course):
     own = {e.id for e in catalogue.exercise_mistakes(course.exercise)}
     written_for = {v.mistake for v in course.buggy() if v.mistake}
     assert own == written_for & own, f"no variant is written to show: {sorted(own - written_for)}"
-    assert written_for <= catalogue.all_ids(course.exercise), f"not in the catalogue: {sorted(written_for - catalogue.all_ids(course.exercise))}"
+    unknown = written_for - catalogue.all_ids(course.exercise)
+    assert not unknown, f"not in the catalogue: {sorted(unknown)}"
 
 
 def test_every_general_mistake_has_a_buggy_variant_in_some_exercise():

@@ -51,8 +51,10 @@ def test_a_save_shows_regrading_before_the_grade_runs(tmp_path, zygote, monkeypa
 def test_the_detail_is_the_edited_step_else_a_real_failure_and_unwritten_steps_last(tmp_path, zygote, capsys):
     path = tmp_path / "mha.py"
     path.write_text(written(STUB, softmax=NAIVE_SOFTMAX))  # project, first in the table, is not written yet
-    wrong_split = written(STUB, softmax=NAIVE_SOFTMAX, split_heads="    return x.reshape(x.shape[0], num_heads, x.shape[1], -1)")
-    fixed_softmax = wrong_split.replace(NAIVE_SOFTMAX, REFERENCE[REFERENCE.index("    # Subtract the max"):REFERENCE.index("\n\n\ndef weighted_sum")])
+    no_transpose = "    return x.reshape(x.shape[0], num_heads, x.shape[1], -1)"
+    wrong_split = written(STUB, softmax=NAIVE_SOFTMAX, split_heads=no_transpose)
+    right_softmax = REFERENCE[REFERENCE.index("    # Subtract the max"):REFERENCE.index("\n\n\ndef weighted_sum")]
+    fixed_softmax = wrong_split.replace(NAIVE_SOFTMAX, right_softmax)
     edits = [lambda: save(path, wrong_split), lambda: save(path, fixed_softmax)]
     watch(path, {"device": "cpu"}, read_key=script(*edits), zygote=zygote)
     first, second, third = screens(capsys.readouterr().out)
@@ -92,8 +94,9 @@ def test_full_marks_suggest_the_next_exercise_not_done_in_the_workspace(tmp_path
     exercises = load_course()
     workspace.init(tmp_path, list(exercises.values()))
     progress = Progress.find(tmp_path)
-    for step in exercises["self_attention"].steps:  # the next in the manifest is done already
-        progress.exercise("self_attention")["steps"][step.id] = {"best": step.points, "max": step.points, "first_green": None}
+    for step in exercises["self_attention"].steps:  # the next in the course is done already
+        done = {"best": step.points, "max": step.points, "first_green": None}
+        progress.exercise("self_attention")["steps"][step.id] = done
     progress.save()
     path = tmp_path / "mha.py"
     save(path, REFERENCE)

@@ -17,7 +17,10 @@ def roundtrip(value):
     return wire.decode(json.loads(json.dumps(header)), blobs)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool])
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.bool]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_tensors_round_trip_bit_exactly(dtype):
     x = (torch.randn(3, 4, 5) * 100).to(dtype).transpose(0, 2)  # non-contiguous on the way in
     y = roundtrip(x)

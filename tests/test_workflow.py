@@ -108,7 +108,8 @@ def test_junit_is_one_testcase_per_check_grouped_by_step(buggy_grade):
     assert all(float(case.get("time")) >= 0 for _, case in cases) and sum(float(c.get("time")) for _, c in cases) > 0
     for suite in root:
         assert float(suite.get("time")) == pytest.approx(sum(float(c.get("time")) for c in suite), abs=0.01)
-    assert float(root.get("time")) == pytest.approx(sum(c.seconds for s in buggy_grade.steps for c in s.checks), abs=0.001)
+    seconds = sum(c.seconds for s in buggy_grade.steps for c in s.checks)
+    assert float(root.get("time")) == pytest.approx(seconds, abs=0.001)
 
 
 def test_gradescope_results_one_test_per_step(buggy_grade):
@@ -138,7 +139,8 @@ def test_readme_github_workflow_always_reports_a_valid_result(tmp_path, submissi
         (tmp_path / "mha.py").write_text(REFERENCE)
     output = tmp_path / "github_output"
     env = dict(os.environ, GITHUB_OUTPUT=str(output), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    done = subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    command = ["bash", "-eo", "pipefail", "-c", script]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     result = json.loads(base64.b64decode(output.read_text().strip().removeprefix("result=")))
     jsonschema.validate(result, schema("github.schema.json"))
@@ -158,7 +160,8 @@ def test_output_writes_the_report_to_a_file_and_keeps_the_exit_code(tmp_path):
 def test_init_copies_stubs_and_refuses_to_overwrite_work(tmp_path):
     assert invoke("init", tmp_path, "--exercise", "mha").exit_code == 0
     fresh = (tmp_path / "mha.py").read_text()
-    assert fresh == STUB.replace("attn-grade exercises/mha.py", "attn-grade watch mha.py") and (tmp_path / FILE_NAME).exists()
+    assert fresh == STUB.replace("attn-grade exercises/mha.py", "attn-grade watch mha.py")
+    assert (tmp_path / FILE_NAME).exists()
     assert invoke("init", tmp_path, "--exercise", "mha").exit_code == 0  # a fresh stub holds no work
     (tmp_path / "mha.py").write_text(fresh + "# my work\n")
     refused = invoke("init", tmp_path, "--exercise", "mha")
@@ -173,7 +176,8 @@ def test_the_stubs_init_copies_name_the_command_that_works_in_the_workspace(tmp_
 
     assert invoke("init", tmp_path).exit_code == 0
     for exercise in load_course().values():
-        assert f"attn-grade exercises/{exercise.file}" in (ROOT / "exercises" / exercise.file).read_text()  # the kit's copy
+        kit_copy = (ROOT / "exercises" / exercise.file).read_text()
+        assert f"attn-grade exercises/{exercise.file}" in kit_copy
         text = (tmp_path / exercise.file).read_text()
         assert f"Grade your work with:\n\n    attn-grade watch {exercise.file}\n" in text, exercise.name
         assert f"exercises/{exercise.file}" not in text, exercise.name
@@ -231,8 +235,8 @@ def test_reset_restores_one_step_or_the_whole_file_and_keeps_a_backup(tmp_path):
     path.write_text(REFERENCE)
     declined = invoke("reset", path, "--step", "softmax", input="n\n")
     assert declined.exit_code == 1 and path.read_text() == REFERENCE and not list(tmp_path.glob("mha.py.bak-*"))
-    assert re.search(r"Replace your softmax in mha\.py with the stub's\? A backup is kept in mha\.py\.bak-\d{8}-\d{6}\.",
-                     declined.stderr), declined.stderr
+    asked = r"Replace your softmax in mha\.py with the stub's\? A backup is kept in mha\.py\.bak-\d{8}-\d{6}\."
+    assert re.search(asked, declined.stderr), declined.stderr
     done = invoke("reset", path, "--step", "softmax", "--yes")
     assert done.exit_code == 0
     text = path.read_text()
@@ -241,7 +245,8 @@ def test_reset_restores_one_step_or_the_whole_file_and_keeps_a_backup(tmp_path):
     [backup] = tmp_path.glob("mha.py.bak-*")
     assert backup.read_text() == REFERENCE and str(backup) in done.stdout
     asked = invoke("reset", path, input="n\n")
-    assert asked.exit_code == 1 and path.read_text() == text and "Replace all of mha.py with a fresh stub?" in asked.stderr
+    assert asked.exit_code == 1 and path.read_text() == text
+    assert "Replace all of mha.py with a fresh stub?" in asked.stderr
     assert invoke("reset", path, "--yes").exit_code == 0 and path.read_text() == STUB  # no workspace: the kit's stub
     backups = list(tmp_path.glob("mha.py.bak-*"))
     assert len(backups) == 2 and {b.read_text() for b in backups} == {REFERENCE, text}  # the same second: .bak-...-2
@@ -430,7 +435,9 @@ def run_autograder(bundle, root, submission: str | None) -> dict:
 
 def test_gradescope_bundle_holds_the_scripts_and_the_kit(bundle):
     names = zipfile.ZipFile(bundle).namelist()
-    assert {"setup.sh", "run_autograder", "kit/pyproject.toml", "kit/grader/worker.py", "kit/solutions/mha.py"} <= set(names)
+    kit = {"kit/pyproject.toml", "kit/grader/sandbox/worker.py", "kit/grader/course/mha/spec.py",
+           "kit/solutions/mha.py"}
+    assert {"setup.sh", "run_autograder"} | kit <= set(names)
 
 
 @pytest.mark.parametrize("name, submission, score", [
@@ -443,7 +450,7 @@ def test_gradescope_bundle_holds_the_scripts_and_the_kit(bundle):
 ])
 def test_gradescope_bundle_grades_a_submission_as_gradescope_runs_it(bundle, tmp_path, name, submission, score):
     if name == "hunter" and os.geteuid() != 0 and not _workers_isolated(tmp_path):
-        pytest.skip("this system allows a non-root worker no mount namespace (see the README)")
+        pytest.skip("this system allows a non-root worker no mount namespace (see docs/sandbox.md)")
     results = run_autograder(bundle, tmp_path / "autograder", submission)
     assert results["score"] == score and len(results["tests"]) == 9, results
 
@@ -495,7 +502,8 @@ def test_python_3_10_is_supported_where_tomllib_is_missing():
 
 
 def _as_dict(element) -> dict:
-    return {"tag": element.tag, "attrib": dict(element.attrib), "children": [_as_dict(c) for c in element], "text": element.text}
+    children = [_as_dict(c) for c in element]
+    return {"tag": element.tag, "attrib": dict(element.attrib), "children": children, "text": element.text}
 
 
 def test_a_broken_rule_costs_the_step_and_shows_in_every_format(tmp_path, zygote):
@@ -503,7 +511,8 @@ def test_a_broken_rule_costs_the_step_and_shows_in_every_format(tmp_path, zygote
     from grader.grade import grade
 
     path = tmp_path / "mha.py"
-    path.write_text(REFERENCE + "\ndef softmax(scores, dim=-1):\n    return torch.softmax(scores, dim).nan_to_num(0.0)\n")
+    forbidden = "\ndef softmax(scores, dim=-1):\n    return torch.softmax(scores, dim).nan_to_num(0.0)\n"
+    path.write_text(REFERENCE + forbidden)
     result = grade(path, device="cpu", zygote=zygote)
     step = next(s for s in result.steps if s.id == "softmax")
     assert step.score == 0 and "called softmax" in step.breach and result.score == 86
@@ -512,5 +521,7 @@ def test_a_broken_rule_costs_the_step_and_shows_in_every_format(tmp_path, zygote
     assert json.loads(report.to_json(result))["steps"][5]["rule_broken"] == step.breach
     junit = ET.fromstring(report.to_junit(result))
     assert junit.find("testsuite[@name='mha.softmax']/testcase[@name='rule_broken']/failure") is not None
-    assert "RULE BROKEN" in next(t for t in json.loads(report.to_gradescope(result))["tests"] if t["name"].startswith("softmax"))["output"]
-    assert "RULE BROKEN" in next(t for t in json.loads(report.to_github(result))["tests"] if t["name"] == "softmax")["message"]
+    gradescope = json.loads(report.to_gradescope(result))["tests"]
+    assert "RULE BROKEN" in next(t for t in gradescope if t["name"].startswith("softmax"))["output"]
+    github = json.loads(report.to_github(result))["tests"]
+    assert "RULE BROKEN" in next(t for t in github if t["name"] == "softmax")["message"]

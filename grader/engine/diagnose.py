@@ -16,11 +16,8 @@ from grader.wire import device_of
 
 META_UNSUPPORTED = ("'Meta' backend", "meta tensors", "meta tensor", "data-dependent", "register_meta", "Meta device")
 
-CPU_DEVICE_HINT = (
-    "create it on the input's device (torch.tensor(..., device=x.device), torch.ones(..., device=x.device)) or "
-    "use a Python float (math.sqrt(d)). The grader ran this step on a stand-in for a GPU (torch's meta device); "
-    "on a GPU this line fails the same way"
-)
+ON_A_GPU_TOO = ("The grader ran this step on a stand-in for a GPU (torch's meta device); on a GPU the same code fails "
+                "the same way.")
 
 # Exceptions, recognised by type, message and the candidate's own line.
 TRANSPOSE_ALL_AXES = Mistake(
@@ -51,8 +48,9 @@ FLOAT_SHAPE = Mistake(
     "float_shape",
     "a size computed with / is a float (12 / 3 is 4.0): shapes and head widths need whole numbers, use // "
     "(D // num_heads)",
-    raises=Raises(message=r"'float' object cannot be interpreted as an integer|must be tuple of ints, ?but (found element "
-                          r"of type float|got float)|received an invalid combination of arguments - got \(.*float"),
+    raises=Raises(message=r"'float' object cannot be interpreted as an integer|"
+                          r"must be tuple of ints, ?but (found element of type float|got float)|"
+                          r"received an invalid combination of arguments - got \(.*float"),
 )
 TENSOR_TRUTHINESS = Mistake(
     "tensor_truthiness",
@@ -75,25 +73,27 @@ KEEPDIM_LOST = Mistake(
 )
 FIXED_RANK = Mistake(
     "fixed_rank",
-    "the step works for one number of axes only (B, T, D = x.shape, torch.bmm, torch.mm or addmm, .t(), an einsum "
-    "without ...) where its contract allows any number of leading dims: use x.shape[-1], @ (torch.matmul), '...' "
-    "in einsum, transpose(-2, -1)",
+    "the step works for one number of axes only (B, T, D = x.shape, torch.bmm, .t(), an einsum without ...): use "
+    "x.shape[-1], @, '...' in einsum, transpose(-2, -1)",
     # torch.mm and addmm ("mat1 must be a matrix"; the meta device: "a must be 2D"), .t() and mv on a batch too
     raises=Raises(message=r"values to unpack|must be a 3D tensor|batch\d must be a 3D|subscripts|einstein sum|"
                           r"does not match the number of dimensions|Dimension out of range|axis \d+ is out of bounds|"
-                          r"must be a matrix|\ba must be 2D|expects a tensor with <= 2 dimensions|matrix @ vector expected|"
-                          r"too many indices for (tensor|array)"),
+                          r"must be a matrix|\ba must be 2D|expects a tensor with <= 2 dimensions|"
+                          r"matrix @ vector expected|too many indices for (tensor|array)"),
+    why="The contract allows any number of leading dims: torch.mm, addmm, bmm and .t() take a fixed number of axes, "
+        "@ (torch.matmul) batches over any.",
 )
 TENSOR_ON_CPU = Mistake(
     "tensor_on_cpu",
-    f"a tensor was created on the CPU inside the step (torch.FloatTensor([...]), or torch.tensor, torch.ones, "
-    f"torch.arange without device=): {CPU_DEVICE_HINT}",
+    "a tensor was created on the CPU inside the step (torch.tensor, torch.ones, torch.arange without device=): create "
+    "it on the input's device (device=x.device), or use a Python float (math.sqrt(d))",
     # CUDA's own wordings, as torch 2.11 on an H100 gave them: "Expected all tensors to be on the same
     # device", "masked_fill_: Expected inputs to be on same device", "Expected a 'cpu' device type for
     # generator" (torch.rand(..., generator=) on the CPU); and the meta device's.
-    raises=Raises(message=r"is not on the expected device|to be on (the )?same device|must (all )?be on the same device|"
-                          r"found at least two devices|device type (cpu|cuda) .* does not match|"
-                          r"Expected a '\w+' device type for generator"),
+    raises=Raises(message=r"is not on the expected device|to be on (the )?same device|"
+                          r"must (all )?be on the same device|found at least two devices|"
+                          r"device type (cpu|cuda) .* does not match|Expected a '\w+' device type for generator"),
+    why=f"torch.FloatTensor([...]) makes a CPU tensor too. {ON_A_GPU_TOO}",
 )
 LAYER_NAMES = Mistake(
     "layer_names",
@@ -115,9 +115,10 @@ DOT_ON_BATCHED = Mistake(
 # Answers of the wrong dtype, shape or device.
 DTYPE_PROMOTED = Mistake(
     "dtype_promoted",
-    "the result was promoted to a wider dtype (float32 to float64, or a half type to float32): a float64 "
-    "constant, tensor or NumPy scalar (np.sqrt(d), np.zeros(shape), torch.tensor(d)) entered the computation; "
-    "use Python floats, or dtype=x.dtype",
+    "the result was promoted to a wider dtype (float32 to float64, or a half type to float32): use Python floats, "
+    "or dtype=x.dtype",
+    why="A float64 constant, tensor or NumPy scalar (np.sqrt(d), np.zeros(shape), torch.tensor(d)) entered the "
+        "computation and promoted it.",
 )
 DTYPE_NARROWED = Mistake(
     "dtype_narrowed",
@@ -145,12 +146,14 @@ WRONG_AXIS_SIZE = Mistake(
 MASK_NOT_BOOL = Mistake(
     "mask_not_bool",
     "returned a float (or integer) mask where a bool mask belongs: build it from comparisons (positions < lengths, "
-    "&, tril of a bool tensor) or end with .bool(); masked_fill and ~ need bool",
+    "&, tril of a bool tensor) or end with .bool()",
+    why="masked_fill and ~ need a bool mask.",
 )
 RESULT_ON_CPU = Mistake(
     "result_on_cpu",
-    f"the result came back on the CPU, not on the device asked for or the inputs' device: a tensor created "
-    f"without device= (torch.ones(t_q, t_k) without device=device) ended up in the result; {CPU_DEVICE_HINT}",
+    "the result came back on the CPU, not on the device asked for or the inputs': create every tensor with device= "
+    "(torch.ones(t_q, t_k, device=device)), or use a Python float",
+    why=f"A tensor created without device= ended up in the result. {ON_A_GPU_TOO}",
 )
 
 # What a module's own checks see.
@@ -178,16 +181,17 @@ DROPOUT_AT_EVAL = Mistake(
 )
 INPUT_CHANGED = Mistake(
     "input_changed_in_place",
-    "the step changed an argument in place (masked_fill_, x /= s, x[mask] = v, np.exp(x, out=x)): the caller's "
-    "tensors and arrays are theirs, and may be read again; compute into a new one (masked_fill, x / s, np.where) "
-    "or work on a copy",
+    "the step changed an argument in place (masked_fill_, x /= s, x[mask] = v): compute into a new tensor "
+    "(masked_fill, x / s, np.where) or work on a copy",
+    why="The caller's tensors and arrays are theirs, and may be read again; np.exp(x, out=x) writes into x too.",
 )
 
-ERRORS = (VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED, TENSOR_TRUTHINESS, DTYPE_MISMATCH, FLOAT_SHAPE,
-          TRANSPOSE_ALL_AXES, DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK, LAYER_NAMES)
-FORMS = (MASK_NOT_BOOL, DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE, RESULT_ON_CPU)
-CATALOGUE = (*ERRORS, *FORMS, PARAMETERS_NOT_LOADED, GRADIENT_CUT, DROPOUT_AT_EVAL, FORBIDDEN_CALL, ASSERT_NOT_VALUEERROR,
-             INPUT_CHANGED)
+ERRORS = (VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED, TENSOR_TRUTHINESS, DTYPE_MISMATCH,
+          FLOAT_SHAPE, TRANSPOSE_ALL_AXES, DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK, LAYER_NAMES)
+FORMS = (MASK_NOT_BOOL, DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE,
+         RESULT_ON_CPU)
+CATALOGUE = (*ERRORS, *FORMS, PARAMETERS_NOT_LOADED, GRADIENT_CUT, DROPOUT_AT_EVAL, FORBIDDEN_CALL,
+             ASSERT_NOT_VALUEERROR, INPUT_CHANGED)
 
 
 def meta_unsupported(error) -> bool:
@@ -208,7 +212,7 @@ def form(value, native, backend: str = "torch", device: str = "cpu"):
     if not isinstance(value, torch.Tensor) or not isinstance(native, torch.Tensor):
         return None
     if tuple(value.shape) != tuple(native.shape):
-        if backend == "numpy" and value.dim() >= native.dim() + 2:  # np.dot / np.tensordot pair every batch with every other
+        if backend == "numpy" and value.dim() >= native.dim() + 2:  # np.dot pairs every batch with every other
             return DOT_ON_BATCHED
         return _shape_mistake(tuple(value.shape), tuple(native.shape))
     if native.dtype == torch.bool and value.dtype != torch.bool:
@@ -233,7 +237,7 @@ def _shape_mistake(got: tuple, expected: tuple):
 def _first_off(value, native):
     """The first part of a tuple answer whose shape or dtype is not the reference's (else the first parts)."""
     if isinstance(value, (tuple, list)) and isinstance(native, tuple) and len(value) == len(native):
-        for got, want in zip(value, native):
+        for got, want in zip(value, native, strict=True):
             if not (isinstance(got, (torch.Tensor, np.ndarray)) and isinstance(want, torch.Tensor)):
                 continue
             dtypes = (str(t.dtype).removeprefix("torch.") for t in (got, want))  # an ndarray's float32 is a tensor's

@@ -2,18 +2,20 @@
 calls the candidate in its worker, compares the answer with the reference, and diagnoses a
 failure.
 
-pytest collects a spec module (grader/checks/NAME.py, which declares `SPEC`) through
-`SpecFile`, pytest's own way of collecting non-Python tests: the module says what to
-check, this one runner says how. Every comparison runs here, in the grader's process, on
-plain tensors decoded from the worker's bytes.
+pytest collects a spec module (grader/course/NAME/spec.py, which declares `SPEC`) through
+`SpecFile`, pytest's own way of collecting non-Python tests: the spec says what to check,
+this one runner says how. Every comparison runs in the grader's process (grader/engine/tolerance.py),
+on plain tensors decoded from the worker's bytes. Each item carries its step and check, which
+the grader's plugin (grader/run_checks.py) reads back for the points.
 
 A composite step (a module that calls the exercise's other steps) is graded on its own
-wiring: while its checks run, the worker asks the grader for the answers of the step
-functions it calls (`Step.answered`) that lost points in their own checks, and the grader
-answers with the reference's, so a bug in `softmax` costs `softmax` and not the module
-(a step that passed runs as written: the same answers, without the round trips). A check marked `end_to_end` runs the
-module with the candidate's own steps, so an interviewer also sees whether the whole
-thing works; when only it fails and other steps have lost points, the report says so.
+wiring: while its checks run, the worker asks the grader about the step functions it calls
+(`StepSpec.answered`) that lost points in their own checks, and the oracle (grader/oracle.py)
+answers with the reference's results, so a bug in `softmax` costs `softmax` and not the module
+(a step that passed runs as written: the same answers, without the round trips). A check marked
+`end_to_end` (grader/engine/stock.py) runs the module with the candidate's own steps, so an
+interviewer also sees whether the whole thing works; when only it fails and other steps have
+lost points, the report says so.
 """
 
 from __future__ import annotations
@@ -23,29 +25,25 @@ import functools
 import importlib
 import inspect
 import math
-import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
 import torch
 
-from grader import wire
+from grader.arrays import as_tensor, describe, leaves
 from grader.candidate import CandidateError, Strided
 from grader.engine import diagnose
-from grader.engine.expect import (
-    CheckFailed,
-    Tolerance,
-    as_tensor,
-    as_tensor_tree,
-    check_rules,
-    expect_close,
-    expect_form,
-    generator,
-    random_mask,
-    upcast,
-)
+from grader.engine.failure import CheckFailed
+from grader.engine.inputs import Gen, generator, torch_dtype
+from grader.engine.rules import check_rules
 from grader.engine.spec import Call, Check, Spec, StepSpec
+from grader.engine.tolerance import Tolerance, expect_close, expect_form, upcast
+from grader.oracle import Oracle
+
+if TYPE_CHECKING:  # script.py builds on this module
+    from grader.engine.script import Script
 
 VALUE_DRAWS = 2  # a step's values check (the one run on several dtypes) runs on this many draws of its inputs
 
@@ -68,9 +66,7 @@ class SpecFile(pytest.File):
             for check in step.checks:
                 for dtype in check.dtypes or (None,):
                     name = item_name(step, check, dtype)
-                    item = SpecItem.from_parent(self, name=name, spec=spec, step=step, check=check, dtype=dtype)
-                    item.add_marker(pytest.mark.step(step.id, points=check.points))
-                    yield item
+                    yield SpecItem.from_parent(self, name=name, spec=spec, step=step, check=check, dtype=dtype)
 
 
 def item_name(step: StepSpec, check: Check, dtype) -> str:
@@ -120,7 +116,7 @@ class Context:
     seed: int
     device: str  # where device checks run: cuda, meta, cpu, or none
     source: str
-    forbidden: dict  # step id -> forbidden torch function names, from the manifest
+    forbidden: dict  # step id -> forbidden torch function names, from exercise.toml
     outcomes: list = field(default_factory=list)  # the results so far (steps run in course order)
     shared: dict = field(default_factory=dict)  # a step's main call (see main_call): its answer, once asked
 
@@ -128,27 +124,6 @@ class Context:
         """Did this step run, and pass (or skip) every one of its checks?"""
         mine = [o for o in self.outcomes if o.step == step_id]
         return bool(mine) and all(o.outcome in ("passed", "skipped") for o in mine)
-
-
-class Gen:
-    """The check's own seeded inputs, as tensors (torch exercises) or arrays (NumPy exercises)."""
-
-    def __init__(self, rng: torch.Generator, backend: str):
-        self.rng, self.backend = rng, backend
-
-    def randn(self, *shape: int, dtype=torch.float32, scale: float = 1.0):
-        x = torch.randn(shape, generator=self.rng, dtype=torch.float64) * scale
-        return self.native(x.to(torch_dtype(dtype)))
-
-    def mask(self, *shape: int, keep_first: bool = True):
-        return self.native(random_mask(self.rng, *shape, keep_first=keep_first))
-
-    def native(self, x):
-        """A tensor as the exercise's functions take it."""
-        return x.numpy() if self.backend == "numpy" and isinstance(x, torch.Tensor) else x
-
-    def seed(self) -> int:
-        return int(torch.randint(2**31 - 1, (1,), generator=self.rng))
 
 
 class Run:
@@ -170,7 +145,8 @@ class Run:
         if kind == "property":
             self.check.run(self)
             return
-        draws = VALUE_DRAWS if kind == "values" and len(self.check.dtypes) > 1 else 1  # the values check, not an edge case
+        several = kind == "values" and len(self.check.dtypes) > 1  # the step's values check, not an edge case
+        draws = VALUE_DRAWS if several else 1
         for draw in range(draws):
             call = self.inputs(**self.check.params)
             device = self.ctx.device if kind == "device" else "cpu"
@@ -191,8 +167,8 @@ class Run:
                 try:
                     self.expect_right(self.output(answer), call, device)
                 except CheckFailed as failure:
-                    raise CheckFailed(f"the rules were kept, but the answer is wrong: {failure.message}", failure.mistake,
-                                      failure.details) from None
+                    raise CheckFailed(f"the rules were kept, but the answer is wrong: {failure.message}",
+                                      failure.mistake, failure.details) from None
             else:
                 self.expect_right(self.output(answer), call, device)
                 if self.name == arguments_check(self.step):  # a side effect costs one check, the step's main one
@@ -203,8 +179,8 @@ class Run:
     def inputs(self, dtype=None, **params) -> Call:
         return self.step.inputs(self.gen, dtype=dtype or self.dtype, **params)
 
-    def answers(self) -> Answers | None:
-        """The grader's answers to the step functions this step calls, unless the check runs it end to end.
+    def oracle(self) -> Oracle | None:
+        """The oracle for the step functions this step calls, unless the check runs it end to end.
 
         A step that passed every one of its own checks runs as the candidate wrote it: the same
         answers, without a question to the grader for each call.
@@ -217,7 +193,7 @@ class Run:
         references = {s.id: s.reference for s in self.spec.steps if s.id in answered}
         contract = importlib.import_module(self.spec.contract) if self.spec.contract else None
         signatures = {n: inspect.signature(getattr(contract, n) if contract else f) for n, f in references.items()}
-        return Answers(references, signatures, self.spec.backend)
+        return Oracle(references, signatures, self.spec.backend)
 
     def answer(self, call: Call, device: str = "cpu", strided=(), shapes: bool = False, **extra):
         """The candidate's answer to `call`; an exception it raised becomes a failed check with its diagnosis.
@@ -232,9 +208,9 @@ class Run:
             if step.module:
                 return candidate.module(
                     step.id, init=call.init, init_kwargs=call.init_kwargs, state=call.state, args=args,
-                    kwargs=call.kwargs, device=device, answers=self.answers(), **extra,
+                    kwargs=call.kwargs, device=device, answers=self.oracle(), **extra,
                 )
-            return candidate.invoke(step.id, args, call.kwargs, device=device, answers=self.answers(), shapes=shapes)
+            return candidate.invoke(step.id, args, call.kwargs, device=device, answers=self.oracle(), shapes=shapes)
         except CandidateError as error:
             if device == "meta" and diagnose.meta_unsupported(error):
                 pytest.skip(f"the meta device cannot run this code, so it was not checked there: {error.message}")
@@ -242,27 +218,22 @@ class Run:
                 raise
             raise self.error_failure(error, call, device) from None
 
-    def script(self, actions: list[dict], device: str = "cpu"):
-        """The candidate's answer to a script of actions (Candidate.script): one result per action.
+    def script(self, script: Script, device: str = "cpu"):
+        """The candidate's answer to a Script (grader/engine/script.py): one result per action, in its `value`.
 
         The composite's answered steps are answered as in `answer`. An exception that ends the
         script becomes a failed check with its diagnosis, said with the action that raised.
         """
         try:
-            return self.ctx.candidate.script(self.step.id, actions, device=device, answers=self.answers())
+            return self.ctx.candidate.script(self.step.id, script.actions, device=device, answers=self.oracle())
         except CandidateError as error:
             if device == "meta" and diagnose.meta_unsupported(error):
                 pytest.skip(f"the meta device cannot run this code, so it was not checked there: {error.message}")
             if error.kind == "not_implemented":
                 raise
-            action = actions[error.action] if error.action is not None else {}
-            built = [a.get("class") for a in actions if a.get("do") == "build"]
-            owner = built[action["object"]] if type(action.get("object")) is int and action["object"] < len(built) else ""
-            what = action.get("class") or ".".join(str(n) for n in (owner, action.get("method") or action.get("attribute")) if n)
-            call = Call(tuple(action.get("args") or action.get("init") or ()),
-                        dict(action.get("kwargs") or action.get("init_kwargs") or {}), tuple(action.get("names") or ()))
+            what, call = script.describe(error.action)
             failure = self.error_failure(error, call, device)
-            where = f" (in action {error.action + 1} of the script: {action.get('do')} {what})" if error.action is not None else ""
+            where = f" (in action {error.action + 1} of the script: {what})" if error.action is not None else ""
             raise CheckFailed(failure.message + where, failure.mistake, failure.details, failure.outcome) from None
 
     def output(self, answer):
@@ -317,8 +288,9 @@ class Run:
             mistake = self.module_mistake(call, device)
         return replace_mistake(failure, mistake)
 
-    def explain(self, value, call: Call, device: str = "cpu"):
-        """The first of the step's mistakes that explains this wrong answer, else a generic one."""
+    def explain(self, value, call: Call, device: str = "cpu", mistakes=None):
+        """The first of the step's mistakes (or of `mistakes`, those a check finds possible) that explains this
+        wrong answer, else a generic one."""
         if _is_meta(value):  # no values to compare: only its form can say something
             return diagnose.form(value, self.reference(call, exact=False), self.spec.backend, device)
         native = self.reference(call, exact=False)
@@ -328,7 +300,7 @@ class Run:
         args = self.reference_args(call)  # a variant runs in the answer's own dtype: overflows and all
         kwargs = {k: as_tensor(v) if isinstance(v, np.ndarray) else v for k, v in call.kwargs.items()}
         loose = Tolerance.loose(value)
-        for mistake in self.step.mistakes:
+        for mistake in self.step.mistakes if mistakes is None else mistakes:
             if mistake.variant is None and mistake.test is None:
                 continue
             try:
@@ -376,181 +348,12 @@ class Run:
         message = error.message
         if error.line:
             label = self.ctx.candidate.where(error.line)  # "line N", or "cell C, line M" in a notebook
-            message = message.removesuffix(f" ({label})") + (f" at {label}: `{line.strip()}`" if line.strip() else f" ({label})")
+            at = f" at {label}: `{line.strip()}`" if line.strip() else f" ({label})"
+            message = message.removesuffix(f" ({label})") + at
         if error.kind == "raised":
-            message += f" [called with {describe(call)}" + (f" on {device}" if device != "cpu" else "") + "]"
+            on = f" on {device}" if device != "cpu" else ""
+            message += f" [called with {describe(call.args, call.kwargs, call.names)}{on}]"
         return CheckFailed(message, mistake, outcome="error")
-
-
-# The grader computes a question's answer in its own process, so a question is bounded: its
-# inputs' elements and every one of their sizes (an answer can grow with the square of a size,
-# q @ kᵀ), and the elements one call may ask about in all. Legitimate calls are far below.
-MAX_QUESTION_ELEMENTS = 1 << 16
-MAX_QUESTION_SIZE = 256  # the largest size of any axis of any input
-MAX_CALL_ELEMENTS = 1 << 24  # inputs and answers of all of one call's questions together
-MAX_ANSWER_ELEMENTS = 1 << 22  # an upper bound on one answer (answer_size_bound), before the reference runs
-
-
-class Answers:
-    """The grader's side of a composite's questions: the reference's answer for each step it calls.
-
-    The worker asks {"op": "answer", "name", "args", "kwargs", "grad"} and, in backward,
-    {"op": "answer_grad", "index", "grads"}; each reply is plain data. Anything a question
-    holds that is not a well-formed question within bounds gets {"ok": false} and an error
-    the candidate's code raises: never an exception here.
-    """
-
-    def __init__(self, references: dict, signatures: dict, backend: str = "torch"):
-        self.references, self.signatures, self.backend = references, signatures, backend
-        self.names = tuple(references)
-        self.asked: dict[int, tuple] = {}  # the questions a backward pass may come back to
-        self.questions = 0
-        self.elements = 0
-
-    def reply(self, frame: dict, blobs: list, out: list) -> dict:
-        try:
-            if frame.get("op") == "answer":
-                return self._answer(frame, blobs, out)
-            return self._answer_grad(frame, blobs, out)
-        except wire.WireError:
-            raise  # a malformed frame: the candidate's protocol error
-        except Exception as exc:  # a well-formed question the reference cannot answer
-            out.clear()
-            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
-
-    def _answer(self, frame: dict, blobs: list, out: list) -> dict:
-        name = frame.get("name")
-        args, kwargs = wire.decode(frame.get("args"), blobs), wire.decode(frame.get("kwargs"), blobs)
-        if type(name) is not str or name not in self.references or not isinstance(args, tuple) or not isinstance(kwargs, dict):
-            return {"ok": False, "error": f"{str(name)[:40]!r} is not a step the grader answers here"}
-        if self.backend == "numpy":  # NumPy promotes mixed float dtypes where torch refuses: promote as it would
-            args, kwargs = _promoted(args), dict(zip(kwargs, _promoted(tuple(kwargs.values()))))
-        args, kwargs = as_tensor_tree(args), {k: as_tensor_tree(v) for k, v in kwargs.items()}
-        leaves = _leaves(args, kwargs)
-        size = sum(t.numel() for t in leaves)
-        if size > MAX_QUESTION_ELEMENTS or any(n > MAX_QUESTION_SIZE for t in leaves for n in t.shape):
-            return {"ok": False, "error": "inputs too large to answer"}
-        meta = any(t.is_meta for t in leaves)
-        if meta:  # shapes are all a meta answer has: computed on CPU zeros (the meta kernels cost a lazy import)
-            args, kwargs = _zeros_for_meta(args), dict(zip(kwargs, _zeros_for_meta(tuple(kwargs.values()))))
-        try:
-            bound = self.signatures[name].bind(*args, **kwargs)  # by position, or by the contract's names
-            bound.apply_defaults()
-            if "device" in bound.arguments:  # answered on the CPU; the worker moves the answer where it was asked for
-                bound.arguments["device"] = None
-            # int arguments are sizes (t_q, num_heads, n_rep): bounded, and counted in the answer's size; not a
-            # float parameter given a whole number (rope's base=10000)
-            sizes = [v for p, v in bound.arguments.items() if type(v) is int and not _float_parameter(bound.signature.parameters[p])]
-            if any(abs(n) > MAX_QUESTION_SIZE for n in sizes) or answer_size_bound(leaves, sizes) > MAX_ANSWER_ELEMENTS:
-                return {"ok": False, "error": "inputs too large to answer"}
-            args, kwargs = tuple(bound.args), dict(bound.kwargs)
-            value = self.references[name](*args, **kwargs)
-        except Exception as exc:  # the composite called the step with inputs outside its contract
-            called = describe(Call(args, kwargs, tuple(self.signatures[name].parameters)))
-            return {"ok": False, "error": f"it was called with {called}: {type(exc).__name__}: {exc}"[:400]}
-        self.questions += 1
-        self.elements += size + sum(t.numel() for t in _leaves(value if isinstance(value, tuple) else (value,), {}))
-        if self.elements > MAX_CALL_ELEMENTS:
-            return {"ok": False, "error": "too many questions in one call"}
-        if frame.get("grad") is True:
-            self.asked[self.questions] = (name, args, kwargs)
-        if self.backend == "numpy":
-            value = _numpy_tree(value)
-        encoded = wire.encode(value, out)
-        if meta:  # a meta answer crosses as shapes and dtypes only
-            out[:] = [b""] * len(out)
-            encoded = _on_meta(encoded)
-        return {"ok": True, "value": encoded, "index": self.questions}
-
-    def _answer_grad(self, frame: dict, blobs: list, out: list) -> dict:
-        index, grads = frame.get("index"), wire.decode(frame.get("grads"), blobs)
-        if type(index) is not int or index not in self.asked or not isinstance(grads, tuple):
-            return {"ok": False, "error": "no such answer to differentiate"}
-        return {"ok": True, "value": wire.encode(self._gradients(*self.asked[index], grads), out)}
-
-    def _gradients(self, name: str, args: tuple, kwargs: dict, grads: tuple) -> tuple:
-        """The reference's vector-Jacobian product at the asked inputs: one gradient (or None) per tensor input."""
-        leaves = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]  # the worker's order: top level
-        inputs = {id(t): t.detach().requires_grad_(t.is_floating_point()) for t in leaves}
-        swap = lambda v: inputs.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
-        with torch.enable_grad():
-            value = self.references[name](*map(swap, args), **{k: swap(v) for k, v in kwargs.items()})
-            outputs = value if isinstance(value, tuple) else (value,)
-            pairs = [(o, g) for o, g in zip(outputs, grads) if isinstance(g, torch.Tensor) and o.requires_grad]
-            if any(g.shape != o.shape for o, g in pairs):
-                raise ValueError("the gradients do not have the answers' shapes")
-            wanted = [t for t in inputs.values() if t.requires_grad]
-            if not pairs or not wanted:
-                return tuple(None for _ in leaves)
-            # sum(o * g) has the gradients of backward(g), without the lazy import (sympy) explicit ones pay
-            total = sum((o * g.to(o.dtype)).sum() for o, g in pairs)
-            found = torch.autograd.grad(total, wanted, allow_unused=True)
-        by_id = dict(zip((id(t) for t in wanted), found))
-        return tuple(by_id.get(id(inputs[id(t)])) for t in leaves)
-
-
-def _promoted(values: tuple) -> tuple:
-    floats = [v for v in values if isinstance(v, np.ndarray) and v.dtype.kind == "f"]
-    if not floats:
-        return values
-    common = np.result_type(*floats)
-    return tuple(v.astype(common) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v for v in values)
-
-
-def _zeros_for_meta(values: tuple) -> tuple:
-    return tuple(torch.zeros(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) and v.is_meta else v for v in values)
-
-
-def _on_meta(item):
-    """An encoded answer as a meta tensor's: its dtype and shape, on the meta device, no bytes."""
-    if isinstance(item, dict) and item.get("kind") == "tensor":
-        return {k: v for k, v in item.items() if k != "blob"} | {"device": "meta"}
-    if isinstance(item, dict) and isinstance(item.get("items"), list):
-        return dict(item, items=[_on_meta(v) for v in item["items"]])
-    return item
-
-
-def _float_parameter(parameter: inspect.Parameter) -> bool:
-    return parameter.annotation in (float, "float") or type(parameter.default) is float
-
-
-def _elements(value) -> int:
-    """How many numbers an answer holds (tensors and arrays, however nested)."""
-    return sum(math.prod(getattr(x, "shape", ())) for x in _leaves((value,), {}, (torch.Tensor, np.ndarray)))
-
-
-def _leaves(args: tuple, kwargs: dict, kind=torch.Tensor) -> list:
-    """Every `kind` in the arguments, however deep in tuples, lists and dicts (a bool is no int)."""
-    found = []
-
-    def visit(x):
-        if isinstance(x, kind) and not isinstance(x, bool):
-            found.append(x)
-        elif isinstance(x, (tuple, list, dict)):
-            for y in x.values() if isinstance(x, dict) else x:
-                visit(y)
-
-    visit((*args, *kwargs.values()))
-    return found
-
-
-def answer_size_bound(leaves: list, ints: list) -> int:
-    """About the most elements a reference makes of these inputs, known before it runs: the broadcast of
-    them all, every leading axis at its largest, then two axes as long as the longest of the last two
-    or of the integer arguments (a matmul's Tq × Tk, a mask's t_q × t_k). A question whose inputs
-    broadcast to more than the grader can hold is refused before anything is built."""
-    rank = max((t.dim() for t in leaves), default=0)
-    widest = [max((t.shape[t.dim() - rank + i] for t in leaves if t.dim() >= rank - i), default=1) for i in range(rank)]
-    longest = max([1, *widest[-2:], *(abs(n) for n in ints)])
-    return math.prod(widest[:-2]) * longest * longest
-
-
-def _numpy_tree(value):
-    if isinstance(value, torch.Tensor):
-        return value.numpy()
-    if isinstance(value, tuple):
-        return tuple(_numpy_tree(v) for v in value)
-    return value
 
 
 def matches_any(value, candidates) -> bool:
@@ -568,21 +371,9 @@ def replace_mistake(failure: CheckFailed, mistake) -> CheckFailed:
     return CheckFailed(failure.message, mistake, failure.details, failure.outcome, failure.breach)
 
 
-def describe(call: Call) -> str:
-    """The inputs of a call, as a person reads them: names, shapes and dtypes."""
-    names = call.names or tuple(f"arg{i}" for i in range(len(call.args)))
-    parts = [f"{n} {_describe_value(a)}" for n, a in zip(names, call.args)]
-    parts += [f"{k}={_describe_value(v)}" for k, v in call.kwargs.items()]
-    return ", ".join(parts)
-
-
-def _describe_value(value) -> str:
-    if isinstance(value, (torch.Tensor, np.ndarray)):
-        dtype = str(value.dtype).removeprefix("torch.")
-        return f"{tuple(value.shape)} {dtype}"
-    if isinstance(value, Strided):
-        return _describe_value(value.tensor) + " non-contiguous"
-    return repr(value)
+def _elements(value) -> int:
+    """How many numbers an answer holds (tensors and arrays, however nested)."""
+    return sum(math.prod(getattr(x, "shape", ())) for x in leaves((value,), {}, (torch.Tensor, np.ndarray)))
 
 
 def _is_meta(value) -> bool:
@@ -620,11 +411,6 @@ def _dtype_name(dtype) -> str:
     return str(torch_dtype(dtype)).removeprefix("torch.")
 
 
-def torch_dtype(dtype) -> torch.dtype:
-    """A torch dtype, or the one a NumPy dtype stands for."""
-    return dtype if isinstance(dtype, torch.dtype) else torch.from_numpy(np.empty(0, dtype=dtype)).dtype
-
-
 def _line(source: str, number) -> str:
     lines = source.splitlines()
     return lines[number - 1] if isinstance(number, int) and 0 < number <= len(lines) else ""
@@ -638,93 +424,5 @@ def source_of(source: str, name: str) -> str:
     except SyntaxError:
         return ""
     found = [node for node in tree.body if getattr(node, "name", None) == name]
-    return (ast.get_source_segment(source, found[-1]) or "") if found else ""  # the last definition is the one that runs
-
-
-# -- property checks that every module step has --------------------------------------------
-
-
-def linear_layers(names: tuple[str, ...], init: tuple, what: str):
-    """A check: the module, only built, has nn.Linear layers (or subclasses, such as nn.LazyLinear) with these names."""
-
-    def check(run: Run) -> None:
-        children = run.ctx.candidate.module(run.step.id, init=init, forward=False).value["children"]
-        for name in names:
-            if "torch.nn.modules.linear.Linear" not in children.get(name, ()):
-                got = children[name][0] if name in children else f"nothing (its layers: {', '.join(children) or 'none'})"
-                raise CheckFailed(f"expected {name} to be {what}, got {got}", diagnose.LAYER_NAMES)
-
-    return check
-
-
-def raises_value_error(init: tuple, what: str, missing):
-    """A check: building the module with `init` raises ValueError (an assert would vanish under python -O).
-
-    `what` says why the arguments are invalid; `missing` is the mistake of a module built without complaint.
-    """
-
-    def check(run: Run) -> None:
-        name = f"{run.step.id}({', '.join(map(repr, init))})"
-        try:
-            run.ctx.candidate.module(run.step.id, init=init, forward=False)
-        except CandidateError as error:
-            if error.type == "ValueError":
-                return
-            if error.kind != "raised":  # not implemented, not importable, hung, died: said as it is
-                raise
-            mistake = diagnose.ASSERT_NOT_VALUEERROR if error.type == "AssertionError" else None
-            raise CheckFailed(f"{name} raised {error.message}; the contract says ValueError", mistake) from None
-        raise CheckFailed(f"{name} was built without complaint: {what}, so raise ValueError", missing)
-
-    return check
-
-
-def gradients(**params):
-    """A check: the gradients of the module's output with respect to its tensor inputs and every weight."""
-
-    def check(run: Run) -> None:
-        call = run.inputs(**params)
-        grad_args = tuple(i for i, a in enumerate(call.args) if isinstance(a, torch.Tensor) and a.is_floating_point())
-        expected_output = run.reference(call, exact=False)
-        grad_output = torch.as_tensor(run.gen.randn(*expected_output.shape))
-        result = run.answer(call, grad_output=grad_output, grad_args=grad_args).value
-        run.expect_right(result["output"], call)  # a wrong forward is named as such, not as wrong gradients
-        inputs = [a.detach().double().requires_grad_(i in grad_args) if isinstance(a, torch.Tensor) else a
-                  for i, a in enumerate(call.args)]
-        params_ = {k: v.detach().double().requires_grad_(True) for k, v in call.state.items()}
-        (run.step.reference(params_, *inputs, **call.kwargs) * grad_output.double()).sum().backward()
-        names = call.names or tuple(f"argument {i}" for i in range(len(call.args)))
-        found = [*((names[i], g, inputs[i]) for i, g in zip(grad_args, result["arg_grads"])),
-                 *((n, result["param_grads"].get(n), p) for n, p in params_.items())]
-        cut = [name for name, got, _ in found if got is None]
-        if cut:  # first: a cut graph also makes the gradients that do arrive wrong
-            raise CheckFailed(f"no gradient reached {', '.join(cut)}: it is not on the graph", diagnose.GRADIENT_CUT)
-        for name, got, x in found:
-            try:
-                expect_form(got, x.grad.float())
-                expect_close(got, x.grad)
-            except CheckFailed as failure:
-                raise CheckFailed(f"the gradient of {name}: {failure.message}", details=failure.details) from None
-
-    return check
-
-
-def end_to_end(**params):
-    """A check: the module with the candidate's own steps, not the grader's: does the whole thing work?"""
-
-    def check(run: Run) -> None:
-        call = run.inputs(**params)
-        try:
-            run.expect_right(run.output(run.answer(call)), call)
-        except CheckFailed as failure:  # which of the steps it could have lost through: those its source names,
-            # and those theirs name (gqa's module calls grouped_attention, which calls repeat_kv)
-            calls, sources = [], [source_of(run.ctx.source, run.step.id)]
-            while sources:
-                source = sources.pop()
-                for name in run.step.answered:
-                    if name not in calls and re.search(rf"\b{re.escape(name)}\b", source):
-                        calls.append(name)
-                        sources.append(source_of(run.ctx.source, name))
-            raise CheckFailed(failure.message, failure.mistake, {**failure.details, "calls": calls}, failure.outcome) from None
-
-    return check
+    # the last definition is the one that runs
+    return (ast.get_source_segment(source, found[-1]) or "") if found else ""

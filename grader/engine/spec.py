@@ -1,9 +1,9 @@
 """The vocabulary of an exercise's checks: steps, their checks, and the mistakes they name.
 
-An exercise's checks are data (grader/checks/NAME.py): for each step, how its inputs are
+An exercise's checks are data (grader/course/NAME/spec.py): for each step, how its inputs are
 made, the reference, how an answer is compared, the checks (each a case with its points),
-and the step's named mistakes. grader/checks/engine.py turns the steps into pytest items
-and runs them; the command line (`attn-grade mistakes`), the reports and the README read
+and the step's named mistakes. grader/engine/runner.py turns the steps into pytest items
+and runs them; the command line (`attn-grade mistakes`), the reports and the docs read
 the same declarations, so what a step checks is said once.
 """
 
@@ -46,9 +46,16 @@ class Raises:
         return not self.source or bool(re.search(self.source, source))
 
 
+# A mistake's message is "what is wrong: how to fix it", in at most this many words; the rest goes to its `why`.
+MESSAGE_WORDS = 30
+
+
 @dataclass(frozen=True)
 class Mistake:
     """A named mistake: an id, a message that says what is wrong and how to fix it, and how it is recognised.
+
+    message: "what is wrong: how to fix it", at most MESSAGE_WORDS words (the reports show it);
+    why:     what the message has no room for, the reason behind the fix (`attn-grade mistakes --why`).
 
     How it is recognised (a wrong answer, an exception, or both):
       variant: computes the wrong answer from the check's inputs; an answer equal to it is this mistake
@@ -64,6 +71,7 @@ class Mistake:
     variant: Callable | None = None
     test: Callable | None = None
     raises: Raises | None = None
+    why: str = ""
 
     def __post_init__(self):
         if self.variant is not None and self.test is not None:
@@ -71,7 +79,8 @@ class Mistake:
 
     @property
     def recognised_by(self) -> str:
-        ways = [w for w, given in (("a wrong answer", self.variant or self.test), ("an exception", self.raises)) if given]
+        signs = (("a wrong answer", self.variant or self.test), ("an exception", self.raises))
+        ways = [way for way, given in signs if given]
         return " or ".join(ways) or "its own check"
 
 
@@ -142,11 +151,11 @@ class StepSpec:
     inputs(gen, dtype, **params) -> Call: the inputs of one check, from the grader's generator.
     reference(*args, **kwargs): the right answer (for a module step, reference(state, *args, **kwargs)).
     compare(value, expected, call): raises CheckFailed when the answer is wrong; None compares
-    closely (tensors, arrays, tuples of them) under the tolerance policy of grader/checks/expect.py.
+    closely (tensors, arrays, tuples of them) under the tolerance policy of grader/engine/tolerance.py.
     outputs: names of the parts of a tuple answer ("output", "weights"), for messages.
     answered: for a composite step, the exercise's step functions the grader answers while
     it runs, those of them that lost points (so a bug in them is charged to them, not here);
-    see grader/checks/engine.py.
+    see grader/engine/runner.py.
     """
 
     id: str
@@ -171,7 +180,7 @@ class Spec:
 
     steps: tuple[StepSpec, ...]
     backend: str = "torch"  # numpy: arrays in and out, no device checks
-    rules: Callable | None = None  # rules(answer, source, step id): what every rules check asks besides the manifest's
+    rules: Callable | None = None  # rules(answer, source, step id): what every rules check asks besides exercise.toml's
     # forbidden calls (NumPy: no torch in the file or the call)
     contract: str = ""  # the module whose signatures a composite's calls are bound by, if not the references'
     # (mha_numpy's softmax takes `axis` where the torch reference takes `dim`)

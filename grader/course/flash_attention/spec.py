@@ -12,15 +12,15 @@ of Tq and Tk never a multiple of them), its lse against torch.logsumexp of the w
 masked score matrix computed here, causal with Tq < Tk and Tq > Tk (rows with no key: out 0,
 lse -inf), in the half types under the engine's low-precision rule, and for what it
 materialises: the worker records the shapes of every tensor its torch calls create
-(grader/worker.py, `_Shapes`), and no tensor may hold more elements per batch and head than
+(grader/sandbox/recorder.py, `Shapes`), and no tensor may hold more elements per batch and head than
 a block_q × block_k tile or the inputs and outputs themselves (`tiles_only`). The update
 and the merge are answered by the grader while flash_attention's checks run, once they have
 lost points, so a bug in the update is charged to the update.
 
-flash_attention's reference here is plain attention (scores, softmax, weighted sum; the
-lse by torch.logsumexp), which the model answer equals (tests/test_flash_attention_oracle.py):
-exact when upcast to float64, and, in a half type, the plain same-dtype implementation the
-engine's low-precision rule measures by.
+flash_attention's reference here is plain attention (scores, softmax, weighted sum, by
+grader/engine/attention.py; the lse by torch.logsumexp), which the model answer equals
+(tests/exercises/flash_attention/test_oracle.py): exact when upcast to float64, and, in a
+half type, the plain same-dtype implementation the engine's low-precision rule measures by.
 """
 
 import math
@@ -36,6 +36,7 @@ from grader.engine import (
     Spec,
     StepSpec,
     Tolerance,
+    attention,
     device,
     end_to_end,
     expect_close,
@@ -59,17 +60,12 @@ def _work(dtype):
     return torch.promote_types(dtype, torch.float32)
 
 
-def _visible(t_q, t_k, top_left=False):
-    """Bool (t_q, t_k), True where query i (at position t_k - t_q + i, or i top-left) may see key j."""
-    offset = 0 if top_left else t_k - t_q
-    return torch.arange(t_k)[None, :] <= torch.arange(offset, offset + t_q)[:, None]
-
-
 # -- online_softmax_update ----------------------------------------------------------------
 
 
 def update_inputs(gen, dtype, state="running", raise_max=False, masked=None, scale=1.0, leading=(B, H)):
-    """m, l, acc from keys seen before (`state` "running"), or the initial state; then the next block of scores and values.
+    """m, l, acc from keys seen before (`state` "running"), or the initial state; then the next block of scores and
+    values.
 
     raise_max: the block's scores sit above every row's running max. masked: "rows" blocks rows 1 and 3 of the
     block entirely (and, running, rows 1 also before: a row with nothing seen yet); "entries" blocks random entries.
@@ -149,8 +145,9 @@ def chain(run):
                           failure.details) from None
 
 
-NO_RESCALE = ("l and acc were not rescaled when the max rose: what was summed so far was summed relative to the old max m; "
-              "multiply l and acc by e^(m - m') before adding the new block's terms")
+NO_RESCALE = ("l and acc were not rescaled when the max rose: multiply them by e^(m - m') before adding the new "
+              "block's terms")
+NO_RESCALE_WHY = "What was summed so far was summed relative to the old max m."
 UPDATE = StepSpec(
     "online_softmax_update", update_inputs, ref.online_softmax_update, outputs=("m", "l", "acc"),
     checks=(
@@ -160,28 +157,30 @@ UPDATE = StepSpec(
         values("no_leading_dims", 1, leading=()), prop("chain", 3, chain), rules(1), device(2),
     ),
     mistakes=(
-        Mistake("online_softmax_update.no_rescale", NO_RESCALE, _update_variant(rescale="none")),
+        Mistake("online_softmax_update.no_rescale", NO_RESCALE, _update_variant(rescale="none"), why=NO_RESCALE_WHY),
         Mistake("online_softmax_update.l_not_rescaled", "l was not rescaled when the max rose (acc was): multiply l by "
                 "e^(m - m') too, l' = e^(m - m')·l + Σ e^(scores - m')", _update_variant(rescale="acc")),
-        Mistake("online_softmax_update.acc_not_rescaled", "acc was not rescaled when the max rose (l was): multiply acc "
-                "by e^(m - m') too, acc' = e^(m - m')·acc + e^(scores - m') @ v", _update_variant(rescale="l")),
-        Mistake("online_softmax_update.l_rescaled_twice", "l was multiplied by e^(m - m') twice (rescaled in place, then "
-                "again in the update): rescale it once, l' = e^(m - m')·l + Σ e^(scores - m')",
-                _update_variant(rescale="l_twice")),
+        Mistake("online_softmax_update.acc_not_rescaled", "acc was not rescaled when the max rose (l was): multiply "
+                "acc by e^(m - m') too, acc' = e^(m - m')·acc + e^(scores - m') @ v", _update_variant(rescale="l")),
+        Mistake("online_softmax_update.l_rescaled_twice", "l was multiplied by e^(m - m') twice "
+                "(rescaled in place, then again in the update): rescale it once, l' = e^(m - m')·l + Σ "
+                "e^(scores - m')", _update_variant(rescale="l_twice")),
         Mistake("online_softmax_update.rescale_sign", "the rescale has its sign flipped, e^(m' - m): the new max m' is "
                 "at least the old m, so the factor is e^(m - m') <= 1", _update_variant(sign=-1)),
-        Mistake("online_softmax_update.old_max", "the block's terms were taken relative to the old max, e^(scores - m): "
-                "the new state is relative to the new max m', so use e^(scores - m')", _update_variant(old_max=True)),
-        Mistake("online_softmax_update.block_max_only", "the new max is the block's own max, with the running max m "
-                "forgotten: m' must be max(m, the block's max), or it can fall, e^(m - m') exceeds 1 and the terms kept so "
-                "far are no longer relative to the largest score seen", _update_variant(block_max=True)),
-        Mistake("online_softmax_update.normalised", "acc was divided by l: the state keeps acc unnormalised (the sum of "
-                "e^(score - m)·v); divide once, after the last block", _update_variant(normalise=True)),
+        Mistake("online_softmax_update.old_max", "the block's terms were taken relative to the old max, "
+                "e^(scores - m): the new state is relative to the new max m', so use e^(scores - m')",
+                _update_variant(old_max=True)),
+        Mistake("online_softmax_update.block_max_only", "the new max is the block's own max, the running max m "
+                "forgotten: take m' = max(m, the block's max)", _update_variant(block_max=True),
+                why="Otherwise the max can fall, e^(m - m') exceeds 1, and the terms kept so far are no longer "
+                    "relative to the largest score seen."),
+        Mistake("online_softmax_update.normalised", "acc was divided by l: the state keeps acc unnormalised "
+                "(the sum of e^(score - m)·v); divide once, after the last block", _update_variant(normalise=True)),
         Mistake("online_softmax_update.no_max", "e^scores without subtracting the running max: l and acc are kept "
                 "relative to m (l = Σ e^(score - m)), and e^1000 overflows", _update_variant(subtract_max=False)),
-        Mistake("online_softmax_update.nan_rows", "a row whose scores so far are all -inf gave NaN: its max is -inf "
-                "and e^(-inf - (-inf)) is NaN; subtract 0 where the new max is -inf (torch.where), so it stays at "
-                "l = 0, acc = 0", test=_has_nan),
+        Mistake("online_softmax_update.nan_rows", "a row whose scores so far are all -inf gave NaN: subtract 0 where "
+                "the new max is -inf (torch.where), so it stays at l = 0, acc = 0", test=_has_nan,
+                why="Its max is -inf, and e^(-inf - (-inf)) is NaN."),
     ),
 )
 
@@ -246,29 +245,35 @@ def _nan_where_both_empty(value, o1, lse1, o2, lse2):
 MERGE = StepSpec(
     "merge_partials", merge_inputs, ref.merge_partials, outputs=("o", "lse"),
     checks=(
-        shape(2), values("values", 2, FLOATS), values("one_empty", 4, empty="one"), values("both_empty", 3, empty="both"),
+        shape(2), values("values", 2, FLOATS), values("one_empty", 4, empty="one"),
+        values("both_empty", 3, empty="both"),
         values("far_apart", 3, far=True), values("half", 1, HALF), device(2),
     ),
     mistakes=(
-        Mistake("merge_partials.nan_rows", "rows where both parts have no keys (lse1 = lse2 = -inf) gave NaN: e^(-inf - "
-                "(-inf)) is NaN; where the merged lse is -inf, subtract 0 instead (torch.where), so o = 0 and lse = -inf",
-                test=_nan_where_both_empty),
-        Mistake("merge_partials.max_lse", "the merged lse is max(lse1, lse2): the union's sum is e^lse1 + e^lse2, so its "
-                "log is logaddexp(lse1, lse2) = max + log(1 + e^(min - max)), and the weights e^(lse_i - lse) taken from "
-                "it", lambda *a: [merge(*a, lse_of="max"), merge(*a, lse_of="max", normalise=False)]),
-        Mistake("merge_partials.unnormalised", "the weights e^(lse_i - max) were not normalised: they must sum to 1, so "
-                "take e^(lse_i - lse) with lse = logaddexp(lse1, lse2)", _merge_variant(normalise=False)),
-        Mistake("merge_partials.unweighted", "the two outputs were averaged: each part counts as much as its share of the "
-                "union's sum, e^(lse_i - lse)", _merge_variant(weighted=False)),
-        Mistake("merge_partials.weights_swapped", "each output was weighted by the other part's share (o1 by e^(lse2 - lse), "
-                "o2 by e^(lse1 - lse)): o = e^(lse1 - lse)·o1 + e^(lse2 - lse)·o2", _merge_variant(swapped=True)),
-        Mistake("merge_partials.weights_not_unsqueezed", "the (..., Tq) weights were multiplied into the (..., Tq, Dv) outputs "
-                "as they are, so they broadcast along Dv (an error, or wrong where Tq == Dv): unsqueeze them, w[..., None]",
-                raises=Raises(message=rf"tensor a \(({MERGE_TQ}|{DV})\) must match the size of tensor b \(({DV}|{MERGE_TQ})\)",
-                              line=r"\*")),
-        Mistake("merge_partials.unstable", "e^lse computed directly: an lse of a few hundred overflows (e^89 is inf in "
-                "float32), and inf / inf is NaN; work with differences, e^(lse_i - lse), lse = logaddexp(lse1, lse2)",
-                _merge_variant(stable=False)),
+        Mistake("merge_partials.nan_rows", "rows where both parts have no keys (lse1 = lse2 = -inf) gave NaN: "
+                "subtract 0 where the merged lse is -inf (torch.where)", test=_nan_where_both_empty,
+                why="e^(-inf - (-inf)) is NaN; subtracting 0 gives o = 0 and lse = -inf."),
+        Mistake("merge_partials.max_lse", "the merged lse is max(lse1, lse2): use logaddexp(lse1, lse2), and take "
+                "the weights e^(lse_i - lse) from it",
+                lambda *a: [merge(*a, lse_of="max"), merge(*a, lse_of="max", normalise=False)],
+                why="The union's sum is e^lse1 + e^lse2, so its log is logaddexp(lse1, lse2) = max + "
+                    "log(1 + e^(min - max))."),
+        Mistake("merge_partials.unnormalised", "the weights e^(lse_i - max) were not normalised: they must sum to 1, "
+                "so take e^(lse_i - lse) with lse = logaddexp(lse1, lse2)", _merge_variant(normalise=False)),
+        Mistake("merge_partials.unweighted", "the two outputs were averaged: each part counts as much as its share "
+                "of the union's sum, e^(lse_i - lse)", _merge_variant(weighted=False)),
+        Mistake("merge_partials.weights_swapped", "each output was weighted by the other part's share "
+                "(o1 by e^(lse2 - lse), o2 by e^(lse1 - lse)): o = e^(lse1 - lse)·o1 + e^(lse2 - lse)·o2",
+                _merge_variant(swapped=True)),
+        Mistake("merge_partials.weights_not_unsqueezed", "the (..., Tq) weights were multiplied into the "
+                "(..., Tq, Dv) outputs as they are: unsqueeze them, w[..., None]",
+                raises=Raises(message=rf"tensor a \(({MERGE_TQ}|{DV})\) must match the size of tensor b "
+                                      rf"\(({DV}|{MERGE_TQ})\)",
+                              line=r"\*"),
+                why="As they are they broadcast along Dv: an error, or a wrong answer where Tq == Dv."),
+        Mistake("merge_partials.unstable", "e^lse computed directly: work with differences, e^(lse_i - lse), lse = "
+                "logaddexp(lse1, lse2)", _merge_variant(stable=False),
+                why="An lse of a few hundred overflows (e^89 is inf in float32), and inf / inf is NaN."),
     ),
 )
 
@@ -284,18 +289,17 @@ def flash_inputs(gen, dtype, t_q=TQ, t_k=TK, causal=False, block_q=None, block_k
 
 
 def plain(q, k, v, causal=False):
-    """Plain attention in q's own dtype (scores, softmax, weighted sum), with its lse in float32 at least."""
-    scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
-    if causal:
-        scores = scores.masked_fill(~_visible(q.shape[-2], k.shape[-2]), -INF)
-    lse = torch.logsumexp(scores.to(_work(q.dtype)), -1)
-    return (torch.softmax(scores, -1).nan_to_num(0.0) @ v), lse
+    """Plain attention in q's own dtype (scores, softmax, weighted sum: attention.attend), with its lse in float32 at
+    least."""
+    mask = attention.causal_mask(q.shape[-2], k.shape[-2]) if causal else None
+    lse = torch.logsumexp(attention.scores(q, k, mask).to(_work(q.dtype)), -1)
+    return attention.attend(q, k, v, mask), lse
 
 
 def flash_reference(q, k, v, causal=False, block_q=32, block_k=32):
-    """The right answer, whatever the block sizes: plain attention (tests/test_flash_attention_oracle.py holds the
-    model answer to it). In float64 it is exact; in a half type it is the plain same-dtype implementation, which
-    the low-precision rule measures by; and one matmul is cheaper here than the model answer's Python loop."""
+    """The right answer, whatever the block sizes: plain attention (tests/exercises/flash_attention/test_oracle.py
+    holds the model answer to it). In float64 it is exact; in a half type it is the plain same-dtype implementation,
+    which the low-precision rule measures by; and one matmul is cheaper here than the model answer's Python loop."""
     return plain(q, k, v, causal)
 
 
@@ -349,13 +353,15 @@ BLOCK_SIZES = ((16, 16), (8, 24), (24, 8), (7, 5), (128, 128))
 
 
 def block_sizes(run):
-    """Causal, Tq < Tk, for block sizes square and not, larger than the sequence, and odd: always the reference's answer."""
+    """Causal, Tq < Tk, for block sizes square and not, larger than the sequence, and odd: always the reference's
+    answer."""
     for bq, bk in BLOCK_SIZES:
         call = run.inputs(causal=True, block_q=bq, block_k=bk)
         try:
             run.expect_right(run.output(run.answer(call)), call)
         except CheckFailed as failure:
-            raise CheckFailed(f"with block_q={bq}, block_k={bk}: {failure.message}", failure.mistake, failure.details) from None
+            raise CheckFailed(f"with block_q={bq}, block_k={bk}: {failure.message}", failure.mistake,
+                              failure.details) from None
 
 
 def block_independence(run):
@@ -370,23 +376,25 @@ def block_independence(run):
             try:
                 expect_close(value, answers[0][0], call, Tolerance(1e-7, 1e-9), ("out", "lse"))
             except CheckFailed as failure:
-                raise CheckFailed(f"block_q={bq}, block_k={bk} gave another answer than block_q=32, block_k=32: the result "
-                                  f"must not depend on the block sizes: {failure.message}", run.explain(value, call),
-                                  failure.details) from None
+                raise CheckFailed(f"block_q={bq}, block_k={bk} gave another answer than block_q=32, block_k=32: the "
+                                  f"result must not depend on the block sizes: {failure.message}",
+                                  run.explain(value, call), failure.details) from None
         answers.append((value, call))
 
 
 def lse_matches_logsumexp(run):
-    """lse is torch.logsumexp of each row of the whole scaled, causally masked score matrix, computed here in float64."""
+    """lse is torch.logsumexp of each row of the whole scaled, causally masked score matrix, computed here in
+    float64."""
     call = run.inputs(causal=True, block_q=16, block_k=24)
     value = run.output(run.answer(call))
     run.expect_form(value, call)
     q, k, _ = (x.double() for x in call.args)
-    scores = (q @ k.transpose(-2, -1) / math.sqrt(D)).masked_fill(~_visible(TQ, TK), -INF)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(D)).masked_fill(~attention.causal_mask(TQ, TK), -INF)
     try:
         expect_close(value[1], torch.logsumexp(scores, -1), call, Tolerance(1e-4, 1e-5))
     except CheckFailed as failure:
-        raise CheckFailed(f"lse is not logsumexp(q @ kᵀ / √D, masked) of each row: {failure.message}", run.explain(value, call),
+        raise CheckFailed(f"lse is not logsumexp(q @ kᵀ / √D, masked) of each row: {failure.message}",
+                          run.explain(value, call),
                           failure.details) from None
 
 
@@ -415,10 +423,10 @@ def _too_large(size, batch_heads, allowed):
 
 
 def tiles_only(run):
-    """No tensor that flash_attention's torch calls create holds more than a block_q × block_k tile of scores per batch and
-    head, or more elements than the inputs and outputs (padded to whole blocks): a (Tq, Tk) score matrix or mask, a
-    block_q × Tk row of it, or tiles of sizes other than the ones asked for, do. Non-causal and causal; the answer
-    must be right too."""
+    """No tensor that flash_attention's torch calls create holds more than a block_q × block_k tile of scores per
+    batch and head, or more elements than the inputs and outputs (padded to whole blocks): a (Tq, Tk) score matrix or
+    mask, a block_q × Tk row of it, or tiles of sizes other than the ones asked for, do. Non-causal and causal; the
+    answer must be right too."""
     bh = B * H
     pad = lambda t, b: -(-t // b) * b  # noqa: E731
     allowed = max(MEM_BQ * MEM_BK, *(pad(MEM_TQ, MEM_BQ) * w for w in (MEM_D, MEM_DV)),
@@ -428,32 +436,33 @@ def tiles_only(run):
         answer = run.answer(call, shapes=True)
         record = answer.shapes or {"created": [], "more": 0}
         if record["more"]:
-            raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different shapes: too many "
-                              "to check what it materialises", FULL_SCORES)
+            raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different shapes: too "
+                              "many to check what it materialises", FULL_SCORES)
         for size in record["created"]:
             why = _too_large(size, bh, allowed)
             if why:
                 whole = max(size[-2:], default=0) >= min(MEM_TQ, MEM_TK) or per_batch_and_head(size, bh) > allowed
+                sizes = f"Tq={MEM_TQ}, Tk={MEM_TK}, block_q={MEM_BQ}, block_k={MEM_BK}" + (", causal" if causal else "")
                 raise CheckFailed(
-                    f"with Tq={MEM_TQ}, Tk={MEM_TK}, block_q={MEM_BQ}, block_k={MEM_BK}" + (", causal" if causal else "")
-                    + f": a tensor of shape {tuple(size)} was created, {why}; a tile holds {MEM_BQ * MEM_BK} scores (the "
-                    f"full score matrix: {MEM_TQ * MEM_TK})", FULL_SCORES if whole else BLOCK_SIZES_IGNORED,
+                    f"with {sizes}: a tensor of shape {tuple(size)} was created, {why}; a tile holds {MEM_BQ * MEM_BK} "
+                    f"scores (the full score matrix: {MEM_TQ * MEM_TK})", FULL_SCORES if whole else BLOCK_SIZES_IGNORED,
                     {"shape": list(size), "elements": per_batch_and_head(size, bh), "allowed": allowed})
         run.expect_right(run.output(answer), call)
 
 
-FULL_SCORES = Mistake(
-    "flash_attention.full_score_matrix", "materialises the full score matrix (or a whole row or column of tiles of it, or a "
-    "(Tq, Tk) mask): hold one block_q × block_k tile of scores at a time, masked from the positions of its own rows and "
-    "columns, and carry the running max, sum and output from tile to tile")
-BLOCK_SIZES_IGNORED = Mistake(
-    "flash_attention.block_sizes_ignored", "tiles larger than block_q × block_k (block sizes of its own, or the arguments "
-    "not used): the caller picks the tile to fit its fast memory; use block_q queries and block_k keys per tile")
-TOP_LEFT = ("causal tiles aligned to the top-left (query i at position i): the queries are the last Tq of the Tk positions, "
-            "query i sits at Tk - Tq + i; mask the tile's key j when j > Tk - Tq + i")
+FULL_SCORES = Mistake("flash_attention.full_score_matrix", "materialises the full score matrix "
+                      "(or a whole row or column of tiles, or a (Tq, Tk) mask): hold one block_q × block_k tile of "
+                      "scores at a time",
+                      why="Mask each tile from the positions of its own rows and columns, and carry the running max, "
+                          "sum and output from tile to tile.")
+BLOCK_SIZES_IGNORED = Mistake("flash_attention.block_sizes_ignored", "tiles larger than block_q × block_k "
+                              "(block sizes of its own, or the arguments not used): use block_q queries and block_k "
+                              "keys per tile", why="The caller picks the tile to fit its fast memory.")
+
 
 FLASH = StepSpec(
-    "flash_attention", flash_inputs, flash_reference, outputs=("out", "lse"), answered=("online_softmax_update", "merge_partials"),
+    "flash_attention", flash_inputs, flash_reference, outputs=("out", "lse"),
+    answered=("online_softmax_update", "merge_partials"),
     checks=(
         shape(2, causal=True), values("values", 3, FLOATS), values("causal", 4, causal=True, block_q=16, block_k=24),
         values("causal_square", 2, t_q=TK, causal=True), prop("block_sizes", 6, block_sizes),
@@ -464,43 +473,51 @@ FLASH = StepSpec(
         prop("end_to_end", 2, end_to_end(causal=True, block_q=16, block_k=24), end_to_end=True),
     ),
     mistakes=(
-        Mistake("flash_attention.lse_dtype", "lse came back in q's half dtype: keep it in float32 (it is what the backward "
-                "pass and merge_partials read, and a half type holds it to 3 digits)", test=_lse_in_half),
-        Mistake("flash_attention.nan_rows", "a row with no key to see (causal with Tq > Tk) gave NaN: acc / l is 0 / 0 there; "
-                "give such rows out 0 (torch.where(l > 0, ...)) and lse -inf", test=_has_nan),
+        Mistake("flash_attention.lse_dtype", "lse came back in q's half dtype: keep it in float32", test=_lse_in_half,
+                why="The backward pass and merge_partials read it, and a half type holds it to 3 digits."),
+        Mistake("flash_attention.nan_rows", "a row with no key to see (causal with Tq > Tk) gave NaN: give such rows "
+                "out 0 (torch.where(l > 0, ...)) and lse -inf", test=_has_nan, why="acc / l is 0 / 0 there."),
         Mistake("flash_attention.unscaled", "scores not scaled: multiply q · k by 1/√D", _flash_variant(scale="none")),
-        Mistake("flash_attention.scaled_by_d", "scores scaled by 1/D: the scale is 1/√D (D = q.shape[-1])", _flash_variant(scale="d")),
-        Mistake("flash_attention.scaled_by_value_width", "scores scaled by 1/√Dv (the width of v): the scale is 1/√D, the "
-                "width of q and k (q.shape[-1])", _flash_variant(scale="dv")),
-        Mistake("flash_attention.top_left", TOP_LEFT, _flash_variant(top_left=True)),
-        Mistake("flash_attention.no_diagonal", "a query cannot see the key at its own position (>= where > belongs): query i "
-                "sits at Tk - Tq + i and sees keys 0 … Tk - Tq + i; mask key j only when j > Tk - Tq + i",
-                _flash_variant(strict=True)),
-        Mistake("flash_attention.tile_local_mask", "the causal mask was built from positions within the tile (0 … block_q, "
-                "0 … block_k), so every tile got the same pattern: compare absolute positions, query Tk - Tq + i0 + r with "
-                "key j0 + c", lambda *a, **kw: [tiled(*a, **kw, tile_local=True), tiled(*a, **kw, tile_local=True, top_left=True)]),
-        Mistake("flash_attention.skip_stops_short", "the causal key loop stops one key short: the last query of a block sits "
-                "at Tk - Tq + i1 - 1 and sees its own key, so when that key starts a new key block the block is skipped; "
-                "end the key loop at min(Tk, Tk - Tq + i1)", _flash_variant(stop_short=True)),
-        Mistake("flash_attention.finite_fill", "masked scores filled with a finite value (-1e9): a row with no key to see "
-                "then averages every value (out ≠ 0) and its lse is about -1e9; fill with -inf and give such rows out 0, "
-                "lse -inf", _flash_variant(fill=-1e9)),
-        Mistake("flash_attention.last_block_dropped", "the last, shorter key block was dropped (range(0, Tk - block_k + 1, "
-                "block_k), or Tk // block_k blocks): loop j over range(0, Tk, block_k) and slice k[..., j:j + block_k, :], "
-                "which is shorter at the end", _flash_variant(last_block=False)),
-        Mistake("flash_attention.slice_off_by_one", "each key block's slice ends one key short (j:j + block_k - 1): slices "
-                "exclude their end, so j:j + block_k holds block_k keys", _flash_variant(slice_short=1)),
-        Mistake("flash_attention.k_step_block_q", "the key loop steps by block_q while its slices hold block_k keys: keys are "
-                "skipped or counted twice; step the key loop by block_k", lambda q, k, v, causal=False, block_q=32, block_k=32:
+        Mistake("flash_attention.scaled_by_d", "scores scaled by 1/D: the scale is 1/√D (D = q.shape[-1])",
+                _flash_variant(scale="d")),
+        Mistake("flash_attention.scaled_by_value_width", "scores scaled by 1/√Dv (the width of v): the scale is "
+                "1/√D, the width of q and k (q.shape[-1])", _flash_variant(scale="dv")),
+        Mistake("flash_attention.top_left", "causal tiles aligned to the top-left (query i at position i): mask the "
+                "tile's key j when j > Tk - Tq + i", _flash_variant(top_left=True),
+                why="The queries are the last Tq of the Tk positions: query i sits at Tk - Tq + i."),
+        Mistake("flash_attention.no_diagonal", "a query cannot see the key at its own position (>= where > belongs): "
+                "mask key j only when j > Tk - Tq + i", _flash_variant(strict=True),
+                why="Query i sits at Tk - Tq + i and sees keys 0 … Tk - Tq + i."),
+        Mistake("flash_attention.tile_local_mask", "the causal mask came from positions within the tile: compare "
+                "absolute positions, query Tk - Tq + i0 + r with key j0 + c",
+                lambda *a, **kw: [tiled(*a, **kw, tile_local=True), tiled(*a, **kw, tile_local=True, top_left=True)],
+                why="Positions 0 … block_q and 0 … block_k give every tile the same pattern."),
+        Mistake("flash_attention.skip_stops_short", "the causal key loop stops one key short: end it at "
+                "min(Tk, Tk - Tq + i1)", _flash_variant(stop_short=True),
+                why="The last query of a block sits at Tk - Tq + i1 - 1 and sees its own key; when that key starts a "
+                    "new key block, the block is skipped."),
+        Mistake("flash_attention.finite_fill", "masked scores filled with a finite value (-1e9): fill with -inf and "
+                "give rows with no key to see out 0, lse -inf", _flash_variant(fill=-1e9),
+                why="With a finite fill such a row averages every value (out ≠ 0) and its lse is about -1e9."),
+        Mistake("flash_attention.last_block_dropped", "the last, shorter key block was dropped: loop j over "
+                "range(0, Tk, block_k) and slice k[..., j:j + block_k, :]", _flash_variant(last_block=False),
+                why="range(0, Tk - block_k + 1, block_k), or Tk // block_k blocks, leave it out; the slice is "
+                    "shorter at the end, as it should be."),
+        Mistake("flash_attention.slice_off_by_one", "each key block's slice ends one key short (j:j + block_k - 1): "
+                "slices exclude their end, so j:j + block_k holds block_k keys", _flash_variant(slice_short=1)),
+        Mistake("flash_attention.k_step_block_q", "the key loop steps by block_q while its slices hold block_k keys: "
+                "keys are skipped or counted twice; step the key loop by block_k",
+                lambda q, k, v, causal=False, block_q=32, block_k=32:
                 tiled(q, k, v, causal, block_q, block_k, k_step=block_q)),
-        Mistake("flash_attention.no_rescale", NO_RESCALE, _flash_variant(rescale=False)),
-        Mistake("flash_attention.normalised_in_loop", "acc was divided by l inside the loop: what later blocks add is then "
-                "mixed with an output already divided, and earlier blocks are divided again; keep acc unnormalised and "
-                "divide once, after the last key block", _flash_variant(normalise_in_loop=True)),
+        Mistake("flash_attention.no_rescale", NO_RESCALE, _flash_variant(rescale=False), why=NO_RESCALE_WHY),
+        Mistake("flash_attention.normalised_in_loop", "acc was divided by l inside the loop: keep acc unnormalised "
+                "and divide once, after the last key block", _flash_variant(normalise_in_loop=True),
+                why="What later blocks add is then mixed with an output already divided, and earlier blocks are "
+                    "divided again."),
         Mistake("flash_attention.lse_without_max", "lse is log(l) alone: l is summed relative to the running max m, so "
                 "lse = m + log(l)", _flash_variant(lse_max=False)),
-        Mistake("flash_attention.lse_log2", "lse is in base 2 (log2 of the sum, as exp2-based kernels keep it): the contract's "
-                "lse is the natural log; multiply by ln 2", _flash_variant(log2=True)),
+        Mistake("flash_attention.lse_log2", "lse is in base 2 (log2 of the sum, as exp2-based kernels keep it): the "
+                "contract's lse is the natural log; multiply by ln 2", _flash_variant(log2=True)),
         FULL_SCORES, BLOCK_SIZES_IGNORED,
     ),
 )

@@ -7,8 +7,6 @@ differ; MQA (Hkv = 1) and MHA (Hkv = Hq) are checked too. The module's weights a
 loaded with the contract's shapes, so full-width KV projections cannot load.
 """
 
-import math
-
 import torch
 
 from grader.engine import (
@@ -17,6 +15,7 @@ from grader.engine import (
     Raises,
     Spec,
     StepSpec,
+    attention,
     device,
     end_to_end,
     gradients,
@@ -53,19 +52,21 @@ REPEAT = StepSpec(
         values("noncontiguous", 2, strided=(0,)), values("half", 1, HALF), device(2),
     ),
     mistakes=(
-        Mistake("repeat_kv.tiled", "tiled the KV heads (x.repeat, or expand on a new axis before the heads): output head h "
-                "must be KV head h // n_rep, each head repeated n_rep times in a row, as repeat_interleave(n_rep, dim=1) does",
-                lambda x, n: x.repeat(1, n, 1, 1)),
-        Mistake("repeat_kv.token_axis", "repeated along the token axis: the heads are axis 1, (B, Hkv, T, Dh) -> (B, Hkv·n_rep, T, Dh)",
-                lambda x, n: x.repeat_interleave(n, dim=2)),
-        Mistake("repeat_kv.batch_axis", "repeated along the batch axis: the heads are axis 1, (B, Hkv, T, Dh) -> (B, Hkv·n_rep, T, Dh)",
-                lambda x, n: x.repeat_interleave(n, dim=0)),
+        Mistake("repeat_kv.tiled", "tiled the KV heads (x.repeat, or expand on a new axis before the heads): repeat "
+                "each head n_rep times in a row, repeat_interleave(n_rep, dim=1)", lambda x, n: x.repeat(1, n, 1, 1),
+                why="Output head h must be KV head h // n_rep."),
+        Mistake("repeat_kv.token_axis", "repeated along the token axis: the heads are axis 1, (B, Hkv, T, Dh) -> "
+                "(B, Hkv·n_rep, T, Dh)", lambda x, n: x.repeat_interleave(n, dim=2)),
+        Mistake("repeat_kv.batch_axis", "repeated along the batch axis: the heads are axis 1, (B, Hkv, T, Dh) -> "
+                "(B, Hkv·n_rep, T, Dh)", lambda x, n: x.repeat_interleave(n, dim=0)),
         Mistake("repeat_kv.flattened", "repeat_interleave without dim flattens the tensor first: pass dim=1",
                 lambda x, n: x.repeat_interleave(n)),
-        Mistake("repeat_kv.copies_after_tokens", "the axis of the copies went after the token axis (x[:, :, :, None]"
-                ".expand(B, Hkv, T, n_rep, Dh), or after the head width), so the reshape to (B, Hkv·n_rep, T, Dh) folds tokens "
-                "into heads: add it right after the heads, x[:, :, None].expand(B, Hkv, n_rep, T, Dh)",
-                lambda x, n: [x.repeat_interleave(n, dim=axis).reshape(x.shape[0], x.shape[1] * n, *x.shape[2:]) for axis in (2, 3)]),
+        Mistake("repeat_kv.copies_after_tokens", "the axis of the copies went after the token axis "
+                "(or after the head width): add it right after the heads, x[:, :, None].expand(B, Hkv, n_rep, T, Dh)",
+                lambda x, n: [x.repeat_interleave(n, dim=axis).reshape(x.shape[0], x.shape[1] * n, *x.shape[2:])
+                              for axis in (2, 3)],
+                why="Added later, x[:, :, :, None].expand(B, Hkv, T, n_rep, Dh), the reshape to "
+                    "(B, Hkv·n_rep, T, Dh) folds tokens into heads."),
     ),
 )
 
@@ -94,30 +95,24 @@ def _blocked_rows(mask):
     return mask
 
 
-def grouped(q, k, v, mask=None, *, mapping="interleave", scale="head", fill=float("-inf"), invert=False, dim=-1,
-            nan_rows=False, mask_grouped=False, mask_order=None):
-    """grouped_attention; the keyword arguments after * make the named wrong variants."""
-    hq, hkv, dh = q.shape[1], k.shape[1], q.shape[-1]
+def grouped(q, k, v, mask=None, *, mapping="interleave", scale="head", mask_grouped=False, mask_order=None, **wrong):
+    """grouped_attention: the KV heads lined up with the query heads, then attention.attend; the keyword arguments
+    after * make the named wrong variants (`scale` names the width the scores are divided by the root of; the rest
+    go to attention.attend)."""
+    b, hq, tq, dh = q.shape
+    hkv, tk = k.shape[1], k.shape[-2]
     g = hq // hkv
     if mapping == "interleave":
         k, v = ref.repeat_kv(k, g), ref.repeat_kv(v, g)
     else:  # tiled: query head h reads KV head h % Hkv
         k, v = k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1)
-    root = {"head": math.sqrt(dh), "query_width": math.sqrt(hq * dh), "kv_width": math.sqrt(hkv * dh), "none": 1.0}[scale]
-    scores = q @ k.transpose(-2, -1) / root
-    if mask is not None and mask_order is not None:  # the mask's heads grouped in the other order: (G, Hkv) for (Hkv, G)
-        b, _, tq, tk = scores.shape
-        split, merged = {"groups_first": ((g, hkv), (hkv, g)), "kv_first": ((hkv, g), (g, hkv))}[mask_order]
+    width = {"head": dh, "query_width": hq * dh, "kv_width": hkv * dh, "none": 1}[scale]
+    if mask is not None and mask_order is not None:  # the mask's heads grouped (G, Hkv) for (Hkv, G), or the reverse
+        split = {"groups_first": (g, hkv), "kv_first": (hkv, g)}[mask_order]
         mask = mask.expand(b, hq, tq, tk).reshape(b, *split, tq, tk).transpose(1, 2).reshape(b, hq, tq, tk)
-    if mask is not None:
-        blocked = mask if invert else ~mask
-        if mask_grouped:  # scores kept as (B, Hkv, G, Tq, Tk), the mask broadcast against them from the right
-            b, _, tq, tk = scores.shape
-            scores = scores.reshape(b, hkv, g, tq, tk).masked_fill(blocked, fill).reshape(b, hq, tq, tk)
-        else:
-            scores = scores.masked_fill(blocked, fill)
-    weights = torch.softmax(scores, dim)
-    return weights @ v if nan_rows else weights.nan_to_num(0.0) @ v
+    if mask is not None and mask_grouped:  # scores kept as (B, Hkv, G, Tq, Tk), the mask broadcast to them from the end
+        mask = mask.broadcast_to((b, hkv, g, tq, tk)).reshape(b, hq, tq, tk)
+    return attention.attend(q, k, v, mask, width=width, **wrong)
 
 
 def _variant(**wrong):
@@ -129,11 +124,13 @@ def _has_nan(value, *args, **kwargs):
 
 
 VALUES_NOT_REPEATED = Mistake(
-    "grouped_attention.values_not_repeated", "the keys were lined up with the query heads but the values were not: repeat v as "
-    "you repeat k (repeat_kv(v, G)), so the weights of head h multiply the values of KV head h // G",
-    raises=Raises(message=r"must match the size of tensor b", line=r"@\s*v\b|\(\s*\w+\s*,\s*v\s*\)"))
+    "grouped_attention.values_not_repeated", "the keys were lined up with the query heads but the values were not: "
+    "repeat v as you repeat k, repeat_kv(v, G)",
+    raises=Raises(message=r"must match the size of tensor b", line=r"@\s*v\b|\(\s*\w+\s*,\s*v\s*\)"),
+    why="The weights of query head h multiply the values of KV head h // G.")
 HEAD_MAPPING = ("query head h read KV head h % Hkv (k.repeat / tile, or q viewed as (B, G, Hkv, ...)): query head h "
-                "attends with KV head h // G, each KV head shared by G consecutive query heads")
+                "attends with KV head h // G")
+HEAD_MAPPING_WHY = "Each KV head is shared by G consecutive query heads, as repeat_interleave(G, dim=1) lines them up."
 
 GROUPED = StepSpec(
     "grouped_attention", grouped_inputs, ref.grouped_attention, answered=("repeat_kv",),
@@ -145,29 +142,34 @@ GROUPED = StepSpec(
         values("half", 2, HALF, mask="causal"), rules(2, mask="causal"), device(2, mask="padding"),
     ),
     mistakes=(
-        Mistake("grouped_attention.head_mapping", HEAD_MAPPING, _variant(mapping="tile")),
-        Mistake("grouped_attention.scaled_by_query_width", "scaled by √(Hq·Dh), the width of all query heads: scale by √Dh, "
-                "one head's width (q.shape[-1])", _variant(scale="query_width")),
-        Mistake("grouped_attention.scaled_by_kv_width", "scaled by √(Hkv·Dh), the width of all KV heads: scale by √Dh, one head's width",
-                _variant(scale="kv_width")),
+        Mistake("grouped_attention.head_mapping", HEAD_MAPPING, _variant(mapping="tile"), why=HEAD_MAPPING_WHY),
+        Mistake("grouped_attention.scaled_by_query_width", "scaled by √(Hq·Dh), the width of all query heads: scale "
+                "by √Dh, one head's width (q.shape[-1])", _variant(scale="query_width")),
+        Mistake("grouped_attention.scaled_by_kv_width", "scaled by √(Hkv·Dh), the width of all KV heads: scale by "
+                "√Dh, one head's width", _variant(scale="kv_width")),
         Mistake("grouped_attention.unscaled", "scores not scaled: divide q @ kᵀ by √Dh", _variant(scale="none")),
-        Mistake("grouped_attention.mask_inverted", "mask convention inverted: True means 'may attend'; fill where the mask is False",
-                _variant(invert=True)),
-        Mistake("grouped_attention.mask_misaligned", "the mask was applied to scores grouped as (B, Hkv, G, Tq, Tk): a mask "
-                "broadcastable to (B, Hq, Tq, Tk) does not line up with them (the batch axis fell on the KV heads); apply it "
-                "to the scores as (B, Hq, Tq, Tk)", _variant(mask_grouped=True),
-                raises=Raises(message=r"must match the size|broadcast|shape mismatch", source=r"G\s*,|n_rep\s*,|groups?\s*,")),
-        Mistake("grouped_attention.mask_head_order", "a per-head mask's heads went to the wrong query heads: its head axis was "
-                "grouped as (G, Hkv) (then transposed) where the query heads are grouped as (Hkv, G) (or the other way round); query "
-                "head h = j·G + g is group g of KV head j, so group the mask's heads exactly as you group q's, "
-                "mask.expand(B, Hq, Tq, Tk).reshape(B, Hkv, G, Tq, Tk)",
-                lambda *a, **k: [grouped(*a, **k, mask_order=order) for order in ("groups_first", "kv_first")]),
+        Mistake("grouped_attention.mask_inverted", "mask convention inverted: True means 'may attend'; fill where "
+                "the mask is False", _variant(mask_mode="inverted")),
+        Mistake("grouped_attention.mask_misaligned", "the mask was applied to scores grouped as (B, Hkv, G, Tq, Tk): "
+                "apply it to the scores as (B, Hq, Tq, Tk)", _variant(mask_grouped=True),
+                raises=Raises(message=r"must match the size|broadcast|shape mismatch",
+                              source=r"G\s*,|n_rep\s*,|groups?\s*,"),
+                why="A mask broadcastable to (B, Hq, Tq, Tk) does not line up with grouped scores: broadcast from "
+                    "the right, its batch axis falls on the KV heads."),
+        Mistake("grouped_attention.mask_head_order", "a per-head mask's heads went to the wrong query heads: group "
+                "them exactly as q's, mask.expand(B, Hq, Tq, Tk).reshape(B, Hkv, G, Tq, Tk)",
+                lambda *a, **k: [grouped(*a, **k, mask_order=order) for order in ("groups_first", "kv_first")],
+                why="Its head axis was grouped as (G, Hkv) (then transposed) where the query heads are grouped as "
+                    "(Hkv, G), or the other way round; query head h = j·G + g is group g of KV head j."),
         VALUES_NOT_REPEATED,
-        Mistake("grouped_attention.softmax_query_axis", "softmax over the query axis: normalize over the keys, dim=-1", _variant(dim=-2)),
-        Mistake("grouped_attention.finite_fill", "blocked scores filled with a finite value (-1e9): a fully blocked row then spreads "
-                "its weight evenly instead of giving zeros; fill with -inf and turn those rows' NaN into zeros", _variant(fill=-1e9)),
-        Mistake("grouped_attention.nan_rows", "a fully blocked row gives NaN (softmax of all -inf): give it zero weights and a zero "
-                "output", test=_has_nan),
+        Mistake("grouped_attention.softmax_query_axis", "softmax over the query axis: normalize over the keys, dim=-1",
+                _variant(softmax_dim=-2)),
+        Mistake("grouped_attention.finite_fill", "blocked scores filled with a finite value (-1e9): fill with -inf "
+                "and turn the NaN of fully blocked rows into zeros", _variant(fill=-1e9),
+                why="With a finite fill, a fully blocked row spreads its weight evenly over the keys instead of "
+                    "giving zeros."),
+        Mistake("grouped_attention.nan_rows", "a fully blocked row gives NaN (softmax of all -inf): give it zero "
+                "weights and a zero output", test=_has_nan),
     ),
 )
 
@@ -201,9 +203,10 @@ def _module_variant(**wrong):
     return lambda state, x, mask=None: attend(state, x, mask, **wrong)
 
 
-NO_WIDTH_CHECK = Mistake("GroupedQueryAttention.no_width_check", "embed_dim not divisible by num_heads was accepted: raise ValueError in __init__")
-NO_KV_HEADS_CHECK = Mistake("GroupedQueryAttention.no_kv_heads_check",
-                            "num_heads not divisible by num_kv_heads was accepted: raise ValueError in __init__ (the groups must be equal)")
+NO_WIDTH_CHECK = Mistake("GroupedQueryAttention.no_width_check", "embed_dim not divisible by num_heads was accepted: "
+                         "raise ValueError in __init__")
+NO_KV_HEADS_CHECK = Mistake("GroupedQueryAttention.no_kv_heads_check", "num_heads not divisible by num_kv_heads was "
+                            "accepted: raise ValueError in __init__ (the groups must be equal)")
 
 
 def module_inputs(gen, dtype, hkv=HKV, mask=None, bias=False):
@@ -222,35 +225,43 @@ def module_inputs(gen, dtype, hkv=HKV, mask=None, bias=False):
 
 
 MODULE = StepSpec(
-    "GroupedQueryAttention", module_inputs, attend, module=True, prefix="module", answered=("repeat_kv", "grouped_attention"),
+    "GroupedQueryAttention", module_inputs, attend, module=True, prefix="module",
+    answered=("repeat_kv", "grouped_attention"),
     checks=(
         prop("structure", 2, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, HQ, HKV), "an nn.Linear")),
         prop("validates_width", 1, raises_value_error((10, 3, 1), "10 is not divisible by 3 heads", NO_WIDTH_CHECK)),
-        prop("validates_kv_heads", 2, raises_value_error((D, HQ, 4), f"{HQ} query heads do not split into 4 equal groups", NO_KV_HEADS_CHECK)),
+        prop("validates_kv_heads", 2,
+             raises_value_error((D, HQ, 4), f"{HQ} query heads do not split into 4 equal groups", NO_KV_HEADS_CHECK)),
         values("values", 3, FLOATS), values("mqa", 4, hkv=1, mask="causal"), values("mha", 4, hkv=HQ, mask="causal"),
-        values("mask_causal", 3, mask="causal"), values("mask_padding", 2, mask="padding"), values("bias", 4, bias=True, mask="causal"),
-        values("bfloat16", 1, (torch.bfloat16,), mask="causal"), prop("gradients", 4, gradients(bias=True, mask="padding")),
-        rules(2, mask="causal"), device(2, mask="causal"), prop("end_to_end", 3, end_to_end(bias=True, mask="causal"), end_to_end=True),
+        values("mask_causal", 3, mask="causal"), values("mask_padding", 2, mask="padding"),
+        values("bias", 4, bias=True, mask="causal"), values("bfloat16", 1, (torch.bfloat16,), mask="causal"),
+        prop("gradients", 4, gradients(bias=True, mask="padding")), rules(2, mask="causal"), device(2, mask="causal"),
+        prop("end_to_end", 3, end_to_end(bias=True, mask="causal"), end_to_end=True),
     ),
     mistakes=(
-        Mistake("GroupedQueryAttention.kv_full_width", "w_k or w_v has the wrong width (full width, embed_dim, as in multi-head "
-                "attention?): they project to num_kv_heads·head_dim features, nn.Linear(embed_dim, num_kv_heads * head_dim); "
-                "that narrowness is GQA's whole saving",
-                raises=Raises(message=r"size mismatch for w_[kv]\.(weight|bias)")),
-        Mistake("GroupedQueryAttention.scaled_by_embed_dim", "scaled by √embed_dim instead of √head_dim", _module_variant(scale="embed")),
-        Mistake("GroupedQueryAttention.head_mapping", HEAD_MAPPING, _module_variant(mapping="tile")),
-        Mistake("GroupedQueryAttention.mask_ignored", "the mask was never applied: pass it to grouped_attention", _module_variant(use_mask=False)),
-        Mistake("GroupedQueryAttention.no_output_projection", "forgot the output projection w_o after merging heads",
-                _module_variant(out_proj=False)),
-        Mistake("GroupedQueryAttention.split_no_transpose", "heads split with a bare reshape straight to (B, H, T, Dh): that "
-                "mixes tokens and heads; view the projection as (B, T, H, Dh), then transpose(1, 2) (for q with num_heads, "
-                "for k and v with num_kv_heads)",
-                lambda *a, **k: [attend(*a, **k, bare_split=names) for names in (("w_q", "w_k", "w_v"), ("w_q",), ("w_k", "w_v"))]),
-        Mistake("GroupedQueryAttention.merge_no_transpose", "merged the heads without moving the head axis back: (B, Hq, T, Dh) "
-                "reshaped to (B, T, D) mixes tokens and heads; transpose(1, 2) before the reshape",
-                _module_variant(merge_transposed=False)),
-        Mistake("GroupedQueryAttention.kv_split_into_query_heads", "split the keys or values into num_heads heads: they have "
-                "num_kv_heads heads of head_dim each, (B, T, Hkv·Dh) -> (B, Hkv, T, Dh)",
+        Mistake("GroupedQueryAttention.kv_full_width", "w_k or w_v has the wrong width "
+                "(embed_dim, as in multi-head attention?): project to num_kv_heads·head_dim features, "
+                "nn.Linear(embed_dim, num_kv_heads * head_dim)",
+                raises=Raises(message=r"size mismatch for w_[kv]\.(weight|bias)"),
+                why="That narrowness is GQA's whole saving."),
+        Mistake("GroupedQueryAttention.scaled_by_embed_dim", "scaled by √embed_dim: divide by √head_dim",
+                _module_variant(scale="embed")),
+        Mistake("GroupedQueryAttention.head_mapping", HEAD_MAPPING, _module_variant(mapping="tile"),
+                why=HEAD_MAPPING_WHY),
+        Mistake("GroupedQueryAttention.mask_ignored", "the mask was never applied: pass it to grouped_attention",
+                _module_variant(use_mask=False)),
+        Mistake("GroupedQueryAttention.no_output_projection", "forgot the output projection after merging the heads: "
+                "apply w_o to them", _module_variant(out_proj=False)),
+        Mistake("GroupedQueryAttention.split_no_transpose", "heads split with a bare reshape straight to "
+                "(B, H, T, Dh): view the projection as (B, T, H, Dh), then transpose(1, 2)",
+                lambda *a, **k: [attend(*a, **k, bare_split=names)
+                                 for names in (("w_q", "w_k", "w_v"), ("w_q",), ("w_k", "w_v"))],
+                why="A bare reshape mixes tokens and heads. Split q into num_heads heads, k and v into num_kv_heads."),
+        Mistake("GroupedQueryAttention.merge_no_transpose", "merged the heads without moving the head axis back: "
+                "transpose(1, 2) before the reshape", _module_variant(merge_transposed=False),
+                why="(B, Hq, T, Dh) reshaped to (B, T, D) mixes tokens and heads."),
+        Mistake("GroupedQueryAttention.kv_split_into_query_heads", "split the keys or values into num_heads heads: "
+                "they have num_kv_heads heads of head_dim each, (B, T, Hkv·Dh) -> (B, Hkv, T, Dh)",
                 raises=Raises(message=r"invalid for input of size", line=r"num_heads|\bH(q)?\b|n_heads|\.h\b")),
         VALUES_NOT_REPEATED,
         NO_WIDTH_CHECK, NO_KV_HEADS_CHECK,

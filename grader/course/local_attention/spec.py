@@ -1,7 +1,7 @@
 """The checks of `local_attention`: the sliding-window mask, ALiBi's slopes and bias, and attention with both.
 
-Masks are compared exactly. The slopes are checked against the paper's own get_slopes
-(copied below, independent of the reference) for every head count from 1 to 16 and 40.
+Masks are compared exactly. The slopes are checked against their definition (`slopes`, written
+here from the paper's text, independent of the reference) for every head count from 1 to 16 and 40.
 ALiBi's bias is graded only at or before each query (the entries after it are masked
 away in attention, so any value there is right): its step compares through
 `_causal_part`, since the engine's closeness compare has no notion of entries that do not
@@ -25,6 +25,7 @@ from grader.engine import (
     StepSpec,
     Tolerance,
     as_tensor_tree,
+    attention,
     device,
     device_of,
     expect_close,
@@ -77,8 +78,9 @@ def keys_per_row(run):
         want = torch.clamp(torch.arange(t_k - t_q, t_k) + 1, max=window)
         if not torch.equal(got, want):
             row = int((got != want).nonzero()[0])
-            raise CheckFailed(f"sliding_window_mask({t_q}, {t_k}, window={window}): query {row} (position {t_k - t_q + row}) sees "
-                              f"{int(got[row])} keys; it must see min(p + 1, window) = {int(want[row])}", run.explain(mask, call))
+            raise CheckFailed(f"sliding_window_mask({t_q}, {t_k}, window={window}): query {row} (position "
+                              f"{t_k - t_q + row}) sees {int(got[row])} keys; it must see min(p + 1, window) = "
+                              f"{int(want[row])}", run.explain(mask, call))
 
 
 def wide_window_is_causal(run):
@@ -90,8 +92,8 @@ def wide_window_is_causal(run):
         mask = run.output(run.answer(call))
         run.expect_form(mask, call)
         if not torch.equal(mask, causal):
-            raise CheckFailed(f"sliding_window_mask({t_q}, {t_k}, window={window}) is not the causal mask: a window of t_k keys "
-                              "or more leaves only causality", run.explain(mask, call))
+            raise CheckFailed(f"sliding_window_mask({t_q}, {t_k}, window={window}) is not the causal mask: a window of "
+                              "t_k keys or more leaves only causality", run.explain(mask, call))
 
 
 def mask_on_device(run):
@@ -111,28 +113,34 @@ def mask_reference(t_q, t_k, window, device=None):
     return ref.sliding_window_mask(t_q, t_k, window)
 
 
-WINDOW_PLUS_ONE = ("window + 1 keys per row (j >= p - window, or triu(diagonal=offset - window)): the window counts the "
-                   "query itself, p - window < j <= p, so a row sees at most `window` keys")
-BIDIRECTIONAL = ("a two-sided window |p - j| <= window: 2·window + 1 keys, the future included; the window is causal, "
-                 "the `window` most recent keys up to and including the query, p - window < j <= p")
-TOP_LEFT = ("aligned to the top-left (query i at position i): with t_q < t_k the queries are the last t_q positions, "
-            "query i sits at p = t_k - t_q + i")
+WINDOW_PLUS_ONE = ("window + 1 keys per row (j >= p - window, or triu(diagonal=offset - window)): keep the keys "
+                   "p - window < j <= p")
+WINDOW_PLUS_ONE_WHY = "The window counts the query itself: a row sees at most `window` keys."
+BIDIRECTIONAL = ("a two-sided window |p - j| <= window, the future included: keep the `window` most recent keys up to "
+                 "the query, p - window < j <= p")
+BIDIRECTIONAL_WHY = "A two-sided window sees 2·window + 1 keys; the sliding window is causal."
+TOP_LEFT = "aligned to the top-left (query i at position i): place query i at p = t_k - t_q + i"
+TOP_LEFT_WHY = "With t_q < t_k the queries are the last t_q positions."
 
 MASK = StepSpec(
     "sliding_window_mask", mask_inputs, mask_reference,
     checks=(
         shape(2), values("square", 4, t_q=8, t_k=8), values("bottom_right", 5, t_q=3, t_k=9, window=4),
         prop("keys_per_row", 4, keys_per_row), prop("wide_window_is_causal", 4, wide_window_is_causal),
-        values("window_one", 2, window=1), values("single_query", 2, t_q=1, window=4), prop("device", 2, mask_on_device),
+        values("window_one", 2, window=1), values("single_query", 2, t_q=1, window=4),
+        prop("device", 2, mask_on_device),
     ),
     mistakes=(
-        Mistake("sliding_window_mask.window_plus_one", WINDOW_PLUS_ONE, _mask_variant(extra=1)),
-        Mistake("sliding_window_mask.window_minus_one", "window - 1 keys per row (j > p - window + 1): the window counts the "
-                "query itself, p - window < j <= p, so a row far enough in sees exactly `window` keys", _mask_variant(extra=-1)),
-        Mistake("sliding_window_mask.bidirectional", BIDIRECTIONAL, _mask_variant(two_sided=True)),
-        Mistake("sliding_window_mask.not_causal", "only the window's far edge was applied: keys after the query are allowed; "
-                "keep j <= p too (the causal part)", _mask_variant(causal=False)),
-        Mistake("sliding_window_mask.top_left", TOP_LEFT, _mask_variant(top_left=True)),
+        Mistake("sliding_window_mask.window_plus_one", WINDOW_PLUS_ONE, _mask_variant(extra=1),
+                why=WINDOW_PLUS_ONE_WHY),
+        Mistake("sliding_window_mask.window_minus_one", "window - 1 keys per row (j > p - window + 1): keep the keys "
+                "p - window < j <= p", _mask_variant(extra=-1),
+                why="The window counts the query itself: a row far enough in sees exactly `window` keys."),
+        Mistake("sliding_window_mask.bidirectional", BIDIRECTIONAL, _mask_variant(two_sided=True),
+                why=BIDIRECTIONAL_WHY),
+        Mistake("sliding_window_mask.not_causal", "only the window's far edge was applied: keys after the query are "
+                "allowed; keep j <= p too (the causal part)", _mask_variant(causal=False)),
+        Mistake("sliding_window_mask.top_left", TOP_LEFT, _mask_variant(top_left=True), why=TOP_LEFT_WHY),
         Mistake("sliding_window_mask.inverted", "mask convention inverted: True must mean 'may attend'",
                 lambda t_q, t_k, window, device=None: ~ref.sliding_window_mask(t_q, t_k, window)),
     ),
@@ -141,30 +149,18 @@ MASK = StepSpec(
 # -- alibi_slopes -------------------------------------------------------------------------
 
 
-def paper_slopes(n):
-    """get_slopes from the ALiBi paper's code (ofirpress/attention_with_linear_biases), as written there."""
-
-    def get_slopes_power_of_2(n):
-        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
-        ratio = start
-        return [start * ratio**i for i in range(n)]
-
-    if math.log2(n).is_integer():
-        return get_slopes_power_of_2(n)
-    closest_power_of_2 = 2 ** math.floor(math.log2(n))
-    return get_slopes_power_of_2(closest_power_of_2) + paper_slopes(2 * closest_power_of_2)[0::2][: n - closest_power_of_2]
-
-
 def slopes_inputs(gen, dtype, h=8):
     return Call((h,), names=("num_heads",))
 
 
 def _powers(n, first=1):
-    return [2 ** (-8 * i / n) for i in range(first, first + n)]
+    return [2 ** (-8 * h / n) for h in range(first, first + n)]
 
 
 def slopes(n, *, extra="every_other", first=1, extra_first=False):
-    """alibi_slopes; the keyword arguments after * make the named wrong variants."""
+    """The slopes of n heads, from their definition: for n a power of two, 2^(-8h/n) for h = 1 .. n; otherwise those
+    of p, the largest power of two below n, then every other slope of 2p, the first n - p of them. The keyword
+    arguments after * make the named wrong variants."""
     if extra == "direct":  # 2^(-8h/n) whatever n is
         return torch.tensor(_powers(n, first), dtype=torch.float32)
     p = 2 ** math.floor(math.log2(n))
@@ -174,22 +170,20 @@ def slopes(n, *, extra="every_other", first=1, extra_first=False):
 
 
 def every_head_count(run):
-    """Every head count from 1 to 16, and 40, against the paper's get_slopes."""
+    """Every head count from 1 to 16, and 40, against the slopes' definition."""
     for h in (*range(1, 17), 40):
         call = slopes_inputs(run.gen, None, h)
         value = run.output(run.answer(call))
         run.expect_form(value, call)
-        want = torch.tensor(paper_slopes(h), dtype=torch.float64)
         try:
-            expect_close(value, want.to(torch.float32), call, Tolerance(1e-6, 1e-9))
+            expect_close(value, slopes(h), call, Tolerance(1e-6, 1e-9))
         except CheckFailed as failure:
             raise CheckFailed(f"alibi_slopes({h}) is not the paper's get_slopes({h}): {failure.message}",
                               run.explain(value, call), failure.details) from None
 
 
-NON_POWER_OF_TWO = ("for a head count that is not a power of two the slopes were taken from 2^(-8h/H): the paper takes the "
-                    "slopes of the largest power of two p <= H, then the first H - p of every other slope of 2p "
-                    "(get_slopes(2p)[0::2][:H - p])")
+NON_POWER_OF_TWO = ("slopes 2^(-8h/H) for an H that is no power of two: take those of p, the largest power of two "
+                    "below H, then get_slopes(2p)[0::2][:H - p]")
 
 SLOPES = StepSpec(
     "alibi_slopes", slopes_inputs, ref.alibi_slopes,
@@ -198,16 +192,17 @@ SLOPES = StepSpec(
         prop("every_head_count", 8, every_head_count),
     ),
     mistakes=(
-        Mistake("alibi_slopes.non_power_of_two_formula", NON_POWER_OF_TWO, lambda n: slopes(n, extra="direct")),
-        Mistake("alibi_slopes.from_zero", "the exponents start at h = 0 (a first slope of 1): the slopes are 2^(-8h/H) for "
-                "h = 1 .. H, the first 2^(-8/H)", lambda n: slopes(n, first=0)),
-        Mistake("alibi_slopes.consecutive_extra", "the extra slopes for a non-power-of-two H were the first H - p slopes of 2p; "
-                "take every other one, get_slopes(2p)[0::2][:H - p], so they fall between the slopes of p",
-                lambda n: slopes(n, extra="consecutive")),
-        Mistake("alibi_slopes.repeated_extra", "the extra slopes were get_slopes(2p)[1::2]: those repeat the slopes of p "
-                "(2^(-8·2k/2p) = 2^(-8k/p)); take get_slopes(2p)[0::2][:H - p]", lambda n: slopes(n, extra="odd")),
-        Mistake("alibi_slopes.extra_first", "the extra slopes for a non-power-of-two H came first: head h must get the h-th "
-                "slope of get_slopes(p) + get_slopes(2p)[0::2][:H - p], the extra ones after those of p",
+        Mistake("alibi_slopes.non_power_of_two_formula", NON_POWER_OF_TWO, lambda n: slopes(n, extra="direct"),
+                why="The paper's get_slopes: the slopes of p, then the first H - p of every other slope of 2p."),
+        Mistake("alibi_slopes.from_zero", "the exponents start at h = 0 (a first slope of 1): the slopes are "
+                "2^(-8h/H) for h = 1 .. H, the first 2^(-8/H)", lambda n: slopes(n, first=0)),
+        Mistake("alibi_slopes.consecutive_extra", "the extra slopes for an H that is no power of two were the first "
+                "H - p slopes of 2p: take every other one, get_slopes(2p)[0::2][:H - p]",
+                lambda n: slopes(n, extra="consecutive"), why="Every other slope of 2p falls between the slopes of p."),
+        Mistake("alibi_slopes.repeated_extra", "the extra slopes were get_slopes(2p)[1::2]: those repeat the slopes "
+                "of p (2^(-8·2k/2p) = 2^(-8k/p)); take get_slopes(2p)[0::2][:H - p]", lambda n: slopes(n, extra="odd")),
+        Mistake("alibi_slopes.extra_first", "the extra slopes for a non-power-of-two H came first: head h must get "
+                "the h-th slope of get_slopes(p) + get_slopes(2p)[0::2][:H - p], the extra ones after those of p",
                 lambda n: slopes(n, extra_first=True)),
     ),
 )
@@ -245,8 +240,8 @@ def _causal_part(value, expected, call=None, tolerance=None, outputs=()):
     expect_close(torch.where(graded, got.to(expected.dtype), 0.0), torch.where(graded, expected, 0.0), call, tolerance)
 
 
-BIAS_SIGN = ("the bias has the wrong sign: it is -slope·(p - j), a penalty that grows with the distance back, so nearer "
-             "keys score higher")
+BIAS_SIGN = ("the bias has the wrong sign: it is -slope·(p - j), a penalty that grows with the distance back, so "
+             "nearer keys score higher")
 
 BIAS = StepSpec(
     "alibi_bias", bias_inputs, ref.alibi_bias, compare=_causal_part,
@@ -256,10 +251,11 @@ BIAS = StepSpec(
     ),
     mistakes=(
         Mistake("alibi_bias.wrong_sign", BIAS_SIGN, _bias_variant(sign=1)),
-        Mistake("alibi_bias.top_left", TOP_LEFT, _bias_variant(top_left=True)),
-        Mistake("alibi_bias.shifted_per_row", "the bias depends on the key alone (BLOOM's slope·j, or -slope·(t_k - 1 - j)): "
-                "the softmax cannot tell it from the right one, but the contract asks for -slope·(p - j), 0 at the query's "
-                "own position", lambda *a: [bias(*a, row_shift=form) for form in (True, "last_key")]),
+        Mistake("alibi_bias.top_left", TOP_LEFT, _bias_variant(top_left=True), why=TOP_LEFT_WHY),
+        Mistake("alibi_bias.shifted_per_row", "the bias depends on the key alone "
+                "(BLOOM's slope·j, or -slope·(t_k - 1 - j)): use -slope·(p - j), 0 at the query's own position",
+                lambda *a: [bias(*a, row_shift=form) for form in (True, "last_key")],
+                why="The softmax cannot tell it from the right one, but the contract asks for -slope·(p - j)."),
     ),
 )
 
@@ -273,28 +269,20 @@ def local_inputs(gen, dtype, t_q=TQ, t_k=TK, window=None, alibi=False):
 
 
 def attend(q, k, v, window=None, slopes=None, *, extra=0, top_left=False, two_sided=False, causal=True, sign=-1,
-           after_softmax=False, scale=True, bias_scaled=False, none_as_tq=False):
-    """local_attention; the keyword arguments after * make the named wrong variants."""
+           none_as_tq=False, bias_masked=False, **wrong):
+    """local_attention: the window's mask and ALiBi's bias, then attention.attend; the keyword arguments after * make
+    the named wrong variants (those not named here go to attention.attend)."""
     t_q, t_k = q.shape[-2], k.shape[-2]
-    scores = q @ k.transpose(-2, -1)
-    b = None if slopes is None else bias(slopes, t_q, t_k, sign=sign).to(scores.dtype)
-    if b is not None and bias_scaled:  # added before the scaling: divided by √D with the scores
-        scores = scores + b
-    scores = scores / (math.sqrt(q.shape[-1]) if scale else 1.0)
-    if b is not None and not after_softmax and not bias_scaled:
-        scores = scores + b
     if none_as_tq and window is None:  # "no window" read as a window of Tq keys
         window = t_q
     if window is not None:
         mask = window_mask(t_q, t_k, window, extra=extra, top_left=top_left, two_sided=two_sided)
     else:
         mask = window_mask(t_q, t_k, t_k, top_left=top_left) if causal else None
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    if b is not None and after_softmax:  # "masked": the bias zeroed where the mask blocks, then added
-        weights = weights + (b.masked_fill(~mask, 0.0) if after_softmax == "masked" and mask is not None else b)
-    return weights @ v
+    b = None if slopes is None else bias(slopes, t_q, t_k, sign=sign).to(q.dtype)
+    if b is not None and mask is not None and bias_masked:  # the bias zeroed where the mask blocks
+        b = b.masked_fill(~mask, 0.0)
+    return attention.attend(q, k, v, mask, bias=b, **wrong)
 
 
 def _variant(**wrong):
@@ -316,8 +304,8 @@ def shifted_bias(run):
     try:
         expect_close(value, expected, call, Tolerance(1e-4, 1e-5))
     except CheckFailed as failure:
-        raise CheckFailed(f"with the ALiBi bias shifted by a constant per row (which a softmax cannot see) the output differs: "
-                          f"{failure.message}", run.explain(value, call), failure.details) from None
+        raise CheckFailed(f"with the ALiBi bias shifted by a constant per row (which a softmax cannot see) the output "
+                          f"differs: {failure.message}", run.explain(value, call), failure.details) from None
 
 
 def decode_matches_prefill(run):
@@ -331,34 +319,39 @@ def decode_matches_prefill(run):
     try:
         expect_close(tail, whole[:, :, -2:], last, Tolerance(1e-4, 1e-5))
     except CheckFailed as failure:
-        raise CheckFailed("the last 2 queries after 7 cached keys (t_q = 2, t_k = 9) did not get the outputs they get in the "
-                          f"full sequence (t_q = t_k = 9): {failure.message}", run.explain(tail, last), failure.details) from None
+        raise CheckFailed("the last 2 queries after 7 cached keys (t_q = 2, t_k = 9) did not get the outputs they get "
+                          f"in the full sequence (t_q = t_k = 9): {failure.message}", run.explain(tail, last),
+                          failure.details) from None
 
 
 LOCAL = StepSpec(
     "local_attention", local_inputs, ref.local_attention, answered=("sliding_window_mask", "alibi_bias"),
     checks=(
-        shape(2, window=WINDOW, alibi=True), values("values", 3, FLOATS, window=WINDOW, alibi=True), values("causal", 3),
-        values("window", 4, window=WINDOW), values("alibi", 4, alibi=True), values("wide_window", 2, window=TK + 3, alibi=True),
+        shape(2, window=WINDOW, alibi=True), values("values", 3, FLOATS, window=WINDOW, alibi=True),
+        values("causal", 3), values("window", 4, window=WINDOW), values("alibi", 4, alibi=True),
+        values("wide_window", 2, window=TK + 3, alibi=True),
         prop("shifted_bias", 4, shifted_bias), prop("decode_matches_prefill", 4, decode_matches_prefill),
-        values("half", 1, HALF, window=WINDOW, alibi=True), rules(2, window=WINDOW, alibi=True), device(2, window=WINDOW, alibi=True),
+        values("half", 1, HALF, window=WINDOW, alibi=True), rules(2, window=WINDOW, alibi=True),
+        device(2, window=WINDOW, alibi=True),
     ),
     mistakes=(
-        Mistake("local_attention.window_plus_one", WINDOW_PLUS_ONE, _variant(extra=1)),
-        Mistake("local_attention.bidirectional", BIDIRECTIONAL, _variant(two_sided=True)),
-        Mistake("local_attention.top_left", TOP_LEFT, _variant(top_left=True)),
-        Mistake("local_attention.not_causal", "with window=None no mask was applied: the attention is still causal; use the causal "
-                "mask (sliding_window_mask with a window of Tk)", _variant(causal=False)),
+        Mistake("local_attention.window_plus_one", WINDOW_PLUS_ONE, _variant(extra=1), why=WINDOW_PLUS_ONE_WHY),
+        Mistake("local_attention.bidirectional", BIDIRECTIONAL, _variant(two_sided=True), why=BIDIRECTIONAL_WHY),
+        Mistake("local_attention.top_left", TOP_LEFT, _variant(top_left=True), why=TOP_LEFT_WHY),
+        Mistake("local_attention.not_causal", "with window=None no mask was applied: the attention is still causal; "
+                "use the causal mask (sliding_window_mask with a window of Tk)", _variant(causal=False)),
         Mistake("local_attention.bias_sign", BIAS_SIGN, _variant(sign=1)),
-        Mistake("local_attention.bias_after_softmax", "the ALiBi bias was added to the weights after the softmax (whole, or zeroed where the mask blocks): add it to the "
-                "scores before the softmax (and before the mask)",
-                lambda *a, **k: [attend(*a, **k, after_softmax=form) for form in ("whole", "masked")]),
-        Mistake("local_attention.unscaled", "scores not scaled: divide q @ kᵀ by √D", _variant(scale=False)),
-        Mistake("local_attention.window_defaults_to_tq", "with window=None the window was Tq: None means no window, plain "
-                "causal attention over all the keys; with Tq < Tk the queries lost the earliest keys",
+        Mistake("local_attention.bias_after_softmax", "the ALiBi bias was added to the weights after the softmax "
+                "(whole, or zeroed where the mask blocks): add it to the scores before the softmax "
+                "(and before the mask)",
+                lambda *a, **k: [attend(*a, **k, bias_at="weights", bias_masked=masked) for masked in (False, True)]),
+        Mistake("local_attention.unscaled", "scores not scaled: divide q @ kᵀ by √D", _variant(width=1)),
+        Mistake("local_attention.window_defaults_to_tq", "with window=None the window was Tq: None means no window, "
+                "plain causal attention over all the keys; with Tq < Tk the queries lost the earliest keys",
                 _variant(none_as_tq=True)),
-        Mistake("local_attention.bias_scaled", "the ALiBi bias was divided by √D with the scores (added before the scaling): "
-                "scale q @ kᵀ first, then add the bias at full strength", _variant(bias_scaled=True)),
+        Mistake("local_attention.bias_scaled", "the ALiBi bias was divided by √D with the scores "
+                "(added before the scaling): scale q @ kᵀ first, then add the bias at full strength",
+                _variant(bias_at="unscaled_scores")),
     ),
 )
 

@@ -6,7 +6,6 @@ are 0, the output is the returned weights @ v, the generator decides the draw), 
 against the reference's own draw; causality is a property too.
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +20,7 @@ from grader.engine import (
     Spec,
     StepSpec,
     Tolerance,
+    attention,
     device,
     device_of,
     expect_close,
@@ -32,7 +32,7 @@ from grader.engine import (
 from solutions import masks as ref
 
 FLOATS = (torch.float32, torch.float64)
-B, H, TQ, TK, D, DV = 3, 2, 5, 7, 4, 6  # batch, heads, query and key tokens, query/key width, value width: all different
+B, H, TQ, TK, D, DV = 3, 2, 5, 7, 4, 6  # batch, heads, query and key tokens, query/key and value widths: all different
 
 # -- causal_mask --------------------------------------------------------------------------
 
@@ -60,7 +60,8 @@ def causal_no_future(run):
     before, after = ref.attention(q, k, v, mask)[0], ref.attention(*later, mask)[0]
     if not torch.allclose(before[:, :-changed], after[:, :-changed]):
         row = int((before[0, :-changed] - after[0, :-changed]).abs().sum(-1).argmax())
-        raise CheckFailed(f"query {row} attended to the future: its output changed when only tokens {t - changed}..{t - 1} changed",
+        raise CheckFailed(f"query {row} attended to the future: its output changed when only tokens "
+                          f"{t - changed}..{t - 1} changed",
                           run.explain(mask, call))
 
 
@@ -77,22 +78,23 @@ def causal_on_device(run):
 CAUSAL = StepSpec(
     "causal_mask", causal_inputs, ref.causal_mask,
     checks=(
-        shape(2), values("square", 4, t_q=6, t_k=6), values("bottom_right", 5, t_q=3, t_k=8),  # 3 new queries after 5 cached keys
+        shape(2), values("square", 4, t_q=6, t_k=6),
+        values("bottom_right", 5, t_q=3, t_k=8),  # 3 new queries after 5 cached keys
         values("single_query", 2, t_q=1), prop("no_future", 4, causal_no_future), prop("device", 3, causal_on_device),
     ),
     mistakes=(
-        Mistake("causal_mask.float_mask", "returned a float 0/1 mask: return a bool mask (dtype=torch.bool), which masked_fill and ~ need",
-                lambda t_q, t_k: _tril(t_q, t_k, t_k - t_q, torch.float32)),
-        Mistake("causal_mask.top_left", "aligned to the top-left (tril with diagonal 0): with t_q < t_k query i sits at position "
-                "t_k - t_q + i, so use tril(diagonal=t_k - t_q)", lambda t_q, t_k: _tril(t_q, t_k, 0)),
-        Mistake("causal_mask.inverted", "mask convention inverted: True must mean 'may attend' (tril), not 'blocked' (the tutorials' triu(diagonal=1))",
-                lambda t_q, t_k: ~ref.causal_mask(t_q, t_k)),
-        Mistake("causal_mask.upper", "used triu: that lets a query see the future; the allowed keys are the lower triangle (tril)",
-                lambda t_q, t_k: torch.ones(t_q, t_k, dtype=torch.bool).triu(diagonal=t_k - t_q)),
-        Mistake("causal_mask.diagonal_sign", "tril(diagonal=t_q - t_k): the offset is t_k - t_q, positive when there are more keys than queries",
-                lambda t_q, t_k: _tril(t_q, t_k, t_q - t_k)),
-        Mistake("causal_mask.no_diagonal", "the diagonal is blocked: a token may attend to itself, so keep diagonal t_k - t_q, not one below it",
-                lambda t_q, t_k: _tril(t_q, t_k, t_k - t_q - 1)),
+        Mistake("causal_mask.float_mask", "returned a float 0/1 mask: return a bool mask (dtype=torch.bool), which "
+                "masked_fill and ~ need", lambda t_q, t_k: _tril(t_q, t_k, t_k - t_q, torch.float32)),
+        Mistake("causal_mask.top_left", "aligned to the top-left (tril with diagonal 0): with t_q < t_k query i sits "
+                "at position t_k - t_q + i, so use tril(diagonal=t_k - t_q)", lambda t_q, t_k: _tril(t_q, t_k, 0)),
+        Mistake("causal_mask.inverted", "mask convention inverted: True must mean 'may attend' (tril), not 'blocked' "
+                "(the tutorials' triu(diagonal=1))", lambda t_q, t_k: ~ref.causal_mask(t_q, t_k)),
+        Mistake("causal_mask.upper", "used triu: that lets a query see the future; the allowed keys are the lower "
+                "triangle (tril)", lambda t_q, t_k: torch.ones(t_q, t_k, dtype=torch.bool).triu(diagonal=t_k - t_q)),
+        Mistake("causal_mask.diagonal_sign", "tril(diagonal=t_q - t_k): the offset is t_k - t_q, positive when there "
+                "are more keys than queries", lambda t_q, t_k: _tril(t_q, t_k, t_q - t_k)),
+        Mistake("causal_mask.no_diagonal", "the diagonal is blocked: a token may attend to itself, so keep diagonal "
+                "t_k - t_q, not one below it", lambda t_q, t_k: _tril(t_q, t_k, t_k - t_q - 1)),
     ),
 )
 
@@ -106,19 +108,22 @@ def padding_inputs(gen, dtype, lengths=(4, 2, 6), t=TK, int_dtype=torch.int64):
 PADDING = StepSpec(
     "padding_mask", padding_inputs, ref.padding_mask,
     checks=(
-        shape(2), values("values", 4), values("empty_and_full", 4, lengths=(0, TK, 3, 1)),  # a row of no tokens, a row of no padding
+        shape(2), values("values", 4),
+        values("empty_and_full", 4, lengths=(0, TK, 3, 1)),  # a row of no tokens, a row of no padding
         values("int32_lengths", 3, int_dtype=torch.int32), device(3),
     ),
     mistakes=(
-        Mistake("padding_mask.inverted", "mask convention inverted: True must mark the real tokens (positions < length), not the padding",
-                lambda lengths, t: torch.arange(t) >= lengths[:, None]),
-        Mistake("padding_mask.off_by_one", "off by one: a sequence of length n has real tokens at positions 0 .. n - 1 (position < length)",
-                lambda lengths, t: torch.arange(t) <= lengths[:, None]),
-        Mistake("padding_mask.max_length", "the mask has max(lengths) columns: it must have t, even when every sequence is shorter",
-                lambda lengths, t: torch.arange(int(lengths.max())) < lengths[:, None]),
-        Mistake("padding_mask.lengths_not_a_column", "lengths (B,) was compared with the positions as it is, so it lined up "
-                "with the time axis: make it a column, arange(t)[None, :] < lengths[:, None], (1, t) against (B, 1) gives (B, t)",
-                raises=Raises(message=r"must match the size|could not be broadcast", source=r"<\s*lengths\b(?!\s*\[)|lengths\s*>(?!=)")),
+        Mistake("padding_mask.inverted", "mask convention inverted: True must mark the real tokens "
+                "(positions < length), not the padding", lambda lengths, t: torch.arange(t) >= lengths[:, None]),
+        Mistake("padding_mask.off_by_one", "off by one: a sequence of length n has real tokens at positions 0 .. n - "
+                "1 (position < length)", lambda lengths, t: torch.arange(t) <= lengths[:, None]),
+        Mistake("padding_mask.max_length", "the mask has max(lengths) columns: it must have t, even when every "
+                "sequence is shorter", lambda lengths, t: torch.arange(int(lengths.max())) < lengths[:, None]),
+        Mistake("padding_mask.lengths_not_a_column", "lengths (B,) was compared with the positions as it is, lining "
+                "up with the time axis: compare arange(t)[None, :] < lengths[:, None]",
+                raises=Raises(message=r"must match the size|could not be broadcast",
+                              source=r"<\s*lengths\b(?!\s*\[)|lengths\s*>(?!=)"),
+                why="Made a column, lengths[:, None] is (B, 1); against the positions (1, t) it broadcasts to (B, t)."),
     ),
 )
 
@@ -127,39 +132,36 @@ PADDING = StepSpec(
 
 def combine_inputs(gen, dtype, t_q=TQ, t_k=TK, lengths=(TK, 3, 5), random=False):
     if random:  # masks that are no triangle and no prefix: the function combines what it is given
-        return Call((gen.mask(B, t_k, keep_first=False), gen.mask(t_q, t_k, keep_first=False)), names=("padding", "causal"))
+        padding = gen.mask(B, t_k, keep_first=False)
+        return Call((padding, gen.mask(t_q, t_k, keep_first=False)), names=("padding", "causal"))
     return Call((ref.padding_mask(torch.tensor(lengths), t_k), ref.causal_mask(t_q, t_k)), names=("padding", "causal"))
 
 
 COMBINE = StepSpec(
     "combine_masks", combine_inputs, ref.combine_masks,
     checks=(
-        shape(2), values("values", 4), values("square", 4, t_q=6, t_k=6, lengths=(6, 2, 4)),  # Tq == Tk: padding on the wrong axis fits
+        shape(2), values("values", 4),
+        values("square", 4, t_q=6, t_k=6, lengths=(6, 2, 4)),  # Tq == Tk: padding on the wrong axis fits
         values("any_masks", 3, random=True), device(3),
     ),
     mistakes=(
-        Mistake("combine_masks.or", "combined with OR: a key may be attended only where BOTH masks allow it (&, logical and)",
-                lambda padding, causal: padding[:, None, None, :] | causal),
-        Mistake("combine_masks.padding_on_queries", "the padding mask lined up with the query axis: it is per key, so make it (B, 1, 1, Tk)",
-                lambda padding, causal: padding[:, None, :, None] & causal),
-        Mistake("combine_masks.no_head_axis", "returned (B, Tq, Tk): keep an axis of size 1 for the heads, (B, 1, Tq, Tk), so it broadcasts over them",
-                lambda padding, causal: padding[:, None, :] & causal),
+        Mistake("combine_masks.or", "combined with OR: a key may be attended only where BOTH masks allow it "
+                "(&, logical and)", lambda padding, causal: padding[:, None, None, :] | causal),
+        Mistake("combine_masks.padding_on_queries", "the padding mask lined up with the query axis: it is per key, "
+                "so make it (B, 1, 1, Tk)", lambda padding, causal: padding[:, None, :, None] & causal),
+        Mistake("combine_masks.no_head_axis", "returned (B, Tq, Tk): keep an axis of size 1 for the heads, "
+                "(B, 1, Tq, Tk), so it broadcasts over them", lambda padding, causal: padding[:, None, :] & causal),
     ),
 )
 
 # -- attention ----------------------------------------------------------------------------
 
 
-def attend(q, k, v, mask=None, dropout_p=0.0, training=False, generator=None, *, scale_by="d", invert=False, after_softmax=False,
-           dim=-1, fill=float("-inf")):
-    """Attention without dropout; the keyword arguments after * make the named wrong variants."""
+def attend(q, k, v, mask=None, dropout_p=0.0, training=False, generator=None, *, scale_by="d", **wrong):
+    """Attention without dropout, (output, weights); the keyword arguments after * make the named wrong variants
+    (`scale_by` names the width the scores are divided by the root of; the rest go to attention.weights)."""
     width = {"d": q.shape[-1], "dv": v.shape[-1], "none": 1}[scale_by]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(width)
-    if mask is not None and not after_softmax:
-        scores = scores.masked_fill(mask if invert else ~mask, fill)
-    weights = torch.softmax(scores, dim).nan_to_num(0.0)
-    if mask is not None and after_softmax:
-        weights = weights.masked_fill(~mask, 0.0)
+    weights = attention.weights(q, k, mask, width=width, **wrong)
     return weights @ v, weights
 
 
@@ -168,11 +170,13 @@ def _variant(**wrong):
 
 
 def attention_inputs(gen, dtype, lead=(B, H), tq=TQ, tk=TK, mask="random", **kwargs):
-    q, k, v = gen.randn(*lead, tq, D, dtype=dtype), gen.randn(*lead, tk, D, dtype=dtype), gen.randn(*lead, tk, DV, dtype=dtype)
+    q = gen.randn(*lead, tq, D, dtype=dtype)
+    k, v = gen.randn(*lead, tk, D, dtype=dtype), gen.randn(*lead, tk, DV, dtype=dtype)
     padding, causal = ref.padding_mask(torch.tensor((TK, 3, 5)), tk), ref.causal_mask(tq, tk)
     masks = {
         "random": lambda: gen.mask(*lead, tq, tk), "none": lambda: None, "per_query": lambda: gen.mask(B, 1, tq, tk),
-        "causal": lambda: causal, "padding": lambda: padding[:, None, None, :], "combined": lambda: ref.combine_masks(padding, causal),
+        "causal": lambda: causal, "padding": lambda: padding[:, None, None, :],
+        "combined": lambda: ref.combine_masks(padding, causal),
         "blocked_rows": lambda: _blocked_rows(gen.mask(B, 1, tq, tk)),
     }
     return Call((q, k, v, masks[mask]()), kwargs, ("q", "k", "v", "mask"))
@@ -201,10 +205,10 @@ def attention_no_future(run):
     before, after = (run.output(run.answer(c)) for c in (call, later))
     for c, value in ((call, before), (later, after)):
         run.expect_form(value, c)
-    for name, x, y in zip(("output", "weights"), before, after):
+    for name, x, y in zip(("output", "weights"), before, after, strict=True):
         if not torch.allclose(x[..., :-changed, :], y[..., :-changed, :], rtol=1e-4, atol=1e-5):
-            raise CheckFailed(f"the {name} of queries 0..{t - changed - 1} changed when only tokens {t - changed}..{t - 1} "
-                              "changed: they attended to the future", run.explain(before, call))
+            raise CheckFailed(f"the {name} of queries 0..{t - changed - 1} changed when only tokens "
+                              f"{t - changed}..{t - 1} changed: they attended to the future", run.explain(before, call))
 
 
 def any_leading_dims(run):
@@ -234,24 +238,32 @@ class DropoutFacts:
         w, e = weights.to(torch.float64), eval_weights.to(torch.float64)
         live = e > 0
         n = max(int(live.sum()), 1)
-        fraction = lambda hit: int((hit & live).sum()) / n  # noqa: E731
+        fraction = lambda hit: int((hit & live).sum()) / n
         return cls(
             zero=fraction(w == 0), same=fraction(torch.isclose(w, e, rtol=1e-4, atol=1e-7)),
-            scaled=fraction(torch.isclose(w, e / (1 - p), rtol=1e-4, atol=1e-7)), dead_changed=bool(((w != 0) & ~live).any()),
+            scaled=fraction(torch.isclose(w, e / (1 - p), rtol=1e-4, atol=1e-7)),
+            dead_changed=bool(((w != 0) & ~live).any()),
             output_zero=float((output == 0).to(torch.float64).mean()),
             output_is_eval=torch.allclose(output.to(torch.float64), e @ v.to(torch.float64), rtol=1e-4, atol=1e-5),
         )
 
 
 # Dropout mistakes, each recognised by its own property checks from the facts of the answer.
-DROPOUT_AT_EVAL = Mistake("attention.dropout_at_eval", "dropout applied while not training: at eval (training=False) dropout does nothing, whatever dropout_p says")
-NO_DROPOUT = Mistake("attention.no_dropout_in_training", "no weight was dropped while training: with training=True, zero each weight with probability dropout_p")
-ON_OUTPUT = Mistake("attention.dropout_on_output", "dropout applied to the output instead of the attention weights: drop weights, then multiply by v")
-UNDROPPED_RETURNED = Mistake("attention.returned_undropped_weights", "returned the weights from before dropout: return the dropped weights, the ones multiplied with v")
-NO_RESCALE = Mistake("attention.dropout_no_rescale", "the kept weights were not rescaled: divide them by 1 - dropout_p, so the expected output stays the same")
-KEEP_PROB = Mistake("attention.dropout_keep_prob", "about 1 - p of the weights were zeroed: dropout_p is the probability to DROP a weight, not to keep it")
-GENERATOR_IGNORED = Mistake("attention.generator_ignored", "the dropout ignored `generator`: draw the mask with torch.rand(..., generator=generator) "
-                            "or torch.bernoulli(..., generator=generator); F.dropout cannot take one")
+DROPOUT_AT_EVAL = Mistake("attention.dropout_at_eval", "dropout applied while not training: at eval (training=False) "
+                          "dropout does nothing, whatever dropout_p says")
+NO_DROPOUT = Mistake("attention.no_dropout_in_training", "no weight was dropped while training: with training=True, "
+                     "zero each weight with probability dropout_p")
+ON_OUTPUT = Mistake("attention.dropout_on_output", "dropout applied to the output instead of the attention weights: "
+                    "drop weights, then multiply by v")
+UNDROPPED_RETURNED = Mistake("attention.returned_undropped_weights", "returned the weights from before dropout: "
+                             "return the dropped weights, the ones multiplied with v")
+NO_RESCALE = Mistake("attention.dropout_no_rescale", "the kept weights were not rescaled: divide them by 1 - "
+                     "dropout_p, so the expected output stays the same")
+KEEP_PROB = Mistake("attention.dropout_keep_prob", "about 1 - p of the weights were zeroed: dropout_p is the "
+                    "probability to DROP a weight, not to keep it")
+GENERATOR_IGNORED = Mistake("attention.generator_ignored", "the dropout ignored `generator`: draw the mask with "
+                            "torch.rand(..., generator=generator) or torch.bernoulli(..., generator=generator); "
+                            "F.dropout cannot take one")
 DROPOUT_SIGNS = (  # (mistake, what the facts show), in the order they are tried
     (NO_DROPOUT, lambda f: f.same > 0.999 and f.output_is_eval),
     (ON_OUTPUT, lambda f: f.same > 0.999 and abs(f.output_zero - P) < 0.1),
@@ -291,8 +303,9 @@ def dropout_eval_is_identity(run):
         if not (isinstance(value, (tuple, list)) and len(value) == 2):
             raise
         output, weights = value
+        at_eval_sign = lambda f: f.zero > 0 and (f.zero + f.scaled > 0.999 or f.zero + f.same > 0.999)
         at_eval = _dropout_mistake(weights, ref.attention(*call.args)[1], output, call.args[2],
-                                   signs=((DROPOUT_AT_EVAL, lambda f: f.zero > 0 and (f.zero + f.scaled > 0.999 or f.zero + f.same > 0.999)),), p=0.5)
+                                   signs=((DROPOUT_AT_EVAL, at_eval_sign),), p=0.5)
         raise CheckFailed(failure.message, failure.mistake or at_eval, failure.details) from None
 
 
@@ -302,8 +315,9 @@ def _expect_kept_weights(output, weights, eval_weights, v, tolerances=(1e-4, 1e-
     bad = (w != 0) & ~torch.isclose(w, e / (1 - P), rtol=tolerances[0], atol=tolerances[1])
     if bad.any():
         where = tuple(int(i) for i in bad.nonzero()[0])
-        raise CheckFailed(f"weight {where} is {w[where].item():.6g}; in training each weight must be 0 or its eval value / (1 - p) = "
-                          f"{e[where].item() / (1 - P):.6g} (p = {P})", _dropout_mistake(weights, eval_weights, output, v))
+        raise CheckFailed(f"weight {where} is {w[where].item():.6g}; in training each weight must be 0 or its eval "
+                          f"value / (1 - p) = {e[where].item() / (1 - P):.6g} (p = {P})",
+                          _dropout_mistake(weights, eval_weights, output, v))
     if not ((w == 0) & (e > 0)).any():
         raise CheckFailed("no weight was dropped in training", _dropout_mistake(weights, eval_weights, output, v))
 
@@ -317,7 +331,8 @@ def dropout_rate(run):
     live = eval_weights > 0
     rate = int(((weights == 0) & live).sum()) / int(live.sum())
     if abs(rate - P) > RATE_TOLERANCE:
-        raise CheckFailed(f"{rate:.3f} of the weights were zeroed in training; expected about dropout_p = {P} (± {RATE_TOLERANCE})",
+        raise CheckFailed(f"{rate:.3f} of the weights were zeroed in training; expected about dropout_p = {P} "
+                          f"(± {RATE_TOLERANCE})",
                           _dropout_mistake(weights, eval_weights, output, v))
 
 
@@ -362,7 +377,8 @@ def _has_nan(value, *args, **kwargs):
 ATTENTION = StepSpec(
     "attention", attention_inputs, ref.attention, outputs=("output", "weights"),
     checks=(
-        shape(2), values("values", 3, FLOATS), values("mask_none", 2, mask="none"), prop("broadcast_masks", 4, broadcast_masks),
+        shape(2), values("values", 3, FLOATS), values("mask_none", 2, mask="none"),
+        prop("broadcast_masks", 4, broadcast_masks),
         prop("causal_no_future", 4, attention_no_future), values("fully_masked_rows", 4, mask="blocked_rows"),
         prop("any_leading_dims", 2, any_leading_dims), prop("dropout_eval_is_identity", 3, dropout_eval_is_identity),
         prop("dropout_kept_weights", 5, dropout_kept_weights), prop("dropout_rate", 4, dropout_rate),
@@ -371,15 +387,23 @@ ATTENTION = StepSpec(
         prop("dropout_device", 2, dropout_on_device),
     ),
     mistakes=(
-        Mistake("attention.mask_inverted", "mask convention inverted: True means 'may attend'; fill where the mask is False", _variant(invert=True)),
-        Mistake("attention.unscaled", "scores not scaled: divide q @ kᵀ by √D, D the width of q and k", _variant(scale_by="none")),
-        Mistake("attention.scaled_by_value_width", "scaled by √Dv (the width of v): use √D, the width of q and k", _variant(scale_by="dv")),
-        Mistake("attention.masked_after_softmax", "masked after the softmax: the blocked keys still took their share of the sum; "
-                "fill the blocked scores with -inf before the softmax", _variant(after_softmax=True)),
-        Mistake("attention.softmax_query_axis", "softmax over the query axis: normalize over the keys, dim=-1", _variant(dim=-2)),
-        Mistake("attention.finite_fill", "blocked scores filled with a finite value (-1e9): a fully blocked row then spreads its weight "
-                "evenly instead of giving zeros; fill with -inf and turn those rows' NaN into zeros", _variant(fill=-1e9)),
-        Mistake("attention.nan_rows", "a fully blocked row gives NaN (softmax of all -inf): give it zero weights and a zero output", test=_has_nan),
+        Mistake("attention.mask_inverted", "mask convention inverted: True means 'may attend'; fill where the mask "
+                "is False", _variant(mask_mode="inverted")),
+        Mistake("attention.unscaled", "scores not scaled: divide q @ kᵀ by √D, D the width of q and k",
+                _variant(scale_by="none")),
+        Mistake("attention.scaled_by_value_width", "scaled by √Dv (the width of v): use √D, the width of q and k",
+                _variant(scale_by="dv")),
+        Mistake("attention.masked_after_softmax", "masked after the softmax: fill the blocked scores with -inf "
+                "before the softmax", _variant(mask_mode="zero_weights"),
+                why="Masked after the softmax, the blocked keys still took their share of each row's sum."),
+        Mistake("attention.softmax_query_axis", "softmax over the query axis: normalize over the keys, dim=-1",
+                _variant(softmax_dim=-2)),
+        Mistake("attention.finite_fill", "blocked scores filled with a finite value (-1e9): fill with -inf and turn "
+                "the NaN of fully blocked rows into zeros", _variant(fill=-1e9),
+                why="With a finite fill, a fully blocked row spreads its weight evenly over the keys instead of "
+                    "giving zeros."),
+        Mistake("attention.nan_rows", "a fully blocked row gives NaN (softmax of all -inf): give it zero weights and "
+                "a zero output", test=_has_nan),
         DROPOUT_AT_EVAL, NO_DROPOUT, ON_OUTPUT, UNDROPPED_RETURNED, NO_RESCALE, KEEP_PROB, GENERATOR_IGNORED,
     ),
 )

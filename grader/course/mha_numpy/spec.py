@@ -1,6 +1,6 @@
 """The checks of `mha_numpy`: mha's steps, with NumPy arrays in and out.
 
-The steps are mha's (grader/checks/mha.py): the same inputs, references and mistakes,
+The steps are mha's (grader/course/mha/spec.py): the same inputs, references and mistakes,
 run with the NumPy backend (the grader hands over arrays and compares the arrays that
 come back with the torch reference's answer). What differs is said here: the checks (no
 device checks, no non-contiguous inputs: arrays reach the worker C-contiguous, and no
@@ -33,22 +33,31 @@ FLOATS = (np.float32, np.float64)
 B, H, TQ, TK, D = mha.B, mha.H, mha.TQ, mha.TK, mha.D
 
 NUMPY_WORDING = {
-    "split_heads.no_transpose": "the head axis must come before the token axis: np.swapaxes(x, 1, 2) after the reshape to (B, T, H, Dh)",
-    "split_heads.view_no_transpose": "heads split with a reshape straight to (B, H, T, Dh): reshape to (B, T, H, Dh), then np.swapaxes(x, 1, 2)",
-    "attention_scores.fixed_axes": "swapped axes 1 and 2 of k: those are the last two only for 3-D input; use np.swapaxes(k, -1, -2)",
-    "apply_mask.additive_too_small": "blocked scores are not low enough: use -np.inf (or np.finfo(dtype).min), not a small offset",
-    "apply_mask.inverted": "mask convention inverted (True must mean attend): block where the mask is False (np.where(mask, scores, -np.inf))",
+    "split_heads.no_transpose": "the head axis must come before the token axis: np.swapaxes(x, 1, 2) after the "
+                                "reshape to (B, T, H, Dh)",
+    "split_heads.view_no_transpose": "heads split with a reshape straight to (B, H, T, Dh): reshape to "
+                                     "(B, T, H, Dh), then np.swapaxes(x, 1, 2)",
+    "attention_scores.fixed_axes": "swapped axes 1 and 2 of k: use np.swapaxes(k, -1, -2)",
+    "apply_mask.additive_too_small": "blocked scores are not low enough: use -np.inf (or np.finfo(dtype).min), not a "
+                                     "small offset",
+    "apply_mask.inverted": "mask convention inverted (True must mean attend): block where the mask is False "
+                           "(np.where(mask, scores, -np.inf))",
     "softmax.ignored_dim": "softmax over the last axis whatever axis says: normalize along axis",
     "softmax.whole_tensor": "normalized over the whole array: sum along axis with keepdims=True",
-    "softmax.no_keepdim": "the sum lost its axis (no keepdims=True), so it broadcast against the wrong axis",
-    "softmax.max_over_last_axis": "the max was taken over the last axis, not along axis: the shift must be constant along axis",
-    "merge_heads.no_transpose": "merged heads without moving the head axis back: np.swapaxes(x, 1, 2) before the reshape",
+    "softmax.no_keepdim": "the sum lost its axis (no keepdims=True) and broadcast against the wrong axis: pass "
+                          "keepdims=True",
+    "softmax.max_over_last_axis": "the max was taken over the last axis, not along axis: the shift must be constant "
+                                  "along axis",
+    "merge_heads.no_transpose": "merged heads without moving the head axis back: np.swapaxes(x, 1, 2) before the "
+                                "reshape",
     "merge_heads.flattened_tokens": "the reshape merged the tokens too: reshape to (B, T, H * Dh)",
     "MultiHeadAttention.softmax_query_axis": "softmax over the query axis: normalize over keys, axis=-1",
 }
 NUMPY_MISTAKES = {
-    "merge_heads": (Mistake("merge_heads.full_transpose", "x.T reversed every axis: np.swapaxes(x, 1, 2) swaps just the head and token axes",
-                            lambda x: x.permute(3, 2, 1, 0).reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3])),),
+    "merge_heads": (
+        Mistake("merge_heads.full_transpose", "x.T reversed every axis: np.swapaxes(x, 1, 2) swaps just the head and "
+                "token axes", lambda x: x.permute(3, 2, 1, 0).reshape(x.shape[0], x.shape[2], x.shape[1] * x.shape[3])),
+    ),
 }
 
 
@@ -57,27 +66,31 @@ TORCH_ONLY = {"softmax.max_namedtuple", "apply_mask.bool_arithmetic"}  # NumPy h
 
 def numpy_step(step: StepSpec, *checks) -> StepSpec:
     """An mha step with NumPy checks and NumPy wording."""
-    mistakes = tuple(replace(m, message=NUMPY_WORDING.get(m.id, m.message)) for m in step.mistakes if m.id not in TORCH_ONLY)
+    mistakes = tuple(replace(m, message=NUMPY_WORDING.get(m.id, m.message)) for m in step.mistakes
+                     if m.id not in TORCH_ONLY)
     return replace(step, checks=checks, mistakes=mistakes + NUMPY_MISTAKES.get(step.id, ()))
 
 
 STEPS = (
     numpy_step(mha.PROJECT, shape(), values("values", 2, FLOATS), values("without_bias", 1, bias=False),
                values("square_weight", 1, d_in=5, d_out=5), values("extra_leading_dims", 1, lead=(2, 3, 4)), rules(2)),
-    numpy_step(mha.SPLIT, shape(), values("values", 2, FLOATS), mha.SPLIT.checks[3], values("single_head", 1, heads=1), rules(2)),
+    numpy_step(mha.SPLIT, shape(), values("values", 2, FLOATS), mha.SPLIT.checks[3], values("single_head", 1, heads=1),
+               rules(2)),
     numpy_step(mha.SCORES, shape(), values("values", 2, FLOATS), values("square", 1, tq=6, tk=6),
                values("any_leading_dims", 1, lead=(B,)), rules()),
     numpy_step(mha.SCALE, shape(), values("values", 2, FLOATS), values("irrational_root", 1, (np.float64,), head_dim=8),
                values("any_shape", 1, lead=(B, TQ, TK)), rules()),
     numpy_step(mha.MASK, shape(), values("values", 2, FLOATS), values("broadcast_causal", 1, mask="causal"),
-               values("broadcast_padding", 1, mask="padding"), values("none", 1, mask="none"), values("large_scores", 1, scale=5e3),
-               values("float16", 1, (np.float16,)), rules(2)),
+               values("broadcast_padding", 1, mask="padding"), values("none", 1, mask="none"),
+               values("large_scores", 1, scale=5e3), values("float16", 1, (np.float16,)), rules(2)),
     numpy_step(mha.SOFTMAX, shape(), values("values", 2, FLOATS), values("axis_0", 1, lead=(4, 5, 6), dim=0),
                values("axis_minus_2", 1, dim=-2), values("large_logits", 2, lead=(B, TQ, TK), scale=1e4),
-               values("all_masked_rows", 2, lead=(B, TQ, TK), scale=1.0, blocked=True), values("square_matrix", 1, lead=(6, 6)), rules(2)),
-    numpy_step(mha.WEIGHTED, shape(), values("values", 1, FLOATS), values("square", 1, tq=TK), values("any_leading_dims", 1, lead=(3,)),
-               values("dropped_weights", 2, dropped=True), rules()),
-    numpy_step(mha.MERGE, shape(), values("values", 2, FLOATS), mha.MERGE.checks[3], values("single_head", 1, heads=1, width=D), rules(2)),
+               values("all_masked_rows", 2, lead=(B, TQ, TK), scale=1.0, blocked=True),
+               values("square_matrix", 1, lead=(6, 6)), rules(2)),
+    numpy_step(mha.WEIGHTED, shape(), values("values", 1, FLOATS), values("square", 1, tq=TK),
+               values("any_leading_dims", 1, lead=(3,)), values("dropped_weights", 2, dropped=True), rules()),
+    numpy_step(mha.MERGE, shape(), values("values", 2, FLOATS), mha.MERGE.checks[3],
+               values("single_head", 1, heads=1, width=D), rules(2)),
 )
 
 # -- multi_head_attention -----------------------------------------------------------------
@@ -87,7 +100,7 @@ WEIGHTS = ("w_q", "b_q", "w_k", "b_k", "w_v", "b_v", "w_o", "b_o")  # the candid
 
 def _state(args) -> dict:
     """The weights among a call's arguments, as mha.attend takes them."""
-    named = dict(zip(WEIGHTS, args[3:11]))
+    named = dict(zip(WEIGHTS, args[3:11], strict=True))
     return {f"w_{n[-1]}.{'weight' if n[0] == 'w' else 'bias'}": named[n] for n in WEIGHTS if named[n] is not None}
 
 
@@ -102,7 +115,10 @@ def function_inputs(gen, dtype, tk=TK, mask=None, bias=True, heads=H, self_atten
     for _ in "qkvo":
         weights += [gen.randn(D, D, dtype=dtype, scale=D**-0.5), gen.randn(D, dtype=dtype, scale=0.1) if bias else None]
     query = gen.randn(B, TQ, D, dtype=dtype)
-    key, value = (query, query) if self_attention else (gen.randn(B, tk, D, dtype=dtype), gen.randn(B, tk, D, dtype=dtype))
+    if self_attention:
+        key = value = query
+    else:
+        key, value = gen.randn(B, tk, D, dtype=dtype), gen.randn(B, tk, D, dtype=dtype)
     kwargs = {}
     if mask is not None:
         m = gen.mask(*{"batch": (B, 1, TQ, tk), "plain": (TQ, tk)}[mask])
@@ -123,16 +139,18 @@ def _as_function(mistake: Mistake) -> Mistake:
 
     found = {"variant": variant} if mistake.variant else {"test": test} if mistake.test else {}
     return Mistake(mistake.id.replace("MultiHeadAttention", "multi_head_attention"),
-                   NUMPY_WORDING.get(mistake.id, mistake.message), raises=mistake.raises, **found)
+                   NUMPY_WORDING.get(mistake.id, mistake.message), raises=mistake.raises, why=mistake.why, **found)
 
 
 FUNCTION = StepSpec(
     "multi_head_attention", function_inputs, multi_head_attention, prefix="mha", answered=mha.MODULE.answered,
     checks=(
-        shape(2, self_attention=True), values("self_attention", 2, FLOATS, self_attention=True), values("cross_attention", 2),
+        shape(2, self_attention=True), values("self_attention", 2, FLOATS, self_attention=True),
+        values("cross_attention", 2),
         values("mask_per_batch", 1, mask="batch"), values("mask_plain", 1, mask="plain"),
         values("causal_self_attention", 2, (np.float64,), self_attention=True, causal=True),
-        values("without_bias", 2, bias=False), values("one_head", 1, heads=1), values("six_heads", 1, heads=6),  # head_dim 12, 2
+        values("without_bias", 2, bias=False),
+        values("one_head", 1, heads=1), values("six_heads", 1, heads=6),  # head_dim 12, 2
         rules(2, mask="plain"), prop("end_to_end", 2, end_to_end(mask="batch"), end_to_end=True),
     ),
     # a function has no __init__ to check, and is always given its value

@@ -13,8 +13,6 @@ The engine has no tolerance that depends on the inputs, so the steps that take p
 have their own `compare`, which widens the engine's tolerance and then compares as it does.
 """
 
-import math
-
 import torch
 
 from grader.engine import (
@@ -24,6 +22,7 @@ from grader.engine import (
     Spec,
     StepSpec,
     Tolerance,
+    attention,
     device,
     end_to_end,
     expect_close,
@@ -88,20 +87,23 @@ def frequency_inputs(gen, dtype, head_dim=DH, base=None):
 
 def frequencies(head_dim, base=10000.0, *, exponent="2i/d"):
     i = torch.arange(head_dim // 2, dtype=torch.float64)
-    power = {"2i/d": 2 * i / head_dim, "i/d": i / head_dim, "-2i/d": -2 * i / head_dim, "2i//d": 2 * i // head_dim}[exponent]
+    powers = {"2i/d": 2 * i / head_dim, "i/d": i / head_dim, "-2i/d": -2 * i / head_dim, "2i//d": 2 * i // head_dim}
+    power = powers[exponent]
     return (base ** -power).to(torch.float32)
 
 
 FREQUENCIES = StepSpec(
     "rope_frequencies", frequency_inputs, frequencies,
-    checks=(shape(2), values("values", 3), values("head_dim_128", 3, head_dim=128), values("base_500000", 2, base=500000.0)),
+    checks=(shape(2), values("values", 3), values("head_dim_128", 3, head_dim=128),
+            values("base_500000", 2, base=500000.0)),
     mistakes=(
-        Mistake("rope_frequencies.i_over_d", "θᵢ = base^(−i/d): the exponent is 2i/d, i over the pairs (or arange(0, d, 2) / d), "
-                "so the slowest pair turns at about 1/base", lambda d, base=10000.0: frequencies(d, base, exponent="i/d")),
-        Mistake("rope_frequencies.exponent_sign", "θᵢ = base^(+2i/d): the frequencies fall, θᵢ = base^(−2i/d) = 1 / base^(2i/d)",
-                lambda d, base=10000.0: frequencies(d, base, exponent="-2i/d")),
-        Mistake("rope_frequencies.integer_division", "every θᵢ is 1: the exponent 2i/d was an integer division (//), which is 0 "
-                "for every pair; divide as floats, torch.arange(0, d, 2).float() / d",
+        Mistake("rope_frequencies.i_over_d", "θᵢ = base^(−i/d): the exponent is 2i/d, i over the pairs "
+                "(or arange(0, d, 2) / d), so the slowest pair turns at about 1/base",
+                lambda d, base=10000.0: frequencies(d, base, exponent="i/d")),
+        Mistake("rope_frequencies.exponent_sign", "θᵢ = base^(+2i/d): the frequencies fall, θᵢ = base^(−2i/d) = 1 / "
+                "base^(2i/d)", lambda d, base=10000.0: frequencies(d, base, exponent="-2i/d")),
+        Mistake("rope_frequencies.integer_division", "every θᵢ is 1: the exponent 2i/d was an integer division (//), "
+                "which is 0 for every pair; divide as floats, torch.arange(0, d, 2).float() / d",
                 lambda d, base=10000.0: frequencies(d, base, exponent="2i//d")),
     ),
 )
@@ -139,27 +141,30 @@ def _not_duplicated(value, positions, head_dim, base=10000.0):
 
 
 def _low_precision_phases(value, positions, head_dim, base=10000.0):
-    low = [cos_sin(positions, head_dim, base, phases=t, low_cos=c) for t in (torch.bfloat16, torch.float16) for c in (0, 1)]
-    low += [cos_sin(positions, head_dim, base, low_positions=t) for t in (torch.bfloat16, torch.float16)]
+    halves = (torch.bfloat16, torch.float16)
+    low = [cos_sin(positions, head_dim, base, phases=t, low_cos=c) for t in halves for c in (0, 1)]
+    low += [cos_sin(positions, head_dim, base, low_positions=t) for t in halves]
     return matches_any(value, low)
 
 
 COS_SIN = StepSpec(
-    "rope_cos_sin", cos_sin_inputs, cos_sin, compare=angle_compare, outputs=("cos", "sin"), answered=("rope_frequencies",),
-    checks=(shape(2), values("values", 3), values("head_dim_64", 2, head_dim=64), values("base_500000", 2, base=500000.0),
-            values("positions_to_8192", 4, long=True), device(2)),
+    "rope_cos_sin", cos_sin_inputs, cos_sin, compare=angle_compare, outputs=("cos", "sin"),
+    answered=("rope_frequencies",),
+    checks=(shape(2), values("values", 3), values("head_dim_64", 2, head_dim=64),
+            values("base_500000", 2, base=500000.0), values("positions_to_8192", 4, long=True), device(2)),
     mistakes=(
-        Mistake("rope_cos_sin.interleaved_layout", "the angles were repeated pairwise (repeat_interleave(2), the interleaved "
-                "layout's order): in the half layout feature j pairs with j + head_dim/2, so concatenate the angles with "
-                "themselves, cat((angles, angles), dim=-1)", _cos_sin_variant(layout="interleaved")),
-        Mistake("rope_cos_sin.not_duplicated", "cos and sin are (T, head_dim/2): concatenate the angles with themselves along "
-                "the last axis so both are (T, head_dim)", test=_not_duplicated),
+        Mistake("rope_cos_sin.interleaved_layout", "the angles were repeated pairwise "
+                "(repeat_interleave(2), the interleaved layout's order): concatenate them with themselves, "
+                "cat((angles, angles), dim=-1)", _cos_sin_variant(layout="interleaved"),
+                why="In the half layout feature j pairs with j + head_dim/2."),
+        Mistake("rope_cos_sin.not_duplicated", "cos and sin are (T, head_dim/2): concatenate the angles with "
+                "themselves along the last axis so both are (T, head_dim)", test=_not_duplicated),
         Mistake("rope_cos_sin.positions_ignored", "the positions were ignored (arange(T) used instead): the angles are "
                 "positions[:, None] · θ[None, :]", _cos_sin_variant(ignore=True)),
-        Mistake("rope_cos_sin.low_precision_phases", "the angles (or the positions) were in bfloat16 or float16: at position "
-                "8192 those types space their numbers 32 or 4 apart (bfloat16 holds integers exactly only to 256), so the "
-                "angle is noise; compute positions · θ in float32",
-                test=_low_precision_phases),
+        Mistake("rope_cos_sin.low_precision_phases", "the angles (or the positions) were in bfloat16 or float16: "
+                "compute positions · θ in float32", test=_low_precision_phases,
+                why="At position 8192 those types space their numbers 32 or 4 apart "
+                    "(bfloat16 holds integers exactly only to 256), so the angle is noise."),
         Mistake("rope_cos_sin.swapped", "returned (sin, cos): the contract is (cos, sin)", _cos_sin_variant(swap=True)),
     ),
 )
@@ -189,11 +194,14 @@ ROTATE = StepSpec(
     checks=(shape(2), values("values", 2, (torch.float32, torch.float64)), values("two_dims", 1, rank=2),
             values("noncontiguous", 1, strided=(0,)), values("half", 1, (torch.float16, torch.bfloat16))),
     mistakes=(
-        Mistake("rotate_half.sign_flipped", "the sign is on the wrong half: rotate_half(x) = cat(−x2, x1), x1 and x2 the first "
-                "and second halves (a turn by +90 degrees); cat(x2, −x1) turns the other way", lambda x: rotate(x, kind="sign")),
-        Mistake("rotate_half.no_negation", "the halves were swapped but not negated: cat(−x2, x1)", lambda x: rotate(x, kind="swap")),
-        Mistake("rotate_half.interleaved_layout", "rotated neighbouring pairs (GPT-J's rotate_every_two, (x[2i], x[2i+1]) -> "
-                "(−x[2i+1], x[2i])): rotate_half pairs feature j with j + Dh/2", lambda x: rotate(x, kind="pairs")),
+        Mistake("rotate_half.sign_flipped", "the sign is on the wrong half: rotate_half(x) = cat(−x2, x1), x1 and x2 "
+                "the first and second halves", lambda x: rotate(x, kind="sign"),
+                why="That is a turn by +90 degrees; cat(x2, −x1) turns the other way."),
+        Mistake("rotate_half.no_negation", "the halves were swapped but not negated: cat(−x2, x1)",
+                lambda x: rotate(x, kind="swap")),
+        Mistake("rotate_half.interleaved_layout", "rotated neighbouring pairs (GPT-J's rotate_every_two, (x[2i], "
+                "x[2i+1]) -> (−x[2i+1], x[2i])): rotate_half pairs feature j with j + Dh/2",
+                lambda x: rotate(x, kind="pairs")),
     ),
 )
 
@@ -256,7 +264,8 @@ def float32_math(run) -> None:
     run.expect_form(got, call)
     x, cos, sin = call.args
     exact = apply(x.float(), cos, sin)  # float32 math, not yet rounded
-    step = torch.finfo(torch.bfloat16).eps * exact.abs().clamp_min(torch.finfo(torch.bfloat16).tiny)  # one step at |exact|
+    bfloat16 = torch.finfo(torch.bfloat16)
+    step = bfloat16.eps * exact.abs().clamp_min(bfloat16.tiny)  # one step at |exact|
     off = (got.float() - exact).abs() > step
     if off.any():
         where = tuple(int(i) for i in off.nonzero()[0])
@@ -281,13 +290,15 @@ APPLY = StepSpec(
     mistakes=(
         Mistake("apply_rope.low_precision_math", "computed in x's low-precision dtype (cos and sin cast down to it): "
                 "compute x.float() · cos + rotate_half(x.float()) · sin in float32, then round once with .to(x.dtype)",
-                lambda x, cos, sin: _bfloat16_math(x, cos, sin) if x.dtype in (torch.bfloat16, torch.float16) else None),
-        Mistake("apply_rope.interleaved_layout", "rotated neighbouring pairs (x[2i], x[2i+1]), the interleaved layout: with "
-                "rope_cos_sin's tables (half layout) feature j pairs with j + Dh/2, x·cos + rotate_half(x)·sin",
-                _apply_variant(kind="pairs")),
-        Mistake("apply_rope.sign_flipped", "x·cos − rotate_half(x)·sin turns every pair the wrong way: x·cos + rotate_half(x)·sin",
-                _apply_variant(sign=-1.0)),
-        Mistake("apply_rope.cos_sin_swapped", "cos and sin swapped: x·cos + rotate_half(x)·sin", _apply_variant(swap=True)),
+                lambda x, cos, sin: _bfloat16_math(x, cos, sin) if x.dtype in (torch.bfloat16, torch.float16)
+                else None),
+        Mistake("apply_rope.interleaved_layout", "rotated neighbouring pairs (x[2i], x[2i+1]), the interleaved "
+                "layout: with rope_cos_sin's tables (half layout) feature j pairs with j + Dh/2, x·cos + "
+                "rotate_half(x)·sin", _apply_variant(kind="pairs")),
+        Mistake("apply_rope.sign_flipped", "x·cos − rotate_half(x)·sin turns every pair the wrong way: x·cos + "
+                "rotate_half(x)·sin", _apply_variant(sign=-1.0)),
+        Mistake("apply_rope.cos_sin_swapped", "cos and sin swapped: x·cos + rotate_half(x)·sin",
+                _apply_variant(swap=True)),
     ),
 )
 
@@ -342,18 +353,18 @@ INTERLEAVED = StepSpec(
             values("positions_to_8192", 3, (torch.bfloat16,), long=True), values("noncontiguous", 1, strided=(0,)),
             prop("keeps_pair_norms", 1, interleaved_pair_norms), device(2)),
     mistakes=(
-        Mistake("apply_rope_interleaved.half_layout", "rotated the half layout's pairs (x[j], x[j + Dh/2]), as rotate_half does: "
-                "in the interleaved layout pair i is (x[2i], x[2i+1]), as view_as_complex on (..., Dh/2, 2) sees it",
-                _interleaved_variant(layout="half")),
-        Mistake("apply_rope_interleaved.sign_flipped", "each pair turned the wrong way: (a, b) -> (a·cos − b·sin, a·sin + b·cos)",
-                _interleaved_variant(sign=-1.0)),
-        Mistake("apply_rope_interleaved.positions_ignored", "the positions were ignored (arange(T) used instead): pair i of "
-                "token t turns by positions[t] · θᵢ", _interleaved_variant(ignore=True)),
+        Mistake("apply_rope_interleaved.half_layout", "rotated the half layout's pairs (x[j], x[j + Dh/2]), as "
+                "rotate_half does: in the interleaved layout pair i is (x[2i], x[2i+1]), as view_as_complex on "
+                "(..., Dh/2, 2) sees it", _interleaved_variant(layout="half")),
+        Mistake("apply_rope_interleaved.sign_flipped", "each pair turned the wrong way: (a, b) -> "
+                "(a·cos − b·sin, a·sin + b·cos)", _interleaved_variant(sign=-1.0)),
+        Mistake("apply_rope_interleaved.positions_ignored", "the positions were ignored (arange(T) used instead): "
+                "pair i of token t turns by positions[t] · θᵢ", _interleaved_variant(ignore=True)),
         Mistake("apply_rope_interleaved.i_over_d", "θᵢ = base^(−i/d): the exponent is 2i/d, i over the pairs",
                 _interleaved_variant(exponent="i/d")),
-        Mistake("apply_rope_interleaved.low_precision_phases", "the angles were computed in x's low-precision dtype: at position "
-                "8192 bfloat16 spaces its numbers 32 apart; compute positions · θ, cos and sin in float32, then round once",
-                test=_interleaved_low_precision),
+        Mistake("apply_rope_interleaved.low_precision_phases", "the angles were computed in x's low-precision dtype: "
+                "compute positions · θ, cos and sin in float32, then round once", test=_interleaved_low_precision,
+                why="At position 8192 bfloat16 spaces its numbers 32 apart."),
     ),
 )
 
@@ -369,7 +380,8 @@ def module_inputs(gen, dtype, positions="gaps", mask=None, bias=False):
     pos = {"gaps": lambda: positions_with_gaps(gen), "long": lambda: positions_with_gaps(gen, long=True),
            None: lambda: None}[positions]()
     masks = {None: None, "causal": torch.ones(T, T, dtype=torch.bool).tril()}
-    return Call((x,), {"positions": pos, "mask": masks[mask]}, ("x",), init=(D, H), init_kwargs={"bias": bias}, state=state)
+    return Call((x,), {"positions": pos, "mask": masks[mask]}, ("x",), init=(D, H), init_kwargs={"bias": bias},
+                state=state)
 
 
 def attend(state, x, positions=None, mask=None, *, layout="half", rope_v=False, before_split=False, ignore=False,
@@ -401,10 +413,7 @@ def attend(state, x, positions=None, mask=None, *, layout="half", rope_v=False, 
     v = heads(v)
     if rope_v:
         v = rope(v)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(DH)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    y = (torch.softmax(scores, -1).nan_to_num(0.0) @ v).transpose(1, 2).reshape(b, t, d)
+    y = attention.attend(q, k, v, mask).transpose(1, 2).reshape(b, t, d)
     return proj(y, "w_o")
 
 
@@ -412,8 +421,8 @@ def _module_variant(**wrong):
     return lambda state, x, positions=None, mask=None: attend(state, x, positions, mask, **wrong)
 
 
-NO_WIDTH_CHECK = Mistake("RotarySelfAttention.no_width_check", "embed_dim not divisible by num_heads was accepted: raise "
-                         "ValueError in __init__")
+NO_WIDTH_CHECK = Mistake("RotarySelfAttention.no_width_check", "embed_dim not divisible by num_heads was accepted: "
+                         "raise ValueError in __init__")
 
 
 def shift_invariant(run) -> None:
@@ -426,8 +435,8 @@ def shift_invariant(run) -> None:
     try:
         expect_close(second, first, shifted, Tolerance(1e-3, 1e-3))
     except CheckFailed as failure:
-        raise run.diagnosed(CheckFailed(f"adding {SHIFT} to every position changed the output (only the distances between "
-                                        f"tokens may matter): {failure.message}"), second, shifted) from None
+        raise run.diagnosed(CheckFailed(f"adding {SHIFT} to every position changed the output (only the distances "
+                                        f"between tokens may matter): {failure.message}"), second, shifted) from None
 
 
 MODULE = StepSpec(
@@ -436,23 +445,27 @@ MODULE = StepSpec(
     checks=(
         prop("structure", 2, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, H), "an nn.Linear")),
         prop("validates_width", 1, raises_value_error((10, 3), "10 is not divisible by 3 heads", NO_WIDTH_CHECK)),
-        values("values", 3, LOW), values("default_positions", 3, positions=None), values("mask_causal", 2, mask="causal"),
-        values("bias", 2, bias=True, mask="causal"), values("positions_to_8192", 3, (torch.bfloat16,), positions="long"),
+        values("values", 3, LOW), values("default_positions", 3, positions=None),
+        values("mask_causal", 2, mask="causal"), values("bias", 2, bias=True, mask="causal"),
+        values("positions_to_8192", 3, (torch.bfloat16,), positions="long"),
         prop("shift_invariant", 3, shift_invariant), prop("gradients", 3, gradients(bias=True, mask="causal")),
         prop("end_to_end", 3, end_to_end(bias=True, mask="causal"), end_to_end=True), device(2, positions=None),
     ),
     mistakes=(
-        Mistake("RotarySelfAttention.interleaved_layout", "RoPE in the interleaved layout (pairs (x[2i], x[2i+1])): the module "
-                "uses the half layout, apply_rope(q, cos, sin) with rope_cos_sin's tables", _module_variant(layout="pairs")),
-        Mistake("RotarySelfAttention.rope_on_v", "RoPE was applied to v too: rotate q and k only; the values carry content, and "
-                "rotated values make the output depend on absolute positions", _module_variant(rope_v=True)),
-        Mistake("RotarySelfAttention.rope_before_head_split", "RoPE was applied over the whole width D before the heads were "
-                "split: split q and k into (B, H, T, Dh) first, then rotate with tables for head_dim Dh",
+        Mistake("RotarySelfAttention.interleaved_layout", "RoPE in the interleaved layout (pairs (x[2i], x[2i+1])): "
+                "the module uses the half layout, apply_rope(q, cos, sin) with rope_cos_sin's tables",
+                _module_variant(layout="pairs")),
+        Mistake("RotarySelfAttention.rope_on_v", "RoPE was applied to v too: rotate q and k only",
+                _module_variant(rope_v=True),
+                why="The values carry content, and rotated values make the output depend on absolute positions."),
+        Mistake("RotarySelfAttention.rope_before_head_split", "RoPE was applied over the whole width D before the "
+                "heads were split: split q and k into (B, H, T, Dh) first, then rotate with tables for Dh",
                 _module_variant(before_split=True)),
-        Mistake("RotarySelfAttention.positions_ignored", "the positions argument was ignored (arange(T) used always): use "
-                "it when given, arange(T) only when it is None", _module_variant(ignore=True)),
-        Mistake("RotarySelfAttention.rope_on_q_only", "only q was rotated: rotate k too, so that q(m)·k(n) depends on m − n",
-                _module_variant(q_only=True)),
+        Mistake("RotarySelfAttention.positions_ignored", "the positions argument was ignored "
+                "(arange(T) used always): use it when given, arange(T) only when it is None",
+                _module_variant(ignore=True)),
+        Mistake("RotarySelfAttention.rope_on_q_only", "only q was rotated: rotate k too, so that q(m)·k(n) depends "
+                "on m − n", _module_variant(q_only=True)),
         NO_WIDTH_CHECK,
     ),
 )

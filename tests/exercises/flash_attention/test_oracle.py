@@ -75,7 +75,8 @@ def test_half_types_compute_in_float32(dtype):
 def test_merging_two_halves_of_the_keys_is_attention_over_all(split, causal):
     g = torch.Generator().manual_seed(split)
     t_q, t_k = 9, 30
-    q, k = torch.randn(B, H, t_q, D, generator=g, dtype=torch.float64), torch.randn(B, H, t_k, D, generator=g, dtype=torch.float64)
+    q = torch.randn(B, H, t_q, D, generator=g, dtype=torch.float64)
+    k = torch.randn(B, H, t_k, D, generator=g, dtype=torch.float64)
     v = torch.randn(B, H, t_k, DV, generator=g, dtype=torch.float64)
     mask = bottom_right(t_q, t_k) if causal else torch.ones(t_q, t_k, dtype=torch.bool)
     parts = []

@@ -115,7 +115,7 @@ def test_the_cache_appends_in_place_and_refuses_overflow_unchanged():
 def test_kv_cache_bytes_is_the_two_buffers_of_every_layer(b, layers, kv_heads, head_dim, seq_len, dtype):
     size = ref.kv_cache_bytes(b, layers, kv_heads, head_dim, seq_len, dtype)
     one_layer = ref.KVCache(b, kv_heads, head_dim, 1, dtype=dtype, device="meta")  # shapes only, no memory
-    per_token = one_layer.k.nelement() * one_layer.k.element_size() + one_layer.v.nelement() * one_layer.v.element_size()
+    per_token = sum(t.nelement() * t.element_size() for t in (one_layer.k, one_layer.v))
     assert type(size) is int and size == layers * seq_len * per_token
 
 

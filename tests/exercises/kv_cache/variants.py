@@ -169,7 +169,8 @@ def decode_mask(t_new, past_len, device=None):
 """, "decode_mask", "decode_mask.not_causal"),
     # -- CachedSelfAttention ------------------------------------------------------------------
     Variant("module_top_left_mask", forward_with(REFERENCE_ATTEND.replace(
-        "~decode_mask(T, past_len, device=x.device)", "~torch.ones(T, past_len + T, dtype=torch.bool, device=x.device).tril()")),
+        "~decode_mask(T, past_len, device=x.device)",
+        "~torch.ones(T, past_len + T, dtype=torch.bool, device=x.device).tril()")),
             "CachedSelfAttention", "CachedSelfAttention.top_left_mask"),
     Variant("module_square_mask", """
 class CachedSelfAttention(CachedSelfAttention):
@@ -215,7 +216,8 @@ class CachedSelfAttention(CachedSelfAttention):
         "y.transpose(1, 2).reshape(B, T, D)", "y.reshape(B, T, D)")),
             "CachedSelfAttention", "CachedSelfAttention.merge_no_transpose"),
     Variant("module_no_output_projection", forward_with(REFERENCE_ATTEND, REFERENCE_TAIL.replace(
-        "self.w_o(y.transpose(1, 2).reshape(B, T, D))", "y.transpose(1, 2).reshape(B, T, D)  # w_o: applied by the caller")),
+        "self.w_o(y.transpose(1, 2).reshape(B, T, D))",
+        "y.transpose(1, 2).reshape(B, T, D)  # w_o: applied by the caller")),
             "CachedSelfAttention", "CachedSelfAttention.no_output_projection"),
     Variant("module_no_mask_with_cache", forward_with("""\
         past_len = 0
@@ -291,11 +293,14 @@ class CachedSelfAttention(CachedSelfAttention):
         return super().forward(x, cache)
 """, "CachedSelfAttention", "layer_names"),
     # -- kv_cache_bytes -----------------------------------------------------------------------
-    Variant("bytes_no_factor_two", bytes_with("num_layers * batch_size * num_kv_heads * head_dim * seq_len * dtype.itemsize"),
+    Variant("bytes_no_factor_two",
+            bytes_with("num_layers * batch_size * num_kv_heads * head_dim * seq_len * dtype.itemsize"),
             "kv_cache_bytes", "kv_cache_bytes.no_factor_two"),
-    Variant("bytes_in_bits", bytes_with("2 * num_layers * batch_size * num_kv_heads * head_dim * seq_len * dtype.itemsize * 8"),
+    Variant("bytes_in_bits",
+            bytes_with("2 * num_layers * batch_size * num_kv_heads * head_dim * seq_len * dtype.itemsize * 8"),
             "kv_cache_bytes", "kv_cache_bytes.in_bits"),
-    Variant("bytes_fixed_itemsize", bytes_with("2 * num_layers * batch_size * num_kv_heads * head_dim * seq_len * 2  # bf16"),
+    Variant("bytes_fixed_itemsize",
+            bytes_with("2 * num_layers * batch_size * num_kv_heads * head_dim * seq_len * 2  # bf16"),
             "kv_cache_bytes", "kv_cache_bytes.fixed_itemsize"),
     Variant("bytes_tensor", bytes_with(
         "2 * torch.tensor([num_layers, batch_size, num_kv_heads, head_dim, seq_len]).prod() * dtype.itemsize"),
@@ -325,7 +330,8 @@ CORRECT = [
         """
         class KVCache:
             def __init__(self, batch_size, num_heads, head_dim, max_len, dtype=torch.float32, device=None):
-                self.k = torch.empty(batch_size, num_heads, max_len, head_dim, dtype=dtype, device=device)  # never read unfilled
+                # empty: no slot is read before it is filled
+                self.k = torch.empty(batch_size, num_heads, max_len, head_dim, dtype=dtype, device=device)
                 self.v = torch.empty_like(self.k)
                 self._filled = 0
 
@@ -412,7 +418,8 @@ CORRECT = [
         """
         def kv_cache_bytes(batch_size, num_layers, num_kv_heads, head_dim, seq_len, dtype):
             keys_and_values = 2
-            return keys_and_values * math.prod((num_layers, batch_size, num_kv_heads, head_dim, seq_len)) * dtype.itemsize
+            elements = math.prod((num_layers, batch_size, num_kv_heads, head_dim, seq_len))
+            return keys_and_values * elements * dtype.itemsize
         """,
     ),
 ]
@@ -428,6 +435,7 @@ def decode_mask(t_new, past_len, device=None):
     return torch.ones(t_new, past_len + t_new, dtype=torch.bool).tril(diagonal=past_len)
 """, "decode_mask", "result_on_cpu"),
     Variant("module_mask_on_cpu", forward_with(REFERENCE_ATTEND.replace(
-        "~decode_mask(T, past_len, device=x.device)", "~torch.ones(T, past_len + T, dtype=torch.bool).tril(diagonal=past_len)")),
+        "~decode_mask(T, past_len, device=x.device)",
+        "~torch.ones(T, past_len + T, dtype=torch.bool).tril(diagonal=past_len)")),
             "CachedSelfAttention", "tensor_on_cpu"),
 ]

@@ -29,7 +29,8 @@ def test_a_rule_kept_by_garbage_earns_no_rule_points(grade_source):
 
 # -- the NumPy model answer agrees with the torch one -------------------------------------------
 
-TOL = {np.float32: dict(rtol=1e-4, atol=1e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}  # the grader's float32 tolerance
+# float32: the grader's tolerance
+TOL = {np.float32: dict(rtol=1e-4, atol=1e-5), np.float64: dict(rtol=1e-10, atol=1e-12)}
 B, H, TQ, TK, D = 2, 4, 5, 7, 16
 
 

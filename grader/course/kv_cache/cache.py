@@ -1,0 +1,351 @@
+"""kv_cache's KVCache step: the cache script, its record and checks, and its named mistakes.
+
+A cache script builds the candidate's KVCache in one worker, appends chunk after chunk, and
+reads what the cache holds after each append; its record (CacheScript) is the answer the
+mistakes' tests read, named through Run.explain as every other step's answers are. spec.py
+beside this file declares the exercise; the sizes below are shared with it.
+"""
+
+from typing import NamedTuple
+
+import torch
+
+from grader.engine import (
+    Call,
+    CandidateError,
+    CheckFailed,
+    Mistake,
+    Raises,
+    Run,
+    Script,
+    StepSpec,
+    Tolerance,
+    device_of,
+    diagnose,
+    expect_each,
+    expect_form,
+    expect_result,
+    matches_any,
+    prop,
+    type_name,
+)
+
+FLOATS = (torch.float32, torch.float64)
+B, H, DH = 2, 3, 4  # batch, heads, head width
+D = H * DH  # model width
+MAX_LEN = 16  # the cache's room: more than twice the tokens any check appends, so a length advanced twice still fits
+CHUNKS = (4, 1, 2)  # tokens per append: a prefill of 4 (not H, so the head axis cannot pass for the token axis), 1, 2
+KV = ("k_new", "v_new")  # append's arguments, as messages name them
+X = ("x",)  # the module's
+
+
+def _pair(value, what: str):
+    """An append's answer as (k, v)."""
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return value
+    got = f"a {type(value).__name__} of {len(value)}" if isinstance(value, (tuple, list)) else type_name(value)
+    raise CheckFailed(f"{what} returned {got}; expected a tuple (k, v)")
+
+
+def _shape(value):
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else type_name(value)
+
+
+# -- KVCache ------------------------------------------------------------------------------
+
+
+def cache_inputs(gen, dtype, chunks=CHUNKS):
+    """The new keys and values of each append, (B, H, T, Dh) each: the keys of head h about h, its values about -h."""
+    offset = torch.arange(H, dtype=dtype).view(1, H, 1, 1)
+    ks = [torch.as_tensor(gen.randn(B, H, t, DH, dtype=dtype)) * 0.1 + offset for t in chunks]
+    vs = [torch.as_tensor(gen.randn(B, H, t, DH, dtype=dtype)) * 0.1 - offset for t in chunks]
+    return Call((ks, vs), names=KV)
+
+
+class Append(NamedTuple):
+    """What one append of a CacheScript showed, and what it should have."""
+
+    index: int
+    returned: object  # append's answer
+    length: object  # then read: length, k, v
+    k: object
+    v: object
+    keys: torch.Tensor  # every key appended so far, (B, H, length, Dh)
+    vals: torch.Tensor
+    expected_length: int
+
+    @property
+    def returned_k(self):
+        return self.returned[0] if isinstance(self.returned, (tuple, list)) and self.returned else None
+
+
+class CacheScript:
+    """A cache built (its unused slots filled with NaN if `nan`), then for each chunk: append, read length, k and v.
+
+    The answer of a cache check: `initial` and `appends` sort the results out, and the cache's
+    mistakes' tests read them (Run.explain(script, script.call) names the one it shows).
+    """
+
+    def __init__(self, run: Run, dtype=torch.float32, device: str = "cpu", chunks=CHUNKS, nan: bool = False):
+        self.dtype, self.chunks, self.nan = dtype, chunks, nan
+        self.call = run.inputs(dtype=dtype, chunks=chunks)
+        self.ks, self.vs = self.call.args
+        script = Script()
+        on = {"device": device} if device != "cpu" else {}
+        cache = script.build("KVCache", B, H, DH, MAX_LEN, dtype=dtype, **on)
+        if nan:
+            script.fill(cache, ("k", "v"), axis=2, start="length")
+        self.start = len(script.actions)
+        for name in ("k", "v", "length"):
+            script.get(cache, name)
+        for k, v in zip(self.ks, self.vs, strict=True):
+            script.call(cache, "append", k, v, names=KV)
+            for name in ("length", "k", "v"):
+                script.get(cache, name)
+        self.results = run.script(script, device=device).value
+
+    @property
+    def initial(self):
+        return self.results[self.start:self.start + 3]  # k, v, length
+
+    def appends(self):
+        """One Append for each chunk, in order."""
+        first = self.start + 3
+        for i, _ in enumerate(self.chunks):
+            returned, length, k, v = self.results[first + 4 * i:first + 4 * i + 4]
+            keys, vals = torch.cat(self.ks[:i + 1], dim=2), torch.cat(self.vs[:i + 1], dim=2)
+            yield Append(i, returned, length, k, v, keys, vals, keys.shape[2])
+
+
+def _grown(seen: CacheScript, *_) -> bool:
+    buffers = [seen.initial[0], *(a.k for a in seen.appends())]
+    return any(isinstance(k, torch.Tensor) and (k.dim() != 4 or k.shape[2] != MAX_LEN) for k in buffers)
+
+
+def _whole_buffer(seen: CacheScript, *_) -> bool:
+    return any(isinstance(k, torch.Tensor) and k.dim() == 4 and k.shape[2] == MAX_LEN != a.expected_length
+               for a in seen.appends() for k in [a.returned_k])
+
+
+def _old_prefix(returned, keys: torch.Tensor, t: int) -> bool:
+    """Is `returned` the keys cached before this append of t tokens (of `keys`, all so far): sliced before advancing?"""
+    old = keys.shape[2] - t
+    return (isinstance(returned, torch.Tensor) and returned.dim() == 4 and t > 0
+            and tuple(returned.shape) == (*keys.shape[:2], old, keys.shape[3])
+            and (returned.is_meta or matches_any(returned.to(keys.dtype), [keys[:, :, :old]])))
+
+
+def _nan_written(seen: CacheScript, *_) -> bool:
+    """With NaN in the unused slots, NaN in the positions an append filled: NaN + k_new is NaN."""
+    found = [x[:, :, :a.expected_length] for a in seen.appends() for x in (*_pair(a.returned, ""), a.k, a.v)
+             if isinstance(x, torch.Tensor) and x.dim() == 4]
+    return seen.nan and any(bool(torch.isnan(x).any()) for x in found)
+
+
+def _cache_check(look):
+    def check(run: Run) -> None:
+        script = CacheScript(run)
+        expect_each(run, script, script.call, look)
+
+    return check
+
+
+def preallocated(script: CacheScript) -> None:
+    k, v, length = script.initial
+    for name, buffer in (("k", k), ("v", v)):
+        try:
+            expect_form(buffer, torch.empty(B, H, MAX_LEN, DH, dtype=script.dtype))
+        except CheckFailed as failure:
+            raise CheckFailed(f"KVCache({B}, {H}, {DH}, max_len={MAX_LEN}).{name}, just built: {failure.message}; "
+                              f"preallocate (B, H, max_len, Dh)") from None
+    if length != 0 or type(length) is not int:
+        raise CheckFailed(f"a new cache's length is {length!r}; expected 0")
+    for a in script.appends():
+        if not isinstance(a.k, torch.Tensor) or tuple(a.k.shape) != (B, H, MAX_LEN, DH):
+            raise CheckFailed(f"after append {a.index + 1}, k is {_shape(a.k)}: the buffer must stay "
+                              f"(B, H, max_len, Dh) = {(B, H, MAX_LEN, DH)}, written in place")
+
+
+def appends(script: CacheScript, where: str = "", tolerance: Tolerance | None = None) -> None:
+    """What each append returned; `where`: the device a device check runs on, said in its messages."""
+    on, total = (f"on {where}, ", "") if where else ("", " (after {} tokens in all)")
+    for a in script.appends():
+        k, v = _pair(a.returned, f"append {a.index + 1}")
+        expect_result(f"{on}append {a.index + 1}{total.format(a.expected_length)} returned k", k, a.keys,
+                      where or "cpu", tolerance)
+        expect_result(f"{on}append {a.index + 1} returned v", v, a.vals, where or "cpu", tolerance)
+
+
+def lengths(script: CacheScript) -> None:
+    for a in script.appends():
+        if type(a.length) is not int:
+            raise CheckFailed(f"after append {a.index + 1}, length is {type_name(a.length)}, not an int")
+        if a.length != a.expected_length:
+            raise CheckFailed(f"after appends of {', '.join(map(str, script.chunks[:a.index + 1]))} tokens, length is "
+                              f"{a.length}; expected {a.expected_length}")
+
+
+def contents(script: CacheScript) -> None:
+    for a in script.appends():
+        n = a.expected_length
+        for name, buffer, want in (("k", a.k, a.keys), ("v", a.v, a.vals)):
+            if not isinstance(buffer, torch.Tensor) or buffer.dim() != 4 or buffer.shape[2] < n:
+                raise CheckFailed(f"after append {a.index + 1}, the cache's {name} is {_shape(buffer)}; expected "
+                                  f"(B, H, max_len, Dh) holding {n} positions")
+            expect_result(f"after append {a.index + 1}, the cache's {name}[:, :, :{n}]", buffer[:, :, :n], want)
+
+
+def unused_slots_nan(run: Run) -> None:
+    script = CacheScript(run, nan=True)
+    expect_each(run, script, script.call, appends, contents, prefix="with NaN in the unused slots: ")
+
+
+def overflow_script(run: Run) -> dict:
+    """A cache of max_len 6 takes 4 tokens, then is offered 3 more: what it showed before and after, by name."""
+    (k1, k2), (v1, v2) = run.inputs(chunks=(4, 3)).args
+    script = Script()
+    cache = script.build("KVCache", B, H, DH, 6)
+    script.call(cache, "append", k1, v1, names=KV)
+    for name in ("k", "v", "length"):
+        script.get(cache, name)
+    script.call(cache, "append", k2, v2, names=KV, may_raise=True)
+    for name in ("length", "k", "v"):
+        script.get(cache, name)
+    names = ("first", "k_before", "v_before", "length_before", "error", "length", "k_after", "v_after")
+    seen = dict(zip(names, run.script(script).value[1:], strict=True), k1=k1, v1=v1)
+    if seen["length_before"] != 4:  # the append that fits must have worked first
+        length = seen["length_before"]
+        mistake = {0: LENGTH_NOT_ADVANCED, 8: LENGTH_TWICE}.get(length) if type(length) is int else None
+        raise CheckFailed(f"a cache of max_len 6 took 4 tokens, and its length is {length!r}; expected 4", mistake)
+    return seen
+
+
+def overflow_raises(run: Run) -> None:
+    error = overflow_script(run)["error"]  # a CandidateError if append raised, else what it returned
+    if not isinstance(error, CandidateError):
+        raise CheckFailed("a cache of max_len 6 holding 4 tokens took 3 more without complaint: check length + T > "
+                          "max_len and raise ValueError", OVERFLOW_NOT_REFUSED)
+    if error.type != "ValueError":
+        mistake = diagnose.ASSERT_NOT_VALUEERROR if error.type == "AssertionError" else OVERFLOW_NOT_REFUSED
+        raise CheckFailed(f"appending 3 tokens to a cache of max_len 6 holding 4 raised {error.message}; the contract "
+                          "says ValueError", mistake)
+
+
+def unchanged_after_overflow(run: Run) -> None:
+    seen = overflow_script(run)
+    if seen["length"] != 4:
+        raise CheckFailed(f"after the refused append (3 tokens past max_len 6), length is {seen['length']!r}; expected "
+                          "4, as before it", CHANGED_BEFORE_RAISING)
+    for name in ("k", "v"):
+        before, after, want = seen[f"{name}_before"], seen[f"{name}_after"], seen[f"{name}1"]
+        kept = before[:, :, :4] if isinstance(before, torch.Tensor) else before
+        expect_result(f"{name}[:, :, :4] after the first append", kept, want)
+        if not (isinstance(after, torch.Tensor) and isinstance(before, torch.Tensor) and after.shape == before.shape
+                and torch.equal(after.nan_to_num(), before.nan_to_num())):
+            raise CheckFailed(f"the refused append changed the cache's {name}: check before writing anything",
+                              CHANGED_BEFORE_RAISING)
+
+
+def fills_to_max_len(run: Run) -> None:
+    """A cache of max_len 7 takes 4 tokens, then 3: the last slot is the cache's to fill (>= would refuse it)."""
+    (k1, k2), (v1, v2) = run.inputs(chunks=(4, 3)).args
+    script = Script()
+    cache = script.build("KVCache", B, H, DH, 7)
+    script.call(cache, "append", k1, v1, names=KV)
+    script.call(cache, "append", k2, v2, names=KV, may_raise=True)
+    script.get(cache, "length")
+    _, result, length = run.script(script).value[1:]
+    if isinstance(result, CandidateError):
+        mistake = FULL_REFUSED if result.type in ("ValueError", "AssertionError") else None
+        raise CheckFailed(f"a cache of max_len 7 holding 4 tokens refused 3 more, which fill it exactly: "
+                          f"{result.message}", mistake)
+    if length != 7:
+        raise CheckFailed(f"a cache of max_len 7 took 4 tokens, then 3, and its length is {length!r}; expected 7")
+    got = result if isinstance(result, (tuple, list)) and len(result) == 2 else (result, None)
+    for name, value, want in (("k", got[0], torch.cat([k1, k2], 2)), ("v", got[1], torch.cat([v1, v2], 2))):
+        try:
+            expect_result(f"the {name} returned by the append that filled the cache", value, want)
+        except CheckFailed as failure:  # this check's own script: RETURNS_OLD_PREFIX's test reads a CacheScript
+            mistake = failure.mistake or (RETURNS_OLD_PREFIX if _old_prefix(value, want, k2.shape[2]) else None)
+            raise CheckFailed(failure.message, mistake, failure.details) from None
+
+
+def half(run: Run) -> None:
+    script = CacheScript(run, dtype=torch.float16)
+    k, _, _ = script.initial
+    if isinstance(k, torch.Tensor) and k.dtype != torch.float16:
+        raise CheckFailed(f"KVCache(..., dtype=torch.float16).k is {str(k.dtype).removeprefix('torch.')}: make the "
+                          "buffers in the dtype asked for", DTYPE_IGNORED)
+    expect_each(run, script, script.call, appends, prefix="in float16: ")
+
+
+def cache_on_device(run: Run) -> None:
+    where = run.ctx.device
+    fresh = Script()
+    cache = fresh.build("KVCache", B, H, DH, MAX_LEN, **({"device": where} if where != "cpu" else {}))
+    fresh.get(cache, "k")
+    fresh.get(cache, "v")
+    # first, on its own: on the meta device a CPU buffer cannot take a meta append
+    for name, buffer in zip("kv", run.script(fresh, device=where).value[1:], strict=True):
+        if isinstance(buffer, torch.Tensor) and device_of(buffer).split(":")[0] != where.split(":")[0]:
+            raise CheckFailed(f"KVCache(..., device={where!r}).{name} is on {device_of(buffer)}: make the buffers on "
+                              "the device asked for", diagnose.RESULT_ON_CPU)
+    script = CacheScript(run, device=where)
+    expect_each(run, script, script.call, lambda seen: appends(seen, where, Tolerance(0, 0)))
+
+
+WRONG_AXIS = Mistake(
+    "KVCache.wrong_axis", "appended along the wrong axis: write the new (B, H, T, Dh) on axis 2, at "
+    "k[:, :, length:length + T]", why="The buffers are (B, H, max_len, Dh): the tokens are axis 2, not the heads'.",
+    test=lambda seen, *_: _shape(seen.initial[0]) == (B, MAX_LEN, H, DH),
+    raises=Raises(message=r"must match|expanded size|shape mismatch|size mismatch", line=r"\[.*:.*\]|copy_|narrow"))
+GROWN_BY_CAT = Mistake(
+    "KVCache.grown_by_cat", "the buffers grow (torch.cat onto what is cached): preallocate k and v as "
+    "(B, H, max_len, Dh) once and write each append in place",
+    why="cat copies the whole cache at every token: quadratic over a sequence.", test=_grown)
+LENGTH_NOT_ADVANCED = Mistake(
+    "KVCache.length_not_advanced", "length was not advanced: after writing T tokens at [length, length + T), set "
+    "length += T", why="Otherwise the next append overwrites them, and what append returns leaves them out.",
+    test=lambda seen, *_: any(type(a.length) is int and a.length == 0 for a in seen.appends()))
+LENGTH_TWICE = Mistake(
+    "KVCache.length_advanced_twice", "length was advanced twice per append (by 2·T): advance it once, after the write",
+    test=lambda seen, *_: any(type(a.length) is int and a.length == 2 * a.expected_length for a in seen.appends()))
+WHOLE_BUFFER = Mistake(
+    "KVCache.returns_whole_buffer", "returned the whole buffer, unused slots included: return k[:, :, :length] and "
+    "v[:, :, :length], the positions filled so far", test=_whole_buffer)
+RETURNS_OLD_PREFIX = Mistake(
+    "KVCache.returns_old_prefix", "returned the positions cached before this append, without the tokens just written: "
+    "advance length first, or return k[:, :, :length + T]",
+    why="k[:, :, :length] was sliced before length was advanced.",
+    test=lambda seen, *_: any(_old_prefix(a.returned_k, a.keys, seen.chunks[a.index]) for a in seen.appends()))
+ADDED_NOT_WRITTEN = Mistake(
+    "KVCache.added_not_written", "the new keys were added to what the slots held (+=, index_add_): assign them "
+    "(k[:, :, a:b] = k_new, or copy_)", test=_nan_written,
+    why="Adding is right only while the slots hold zeros: the grader fills the unused slots with NaN.")
+FULL_REFUSED = Mistake(
+    "KVCache.full_refused", "refused an append that fills the cache exactly (length + T == max_len): raise only "
+    "when length + T > max_len", why="The last slot is the cache's to fill; >= refuses it.")
+OVERFLOW_NOT_REFUSED = Mistake(
+    "KVCache.overflow_not_refused", "an append past max_len was not refused with ValueError: check "
+    "length + T > max_len first and raise ValueError",
+    why="Without the check, a slice past the end is silently cut short, and the copy into it raises its own "
+        "RuntimeError.")
+CHANGED_BEFORE_RAISING = Mistake(
+    "KVCache.changed_before_raising", "the refused append changed the cache (length advanced, or tokens written) "
+    "before raising: check first, then write, then advance")
+DTYPE_IGNORED = Mistake(
+    "KVCache.dtype_ignored", "the buffers ignore the dtype argument (torch.zeros(shape) is float32): pass dtype= and "
+    "device= when you make them")
+
+CACHE = StepSpec(
+    "KVCache", cache_inputs, lambda ks, vs: None, prefix="cache",
+    checks=(
+        prop("preallocated", 3, _cache_check(preallocated)), prop("appends", 4, _cache_check(appends)),
+        prop("length", 3, _cache_check(lengths)), prop("contents", 4, _cache_check(contents)),
+        prop("unused_slots_nan", 3, unused_slots_nan), prop("fills_to_max_len", 2, fills_to_max_len),
+        prop("overflow_raises", 2, overflow_raises), prop("unchanged_after_overflow", 3, unchanged_after_overflow),
+        prop("half", 3, half), prop("device", 3, cache_on_device),
+    ),
+    mistakes=(WRONG_AXIS, GROWN_BY_CAT, LENGTH_NOT_ADVANCED, LENGTH_TWICE, WHOLE_BUFFER, RETURNS_OLD_PREFIX,
+              ADDED_NOT_WRITTEN, FULL_REFUSED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, DTYPE_IGNORED),
+)

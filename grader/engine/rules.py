@@ -1,0 +1,120 @@
+"""The rules of a step, beside its answer: the torch functions it must not call, the tampering that would
+hide a call from the worker's record, and a NumPy exercise's torch-free file.
+
+The worker records every torch function a call reaches; the grader reads that record and the
+candidate's source (parsed, never run) here. A forbidden call costs the whole step (a breach).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from grader.engine.diagnose import FORBIDDEN_CALL
+from grader.engine.failure import CheckFailed
+
+# Names of ways to blind the worker's record of torch calls: switching the mode off, or reaching the record
+# itself (the mode stack, the worker's frames, the garbage collector's list of every object). A file that
+# names one keeps no rule.
+TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_set_torch_function_mode", "torch.ops.",
+             "_get_current_function_mode_stack", "_getframe", "currentframe", "f_locals", "f_back", "get_objects")
+
+
+def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: str = "") -> None:
+    """The call used none of the step's forbidden torch functions, under any alias: a breach costs the step.
+
+    A name matches when it contains a forbidden one, so `_safe_softmax`, `special_softmax`
+    and `_softmax.default` (reached through torch.ops) all count as `softmax`.
+    """
+    tampering = [t for t in TAMPERING if forbidden and t in source]
+    if tampering:  # hiding a forbidden call in the step costs what making it costs; elsewhere, the rules checks
+        in_step = tampering[0] in _with_helpers(source, step_source)
+        raise CheckFailed(f"the file uses {tampering[0]}, which hides torch calls from the rules check", FORBIDDEN_CALL,
+                          details={"tampering": tampering[0]}, breach=in_step)
+    wanted = {f.lstrip("_") for f in forbidden}
+    used = sorted(n for n in called if any(f in n.split(".")[0] for f in wanted))
+    if used:
+        raise CheckFailed(f"called {', '.join(used)}, which this step must not use: write it with basic tensor ops",
+                          FORBIDDEN_CALL, details={"forbidden_calls": used}, breach=True)
+
+
+def _with_helpers(source: str, step_source: str) -> str:
+    """The step's source and that of every top-level definition it names, and those name, and so on."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return step_source
+    defined = {node.name: ast.get_source_segment(source, node) or "" for node in tree.body if hasattr(node, "name")}
+    texts, frontier, seen = [step_source], [step_source], set()
+    while frontier:
+        text = frontier.pop()
+        for name in sorted(defined.keys() - seen):
+            if re.search(rf"\b{re.escape(name)}\b", text):
+                seen.add(name)
+                texts.append(defined[name])
+                frontier.append(defined[name])
+    return "\n".join(texts)
+
+
+def expect_no_import(source: str, module: str) -> None:
+    """The candidate file does not import `module` (read, never run: the grader parses it)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        raise CheckFailed("the file does not parse") from None
+    for node in ast.walk(tree):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        if any(n == module or n.startswith(module + ".") for n in names):
+            raise CheckFailed(f"imports {module} at line {node.lineno}: this exercise must not use it")
+
+
+def numpy_only(answer, source: str, step: str, steps: tuple[str, ...]) -> None:
+    """The rules of a NumPy exercise: the call runs no torch (a breach), the file imports none (a small cost).
+
+    The import is charged to the steps whose code names what it bound (a step that used torch
+    costs itself, not its neighbours); an import no step's code names, the habit of a first
+    line, costs every step a little, as a rule of the whole file.
+    """
+    if answer.called:
+        used = sorted(answer.called)
+        more = f" and {len(used) - 5} more" if len(used) > 5 else ""
+        raise CheckFailed(f"called torch ({', '.join(used[:5])}{more}): this exercise is NumPy only",
+                          FORBIDDEN_CALL, details={"forbidden_calls": used}, breach=True)
+    try:
+        expect_no_import(source, "torch")
+    except CheckFailed:
+        tree = ast.parse(source)  # it parsed in expect_no_import
+        users = [s for s in steps if _names_any(tree, s, _bound_by_imports_of(tree, "torch"), steps)]
+        if not users or step in users:
+            raise
+
+
+def _bound_by_imports_of(tree: ast.AST, module: str) -> set[str]:
+    """The names that the file's imports of `module` (anywhere in it) bind."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == module}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == module and not node.level:
+            bound |= {a.asname or a.name for a in node.names}
+    return bound
+
+
+def _names_any(tree: ast.Module, step: str, names: set[str], steps: tuple[str, ...]) -> bool:
+    """Whether the step's definition, or a helper it names (and so on), names any of `names`.
+
+    Other steps are not followed: what they name is theirs (a module that calls `project` is
+    not charged for `project`'s code).
+    """
+    defined = {node.name: node for node in tree.body
+               if hasattr(node, "name") and (node.name == step or node.name not in steps)}
+    reached, frontier = set(), {step} & defined.keys()
+    while frontier:
+        reached |= frontier
+        named = {n.id for name in frontier for n in ast.walk(defined[name]) if isinstance(n, ast.Name)}
+        if named & names:
+            return True
+        frontier = (named & defined.keys()) - reached
+    return False

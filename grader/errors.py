@@ -1,0 +1,62 @@
+"""What the worker says went wrong in the candidate's code, as the grader's CandidateError.
+
+The worker reports an exception as a dict: {"type": class name, "message": text, "line": the
+candidate's own line that raised it}. None of it is trusted: every field is checked, capped
+and made printable here before a check or a report shows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class CandidateError(Exception):
+    """The candidate's code gave no answer: it raised, was not implemented, hung, died or sent garbage."""
+
+    def __init__(self, kind: str, message: str, type: str = "", line: int | None = None):
+        super().__init__(message)
+        self.kind = kind  # raised | not_implemented | missing | memory | timeout | died | import | protocol
+        self.message = message
+        self.type = type  # the exception's class name, when the candidate's code raised
+        self.line = line  # the candidate's own line that raised it, if known
+        self.action: int | None = None  # in a script, the action that raised
+        self.results: list = []  # in a script, the results of the actions before it
+
+
+def raised(error, memory_limit_mb: int, where: Callable[[int], str]) -> CandidateError:
+    """The CandidateError for an exception the candidate's code raised in the worker.
+
+    `where` says a line of the file as its author knows it (see `locate`).
+    """
+    error = error if isinstance(error, dict) else {}
+    name = printable(error.get("type"))
+    message = printable(error.get("message")) or "raised an exception"
+    line = error.get("line") if type(error.get("line")) is int else None
+    kind = {"NotImplementedError": "not_implemented", "MemoryError": "memory"}.get(name, "raised")
+    if kind == "not_implemented" and "meta tensor" in message:  # torch's own, for an op the meta device lacks
+        kind = "raised"
+    if kind == "not_implemented":
+        message = "not implemented yet" + (f" (NotImplementedError at line {line})" if line else "")
+    if kind == "memory":
+        message = f"memory limit exceeded ({memory_limit_mb} MB): {message}"
+    return CandidateError(kind, locate(message, line, where), name, line)
+
+
+def locate(message: str, line, where: Callable[[int], str]) -> str:
+    """The last "line N" in `message` (N the error's `line`) as `where(N)` says it: "cell C, line M" in a notebook."""
+    if type(line) is not int:
+        return message
+    before, found, after = message.rpartition(f"line {line}")
+    return before + where(line) + after if found else message
+
+
+def names_missing(error, name: str) -> bool:
+    """Whether the worker says the candidate's module has no `name` (it imports the file as `candidate`)."""
+    said = f"AttributeError: module 'candidate' has no attribute '{name}'"
+    return isinstance(error, dict) and error.get("message") == said
+
+
+def printable(value) -> str:
+    """A string from the worker, made safe to print: capped, no control characters."""
+    text = value if isinstance(value, str) else ""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:500])

@@ -1,0 +1,175 @@
+"""The oracle: the grader answering a composite's questions about the steps it calls with the reference's results.
+
+A composite step (a module that calls the exercise's other steps) is graded on its own wiring: while
+its checks run, the worker asks the grader for the answers of the step functions it calls that lost
+points in their own checks (`StepSpec.answered`), and the oracle answers with the reference's. The
+questions arrive through the process layer (grader/candidate.py) from code the candidate controls, so
+each is bounded and validated here before the reference runs in the grader's process.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import numpy as np
+import torch
+
+from grader import wire
+from grader.arrays import as_tensor_tree, describe, leaves
+
+# The grader computes a question's answer in its own process, so a question is bounded: its
+# inputs' elements and every one of their sizes (an answer can grow with the square of a size,
+# q @ kᵀ), and the elements one call may ask about in all. Legitimate calls are far below.
+MAX_QUESTION_ELEMENTS = 1 << 16
+MAX_QUESTION_SIZE = 256  # the largest size of any axis of any input
+MAX_CALL_ELEMENTS = 1 << 24  # inputs and answers of all of one call's questions together
+MAX_ANSWER_ELEMENTS = 1 << 22  # an upper bound on one answer (answer_size_bound), before the reference runs
+
+
+class Oracle:
+    """The grader's side of a composite's questions: the reference's answer for each step it calls.
+
+    The worker asks {"op": "answer", "name", "args", "kwargs", "grad"} and, in backward,
+    {"op": "answer_grad", "index", "grads"}; each reply is plain data. Anything a question
+    holds that is not a well-formed question within bounds gets {"ok": false} and an error
+    the candidate's code raises: never an exception here.
+    """
+
+    def __init__(self, references: dict, signatures: dict, backend: str = "torch"):
+        self.references, self.signatures, self.backend = references, signatures, backend
+        self.names = tuple(references)
+        self.asked: dict[int, tuple] = {}  # the questions a backward pass may come back to
+        self.questions = 0
+        self.elements = 0
+
+    def reply(self, frame: dict, blobs: list, out: list) -> dict:
+        try:
+            if frame.get("op") == "answer":
+                return self._answer(frame, blobs, out)
+            return self._answer_grad(frame, blobs, out)
+        except wire.WireError:
+            raise  # a malformed frame: the candidate's protocol error
+        except Exception as exc:  # a well-formed question the reference cannot answer
+            out.clear()
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+
+    def _answer(self, frame: dict, blobs: list, out: list) -> dict:
+        name = frame.get("name")
+        args, kwargs = wire.decode(frame.get("args"), blobs), wire.decode(frame.get("kwargs"), blobs)
+        well_formed = isinstance(args, tuple) and isinstance(kwargs, dict)
+        if type(name) is not str or name not in self.references or not well_formed:
+            return {"ok": False, "error": f"{str(name)[:40]!r} is not a step the grader answers here"}
+        if self.backend == "numpy":  # NumPy promotes mixed float dtypes where torch refuses: promote as it would
+            args, kwargs = _promoted(args), dict(zip(kwargs, _promoted(tuple(kwargs.values())), strict=True))
+        args, kwargs = as_tensor_tree(args), {k: as_tensor_tree(v) for k, v in kwargs.items()}
+        tensors = leaves(args, kwargs)
+        size = sum(t.numel() for t in tensors)
+        if size > MAX_QUESTION_ELEMENTS or any(n > MAX_QUESTION_SIZE for t in tensors for n in t.shape):
+            return {"ok": False, "error": "inputs too large to answer"}
+        meta = any(t.is_meta for t in tensors)
+        if meta:  # shapes are all a meta answer has: computed on CPU zeros (the meta kernels cost a lazy import)
+            args, kwargs = _zeros_for_meta(args), {k: _zeros_for_meta((v,))[0] for k, v in kwargs.items()}
+        try:
+            bound = self.signatures[name].bind(*args, **kwargs)  # by position, or by the contract's names
+            bound.apply_defaults()
+            if "device" in bound.arguments:  # answered on the CPU; the worker moves the answer where it was asked for
+                bound.arguments["device"] = None
+            # int arguments are sizes (t_q, num_heads, n_rep): bounded, and counted in the answer's size; not a
+            # float parameter given a whole number (rope's base=10000)
+            parameters = bound.signature.parameters
+            sizes = [v for p, v in bound.arguments.items() if type(v) is int and not _float_parameter(parameters[p])]
+            too_large = answer_size_bound(tensors, sizes) > MAX_ANSWER_ELEMENTS
+            if too_large or any(abs(n) > MAX_QUESTION_SIZE for n in sizes):
+                return {"ok": False, "error": "inputs too large to answer"}
+            args, kwargs = tuple(bound.args), dict(bound.kwargs)
+            value = self.references[name](*args, **kwargs)
+        except Exception as exc:  # the composite called the step with inputs outside its contract
+            called = describe(args, kwargs, tuple(self.signatures[name].parameters))
+            return {"ok": False, "error": f"it was called with {called}: {type(exc).__name__}: {exc}"[:400]}
+        self.questions += 1
+        self.elements += size + sum(t.numel() for t in leaves(value if isinstance(value, tuple) else (value,), {}))
+        if self.elements > MAX_CALL_ELEMENTS:
+            return {"ok": False, "error": "too many questions in one call"}
+        if frame.get("grad") is True:
+            self.asked[self.questions] = (name, args, kwargs)
+        if self.backend == "numpy":
+            value = _numpy_tree(value)
+        encoded = wire.encode(value, out)
+        if meta:  # a meta answer crosses as shapes and dtypes only
+            out[:] = [b""] * len(out)
+            encoded = _on_meta(encoded)
+        return {"ok": True, "value": encoded, "index": self.questions}
+
+    def _answer_grad(self, frame: dict, blobs: list, out: list) -> dict:
+        index, grads = frame.get("index"), wire.decode(frame.get("grads"), blobs)
+        if type(index) is not int or index not in self.asked or not isinstance(grads, tuple):
+            return {"ok": False, "error": "no such answer to differentiate"}
+        return {"ok": True, "value": wire.encode(self._gradients(*self.asked[index], grads), out)}
+
+    def _gradients(self, name: str, args: tuple, kwargs: dict, grads: tuple) -> tuple:
+        """The reference's vector-Jacobian product at the asked inputs: one gradient (or None) per tensor input."""
+        tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]  # the worker's order: top level
+        inputs = {id(t): t.detach().requires_grad_(t.is_floating_point()) for t in tensors}
+        swap = lambda v: inputs.get(id(v), v) if isinstance(v, torch.Tensor) else v  # noqa: E731
+        with torch.enable_grad():
+            value = self.references[name](*map(swap, args), **{k: swap(v) for k, v in kwargs.items()})
+            outputs = value if isinstance(value, tuple) else (value,)
+            pairs = [(o, g) for o, g in zip(outputs, grads, strict=False)
+                     if isinstance(g, torch.Tensor) and o.requires_grad]
+            if any(g.shape != o.shape for o, g in pairs):
+                raise ValueError("the gradients do not have the answers' shapes")
+            wanted = [t for t in inputs.values() if t.requires_grad]
+            if not pairs or not wanted:
+                return tuple(None for _ in tensors)
+            # sum(o * g) has the gradients of backward(g), without the lazy import (sympy) explicit ones pay
+            total = sum((o * g.to(o.dtype)).sum() for o, g in pairs)
+            found = torch.autograd.grad(total, wanted, allow_unused=True)
+        by_id = dict(zip((id(t) for t in wanted), found, strict=True))
+        return tuple(by_id.get(id(inputs[id(t)])) for t in tensors)
+
+
+def _promoted(values: tuple) -> tuple:
+    floats = [v for v in values if isinstance(v, np.ndarray) and v.dtype.kind == "f"]
+    if not floats:
+        return values
+    common = np.result_type(*floats)
+    return tuple(v.astype(common) if isinstance(v, np.ndarray) and v.dtype.kind == "f" else v for v in values)
+
+
+def _zeros_for_meta(values: tuple) -> tuple:
+    return tuple(torch.zeros(v.shape, dtype=v.dtype) if isinstance(v, torch.Tensor) and v.is_meta else v
+                 for v in values)
+
+
+def _on_meta(item):
+    """An encoded answer as a meta tensor's: its dtype and shape, on the meta device, no bytes."""
+    if isinstance(item, dict) and item.get("kind") == "tensor":
+        return {k: v for k, v in item.items() if k != "blob"} | {"device": "meta"}
+    if isinstance(item, dict) and isinstance(item.get("items"), list):
+        return dict(item, items=[_on_meta(v) for v in item["items"]])
+    return item
+
+
+def _float_parameter(parameter: inspect.Parameter) -> bool:
+    return parameter.annotation in (float, "float") or type(parameter.default) is float
+
+
+def answer_size_bound(tensors: list, ints: list) -> int:
+    """About the most elements a reference makes of these inputs, known before it runs: the broadcast of
+    them all, every leading axis at its largest, then two axes as long as the longest of the last two
+    or of the integer arguments (a matmul's Tq × Tk, a mask's t_q × t_k). A question whose inputs
+    broadcast to more than the grader can hold is refused before anything is built."""
+    rank = max((t.dim() for t in tensors), default=0)
+    widest = [max((t.shape[t.dim() - rank + i] for t in tensors if t.dim() >= rank - i), default=1)
+              for i in range(rank)]
+    longest = max([1, *widest[-2:], *(abs(n) for n in ints)])
+    return math.prod(widest[:-2]) * longest * longest
+
+
+def _numpy_tree(value):
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    if isinstance(value, tuple):
+        return tuple(_numpy_tree(v) for v in value)
+    return value

@@ -1,0 +1,109 @@
+"""The oracle's side in a child: the candidate's step functions a composite calls, answered by the grader.
+
+While a composite runs, each step function the request names ("answered") is replaced in the
+candidate's module by a proxy that asks the grader over the child's pipe for the reference's result
+of its own inputs, and hands that back; gradients flow through these answers too (backward asks for
+the reference's vector-Jacobian product). Only plain data crosses: no reference code is ever in the
+child.
+
+Loaded by path by worker.py (never as part of the grader package); torch and the wire module are
+handed in.
+"""
+
+import inspect
+
+
+class Answered:
+    """While active, the candidate's step functions named in `names` are answered by the grader.
+
+    A composite that calls one of its steps gets the reference's result of its own inputs,
+    asked for over the pipe: the grader computes it and sends the result back as plain data.
+    """
+
+    def __init__(self, torch, wire, record, module, names, fds):
+        self.torch, self.wire, self.record, self.module, self.names = torch, wire, record, module, list(names)
+        self.read_fd, self.write_fd = fds
+        self.saved = {}
+
+    def __enter__(self):
+        for name in self.names:
+            if hasattr(self.module, name):
+                self.saved[name] = getattr(self.module, name)
+                setattr(self.module, name, self._proxy(name))
+        return self
+
+    def __exit__(self, *exc):
+        for name, function in self.saved.items():
+            setattr(self.module, name, function)
+        self.saved = {}
+
+    def ask(self, header):
+        """One question to the grader, and its answer; the torch calls made here are the grader's, not the candidate's
+        (nor the tensors they create)."""
+        with self.record.paused():
+            blobs = []
+            header = {k: self.wire.encode(self._plain(v), blobs) if k in ("args", "kwargs", "grads") else v
+                      for k, v in header.items()}
+            self.wire.write_frame(self.write_fd, header, blobs)
+            reply, reply_blobs = self.wire.read_frame(self.read_fd)
+            if reply.get("ok") is not True:
+                raise RuntimeError(f"{header.get('name', 'a step')} (answered by the grader): {reply.get('error')}")
+            return self.wire.decode(reply.get("value"), reply_blobs), reply.get("index")
+
+    def _proxy(self, name):
+        torch, answered = self.torch, self
+
+        class Answer(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, args, kwargs, *tensors):
+                value, ctx.index = answered.ask({"op": "answer", "name": name, "args": args, "kwargs": kwargs,
+                                                 "grad": True})
+                return answered.placed(value, answered.target(tensors, {}))
+
+            @staticmethod
+            def backward(ctx, *grads):
+                value, _ = answered.ask({"op": "answer_grad", "index": ctx.index, "grads": grads})
+                return (None, None, *answered.placed(tuple(value), answered.target(grads, {})))
+
+        signature = inspect.signature(self.saved[name])
+
+        def proxy(*args, **kwargs):
+            # Bound by the candidate's own parameter names, sent by position: the grader binds them to the contract's.
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            args, kwargs = tuple(bound.args), dict(bound.kwargs)
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            if not any(t.requires_grad for t in tensors):  # nothing to differentiate (NumPy, or no grad wanted)
+                question = {"op": "answer", "name": name, "args": args, "kwargs": kwargs, "grad": False}
+                return answered.placed(answered.ask(question)[0], answered.target(tensors, bound.arguments))
+            return Answer.apply(args, kwargs, *tensors)
+
+        proxy.__name__ = name
+        return proxy
+
+    def _plain(self, value):
+        """nn.Parameter and other tensor subclasses as plain tensors: only those cross."""
+        if isinstance(value, self.torch.Tensor) and type(value) is not self.torch.Tensor:
+            return self.torch.Tensor._make_subclass(self.torch.Tensor, value.detach())
+        if isinstance(value, self.torch.device):  # crosses as its name: the grader answers on the CPU anyway
+            return str(value)
+        if isinstance(value, (tuple, list)):
+            return type(value)(self._plain(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self._plain(v) for k, v in value.items()}
+        return value
+
+    def target(self, tensors, arguments) -> object:
+        """Where an answer belongs: the device a `device` argument asks for, else the inputs' device."""
+        asked = arguments.get("device")
+        if isinstance(asked, (str, self.torch.device)):
+            return self.torch.device(asked)
+        return next((t.device for t in tensors if isinstance(t, self.torch.Tensor)), None)
+
+    def placed(self, value, device):
+        """Tensors of an answer moved to `device` (the grader answers on the CPU; a meta answer comes as meta)."""
+        if device is None or device.type == "cpu":
+            return value
+        if isinstance(value, tuple):
+            return tuple(v.to(device) if isinstance(v, self.torch.Tensor) else v for v in value)
+        return value.to(device) if isinstance(value, self.torch.Tensor) else value

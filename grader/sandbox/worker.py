@@ -1,0 +1,335 @@
+"""The worker's entry point: a zygote that imports torch once, and forks the children that run candidate code.
+
+The grader starts `python -I -u worker.py CONTROL_FD WIRE_PY` in a new session with a
+scrubbed environment. This zygote never runs candidate code. It imports torch (and warms
+the device the checks will use), then answers the grader on its control socket:
+
+    {"op": "spawn", "workdir": ..., "candidate": ..., "memory_limit": bytes, "stand_ins": path | null, ...}
+        with three file descriptors -> {"pid": N, "namespaced": bool, "fs_isolated": bool, "cuda_error": str | None}
+        fork a child that drops into its own sandbox (isolation.py), imports the candidate file,
+        says hello on its pipe and answers requests there (serve.py). As root, the zygote gives
+        each child a PID namespace of its own, whose first process the child is. "fs_isolated"
+        says whether the child's file system is the allowlist (`isolation.allowlist_root`): the
+        child tells the zygote before any candidate code runs, so no candidate can forge it; so
+        does "cuda_error", why CUDA would not start in the child (a fault of the grader's).
+        "stand_ins" is the exercise's file of stand-in classes (grader code, loaded here by path
+        once, before any child's sandbox hides it), which a script may build (scripts.py).
+    {"op": "kill", "pid": N, "wait": bool, "grace": seconds}
+        -> {"status": "exit code 0" | "killed by signal SIGSEGV" | ...}
+        kill that child's process group, then every process below the zygote but the other
+        children and theirs, and (with "wait") say how the child ended.
+    {"op": "ping"} -> {"alive": true}
+        so the grader knows no child's code has killed (or stopped) the zygote.
+
+The zygote is a child subreaper, so a process the candidate starts in a new session or
+double-forks is re-parented here and found by `_kill_descendants`. When the grader goes
+away (the control socket closes) the zygote kills everything below it and exits.
+
+This file never imports the grader package: its sibling modules, like the wire module, are
+loaded by path under private names (`_load_siblings`), all before any child's sandbox hides
+grader/ from it.
+"""
+
+import gc
+import importlib.util
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import NoReturn
+
+SIBLINGS = ("isolation", "recorder", "answered", "serve", "scripts")  # this folder's modules the worker runs
+PRIVATE_PREFIX = "_attn_grade_sandbox_"  # their names here: no import of the grader package finds them
+SANDBOX_SETUP_TIMEOUT = 10.0  # seconds the zygote waits for a child to say whether it is isolated
+BUG_EXIT = 70  # the zygote's exit status for "a bug here, not the candidate's doing" (EX_SOFTWARE)
+
+
+def _load_by_path(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load_siblings() -> dict:
+    """This folder's other modules, loaded by path under private names.
+
+    Each is in sys.modules before any of them runs, so they import one another by those
+    names (`import _attn_grade_sandbox_serve as serve`) whatever the order. None imports
+    torch when loaded: the zygote's own `import torch` is timed (see `main`).
+    """
+    folder = os.path.dirname(os.path.abspath(__file__))
+    loaded = []
+    for name in SIBLINGS:
+        spec = importlib.util.spec_from_file_location(PRIVATE_PREFIX + name, os.path.join(folder, f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        loaded.append((spec, module))
+    for spec, module in loaded:
+        spec.loader.exec_module(module)
+    return {name: module for name, (_, module) in zip(SIBLINGS, loaded, strict=True)}
+
+
+_siblings = _load_siblings()
+isolation, serve = _siblings["isolation"], _siblings["serve"]
+
+
+# -- the zygote ------------------------------------------------------------------------
+
+
+def main() -> None:
+    control = socket.socket(fileno=int(sys.argv[1]))
+    wire = _load_by_path("_attn_grade_wire", sys.argv[2])
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # ask NVML, so no CUDA context exists to break fork
+    try:
+        own_pid_namespace = isolation.own_pid_namespace()
+    except OSError as error:
+        _bug(str(error))
+
+    # No garbage collection while torch loads: it makes hundreds of thousands of objects, and
+    # each full collection on the way walks them all (a tenth of the import's time). Then the
+    # lot is frozen, so no child's collection walks (and copies) the pages it shares with us.
+    gc.disable()
+    import numpy  # noqa: F401  (imported once here, not in every child)
+    import torch
+
+    torch.set_num_threads(1)  # the grader needs the other core; the inputs are small
+    cuda = torch.cuda.is_available()  # asked once, here: NVML's handles would not survive the sandbox
+    if os.environ.get("ATTN_GRADE_WARM") == "device" and not cuda:
+        _warm_meta(torch)
+    gc.freeze()
+    gc.enable()
+    isolation.become_subreaper()
+    isolation.remove_stale_cgroups()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    spawned = set()
+    workdirs, home = set(), os.getcwd()  # the candidates' folders and ours, all the grader's temporary ones
+    plan = isolation.sandbox_plan(home, cuda)  # once: every module the children need is loaded by now
+    stand_ins = {}  # path -> the module of an exercise's stand-ins, loaded once
+
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(control, 65536, 3)
+        except OSError:
+            data, fds = b"", []
+        if not data:  # the grader is gone (killed, maybe, with no time to clean up after us)
+            for pid in spawned:
+                _kill(pid)
+            _kill_descendants(keep=set())
+            for pid in spawned:
+                isolation.remove_cgroup(pid)
+            for folder in (*workdirs, home):  # gone already unless the grader was killed
+                shutil.rmtree(folder, ignore_errors=True)
+            os._exit(0)
+        request = json.loads(data)
+        if request["op"] == "spawn":
+            workdirs.add(request["workdir"])
+            stand_ins_module = _stand_ins(request.get("stand_ins"), stand_ins)
+            # The next child is the first process of a PID namespace of its own: no process
+            # outside has a pid it can name (`os.kill(-1, ...)`, the grader's or the zygote's
+            # pid read from /proc reach nothing), and when it dies, all it started die too.
+            wanted = request.get("pid_namespace", True) and own_pid_namespace is not None
+            namespaced = wanted and isolation.pid_namespace_for_next_fork()
+            status_read, status_write = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                os.close(status_read)
+                _child(wire, torch, request, fds, cuda, status_write, plan, stand_ins_module)  # never returns
+            os.close(status_write)
+            if namespaced and not isolation.return_to_pid_namespace(own_pid_namespace):
+                _bug("cannot return to its own PID namespace")  # else the next child would join this one's
+            spawned.add(pid)
+            for fd in fds:
+                os.close(fd)
+            status = _isolation_status(status_read)
+            _reply(control, {"pid": pid, "namespaced": namespaced, "fs_isolated": not status.get("fs"),
+                             "cuda_error": status.get("cuda")})
+        elif request["op"] == "ping":
+            _reply(control, {"alive": True})
+        elif request["op"] == "kill":
+            pid = request["pid"]
+            spawned.discard(pid)
+            if request.get("wait"):
+                status = _kill(pid, grace=min(float(request.get("grace", 0)), 1.0))
+                _reply(control, {"status": status})
+            else:  # answer first: the grader goes on while the child is reaped and swept
+                _reply(control, {"status": "killed"})
+                _kill(pid)
+            _kill_descendants(keep=spawned)
+            isolation.remove_cgroup(pid)  # empty only now that the sweep has ended what the child left
+
+
+def _bug(message: str) -> NoReturn:
+    """End the zygote for a fault of the grader's: the grader reads the log and reports an internal error."""
+    print(f"attn-grade zygote: {message}", flush=True)
+    os._exit(BUG_EXIT)
+
+
+def _reply(control, answer: dict) -> None:
+    """Answer the grader; one that has gone away reads nothing, and the next receive sees it gone."""
+    try:
+        control.sendall(json.dumps(answer).encode())
+    except OSError:
+        pass
+
+
+def _stand_ins(path, loaded: dict):
+    """The module of an exercise's stand-in classes (None for none), loaded by path once, in the zygote.
+
+    Grader code, never the candidate's: it is loaded here, before a child's sandbox hides the
+    kit, under a private name, and every child forked later has it. Loaded once per path, so
+    a file changed while the zygote lives (by a candidate where there is no file-system
+    isolation) is never run here.
+    """
+    if path is None:
+        return None
+    if path not in loaded:
+        spec = importlib.util.spec_from_file_location(f"_attn_grade_stand_ins_{len(loaded)}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # as an import would: a dataclass there looks its module up
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            traceback.print_exc()
+            _bug(f"cannot load the stand-ins {path}")
+        loaded[path] = module
+    return loaded[path]
+
+
+def _kill(pid: int, grace: float = 0.0) -> str:
+    """Kill a child's process group and whatever the candidate left; say how the child ended.
+
+    With `grace`, a child that is ending by itself first gets that long to end: one passing
+    on its candidate's death (`isolation.fork_into_pid_namespace`) must not be killed mid-way.
+    """
+    deadline = time.monotonic() + grace
+    ended = 0
+    while not ended and time.monotonic() < deadline:
+        try:
+            ended, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            return "already reaped"
+        if not ended:
+            time.sleep(0.001)
+    # The group, whose members outlive a reaped leader; and, not yet reaped (its pid still
+    # its own), the child itself, in case it has no group yet.
+    for kill in (os.killpg,) if ended else (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    if not ended:
+        try:
+            _, status = os.waitpid(pid, 0)
+        except ChildProcessError:
+            return "already reaped"
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else str(number)
+        return f"killed by signal {name}"
+    return f"exit code {os.WEXITSTATUS(status)}"
+
+
+def _kill_descendants(keep: set) -> None:
+    """SIGKILL every process below the zygote but the children in `keep` and theirs, until none is left."""
+    me = os.getpid()
+    for _ in range(100):
+        parents = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/stat", "rb") as f:
+                        stat = f.read()
+                    parents[int(entry)] = int(stat[stat.rindex(b")") + 2 :].split()[1])
+                except (OSError, ValueError, IndexError):
+                    pass
+        below, frontier = set(), {me}
+        while frontier:
+            frontier = {pid for pid, parent in parents.items() if parent in frontier and pid not in below | keep}
+            below |= frontier
+        if not below:
+            break
+        for pid in below:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pid in below:  # reap our own; the others' parents reap theirs
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def _warm_meta(torch) -> None:
+    """Pay for the meta device's first use now, while the grader is still importing torch."""
+    _skip_lazy_dynamo_import(torch)
+    x = torch.ones(2, 2, device="meta")
+    (x @ x.T).exp().amax(-1, keepdim=True).masked_fill(x[:, :1] > 0, 0.0)
+
+
+def _skip_lazy_dynamo_import(torch) -> None:
+    """Spare the meta device's first elementwise op an import of torch._dynamo (over a second).
+
+    torch wraps its Python meta kernels in torch._disable_dynamo, which imports
+    torch._dynamo on a function's first call only to wrap it so torch.compile will not
+    trace it. Nothing is compiled here, so each wrapper gets its function as is.
+    """
+    inner = torch._compile._disable_dynamo(_warm_meta).__code__
+    slot = inner.co_freevars.index("fn")
+    for obj in gc.get_objects():
+        if type(obj) is type(_warm_meta) and obj.__code__ is inner:
+            fn = obj.__closure__[slot].cell_contents
+            if getattr(fn, "__dynamo_disable", None) is None:
+                fn.__dynamo_disable = fn
+
+
+# -- a child: the sandbox, then the candidate ------------------------------------------
+
+
+def _child(wire, torch, request, fds, cuda: bool, status_fd: int, plan: dict, stand_ins) -> None:
+    read_fd, write_fd, output_fd = fds
+    try:
+        if isolation.enter_sandbox(request, output_fd, keep=(read_fd, write_fd, status_fd), cuda=cuda):
+            isolation.fork_into_pid_namespace()
+        # Told before any candidate code runs: the zygote's word, never the candidate's.
+        fs_isolation = request.get("fs_isolation", True)
+        failure = isolation.allowlist_root(request["workdir"], plan, cuda) if fs_isolation else "turned off"
+        cuda_error = isolation.cap_memory(torch, request["memory_limit"], cuda, cuda and request.get("cuda", True))
+        status = {"fs": failure and failure[:400], "cuda": cuda_error and cuda_error[:400]}
+        os.write(status_fd, json.dumps(status).encode())
+        os.close(status_fd)
+        isolation.drop_capabilities()
+        serve.serve(wire, torch, request["candidate"], read_fd, write_fd, cuda, stand_ins)
+    finally:
+        os._exit(0)
+
+
+def _isolation_status(status_fd: int) -> dict:
+    """What the child just forked says before any candidate code runs: why it does not see
+    only the allowlist ("fs"), and why CUDA would not start ("cuda"), each None if all is
+    well (and both said if it died first). Said in the zygote's log too."""
+    try:
+        ready, _, _ = select.select([status_fd], [], [], SANDBOX_SETUP_TIMEOUT)
+        raw = os.read(status_fd, 2048) if ready else b""
+    finally:
+        os.close(status_fd)
+    try:
+        status = json.loads(raw)
+    except ValueError:
+        status = {"fs": "no answer", "cuda": None}
+    if status.get("fs"):
+        print("attn-grade zygote: a worker runs without file-system isolation:", status["fs"], flush=True)
+    if status.get("cuda"):
+        print("attn-grade zygote: CUDA did not start in a worker:", status["cuda"], flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    main()
