@@ -118,7 +118,7 @@ def softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def weighted_sum(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Mix the values with the attention weights: weights @ v.
+    """Mix the values with the attention weights: out_i = sum_j weights_ij * v_j.
 
     Shapes: weights (..., Tq, Tk), v (..., Tk, Dv) -> (..., Tq, Dv), any number
     of leading batch dims.

@@ -117,7 +117,7 @@ def softmax(scores: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def weighted_sum(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Mix the values with the attention weights: weights @ v.
+    """Mix the values with the attention weights, a weighted sum over the keys.
 
     Shapes: weights (..., Tq, Tk), v (..., Tk, Dv) -> (..., Tq, Dv), any number
     of leading batch dims. out[..., i, :] = sum_j weights[..., i, j] * v[..., j, :]:

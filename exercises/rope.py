@@ -48,10 +48,10 @@ def rope_frequencies(head_dim: int, base: float = 10000.0) -> torch.Tensor:
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The cos and sin tables of the half layout: each float32 (T, head_dim), on the positions' device.
 
-    positions: an integer tensor (T,). The angles are positions[:, None] · θ[None, :]
-    (T, head_dim // 2), concatenated with themselves along the last axis, so that
-    feature j and feature j + head_dim/2 (a pair of the half layout) share an
-    angle; returns (cos(angles), sin(angles)).
+    positions: an integer tensor (T,). Pair i at position m turns by the angle
+    m·θᵢ. In the half layout feature j and feature j + head_dim/2 form a pair,
+    so columns j and j + head_dim/2 of each table hold the same angle. Returns
+    the cosine and the sine of those angles, (cos, sin).
 
     Always computed in float32, whatever dtype the model runs in: at position
     8192 the angle of the fastest pair is 8192 rad, and bfloat16 spaces its
@@ -65,21 +65,21 @@ def rope_cos_sin(positions: torch.Tensor, head_dim: int, base: float = 10000.0) 
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(..., Dh) -> (..., Dh): cat(−x[..., Dh/2:], x[..., :Dh/2]) along the last axis.
+    """(..., Dh) -> (..., Dh): every pair of the half layout turned by 90 degrees.
 
-    Each pair (a, b) = (x[j], x[j + Dh/2]) becomes (−b, a): the pair turned by
-    90 degrees. Works for any number of leading axes.
+    Each pair (a, b) = (x[j], x[j + Dh/2]) becomes (−b, a). Works for any
+    number of leading axes.
 
-    Why: with it the rotation of every pair by its angle is two elementwise
-    products, x·cos + rotate_half(x)·sin, with no complex numbers and no
-    gather: (a, b) -> (a·cos − b·sin, b·cos + a·sin).
+    Why: with it the rotation of every pair by its angle, (a, b) ->
+    (a·cos − b·sin, b·cos + a·sin), is elementwise products with the cos and
+    sin tables, with no complex numbers and no gather.
     """
     # TODO
     raise NotImplementedError("rotate_half: not implemented yet")
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE in the half layout: x·cos + rotate_half(x)·sin.
+    """RoPE in the half layout: each pair (x[j], x[j + Dh/2]) turned by its angle, with the tables.
 
     x: (B, H, T, Dh), any float dtype; cos and sin: (T, Dh) float32, from
     rope_cos_sin. Returns (B, H, T, Dh) in x's dtype, computed in float32 (in

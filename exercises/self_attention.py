@@ -98,7 +98,7 @@ def softmax(scores: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def weighted_sum(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """Mix the values with the attention weights: weights @ values.
+    """Mix the values with the attention weights: context_i = sum_j weights_ij * values_j.
 
     Shapes: weights (..., Tq, Tk), values (..., Tk, d_out) -> (..., Tq, d_out),
     any number of leading dims, none included. Row i is the context vector of

@@ -109,6 +109,11 @@ class Candidate:
         """What the candidate printed, capped; never parsed."""
         return self._pool.output
 
+    def take_output(self) -> str:
+        """What the candidate's calls printed since the last take (a check's own output), capped; not what a
+        worker printed while importing the file, which `output` alone holds."""
+        return self._pool.take_output()
+
     @property
     def fs_isolated(self) -> bool | None:
         """Whether every worker child so far saw only the allowlist (None: no child yet)."""
@@ -142,6 +147,7 @@ class Candidate:
         """Read the child's hello into `info`; raise CandidateError if the file did not import."""
         try:
             hello, _ = wire.read_frame(child.fds[1], self._deadline(self.import_timeout))
+            self._pool.collect_output()  # what it printed while importing, before its output counts as a check's
             child.greeted = True
         except wire.Timeout:
             self._pool.drop_live()

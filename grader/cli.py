@@ -1,7 +1,7 @@
 """The command line: parse arguments, call the library, print, exit with a well-defined code.
 
 Exit codes: 0 every step has full marks; 1 a point was lost; 2 a usage error (a one-line
-message on stderr says what to do); 3 an internal error of the grader's.
+message on stderr says what to do); 3 an internal error of the grader's; 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -21,20 +21,33 @@ from grader.exercise import UsageError, find_exercise, load_course
 from grader.progress import Progress
 from grader.report import FORMATS, render
 
-EXIT_FULL_MARKS, EXIT_POINTS_LOST, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_FULL_MARKS, EXIT_POINTS_LOST, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+INTERRUPTED = "attn-grade: interrupted (Ctrl-C); run the command again to finish it."
 BUG_REPORT = "This is a bug in attn-grade, not in your code: please report it with the output above."
+GRADING_COMMANDS = ("grade", "watch", "interview", "batch")  # they run candidate code (see `resolve_command`)
 
 
 class DefaultGroup(click.Group):
     """`attn-grade FILE` means `attn-grade grade FILE`: a first argument that is no command is a file."""
 
     def parse_args(self, ctx, args):
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
             args = ["grade", *args]
         return super().parse_args(ctx, args)
 
+    def resolve_command(self, ctx, args):
+        """A command that runs candidate code, where none can run (Windows without WSL): one line, exit 2."""
+        name, command, rest = super().resolve_command(ctx, args)
+        if name in GRADING_COMMANDS:
+            from grader.pool import cannot_grade_here
+
+            problem = cannot_grade_here()
+            if problem:
+                raise click.UsageError(problem)
+        return name, command, rest
+
     def main(self, args=None, prog_name="attn-grade", **extra):
-        """Run a command; a usage error is one line on stderr and exit 2."""
+        """Run a command; a usage error is one line on stderr and exit 2, Ctrl-C one line and exit 130."""
         try:
             return super().main(args, prog_name, standalone_mode=False, **extra)
         except click.exceptions.NoArgsIsHelpError:
@@ -47,12 +60,38 @@ class DefaultGroup(click.Group):
         except click.ClickException as error:
             error.show()
             sys.exit(error.exit_code)
-        except click.Abort:
+        except click.Abort as abort:  # a declined confirmation, or Ctrl-C (at a prompt or mid-command)
+            if isinstance(abort.__cause__ or abort.__context__, KeyboardInterrupt):
+                if abort.__cause__ is None:  # at a prompt: click has not ended the line of its ^C
+                    click.echo(err=True)
+                raise KeyboardInterrupt from None  # entry: one line and exit 130
             click.echo("Aborted.", err=True)
             sys.exit(EXIT_POINTS_LOST)
 
 
+def _show_version(ctx, _param, value) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(version_line())
+        ctx.exit()
+
+
+def version_line() -> str:
+    """attn-grade's version, torch's and Python's: torch's read from its installed metadata, never imported."""
+    import importlib.metadata
+    import platform
+
+    from grader.grade import kit_version
+
+    try:
+        torch = f"torch {importlib.metadata.version('torch')}"
+    except importlib.metadata.PackageNotFoundError:
+        torch = "torch not installed"
+    return f"attn-grade {kit_version()} ({torch}, Python {platform.python_version()})"
+
+
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_show_version,
+              help="Show attn-grade's version, torch's and Python's, and exit.")
 def main() -> None:
     """Grade your attention exercises step by step: attn-grade exercises/mha.py"""
 
@@ -95,7 +134,8 @@ def run_options(command):
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True, help="Report format.")
 @click.option("--output", type=click.Path(dir_okay=False, writable=True),
               help="Write the report to this file, not stdout.")
-@click.option("-v", "--verbose", is_flag=True, help="Show every check and what the code printed.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Show every check, and under each what the code printed while it ran.")
 def grade(file, fmt, output, verbose, **options) -> None:
     """Grade FILE and report a score for every step."""
     from grader.grade import grade as run_grade  # imported here: `attn-grade --help` stays instant
@@ -156,33 +196,59 @@ def mistakes(exercise, why) -> None:
 @main.command()
 @click.argument("folder", type=click.Path(file_okay=False), default=".")
 @click.option("--exercise", metavar="NAME", help="Copy only this exercise's stub (default: all).")
-@click.option("--force", is_flag=True, help="Replace files that already hold work.")
+@click.option("--force", is_flag=True,
+              help="Replace files that already hold work; each is kept in FILE.bak-YYYYmmdd-HHMMSS beside it.")
 def init(folder, exercise, force) -> None:
     """Copy fresh stubs into FOLDER (default: here) and start tracking progress there."""
     written = _run(workspace.init, Path(folder), _exercises(exercise), force)
-    for path in written:
-        click.echo(f"wrote {path}")
+    for path, backup in written:
+        click.echo(f"wrote {path}" + (f"; your version is in {backup}" if backup else ""))
     into = "" if Path(folder).resolve() == Path.cwd() else f"cd {folder} && "  # hint and list read the workspace here
-    click.echo(f"Next: {into}attn-grade watch {Path(written[0]).name}")
+    click.echo(f"Next: {into}attn-grade watch {written[0][0].name}")
 
 
 @main.command()
 @click.argument("exercise")
-@click.argument("step")
-@click.option("--level", type=click.IntRange(min=1), default=1, show_default=True,
-              help="1 is a nudge; higher levels come close to the answer.")
+@click.argument("step", required=False)
+@click.option("--level", type=click.IntRange(min=1), metavar="N",
+              help="1 the idea, 2 the plan, 3 code (default: the next level not seen in the workspace).")
 @click.option("--workspace", "folder", type=click.Path(file_okay=False), default=".", show_default=True,
               help="The workspace that records hints used.")
 def hint(exercise, step, level, folder) -> None:
-    """Show a hint for one STEP of SPEC."""
-    found = _step(exercise, step)
-    if level > len(found.hints):
-        raise click.UsageError(f"{step} has {len(found.hints)} hint levels; pass --level 1 to {len(found.hints)}.")
-    click.echo(f"{exercise}/{step}, hint {level} of {len(found.hints)}: {found.hints[level - 1]}")
+    """Show the next hint for one STEP of EXERCISE (1 the idea, 2 the plan, 3 code); without STEP, list
+    the steps with their hint levels and those seen. Past the last level: where the model answer is."""
+    from grader.progress import hint_line, next_hint_level, no_more_hints
+
     progress = Progress.find(Path(folder))
+    if step is None:
+        found = _exercises(exercise)[0]
+        width = max(len(s.id) for s in found.steps)
+        click.echo(f"{exercise}: hints by step, 1 the idea, 2 the plan, 3 code. Next: attn-grade hint {exercise} STEP")
+        for s in found.steps:
+            levels = progress.hint_levels(exercise, s.id) if progress else None
+            seen = "" if levels is None else "  seen " + (", ".join(map(str, levels)) or "none")
+            click.echo(f"  {s.id:<{width}}  {len(s.hints)} levels{seen}")
+        if progress is None:
+            click.echo(f"(hints seen are unknown: {folder} is no attn-grade workspace; pass --workspace DIR)",
+                       err=True)
+        return
+    found = _step(exercise, step)
+    count = len(found.hints)
+    if level is not None and level > count:
+        raise click.UsageError(f"{step} has {count} hint levels; pass --level 1 to {count}, "
+                               f"or see the model answer: attn-grade solution {exercise} {step}")
+    if level is None:
+        level = next_hint_level(progress.hint_levels(exercise, step) if progress else (), count)
+        if level is None:  # every level seen: the model answer is next, and nothing more is recorded
+            click.echo(no_more_hints(exercise, step, count))
+            return
+    click.echo(hint_line(exercise, step, found.hints, level))
     if progress:
-        progress.record_hint(exercise, step, level)
-        progress.save()
+        if progress.record_hint(exercise, step, level):
+            progress.save()
+    elif level < count:
+        click.echo(f"(not recorded: {folder} is no attn-grade workspace; --level {level + 1} shows the next hint)",
+                   err=True)
     else:
         _not_recorded(folder)
 
@@ -261,30 +327,76 @@ def interview(exercise, folder, minutes, candidate, **options) -> None:
 @click.argument("paths", nargs=-1, required=True)
 @grade_options
 @click.option("--jobs", type=click.IntRange(min=1), default=2, show_default=True, help="Files graded at once.")
-@click.option("--output", type=click.Path(dir_okay=False, writable=True), help="Write the CSV here, not stdout.")
-def batch(paths, jobs, output, **options) -> None:
+@click.option("--output", type=click.Path(dir_okay=False, writable=True),
+              help="Write the CSV here (a row as each file finishes), not stdout.")
+@click.option("--resume", is_flag=True,
+              help="Keep the rows --output already holds for files unchanged since, and grade only the rest.")
+def batch(paths, jobs, output, resume, **options) -> None:
     """Grade every file in PATHS (every .py and .ipynb under a folder) into one CSV row each."""
     from grader import batch as batch_
 
     files = _run(batch_.find_files, list(paths))
     if not files:
         raise click.UsageError("no .py or .ipynb files found in those paths.")
+    if resume and not output:
+        raise click.UsageError("--resume needs --output: the CSV of the run to resume.")
+    earlier = _run(batch_.read_earlier, Path(output)) if resume else []
+    skip = batch_.already_graded(earlier, files)
+    kept = [row for row in earlier if row["file"] in skip or row["file"] not in {str(f) for f in files}]
+    todo = [path for path in files if str(path) not in skip]
+    steps = _run(batch_.step_columns, todo, options.get("exercise"), kept)
+    sink = None
+    if output:
+        try:
+            sink = batch_.CsvOutput(Path(output), steps, batch_.in_order(files, kept))
+        except OSError as error:
+            raise click.UsageError(f"cannot write {output}: {error.strerror}. "
+                                   "Pass --output a path in a folder you can write to.") from None
+    if skip:
+        click.echo(f"resuming: {len(skip)} {batch_.plural(len(skip), 'file')} already graded in {output}, "
+                   f"{len(todo)} to grade", err=True)
+    new: list[dict] = []
     started = time.monotonic()
 
-    def show(done: int, total: int) -> None:  # one line, redrawn as each file is graded
-        line = batch_.progress_line(done, total, time.monotonic() - started)
+    def add(row: dict) -> None:  # written as its file finishes: an interrupt keeps it
+        new.append(row)
+        if sink:
+            sink.add(row)
+
+    def show(done: int, total: int, graded: list, running: list) -> None:  # one line, redrawn
+        line = batch_.progress_line(done, total, time.monotonic() - started, graded, running)
         click.echo("\r\x1b[K" + line, err=True, nl=done == total)
 
-    rows = batch_.grade_all(files, jobs, options, on_progress=show if _terminal() else None)
-    text = batch_.to_csv(rows)
-    if output:
-        _write(output, text)
-    else:
-        click.echo(text, nl=False)
-    errors = sum(row["status"].startswith(("usage error", "internal error")) for row in rows)
+    interrupted = False
+    if todo:
+        try:
+            batch_.grade_all(todo, jobs, options, on_row=add, on_progress=show if _terminal() else None)
+        except KeyboardInterrupt:
+            interrupted = True
+    with batch_.ctrl_c_ignored():  # a second Ctrl-C must not cut the CSV short
+        rows = batch_.in_order(files, kept + [batch_.flat(row) for row in new])
+        if sink:
+            sink.finish(rows)
+        else:
+            click.echo(batch_.to_csv(rows, steps), nl=False)
+    if interrupted:
+        if _terminal():
+            click.echo(err=True)  # end the progress line
+        if not new:
+            said = f"interrupted before any of the {len(todo)} {batch_.plural(len(todo), 'file')} was graded"
+        elif output:
+            said = (f"interrupted with {len(new)} of {len(todo)} files graded: their rows are in {output}; "
+                    "run the same command with --resume to grade only the rest")
+        else:
+            said = (f"interrupted with {len(new)} of {len(todo)} files graded: their rows are above; "
+                    "pass --output FILE to be able to resume with only the rest")
+        click.echo(f"attn-grade: {said}.", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    errors = sum(row["status"] in ("usage error", "internal error") for row in new)
     note = f" ({errors} {batch_.plural(errors, 'error')}: see the status column)" if errors else ""
-    files = batch_.plural(len(rows), "file")
-    click.echo(f"graded {len(rows)} {files} in {time.monotonic() - started:.1f} s{note}", err=True)
+    also = f"; kept the rows of {len(skip)} {batch_.plural(len(skip), 'file')} already in {output}" if skip else ""
+    count = f"{len(new)} {batch_.plural(len(new), 'file')}"
+    click.echo(f"graded {count} in {time.monotonic() - started:.1f} s{note}{also}", err=True)
 
 
 def _terminal() -> bool:
@@ -359,6 +471,9 @@ def entry() -> None:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         if not isinstance(exit_.code, (int, type(None))):
             click.echo(exit_.code, err=True)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the workers are reaped on the way out; no traceback
+        click.echo(INTERRUPTED, err=True)  # click has ended the terminal's ^C line
+        code = EXIT_INTERRUPTED
     except Exception:  # outside the library calls: still a grader bug, never a traceback with exit 1
         click.echo(traceback.format_exc(), err=True)
         click.echo(f"attn-grade: internal error. {BUG_REPORT}", err=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+MAX_PRINTABLE = 600  # characters: the worker's message (at most 500) and the line it names
+
 
 class CandidateError(Exception):
     """The candidate's code gave no answer: it raised, was not implemented, hung, died or sent garbage."""
@@ -57,6 +59,16 @@ def names_missing(error, name: str) -> bool:
 
 
 def printable(value) -> str:
-    """A string from the worker, made safe to print: capped, no control characters."""
+    """A string from the worker, made safe to print on one line: capped, no control characters.
+
+    torch's multi-line messages ("Error(s) in loading state_dict for M:\n\tsize mismatch for w.weight: ...",
+    "expected one of:\n * (...)\n * (...)") read as one line: each line stripped, a blank one dropped, the
+    next joined on with " / " (with a space after a line that ends in a colon), a tab a space. Any
+    other control character (an escape sequence that would recolour the terminal) is shown escaped.
+    """
     text = value if isinstance(value, str) else ""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:500])
+    lines = [line.replace("\t", " ").strip() for line in text[: 4 * MAX_PRINTABLE].splitlines()]
+    joined = ""
+    for line in filter(None, lines):
+        joined += ("" if not joined else " " if joined.endswith(":") else " / ") + line
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in joined[:MAX_PRINTABLE])

@@ -9,6 +9,11 @@ when it started) is `.attn-grade-interview.json` beside it, so the same command 
 folder resumes the clock. When time is up, or the interviewer stops it (q, Ctrl-C), the
 scorecard is written beside the file: `scorecard.md` and `scorecard.html` (one self-contained
 page, inline CSS, made to print).
+
+A scorecard written at time up is final: it is kept in the session file with the SHA-256 of the
+file it graded, and the same command run later writes it again as it was, with the file as it is
+now (its score, its hash, when it was graded) in a section of its own, "After time". A save is a
+change of the file's content (its hash), not of its size and modification time.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -27,6 +32,7 @@ import click
 
 from grader import workspace
 from grader.exercise import Exercise, UsageError, load_course
+from grader.grade import grade
 from grader.pool import Zygote
 from grader.progress import Progress
 from grader.score import Grade, StepResult
@@ -37,6 +43,9 @@ SESSION_FILE = ".attn-grade-interview.json"
 SCORECARD = "scorecard"  # scorecard.md and scorecard.html
 NOTES = ("Approach and reasoning", "Communication", "Testing and debugging", "Overall")
 ENDINGS = {"time up": "time up", "quit": "ended with q", "Ctrl-C": "stopped with Ctrl-C"}
+AFTER_TIME = "After time (not part of the final score)"
+AFTER_NOTE = ("Everything above is the scorecard as written at time up, with the SHA-256 of the file it graded. "
+              "This is the file as it is now.")
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,7 @@ class Session:
     candidate: str
     minutes: float
     started: float  # seconds since the epoch: a wall-clock time, so that a restart resumes the clock
+    final: dict | None = None  # at time up: the scorecard as written then, and the SHA-256 of the file it graded
 
     @property
     def path(self) -> Path:
@@ -58,6 +68,8 @@ class Session:
     def save(self) -> None:
         data = {"version": 1, "exercise": self.exercise.name, "candidate": self.candidate,
                 "minutes": self.minutes, "started": _iso(self.started)}
+        if self.final:
+            data["final"] = self.final
         tmp = self.folder / (SESSION_FILE + ".tmp")
         tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, self.folder / SESSION_FILE)
@@ -80,6 +92,9 @@ def start(folder: Path, exercise: str, minutes: float, candidate: str, clock=tim
         if (saved["exercise"], saved["candidate"]) != (exercise, candidate):
             raise UsageError(f"{folder} holds {saved['candidate']}'s interview on {saved['exercise']}: give the same "
                              f"exercise and --candidate to resume it, or another folder for a new one.")
+        if saved["final"]:  # over: no --minutes given now reopens it
+            return Session(folder, exercises[exercise], candidate, saved["minutes"], saved["started"],
+                           saved["final"]), True
         session = Session(folder, exercises[exercise], candidate, minutes, saved["started"])
         session.save()  # the length given now counts: an interviewer may give more time
         return session, True
@@ -105,6 +120,9 @@ def run(folder: Path, exercise: str, minutes: float, candidate: str, options: di
     watch: tests pass their own, and nothing here sleeps but the poll between saves.
     """
     session, resumed = start(Path(folder), exercise, minutes, candidate, clock)
+    if session.final:
+        return after_time(session, options, clock, zygote)
+    late = resumed and clock() >= session.deadline  # no command was watching the file when time was up
     left = _left(session.deadline - clock())
     if resumed:
         started = _hhmm(session.started)
@@ -114,8 +132,9 @@ def run(folder: Path, exercise: str, minutes: float, candidate: str, options: di
                    f"The candidate edits {session.path}; every save is graded here.")
     with keys_and_zygote(options, read_key, zygote) as (zygote, read):
         help_line = f" · {KEYS} · q: end the interview" if read else ""
-        watcher = Watcher(session.path, {**options, "exercise": exercise}, zygote, keys=read is not None,
-                          status=lambda: f"⏱ {_left(session.deadline - clock())} left{help_line}", suggest_next=False)
+        watcher = ContentWatcher(session.path, {**options, "exercise": exercise}, zygote, keys=read is not None,
+                                 status=lambda: f"⏱ {_left(session.deadline - clock())} left{help_line}",
+                                 suggest_next=False)
         try:
             ended = run_watch(watcher, read, deadline=session.deadline, clock=clock)
         except KeyboardInterrupt:
@@ -123,18 +142,93 @@ def run(folder: Path, exercise: str, minutes: float, candidate: str, options: di
         resume = "" if ended == "time up" else "; the same command resumes it"
         ending = ENDINGS[ended]
         click.echo(f"\n{ending[0].upper() + ending[1:]} with {_left(session.deadline - clock())} left{resume}.")
+        note = None
         watcher.saved()
         if watcher.result is None or watcher.graded_stamp != watcher.stamp:
-            watcher.regrade()  # the scorecard grades the file as it is now
-    return write_scorecard(session, watcher.result, min(clock(), session.deadline), ended)
+            saved = _mtime(session.path)
+            if ended == "time up" and not late and watcher.result is not None and (saved or 0) > session.deadline:
+                # saved while the last grade ran, after time up: the final score is the last grade's
+                note = f"a save at {_when(saved)}, after time up, is not counted"
+            else:
+                watcher.regrade()  # the scorecard grades the file as it is now
+    # the hash of the content graded (read before grading it), not of whatever the file holds by now
+    sha256 = watcher.graded_stamp if watcher.result is not None else _sha256(session.path)
+    now = clock()
+    if late and ended == "time up":
+        note = _late(session, now)
+    card = Scorecard.build(session, watcher.result, Progress.find(session.folder) or Progress(session.folder),
+                           min(now, session.deadline), ended, sha256, note)
+    if ended == "time up":  # final: what it says now is what every later run shows
+        replace(session, final={"sha256": sha256, "scorecard": card.to_json()}).save()
+    _write(session, card)
+    return _paths(session)
 
 
-def write_scorecard(session: Session, result: Grade | None, ended: float, how: str) -> tuple[Path, Path]:
-    card = Scorecard.build(session, result, Progress.find(session.folder) or Progress(session.folder), ended, how)
-    paths = session.folder / f"{SCORECARD}.md", session.folder / f"{SCORECARD}.html"
-    paths[0].write_text(card.markdown(), encoding="utf-8")
-    paths[1].write_text(card.html(), encoding="utf-8")
-    return paths
+def after_time(session: Session, options: dict, clock=time.time, zygote: Zygote | None = None) -> tuple[Path, Path]:
+    """The final scorecard of an interview over, as written at time up, with the file as it is now apart."""
+    final = Scorecard.from_json(session.final["scorecard"])
+    score = dict(final.facts).get("Final score", "not graded")
+    click.echo(f"{session.candidate}'s interview on {session.exercise.name} ended at time up, "
+               f"{_hhmm(session.deadline)}; its scorecard is final ({score}). The file as it is now is under "
+               f"\"After time\".")
+    now, sha256 = clock(), _sha256(session.path)
+    after = [("Graded at", f"{_when(now)}, {_since(now - session.deadline)} after time up")]
+    if sha256 == session.final["sha256"]:
+        after.append(("The file", f"unchanged since time up (SHA-256 {sha256}): its score is the final score"))
+    else:
+        try:
+            result = grade(session.path, exercise=session.exercise.name, zygote=zygote, **options)
+            now_score = f"{result.score}/{result.max_score}"
+        except UsageError as error:
+            now_score = f"not graded: {error}"
+        except KeyboardInterrupt:  # the final scorecard is written whole all the same
+            now_score = "not graded: stopped with Ctrl-C"
+        after += [("Score now", f"{now_score} (final score: {score})"),
+                  ("SHA-256 now", f"{sha256} (at time up: {session.final['sha256']})")]
+        click.echo(f"After time: {now_score}, which the final score does not count.")
+    _write(session, replace(final, after=after))
+    return _paths(session)
+
+
+def _write(session: Session, card: Scorecard) -> None:
+    md, page = _paths(session)
+    md.write_text(card.markdown(), encoding="utf-8")
+    page.write_text(card.html(), encoding="utf-8")
+
+
+def _paths(session: Session) -> tuple[Path, Path]:
+    return session.folder / f"{SCORECARD}.md", session.folder / f"{SCORECARD}.html"
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def _late(session: Session, now: float) -> str:
+    """What a scorecard says when no command was watching the file at time up: when it was graded, and saved."""
+    saved = _mtime(session.path)
+    when = "" if saved is None else (
+        f"; the file was last saved at {_when(saved)}, "
+        + ("after time up: this score may count work done after time" if saved > session.deadline
+           else "before time up"))
+    return (f"graded at {_when(now)}, {_since(now - session.deadline)} after time up (no interview command was "
+            f"running at time up){when}")
+
+
+class ContentWatcher(Watcher):
+    """watch's Watcher, but a save is a change of the file's content (its SHA-256): a file replaced by
+    another of the same size and modification time is regraded too. The stamp is that hash."""
+
+    def saved(self) -> bool:
+        try:
+            stamp = hashlib.sha256(self.path.read_bytes()).hexdigest()
+        except OSError:
+            return False
+        changed, self.stamp = stamp != self.stamp, stamp
+        return changed
 
 
 @dataclass(frozen=True)
@@ -148,11 +242,13 @@ class Scorecard:
     mistakes: list[tuple[str, list[str]]]  # step, one line per diagnosis
     rules: list[tuple[str, str]]  # step, the rule it broke
     timeline: list[tuple[str, str]]  # "+m:ss", what happened
+    after: list[tuple[str, str]] = ()  # a final scorecard shown again: the file as it is now, apart
 
     HEADER = ("Step", "Score", "First green", "Attempts", "Hints", "Model answer")
 
     @classmethod
-    def build(cls, session: Session, result: Grade | None, progress: Progress, ended: float, how: str) -> Scorecard:
+    def build(cls, session: Session, result: Grade | None, progress: Progress, ended: float, how: str,
+              sha256: str | None = None, note: str | None = None) -> Scorecard:
         name, at = session.exercise.name, lambda iso: _seconds(iso) - session.started
         hints, solutions = progress.hints(name), progress.solutions(name)
         steps = result.steps if result else ()
@@ -168,8 +264,10 @@ class Scorecard:
             ("Hints seen", str(len(hints))),
             ("Model answers seen", ", ".join(s["step"] or "the whole file" for s in solutions) or "none"),
             ("File", str(session.path)),
-            ("SHA-256", _sha256(session.path)),
+            ("SHA-256", sha256 or _sha256(session.path)),
         ]
+        if note:
+            facts.append(("Graded", note))
         if result and result.environment.get("file_error"):
             facts.append(("The file", result.environment["file_error"]))
         rows = []
@@ -198,6 +296,23 @@ class Scorecard:
             timeline=[(_offset(seconds), text) for seconds, text in sorted(timeline, key=lambda item: item[0])],
         )
 
+    def to_json(self) -> dict:
+        """What the session file keeps of a final scorecard: all of it but the after-time section."""
+        return {"title": self.title, "facts": self.facts, "rows": self.rows, "mistakes": self.mistakes,
+                "rules": self.rules, "timeline": self.timeline}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Scorecard:
+        pairs = lambda items: [(str(a), str(b)) for a, b in items]  # noqa: E731
+        return cls(
+            title=str(data["title"]),
+            facts=pairs(data["facts"]),
+            rows=[tuple(str(v) for v in row) for row in data["rows"]],
+            mistakes=[(str(step), [str(line) for line in found]) for step, found in data["mistakes"]],
+            rules=pairs(data["rules"]),
+            timeline=pairs(data["timeline"]),
+        )
+
     def markdown(self) -> str:
         cell = lambda text: html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ")  # noqa: E731
         lines = [f"# {self.title}", ""]
@@ -210,6 +325,9 @@ class Scorecard:
         lines += [f"- `{step}` earns nothing: {cell(rule)}" for step, rule in self.rules] or ["- none"]
         lines += ["", "## Timeline", "", "| Time | Event |", "| ---: | --- |"]
         lines += [f"| {when} | {cell(what)} |" for when, what in self.timeline]
+        if self.after:
+            lines += ["", f"## {AFTER_TIME}", "", f"_{AFTER_NOTE}_", ""]
+            lines += [f"- **{label}**: {cell(value)}" for label, value in self.after]
         lines += ["", "## Notes", ""]
         for prompt in NOTES:
             lines += [f"**{prompt}:**", "", "", ""]
@@ -228,6 +346,9 @@ class Scorecard:
         rules = "".join(f"<li><code>{e(step)}</code> earns nothing: {e(rule)}</li>" for step, rule in self.rules)
         timeline = "".join(f"<tr><td>{e(when)}</td><td>{e(what)}</td></tr>" for when, what in self.timeline)
         notes = "".join(f'<h3>{e(prompt)}</h3><div class="lines">{"<p></p>" * 4}</div>' for prompt in NOTES)
+        after = "".join(f"<dt>{e(label)}</dt><dd>{e(value)}</dd>" for label, value in self.after)
+        after = (f'<section class="after">\n<h2>{e(AFTER_TIME)}</h2>\n<p>{e(AFTER_NOTE)}</p>\n<dl>{after}</dl>\n'
+                 f"</section>\n") if self.after else ""
         return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -252,6 +373,8 @@ tr.partial td:first-child {{ color: #8a5a00; }}
 tr.none td:first-child {{ color: #a4161a; }}
 code {{ font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9em; }}
 .lines p {{ border-bottom: 1px solid #999; height: 1.6rem; margin: 0; }}
+.after {{ border-left: 4px solid #8a5a00; padding-left: .8rem; margin-top: 1.8rem; }}
+.after h2 {{ margin-top: 0; }}
 @page {{ margin: 1.6cm; }}
 @media print {{
   body {{ font-size: 10.5pt; max-width: none; margin: 0; padding: 0; color: #000; }}
@@ -273,7 +396,7 @@ code {{ font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9em; 
 <ul>{rules or "<li>none</li>"}</ul>
 <h2>Timeline</h2>
 <table><thead><tr><th>Time</th><th>Event</th></tr></thead><tbody>{timeline}</tbody></table>
-<h2>Notes</h2>
+{after}<h2>Notes</h2>
 {notes}
 </body>
 </html>
@@ -308,9 +431,12 @@ def _load(folder: Path) -> dict | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+        final = data.get("final")
+        if final is not None:  # read whole now, so that a damaged one is refused here, in one line
+            final = {"sha256": str(final["sha256"]), "scorecard": Scorecard.from_json(final["scorecard"]).to_json()}
         return {"exercise": str(data["exercise"]), "candidate": str(data["candidate"]),
-                "started": _seconds(data["started"])}
-    except (OSError, ValueError, KeyError, TypeError):
+                "minutes": float(data["minutes"]), "started": _seconds(data["started"]), "final": final}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise UsageError(
             f"{path} is no interview session attn-grade can read: move it away, or give another folder."
         ) from None
@@ -345,6 +471,10 @@ def _seconds(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
+def _when(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def _hhmm(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, timezone.utc).strftime("%H:%M UTC")
 
@@ -353,6 +483,12 @@ def _left(seconds: float) -> str:
     """m:ss, rounded up (a countdown that shows 0:00 is over)."""
     minutes, secs = divmod(max(0, math.ceil(seconds)), 60)
     return f"{minutes}:{secs:02d}"
+
+
+def _since(seconds: float) -> str:
+    """m:ss, or h:mm:ss from an hour on: how long after time up."""
+    hours, rest = divmod(max(0, int(seconds)), 3600)
+    return f"{hours}:{_offset(rest)[1:].zfill(5)}" if hours else _offset(rest)[1:]
 
 
 def _offset(seconds: float) -> str:

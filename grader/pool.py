@@ -8,6 +8,11 @@ capped. A candidate's code can kill or stop the zygote itself (a child without a
 of its own can reach it): that is `ZygoteGone`, and the pool ends what the dead zygote left and
 starts a fresh one in its place.
 
+The sandbox the zygote gives its children is Linux's (namespaces, seccomp, an allowlist root:
+docs/sandbox.md) on Linux, and the portable one elsewhere (macOS): a session, an empty folder and
+rlimits, no file-system isolation. ATTN_GRADE_SANDBOX=portable forces the portable one on Linux,
+so it is tested there (`portable_sandbox`). Windows needs WSL (`cannot_grade_here`).
+
 Nothing here imports torch.
 """
 
@@ -15,6 +20,8 @@ from __future__ import annotations
 
 import json
 import os
+import platform
+import select
 import shutil
 import signal
 import socket
@@ -31,10 +38,39 @@ from grader.exercise import GraderBug
 
 WORKER_PATH = Path(__file__).resolve().parent / "sandbox" / "worker.py"
 OUTPUT_CAP = 64 * 1024  # bytes of the candidate's stdout and stderr kept
+CHECK_OUTPUT_CAP = 4 * 1024  # of them, bytes kept for one check (`Pool.take_output`)
+READ_ROUND = 1 << 20  # bytes read from one child's output at a time: a flood never holds the lock for long
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME")
 ZYGOTE_REPLY_TIMEOUT = 10.0
 CHILD_END_GRACE = 0.5  # seconds a child whose pipe closed gets to end by itself, so its cause of death is its own
 STOP_CHECK_INTERVAL = 0.5  # how soon a zygote a candidate stopped (SIGSTOP) is noticed
+SANDBOX_ENV = "ATTN_GRADE_SANDBOX"  # "portable": the portable sandbox even on Linux (unset: chosen by the system)
+FRAME_HEADER = 4  # bytes of a message's length on the portable sandbox's stream socket (as worker.py)
+MAX_REPLY = 1 << 20  # bytes a zygote's reply may have there: its replies are a few hundred
+WINDOWS_NEEDS_WSL = ("grading needs Linux or macOS: on Windows, install WSL (wsl --install) "
+                     "and run attn-grade inside it.")
+
+
+def portable_sandbox() -> bool:
+    """Whether the zygote's children get the portable sandbox: where the system is not Linux (macOS,
+    whose kernel has no namespaces), or where ATTN_GRADE_SANDBOX=portable asks for it on Linux."""
+    return os.environ.get(SANDBOX_ENV, "").strip().lower() == "portable" or platform.system() != "Linux"
+
+
+def cannot_grade_here() -> str | None:
+    """Why no candidate code can be run here, as one line; None where it can (Linux, WSL, macOS).
+
+    Windows (and Cygwin or MSYS2 on it) has no fork, no Unix sockets to pass descriptors over and
+    no rlimits: the worker runs under WSL, a Linux, where the full sandbox is. A value of
+    ATTN_GRADE_SANDBOX that means nothing is a usage error too, not silently the default.
+    """
+    if platform.system().startswith(("Windows", "CYGWIN", "MSYS", "MINGW")):
+        return WINDOWS_NEEDS_WSL
+    chosen = os.environ.get(SANDBOX_ENV, "").strip().lower()
+    if chosen not in ("", "auto", "portable"):
+        return (f"{SANDBOX_ENV}={os.environ[SANDBOX_ENV]!r} is not a sandbox: "
+                f"set it to portable (no namespaces, as on macOS), or unset it.")
+    return None
 
 
 class ZygoteGone(GraderBug):
@@ -49,22 +85,29 @@ class Zygote:
     a row (tests, watch, batch).
     """
 
-    def __init__(self, warm_device: bool = False, pid_namespace: bool = True, fs_isolation: bool = True):
+    def __init__(self, warm_device: bool = False, pid_namespace: bool = True, fs_isolation: bool = True,
+                 portable: bool | None = None):
         self.warm_device = warm_device
         self.pid_namespace = pid_namespace  # False only to test the grader where the system has none
         self.fs_isolation = fs_isolation  # likewise: False as where the system allows no mount namespace
+        self.portable = portable_sandbox() if portable is None else portable  # see `portable_sandbox`
         self._start()
 
     def _start(self) -> None:
         self._private = tempfile.mkdtemp(prefix="attn-grade-")  # its home and its log
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # macOS has no SOCK_SEQPACKET: the portable sandbox frames its messages on a stream
+        kind = socket.SOCK_STREAM if self.portable else socket.SOCK_SEQPACKET
+        ours, theirs = socket.socketpair(socket.AF_UNIX, kind)
         env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
         env.update(HOME=self._private, TMPDIR=self._private, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
         if self.warm_device:
             env["ATTN_GRADE_WARM"] = "device"
+        if self.portable and platform.system() == "Darwin":  # fork after torch loaded Apple's frameworks
+            env["OBJC_DISABLE_INITIALIZE_FORK_SAFETY"] = "YES"
+        sandbox = ["portable"] if self.portable else []
         with open(Path(self._private) / "zygote.log", "wb") as log:
             self._process = subprocess.Popen(
-                [sys.executable, "-I", "-u", str(WORKER_PATH), str(theirs.fileno()), wire.__file__],
+                [sys.executable, "-I", "-u", str(WORKER_PATH), str(theirs.fileno()), wire.__file__, *sandbox],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -78,11 +121,15 @@ class Zygote:
         self._sent = self._received = 0  # requests sent and replies read: the zygote answers in order
         self._replies: dict[int, dict] = {}
         self._unwanted: set[int] = set()
+        self._buffer = bytearray()  # the portable sandbox's stream: bytes of replies not yet whole
 
     def send(self, request: dict, fds: tuple[int, ...] = (), reply: bool = True) -> int:
         """Send a request; its reply comes back, in order, through `reply(ticket)` (or is dropped)."""
         try:
-            socket.send_fds(self._control, [json.dumps(request).encode()], list(fds))
+            if self.portable:
+                self._send_frame(json.dumps(request).encode(), fds)
+            else:
+                socket.send_fds(self._control, [json.dumps(request).encode()], list(fds))
         except OSError as exc:
             self._fail(exc)
         self._sent += 1
@@ -96,9 +143,9 @@ class Zygote:
             try:
                 self._control.settimeout(min(STOP_CHECK_INTERVAL, max(0.01, deadline - time.monotonic())))
                 try:
-                    data = self._control.recv(65536)
+                    data = self._receive_frame() if self.portable else self._control.recv(65536)
                 except TimeoutError:
-                    if time.monotonic() < deadline and not _stopped(self._process.pid):
+                    if time.monotonic() < deadline and not self._stopped():
                         continue
                     raise
                 if not data:
@@ -111,12 +158,42 @@ class Zygote:
                 self._fail(exc)
         return self._replies.pop(ticket)
 
+    def _send_frame(self, data: bytes, fds) -> None:
+        """One message on the portable sandbox's stream: its length, then it; the descriptors go with
+        the first bytes, in one sendmsg (the zygote reads them with the length)."""
+        frame = len(data).to_bytes(FRAME_HEADER, "big") + data
+        sent = socket.send_fds(self._control, [frame], list(fds))
+        if sent < len(frame):
+            self._control.sendall(frame[sent:])
+
+    def _receive_frame(self) -> bytes:
+        """The next whole reply on the portable sandbox's stream (b"" once the zygote closed it).
+
+        A timeout (TimeoutError) keeps the bytes read so far: the next call goes on from them.
+        """
+        while True:
+            if len(self._buffer) >= FRAME_HEADER:
+                size = int.from_bytes(self._buffer[:FRAME_HEADER], "big")
+                if size > MAX_REPLY:
+                    raise ValueError(f"a reply of {size} bytes")
+                if len(self._buffer) >= FRAME_HEADER + size:
+                    data = bytes(self._buffer[FRAME_HEADER : FRAME_HEADER + size])
+                    del self._buffer[: FRAME_HEADER + size]
+                    return data
+            chunk = self._control.recv(65536)
+            if not chunk:
+                return b""
+            self._buffer += chunk
+
+    def _stopped(self) -> bool:
+        return _stopped_by_ps(self._process.pid) if self.portable else _stopped(self._process.pid)
+
     def _fail(self, exc: Exception):
         """A zygote killed from outside (a candidate can signal it) is ZygoteGone; anything else a grader bug."""
         try:
             self._process.wait(timeout=1)
         except subprocess.TimeoutExpired:
-            if not _stopped(self._process.pid):
+            if not self._stopped():
                 raise GraderBug(f"the worker zygote stopped answering: {exc}\n{self.log()}") from None
             os.killpg(self._process.pid, signal.SIGKILL)  # SIGSTOP from a candidate: as good as dead
             self._process.wait()
@@ -206,6 +283,10 @@ class Pool:
         self.workers_started = 0
         self._output = bytearray()
         self._output_total = 0
+        self._check_output = bytearray()  # what the greeted children printed since the last `take_output`
+        self._check_output_total = 0
+        self._streams: dict[int, Child] = {}  # each child's output pipe still open, and the child
+        self._streams_lock = threading.Lock()  # held while a pipe is read: a take sees every byte before it
         self.workdir = tempfile.mkdtemp(prefix="attn-grade-worker-")  # the candidate's
         self._copy = Path(self.workdir) / python.name
         shutil.copyfile(python, self._copy)
@@ -305,8 +386,12 @@ class Pool:
                 os.close(fd)
         os.set_blocking(to_child_w, False)
         self.workers_started += 1
-        threading.Thread(target=self._drain, args=(output_r,), daemon=True).start()
-        return Child(ticket, (to_child_w, from_child_r))
+        child = Child(ticket, (to_child_w, from_child_r))
+        os.set_blocking(output_r, False)
+        with self._streams_lock:
+            self._streams[output_r] = child
+        threading.Thread(target=self._drain, args=(output_r, child), daemon=True).start()
+        return child
 
     def pid(self, child: Child) -> int:
         if child.pid is None:
@@ -337,25 +422,69 @@ class Pool:
                 for fd in child.fds:
                     os.close(fd)
         for pid in orphans:
-            _kill_group(pid)
+            _kill_group(pid, cgroups=not self.zygote.portable)
         self.live = self.spare = None
         self.serving = None
         self.zygote.restart()
 
-    def _drain(self, fd: int) -> None:
-        """Keep the first OUTPUT_CAP bytes of the candidate's output; read and drop the rest."""
+    def take_output(self) -> str:
+        """What the children printed since the last take, once they had imported the file: a check's calls'
+        output, capped at CHECK_OUTPUT_CAP bytes. The worker runs unbuffered and answers after its prints,
+        so once a call has answered, what it printed is in the pipe and read here."""
+        with self._streams_lock:
+            for fd, child in list(self._streams.items()):
+                self._read(fd, child)
+            text = self._check_output.decode("utf-8", errors="replace")
+            if self._check_output_total > CHECK_OUTPUT_CAP:
+                text += f"\n[... {self._check_output_total - CHECK_OUTPUT_CAP} more bytes not kept]"
+            self._check_output, self._check_output_total = bytearray(), 0
+        return text
+
+    def collect_output(self) -> None:
+        """Read what the children have printed so far (a child about to be greeted: its import's output)."""
+        with self._streams_lock:
+            for fd, child in list(self._streams.items()):
+                self._read(fd, child)
+
+    def _drain(self, fd: int, child: Child) -> None:
+        """Read a child's output as it comes until the child closes it (see `_read`)."""
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
         while True:
             try:
+                poller.poll()
+            except InterruptedError:
+                continue
+            with self._streams_lock:
+                if not self._read(fd, child):
+                    del self._streams[fd]
+                    os.close(fd)
+                    return
+
+    def _read(self, fd: int, child: Child) -> bool:
+        """Read what is in a child's output pipe now (with the lock held); False once the child closed it.
+
+        The first OUTPUT_CAP bytes of all are kept, and of a greeted child's the first CHECK_OUTPUT_CAP
+        bytes since the last take; the rest is read and dropped."""
+        for _ in range(READ_ROUND // 65536):
+            try:
                 chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                return True
             except OSError:
                 chunk = b""
             if not chunk:
-                os.close(fd)
-                return
+                return False
             self._output_total += len(chunk)
             room = OUTPUT_CAP - len(self._output)
             if room > 0:
                 self._output += chunk[:room]
+            if child.greeted:
+                self._check_output_total += len(chunk)
+                room = CHECK_OUTPUT_CAP - len(self._check_output)
+                if room > 0:
+                    self._check_output += chunk[:room]
+        return True
 
 
 def _stopped(pid: int) -> bool:
@@ -366,14 +495,25 @@ def _stopped(pid: int) -> bool:
     return stat[stat.rindex(")") + 2] in "Tt"  # the state follows the command name
 
 
-def _kill_group(pid: int) -> None:
-    """End a child its dead zygote can no longer end, and remove its pids cgroup once empty."""
+def _stopped_by_ps(pid: int) -> bool:
+    """As `_stopped`, where there is no /proc (macOS): ps's state begins with T for a stopped process."""
+    try:
+        done = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.stdout.strip().startswith("T")
+
+
+def _kill_group(pid: int, cgroups: bool = True) -> None:
+    """End a child its dead zygote can no longer end, and remove its pids cgroup once empty (Linux's sandbox)."""
     from grader.sandbox.isolation import cgroup  # the zygote's naming, in the one place it is defined
 
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    if not cgroups:
+        return
     for _ in range(50):  # the child's new parent reaps it in a moment
         try:
             os.rmdir(cgroup(pid))

@@ -80,8 +80,17 @@ class Progress:
                 edited.append(step.id)
         entry["grades"].append({"at": now(), "score": grade.score, "edited": edited})
 
-    def record_hint(self, exercise: str, step: str, level: int) -> None:
+    def record_hint(self, exercise: str, step: str, level: int) -> bool:
+        """Record that a hint level was shown, the first time only: False where it was recorded before."""
+        if level in self.hint_levels(exercise, step):
+            return False
         self.exercise(exercise)["hints"].append({"step": step, "level": level, "at": now()})
+        return True
+
+    def hint_levels(self, exercise: str, step: str) -> list[int]:
+        """The hint levels of `step` shown so far, in order."""
+        return sorted({h["level"] for h in self.hints(exercise)
+                       if isinstance(h, dict) and h.get("step") == step and isinstance(h.get("level"), int)})
 
     def record_solution(self, exercise: str, step: str | None) -> None:
         """A model answer was shown: one step's, or (None) the whole file's."""
@@ -123,6 +132,25 @@ class Progress:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.data, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, self.path)
+
+
+HINT_LEVELS = ("the idea", "the plan", "code")  # what hint levels 1, 2 and 3 of every step give
+
+
+def next_hint_level(seen, count: int) -> int | None:
+    """The lowest of levels 1 .. count not in `seen`, or None once every level was seen."""
+    return next((level for level in range(1, count + 1) if level not in seen), None)
+
+
+def hint_line(exercise: str, step: str, hints, level: int) -> str:
+    """`mha/softmax, hint 2 of 3 (the plan): ...`"""
+    name = f" ({HINT_LEVELS[level - 1]})" if level <= len(HINT_LEVELS) else ""
+    return f"{exercise}/{step}, hint {level} of {len(hints)}{name}: {hints[level - 1]}"
+
+
+def no_more_hints(exercise: str, step: str, count: int) -> str:
+    """What past the last hint level says: where the model answer is (and nothing is recorded)."""
+    return f"{exercise}/{step}: all {count} hints seen; the model answer is next: attn-grade solution {exercise} {step}"
 
 
 def _well_formed(data) -> bool:

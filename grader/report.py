@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 import click
 
+from grader.candidate import NOT_IMPORTED
 from grader.score import CheckResult, Grade, StepResult
 
 DEVICE_NOTE = {
@@ -42,7 +43,7 @@ def to_json(grade: Grade, verbose: bool = False) -> str:
                 "score": step.score,
                 "max_score": step.max_score,
                 **({"rule_broken": step.breach} if step.breach else {}),
-                "checks": [_check_json(c) for c in step.checks],
+                "checks": [_check_json(c, verbose) for c in step.checks],
             }
             for step in grade.steps
         ],
@@ -53,7 +54,7 @@ def to_json(grade: Grade, verbose: bool = False) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False)
 
 
-def _check_json(check) -> dict:
+def _check_json(check, verbose: bool = False) -> dict:
     data = {
         "name": check.name,
         "outcome": check.outcome,
@@ -71,6 +72,8 @@ def _check_json(check) -> dict:
         data["end_to_end"] = True
     if check.charged_elsewhere:
         data["charged_elsewhere"] = list(check.charged_elsewhere)
+    if verbose and check.output:
+        data["output"] = check.output
     return data
 
 
@@ -96,7 +99,8 @@ def to_text(grade: Grade, verbose: bool = False) -> str:
         lines.extend(_details(step, verbose))
     lines += ["", click.style(f"Total: {grade.score}/{grade.max_score}", bold=True)]
     if verbose and grade.candidate_output:
-        lines += ["", "Candidate output (capped, escaped):", _escape(grade.candidate_output)]
+        lines += ["", "Everything the code printed, in order, each worker's import of the file included "
+                  "(capped, escaped):", _escape(grade.candidate_output)]
     return "\n".join(lines)
 
 
@@ -123,6 +127,9 @@ def _details(step: StepResult, verbose: bool) -> list[str]:
             count = f" ({len(names)} checks)" if len(names) > 1 else ""
             lines.append(click.style(f"        → likely mistake{count}: {_escape(first.mistake)}", fg="yellow"))
         lines += ["        " + line for line in grid(first.details)]
+        if verbose and first.output:  # -v: what the code printed while this check ran
+            lines.append("        printed (escaped):")
+            lines += ["        │ " + line for line in _escape(first.output.rstrip("\n")).split("\n")]
     return lines
 
 
@@ -195,6 +202,7 @@ def to_markdown(grade: Grade, progress=None) -> str:
         f"- File: `{grade.file}` (sha256 `{grade.sha256[:16] or 'unknown'}`)",
         f"- Graded: {_utc(grade.graded_at)}",
         f"- torch {env.get('torch', '?')}; {DEVICE_NOTE.get(env.get('device'), env.get('device'))}",
+        *([f"- **The whole file**: {_md(env['file_error'])}"] if env.get("file_error") else []),
         "",
     ]
     green = progress.time_to_green(grade.exercise) if progress else {}
@@ -240,6 +248,7 @@ def _solution(step: str | None) -> str:
 def to_junit(grade: Grade) -> str:
     """JUnit XML: a testsuite per step, a testcase per check; a broken rule is a failing testcase of its own."""
     broken = sum(1 for s in grade.steps if s.breach)
+    file_error = grade.environment.get("file_error")
     suites = ET.Element("testsuites", name=f"attn-grade {grade.exercise}", tests=str(_count(grade) + broken),
                         failures=str(_count(grade, "failed") + broken), errors=str(_count(grade, "error")),
                         time=_seconds(sum(s.seconds for s in grade.steps)))
@@ -262,39 +271,46 @@ def to_junit(grade: Grade) -> str:
             text = check.message + (f"\nlikely mistake: {check.mistake}" if check.mistake else "")
             if check.outcome in ("failed", "error", "skipped"):
                 tag = {"failed": "failure", "error": "error", "skipped": "skipped"}[check.outcome]
-                ET.SubElement(case, tag, message=_xml(check.message)).text = _xml(text)
+                message = check.message
+                if file_error and check.outcome != "skipped":  # what stopped the whole file, in every case it cost
+                    text = f"{file_error}\n{text}"
+                    message += f"; {file_error}" if check.message == NOT_IMPORTED else ""
+                ET.SubElement(case, tag, message=_xml(message)).text = _xml(text)
     ET.indent(suites)
     return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
 
 
 def to_gradescope(grade: Grade) -> str:
     """Gradescope's results.json: one test per step."""
+    env = grade.environment
+    problem = [_escape(env["file_error"])] if env.get("file_error") else []  # said in every test: each is read alone
     tests = [
         {
             "name": f"{step.id}: {step.title}",
             "score": step.score,
             "max_score": step.max_score,
             "status": "passed" if step.score == step.max_score else "failed",
-            "output": click.unstyle("\n".join(_details(step, verbose=False))).strip() or "All checks passed.",
+            "output": click.unstyle("\n".join(problem + _details(step, verbose=False))).strip()
+            or "All checks passed.",
             "visibility": "visible",
         }
         for step in grade.steps
     ]
-    env = grade.environment
     where = f"torch {env.get('torch')}; {DEVICE_NOTE.get(env.get('device'))}"
-    output = f"{grade.title}: {grade.score}/{grade.max_score} ({where})"
+    output = "\n".join([f"{grade.title}: {grade.score}/{grade.max_score} ({where})", *problem])
     return json.dumps({"score": grade.score, "output": output, "tests": tests}, indent=2, ensure_ascii=False)
 
 
 def to_github(grade: Grade) -> str:
     """The GitHub Classroom runner result (version 3): one test per step."""
+    problem = [grade.environment["file_error"]] if grade.environment.get("file_error") else []
     tests = [
         {
             "name": step.id,
             "status": "pass" if step.score == step.max_score else "fail",
             "score": step.score,
             "max_score": step.max_score,
-            "message": "; ".join(([f"RULE BROKEN: {step.breach}"] if step.breach else [])
+            "message": "; ".join(problem + ([f"RULE BROKEN: {step.breach}"] if step.breach else [])
                                  + [_plain(names, first.message, first.mistake) for first, names in _groups(step)])
             or None,
             "filename": grade.file,

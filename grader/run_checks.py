@@ -186,7 +186,8 @@ class _Plugin:
         """Record the outcome and hand pytest a bare report: its own would render every traceback."""
         failed = call.excinfo is not None
         if call.when == "call" or (call.when == "setup" and failed):
-            outcome = replace(self._outcome(item, call.excinfo), seconds=call.duration)
+            outcome = replace(self._outcome(item, call.excinfo), seconds=call.duration,
+                              output=self._candidate.take_output())  # what this check's calls printed
             self.outcomes.append(outcome)
             if self.cache is not None and hasattr(item, "cache_key") and not _timing(outcome):
                 self.cache[item.cache_key] = outcome
@@ -209,13 +210,26 @@ class _Plugin:
                 step_id, name, error.outcome, points, error.message,
                 mistake.id if mistake else None, mistake.message if mistake else None,
                 details=error.details, breach=error.breach, end_to_end=_end_to_end(item),
+                error_kind=_error_kind(error) if error.outcome == "error" else None,
             )
         if isinstance(error, CandidateError):
-            return CheckResult(step_id, name, "error", points, error.message, end_to_end=_end_to_end(item))
+            return CheckResult(step_id, name, "error", points, error.message, end_to_end=_end_to_end(item),
+                               error_kind=error.kind)
         if excinfo.errisinstance(pytest.fail.Exception) and "Timeout" in str(error):
-            return CheckResult(step_id, name, "error", points, "the check ran past the grader's last-resort time limit")
+            return CheckResult(step_id, name, "error", points, "the check ran past the grader's last-resort time limit",
+                               error_kind="timeout")
         self.bug = self.bug or GraderBug(f"check {item.nodeid} crashed:\n{excinfo.getrepr(style='short')}")
         return CheckResult(step_id, name, "error", points, "internal error in the grader")
+
+
+def _error_kind(error: BaseException) -> str | None:
+    """The kind of the CandidateError a check's failure was raised for (the engine raises its CheckFailed while
+    handling it, `from None`: it is the failure's context), or None."""
+    for _ in range(8):
+        error = error.__context__
+        if error is None or isinstance(error, CandidateError):
+            return error.kind if error is not None else None
+    return None
 
 
 def _timing(outcome: CheckResult) -> bool:

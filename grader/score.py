@@ -14,6 +14,10 @@ from dataclasses import dataclass, field, replace
 from grader.exercise import Exercise, GraderBug
 
 EARNING = ("passed", "skipped")
+# a CandidateError's kind (grader/errors.py) -> how a report sorts the loss; the other kinds (raised,
+# not_implemented, missing) are the code's own answer, an ordinary failure
+FAILURE_KINDS = {"import": "could not import", "timeout": "timed out", "died": "crashed", "memory": "crashed",
+                 "protocol": "crashed"}
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,14 @@ class CheckResult:
     end_to_end: bool = False  # a composite run with the candidate's own steps
     charged_elsewhere: tuple[str, ...] = ()  # an end-to-end loss whose cause other steps already paid for
     seconds: float = 0.0  # how long the check ran (pytest's duration of its call)
+    error_kind: str | None = None  # why the candidate's code gave no answer (a CandidateError's kind): timeout, died...
+    output: str = ""  # what the candidate's code printed while this check ran, capped
+
+    @property
+    def lost_because(self) -> str | None:
+        """Why the check lost its points, as a report's headline sorts it: "timed out", "crashed", "could not
+        import", or None for an ordinary failure (a wrong answer, an exception the code raised)."""
+        return FAILURE_KINDS.get(self.error_kind) if self.outcome == "error" else None
 
     @property
     def points(self) -> int:
@@ -124,3 +136,31 @@ def _charged_elsewhere(check: CheckResult, checks_run: list[CheckResult], losing
         return replace(check, charged_elsewhere=others,
                        message=f"{check.message} (only through steps already charged: {steps})")
     return check
+
+
+def verdict(grade: Grade) -> tuple[str, str]:
+    """The grade in a few words, and why in a sentence ("" for full marks): "could not import" (the file's
+    error and its line), "timed out", "crashed" (the first such step and what happened), "rule broken",
+    "points lost" or "full marks", in that order of precedence."""
+    checks = [(step, check) for step in grade.steps for check in step.checks]
+    file_error = grade.environment.get("file_error") or ""
+    if any(check.lost_because == "could not import" for _, check in checks):
+        why = file_error or "the file could not be imported"
+        if "timed out" in why or "time limit" in why:
+            return "timed out", why
+        if why.startswith("could not import: "):
+            return "could not import", why.removeprefix("could not import: ")
+        return "crashed", why
+    for kind in ("timed out", "crashed"):
+        found = next((f"{step.id}: {check.message}" for step, check in checks if check.lost_because == kind), None)
+        if found:
+            return kind, found
+    broken = [step for step in grade.steps if step.breach]
+    if broken:
+        return "rule broken", "; ".join(f"{step.id}: {step.breach}" for step in broken)
+    if grade.full_marks:
+        return "full marks", ""
+    if file_error:
+        return "points lost", file_error
+    lost = [step.id for step in grade.steps if step.score < step.max_score]
+    return "points lost", f"lost points in {len(lost)} of {len(grade.steps)} steps: {', '.join(lost)}"

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import re
 import select
 import shutil
 import sys
-import termios
 import textwrap
+import threading
 import time
-import tty
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,7 +47,7 @@ def watch(path: Path, options: dict, rounds: int | None = None, read_key=None, z
     """
     try:
         with keys_and_zygote(options, read_key, zygote) as (zygote, read):
-            help_line = f"{KEYS} · q: quit" if read else "save to regrade, Ctrl-C to stop"
+            help_line = f"{KEYS} · q: quit{enter_note(read)}" if read else "save to regrade, Ctrl-C to stop"
             watcher = Watcher(path, options, zygote, status=lambda: help_line, keys=read is not None)
             run(watcher, read, rounds=rounds)
         click.echo("\nStopped watching.")
@@ -95,9 +95,17 @@ def terminal_keys(stream=None):
     at most and returns the keys pressed ("" for none); None when `stream` (stdin) is no terminal of ours.
 
     The terminal is in cbreak mode meanwhile (no echo, no line buffering; Ctrl-C still interrupts) and is
-    put back as it was on the way out, whatever ends it: q, Ctrl-C, time up or an error.
+    put back as it was on the way out, whatever ends it: q, Ctrl-C, time up or an error. Where Python has
+    no termios (Windows' own Python), the keys come a line at a time instead (`line_keys`).
     """
     stream = stream or sys.stdin
+    try:
+        import termios  # POSIX only (Linux and macOS have it): imported here, so watch runs without it
+        import tty
+    except ImportError:
+        with line_keys(stream) as read:
+            yield read
+        return
     try:
         fd = stream.fileno()
         saved = termios.tcgetattr(fd) if stream.isatty() and _foreground(fd) else None
@@ -118,6 +126,50 @@ def terminal_keys(stream=None):
         yield read
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+@contextlib.contextmanager
+def line_keys(stream):
+    """Keys a line at a time, each line's keys once Enter is pressed: the terminal's keys where there is
+    no termios to read them one by one. None when `stream` is no terminal.
+
+    A thread reads the lines (select cannot wait on a console there), so a read waits `timeout` at most.
+    """
+    try:
+        interactive = stream.isatty()
+    except (AttributeError, OSError, ValueError):
+        interactive = False
+    if not interactive:
+        yield None
+        return
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        while True:
+            try:
+                line = stream.readline()
+            except (OSError, ValueError):
+                line = ""
+            lines.put(line if isinstance(line, str) else line.decode(errors="ignore"))
+            if not line:
+                return
+
+    threading.Thread(target=pump, daemon=True).start()
+
+    def read(timeout: float) -> str:
+        try:
+            line = lines.get(timeout=timeout)
+        except queue.Empty:
+            return ""
+        return line.strip() if line else "q"  # end of input: quit
+
+    read.needs_enter = True
+    yield read
+
+
+def enter_note(read) -> str:
+    """What the help line adds where keys are read a line at a time (`line_keys`)."""
+    return " (then Enter)" if getattr(read, "needs_enter", False) else ""
 
 
 def _foreground(fd: int) -> bool:
@@ -247,20 +299,22 @@ class Watcher:
         return shown
 
     def _hint(self) -> str:
-        """The focused step's next hint, recorded in the workspace (the last one again once all are seen)."""
-        step = self.exercise.step(self.focus.id)
+        """The focused step's next hint not seen, recorded in the workspace; once all are seen, where the model
+        answer is (recorded no more)."""
+        from grader.progress import hint_line, next_hint_level, no_more_hints
+
+        step, name = self.exercise.step(self.focus.id), self.exercise.name
         progress = Progress.find(self.path.parent)
-        if progress:
-            seen = sum(h["step"] == step.id for h in progress.hints(self.exercise.name))
+        seen = progress.hint_levels(name, step.id) if progress else range(1, self.hints_shown.get(step.id, 0) + 1)
+        level = next_hint_level(seen, len(step.hints))
+        if level is None:
+            text = no_more_hints(name, step.id, len(step.hints))
         else:
-            seen = self.hints_shown.get(step.id, 0)
-        level = min(seen + 1, len(step.hints))
-        self.hints_shown[step.id] = seen + 1
-        if progress:
-            progress.record_hint(self.exercise.name, step.id, level)
-            progress.save()
-        note = "" if progress else " (not recorded: this folder is no workspace)"
-        text = f"{self.exercise.name}/{step.id}, hint {level} of {len(step.hints)}: {step.hints[level - 1]}{note}"
+            self.hints_shown[step.id] = level
+            if progress and progress.record_hint(name, step.id, level):
+                progress.save()
+            note = "" if progress else " (not recorded: this folder is no workspace)"
+            text = hint_line(name, step.id, step.hints, level) + note
         return "\n".join(_wrap(click.style(text, fg="cyan"), _width()))
 
     def _nothing(self) -> str:

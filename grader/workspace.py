@@ -18,21 +18,30 @@ from grader.exercise import Exercise, UsageError, load_course
 from grader.progress import Progress
 
 
-def init(folder: Path, exercises: list[Exercise], force: bool = False) -> list[Path]:
-    """Copy fresh stubs into `folder` and start its progress file; refuse to overwrite work without force."""
+def init(folder: Path, exercises: list[Exercise], force: bool = False) -> list[tuple[Path, Path | None]]:
+    """Copy fresh stubs into `folder` and start its progress file; refuse to overwrite work without force.
+
+    Returns each file written with the backup its work was copied to first (as `reset` keeps one, see
+    `backup_path`), None for a file that held no work (none, or a fresh stub).
+    """
     folder.mkdir(parents=True, exist_ok=True)
     targets = [(e, folder / e.file) for e in exercises]
     changed = [t for e, t in targets if t.exists() and t.read_text(encoding="utf-8", errors="replace")
                not in (stub_text(e), e.stub_path.read_text(encoding="utf-8"))]
     if changed and not force:
         names = ", ".join(str(t) for t in changed)
-        raise UsageError(f"{names} already has work in it; pass --force to replace it with a fresh stub.")
+        raise UsageError(f"{names} already has work in it; pass --force to replace it with a fresh stub "
+                         f"(your version is kept in a backup beside it).")
+    backups = {}
+    for target in changed:  # every backup before any stub: an error part way loses no work
+        backups[target] = backup_path(target)
+        shutil.copy2(target, backups[target])
     progress = Progress.find(folder) or Progress(folder)
     for exercise, target in targets:
         target.write_text(stub_text(exercise), encoding="utf-8")
         progress.exercise(exercise.name)
     progress.save()
-    return [t for _, t in targets]
+    return [(t, backups.get(t)) for _, t in targets]
 
 
 def stub_text(exercise: Exercise) -> str:
@@ -44,7 +53,8 @@ def stub_text(exercise: Exercise) -> str:
 
 
 def backup_path(path: Path) -> Path:
-    """Where `reset` keeps the version it replaces: FILE.bak-YYYYmmdd-HHMMSS beside it (-2, -3, ... when taken)."""
+    """Where `reset` and `init --force` keep the version they replace: FILE.bak-YYYYmmdd-HHMMSS beside it
+    (-2, -3, ... when taken)."""
     stem = f"{path.name}.bak-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     found, n = path.with_name(stem), 1
     while found.exists():

@@ -16,9 +16,9 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     """Repeat each KV head n_rep times in a row: (B, Hkv, T, Dh) -> (B, Hkv * n_rep, T, Dh).
 
     Output head h is KV head h // n_rep: with Hkv = 2 and n_rep = 3 the heads
-    come out 0, 0, 0, 1, 1, 1, as x.repeat_interleave(n_rep, dim=1) gives; not
-    0, 1, 0, 1, 0, 1, which is what x.repeat (tiling) gives. n_rep == 1
-    returns the same values.
+    come out 0, 0, 0, 1, 1, 1 (each head repeated in place), not
+    0, 1, 0, 1, 0, 1 (the whole head axis tiled). n_rep == 1 returns the same
+    values.
 
     Why: in grouped-query attention G = Hq / Hkv consecutive query heads share
     one KV head. Repeating each KV head G times lines the KV heads up with the

@@ -68,8 +68,8 @@ def decode_mask(t_new: int, past_len: int, device: torch.device | str | None = N
 
     New token i sits at position past_len + i and sees keys 0 … past_len + i: every
     cached key, and the new ones up to itself. The mask is aligned to the
-    bottom-right: tril(diagonal=past_len) of a (t_new, past_len + t_new) block. With
-    past_len = 0 it is the ordinary causal mask; with t_new = 1 it is all True.
+    bottom-right. With past_len = 0 it is the ordinary causal mask; with t_new = 1
+    it is all True.
 
     Why: with a cache the queries are only the new tokens, but the keys are all of
     them. A causal mask aligned to the top-left (query i sees keys 0 … i) would hide
@@ -125,12 +125,13 @@ class CachedSelfAttention(nn.Module):
 def kv_cache_bytes(
     batch_size: int, num_layers: int, num_kv_heads: int, head_dim: int, seq_len: int, dtype: torch.dtype
 ) -> int:
-    """The bytes a KV cache takes: 2 · L · B · Hkv · Dh · S · itemsize, as an int.
+    """The bytes the KV cache of a whole model takes, as an int.
 
-    2 for the keys and the values; L layers, each with a cache of its own; B
-    sequences; Hkv KV heads (the query heads do not count: with grouped-query
-    attention there are fewer KV heads than query heads); Dh the head width; S
-    tokens; itemsize the bytes of one element of `dtype` (2 for bfloat16).
+    Each of the num_layers layers has a cache of its own, holding the keys and
+    the values of seq_len tokens of batch_size sequences, for num_kv_heads KV
+    heads of head_dim elements; an element of `dtype` takes its item size in
+    bytes (2 for bfloat16). The query heads do not count: with grouped-query
+    attention there are fewer KV heads than query heads.
 
     Why: at long contexts the cache, not the weights, bounds how many sequences fit
     on a GPU. A Llama-style 8B model (32 layers, head width 128) at 8k tokens in

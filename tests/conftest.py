@@ -1,5 +1,8 @@
 """Shared helpers: write a candidate file and grade it in this process (the worker is still a subprocess);
-play a watch or interview session (`save`, `script`) without sleeping."""
+play a watch or interview session (`save`, `script`) without sleeping.
+
+ATTN_GRADE_SANDBOX=portable runs the whole suite's workers in the portable sandbox, as on macOS: a test
+that needs Linux namespaces is marked `needs_namespaces` and skips, saying so."""
 
 from __future__ import annotations
 
@@ -13,12 +16,23 @@ import pytest
 
 from grader import report
 from grader.grade import grade
-from grader.pool import Zygote
+from grader.pool import Zygote, portable_sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = (ROOT / "solutions" / "mha.py").read_text()
 STUB = (ROOT / "exercises" / "mha.py").read_text()
 _stamps = itertools.count(1)
+PORTABLE = portable_sandbox()  # ATTN_GRADE_SANDBOX=portable, or not Linux: every zygote's children have no namespaces
+LINUX_SANDBOX_ONLY = ("needs the Linux sandbox (namespaces, subreaper, seccomp): the portable sandbox "
+                      "(ATTN_GRADE_SANDBOX=portable, or not Linux) has none of them, see docs/sandbox.md")
+needs_namespaces = pytest.mark.skipif(PORTABLE, reason=LINUX_SANDBOX_ONLY)
+
+
+def pytest_report_header(config):
+    if PORTABLE:
+        return ("sandbox: portable (no namespaces, seccomp, cgroups or file-system isolation, as on macOS); "
+                "tests that need Linux namespaces skip")
+    return None
 
 
 def written(text: str, **bodies: str) -> str:

@@ -83,7 +83,7 @@ def test_every_step_has_hints_checks_and_a_todo(exercise):
     in_order = [s.id for s in spec.steps] == [s.id for s in exercise.steps]
     assert in_order, "the spec's steps are exercise.toml's, in order"
     for step, declared in zip(exercise.steps, spec.steps, strict=True):
-        assert len(step.hints) >= 2, step.id
+        assert len(step.hints) >= 3, f"{step.id}: the idea, the plan, code (tests/test_hints.py)"
         points = sum(c.points * max(len(c.dtypes), 1) for c in declared.checks)
         assert points == step.points, f"{step.id}: checks worth {points}, exercise.toml says {step.points}"
         assert step.id in names, f"the stub has no {step.id}"

@@ -6,6 +6,8 @@ each call is the next thing that happens (a key, a save, a command the candidate
 """
 
 import hashlib
+import json
+import os
 import re
 from datetime import datetime, timezone
 
@@ -20,6 +22,7 @@ from tests.conftest import REFERENCE, STUB, save, script, written
 MASK_INVERTED = REFERENCE.replace("scores.masked_fill(~mask,", "scores.masked_fill(mask,")
 SCALE_WRONG = "\ndef scale_scores(scores, head_dim):\n    return scores\n"
 SOFTMAX_FORBIDDEN = "\ndef softmax(scores, dim=-1):\n    return torch.softmax(scores, dim)\n"
+MASK_SPACED = REFERENCE.replace("scores.masked_fill(~mask,", "scores.masked_fill( mask,")  # inverted, same size
 
 
 class Clock:
@@ -130,7 +133,112 @@ def test_stopped_with_ctrl_c_it_writes_the_scorecard_and_a_restart_resumes(tmp_p
     clock.now += 600  # past the end: the same command writes the final scorecard at once
     md, _ = interview.run(folder, "mha", 5, "Ada <i>L</i>", {"device": "cpu"}, clock=clock, read_key=script(),
                           zygote=zygote)
-    assert "time up" in md.read_text() and "after 5:00" in md.read_text()
+    final = md.read_text()
+    assert "time up" in final and "after 5:00" in final
+    # no command watched the file at time up: the scorecard says when it graded it
+    assert "- **Graded**: graded at " in final and "6:30 after time up (no interview command was running" in final
+    assert "## After time" not in final
+    clock.now += 60  # and once more: the final scorecard, the file unchanged since
+    md, _ = interview.run(folder, "mha", 5, "Ada <i>L</i>", {"device": "cpu"}, clock=clock, read_key=script(),
+                          zygote=zygote)
+    again, after = split_after_time(md.read_text())
+    assert again == final and "- **The file**: unchanged since time up" in after
+
+
+def split_after_time(text: str, start="\n## After time (not part of the final score)\n", end="\n## Notes\n"):
+    """(the scorecard without its after-time section, that section); the section must be there."""
+    assert start in text, text
+    section = text[text.index(start):text.index(end)]
+    return text.replace(section, ""), section
+
+
+def scorecard_line(text: str, label: str) -> str:
+    return re.search(rf"^- \*\*{label}\*\*: (.*)$", text, re.M).group(1)
+
+
+def test_a_final_scorecard_is_final_work_after_time_is_shown_apart(tmp_path, zygote, clock):
+    clock.now -= 3600  # started an hour ago: the command run with the real clock below finds the time up
+    folder = tmp_path / "iv"
+    path = folder / "mha.py"
+    actions = [at(clock, 60, lambda: save(path, MASK_INVERTED)), at(clock, 601, lambda: None)]
+    md, page = interview.run(folder, "mha", 10, "Ada Lovelace", {"device": "cpu"}, clock=clock,
+                             read_key=script(*actions), zygote=zygote)
+    text, html = md.read_text(), page.read_text()
+    score, sha = scorecard_line(text, "Final score"), hashlib.sha256(MASK_INVERTED.encode()).hexdigest()
+    assert score != "100/100" and scorecard_line(text, "SHA-256") == sha
+    timeline = text.split("## Timeline")[1].split("## Notes")[0]
+    assert f"| +10:00 | time up, {score} |" in timeline and "apply_mask" not in timeline
+    session = json.loads((folder / interview.SESSION_FILE).read_text())
+    assert session["final"]["sha256"] == sha  # kept with the session, with the scorecard as written
+
+    save(path, REFERENCE)  # the candidate fixes the mask 41 s after the end, and the command is run again
+    clock.now += 40
+    md, page = interview.run(folder, "mha", 10, "Ada Lovelace", {"device": "cpu"}, clock=clock, read_key=script(),
+                             zygote=zygote)
+    again, after = split_after_time(md.read_text())
+    assert again == text  # the final score, the hash, the timeline: as they were at time up
+    assert scorecard_line(after, "Score now") == f"100/100 (final score: {score})"
+    new_sha = hashlib.sha256(REFERENCE.encode()).hexdigest()
+    assert scorecard_line(after, "SHA-256 now") == f"{new_sha} (at time up: {sha})"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, 0:41 after time up", scorecard_line(after, "Graded at"))
+    page_again = page.read_text()
+    section = re.search(r'<section class="after">.*?</section>\n', page_again, re.S).group(0)
+    assert page_again.replace(section, "") == html
+    assert "After time (not part of the final score)" in section and "100/100" in section and new_sha in section
+
+    # the command line, with more minutes: the interview does not reopen, the final scorecard stays
+    result = invoke("interview", "mha", folder, "--minutes", "20", "--candidate", "Ada Lovelace", "--device", "cpu")
+    assert result.exit_code == 0 and "its scorecard is final" in result.stdout, result.output
+    assert split_after_time(md.read_text())[0] == text and "100/100" in split_after_time(md.read_text())[1]
+    assert json.loads((folder / interview.SESSION_FILE).read_text()) == session
+
+
+def test_a_save_seen_after_time_up_is_not_counted(tmp_path, zygote, clock):
+    folder = tmp_path / "iv"
+    path = folder / "mha.py"
+
+    def late_save():  # while the last grade before the end ran
+        path.write_text(REFERENCE)
+        os.utime(path, (clock.now, clock.now))
+
+    actions = [at(clock, 60, lambda: save(path, MASK_INVERTED)), at(clock, 605, late_save)]
+    md, _ = interview.run(folder, "mha", 10, "Ada", {"device": "cpu"}, clock=clock, read_key=script(*actions),
+                          zygote=zygote)
+    text = md.read_text()
+    assert scorecard_line(text, "Final score") != "100/100"
+    assert scorecard_line(text, "SHA-256") == hashlib.sha256(MASK_INVERTED.encode()).hexdigest()
+    assert re.fullmatch(r"a save at .* UTC, after time up, is not counted", scorecard_line(text, "Graded"))
+
+
+def test_a_file_replaced_with_the_same_size_and_time_is_regraded(tmp_path, zygote, clock):
+    folder = tmp_path / "iv"
+    path = folder / "mha.py"
+    assert len(MASK_SPACED) == len(REFERENCE) and MASK_SPACED != REFERENCE
+
+    def replace_keeping_the_stamp():
+        before = path.stat()
+        path.write_text(REFERENCE)
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        after = path.stat()
+        assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+    actions = [at(clock, 60, lambda: save(path, MASK_SPACED)), at(clock, 120, replace_keeping_the_stamp),
+               at(clock, 601, lambda: None)]
+    md, _ = interview.run(folder, "mha", 10, "Ada", {"device": "cpu"}, clock=clock, read_key=script(*actions),
+                          zygote=zygote)
+    text = md.read_text()
+    assert scorecard_line(text, "Final score") == "100/100"
+    assert re.fullmatch(r"3 \(score over time: 0 → \d+ → 100\)", scorecard_line(text, "Grades"))
+    assert "| +2:00 | first green: apply_mask" in text
+
+
+def test_a_damaged_final_scorecard_in_the_session_is_refused(tmp_path, clock):
+    folder = tmp_path / "iv"
+    interview.start(folder, "mha", 5, "Ada", clock)
+    data = json.loads((folder / interview.SESSION_FILE).read_text())
+    (folder / interview.SESSION_FILE).write_text(json.dumps({**data, "final": {"sha256": "0" * 64}}))
+    with pytest.raises(interview.UsageError, match="no interview session attn-grade can read"):
+        interview.start(folder, "mha", 5, "Ada", clock)
 
 
 def test_the_countdown_shows_under_each_screen(tmp_path, zygote, clock, capsys):

@@ -7,6 +7,7 @@ docs/scoring.md); tests/test_docs.py keeps those current.
 
 import re
 
+from grader.bundle import TESTED_TORCH
 from grader.cli import main as cli
 from grader.exercise import load_course
 from tests.conftest import ROOT
@@ -32,6 +33,10 @@ def test_the_synopsis_names_every_command():
 
 
 def test_install_and_test_commands_are_the_ones_ci_runs():
+    """The same torch and the same kit; CI's machine provides the torch wheel, so .ci/run names no index
+    (tests/test_install.py checks the README's, which takes the CPU-only build from PyTorch's index)."""
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "pip install torch==2.13.0 -e \".[test]\"" in README and "pip install -q torch==2.13.0" in ci
+    torch = f"torch=={TESTED_TORCH}"
+    assert f"pip install {torch} --index-url" in README and f"pip install -q {torch}\n" in ci
+    assert 'pip install -e ".[test]"' in README and 'pip install -q -e ".[test]"' in ci
     assert ". .venv/bin/activate && python -m pytest -q" in README and "\npython -m pytest -q\n" in ci

@@ -73,7 +73,7 @@ def test_keys_show_every_failed_check_the_next_hint_recorded_and_quit(tmp_path, 
     screen, keys = out.split("d: every failed check · h: next hint · q: quit\n", 1)
     assert "softmax_large_logits" in screen and "softmax_all_masked_rows" not in screen and "1 more: press d" in screen
     assert "softmax_all_masked_rows" in keys and "a slice that is all -inf gives NaN" in keys
-    assert "mha/softmax, hint 1 of 2" in keys and "mha/softmax, hint 2 of 2" in keys
+    assert "mha/softmax, hint 1 of 3" in keys and "mha/softmax, hint 2 of 3" in keys
     assert keys.rstrip().endswith("Stopped watching.")
     assert [(h["step"], h["level"]) for h in Progress.find(tmp_path).hints("mha")] == [("softmax", 1), ("softmax", 2)]
 

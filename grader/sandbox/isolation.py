@@ -5,6 +5,10 @@ bind mounts of what torch needs, on a fresh tmpfs, entered with pivot_root), cap
 good, a seccomp filter that refuses the kernel keyring, a pids cgroup (root) or RLIMIT_NPROC (another
 user) against fork bombs, and the rlimits on file size, core dumps and writable memory.
 
+The portable sandbox (`enter_portable_sandbox`: macOS, or ATTN_GRADE_SANDBOX=portable on Linux) is
+what a system without Linux namespaces can have: a session of its own, an empty working directory and the
+rlimits, with none of the rest (no namespaces, prctl, seccomp, cgroups or allowlist root).
+
 Loaded by path by worker.py (never as part of the grader package): it imports nothing of the grader.
 """
 
@@ -16,6 +20,7 @@ import re
 import resource
 import signal
 import struct
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -124,21 +129,7 @@ def enter_sandbox(request, output_fd, keep, cuda: bool = False) -> bool:
 
     True when it made a PID namespace that only its next fork enters (`fork_into_pid_namespace`).
     """
-    os.setsid()
-    os.dup2(output_fd, 1)
-    os.dup2(output_fd, 2)
-    for fd in range(3, 1024):  # nothing of the zygote's stays open (its control socket included)
-        if fd not in keep:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-    workdir = request["workdir"]
-    os.chdir(workdir)
-    os.environ.update(HOME=workdir, TMPDIR=workdir)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT,) * 2)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash is reported, not dumped
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
+    _session_and_limits(request, output_fd, keep)
     _limit_processes()
     # A network namespace of its own has only a loopback that is down; an IPC namespace of its
     # own, so no System V shared memory, semaphore or message queue reaches another child or
@@ -159,6 +150,61 @@ def enter_sandbox(request, output_fd, keep, cuda: bool = False) -> bool:
     return False
 
 
+def enter_portable_sandbox(request, output_fd, keep) -> None:
+    """The portable sandbox: what a child can have without Linux namespaces (macOS).
+
+    A session of its own, output to the grader's pipe, an empty working directory, the limits on
+    file size and core dumps, and (not root) RLIMIT_NPROC against fork bombs, where the system
+    has it. Nothing Linux-only: no namespace, prctl, seccomp, capability or cgroup. The memory
+    cap (`cap_memory`) comes later, as in the full sandbox.
+    """
+    _session_and_limits(request, output_fd, keep)
+    if os.geteuid() != 0:  # root ignores RLIMIT_NPROC, and there is no cgroup here: swept only
+        mine = _own_threads() if os.path.isdir("/proc/self/task") else _own_processes()
+        if mine is not None:
+            try:
+                resource.setrlimit(resource.RLIMIT_NPROC, (mine + CHILD_PROCESS_LIMIT,) * 2)
+            except (ValueError, OSError):  # above the system's hard limit (kern.maxprocperuid): none
+                pass
+
+
+def _own_processes() -> int | None:
+    """How many processes this user has, by `ps` (macOS counts processes, not threads, against
+    RLIMIT_NPROC); None where ps cannot tell."""
+    try:
+        done = subprocess.run(["ps", "-A", "-o", "ruid="], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    return sum(line.strip() == str(os.getuid()) for line in done.stdout.splitlines())
+
+
+def _own_threads() -> int:
+    """Linux counts threads against RLIMIT_NPROC: those of every process of this user."""
+    return sum(_threads(p) for p in os.listdir("/proc") if p.isdigit() and _owner(p) == os.geteuid())
+
+
+def _session_and_limits(request, output_fd, keep) -> None:
+    """A session of its own, output to the grader's pipe, only the `keep` descriptors, the working
+    directory as home, and the limits on file size and core dumps: both sandboxes' first steps."""
+    os.setsid()
+    os.dup2(output_fd, 1)
+    os.dup2(output_fd, 2)
+    for fd in range(3, 1024):  # nothing of the zygote's stays open (its control socket included)
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    workdir = request["workdir"]
+    os.chdir(workdir)
+    os.environ.update(HOME=workdir, TMPDIR=workdir)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_SIZE_LIMIT,) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash is reported, not dumped
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an oversized write fails instead of killing
+
+
 def _map_own_ids(uid: int, gid: int) -> None:
     """In a new user namespace, be the same user and group as outside: files it makes (the
     new root's mount points) need an owner, and its uid stays the grader's user's."""
@@ -170,13 +216,15 @@ def _map_own_ids(uid: int, gid: int) -> None:
         pass  # then building the new root fails, and the child says it is not isolated
 
 
-def cap_memory(torch, limit: int, cuda: bool, start_cuda: bool) -> str | None:
+def cap_memory(torch, limit: int, cuda: bool, start_cuda: bool, portable: bool = False) -> str | None:
     """Cap the memory the candidate's process can write to (RLIMIT_DATA) at `limit` bytes.
 
     Where torch sees CUDA, its build already holds over a GB of writable mappings (1.26 GB
     measured on an H100, where a 1 GB cap stopped CUDA's start), so the cap is `limit` on top
     of what the process holds; and where the device checks run on CUDA (`start_cuda`), CUDA
     starts here first, before any candidate code. Returns why CUDA would not start, if it did not.
+    In the portable sandbox a system that refuses the cap leaves the process without one (recent
+    macOS refuses it; older macOS ignores mmap'd memory): the call's timeout still bounds it.
     """
     error = None
     if start_cuda:
@@ -185,7 +233,12 @@ def cap_memory(torch, limit: int, cuda: bool, start_cuda: bool) -> str | None:
             torch.zeros(1, device="cuda")
         except Exception as exc:  # the sandbox's fault, or the machine's: never the candidate's
             error = f"{type(exc).__name__}: {exc}"
-    if limit > 0:
+    if limit > 0 and portable:
+        try:
+            resource.setrlimit(resource.RLIMIT_DATA, (limit + _data_size(),) * 2 if cuda else (limit,) * 2)
+        except (ValueError, OSError):
+            pass
+    elif limit > 0:
         resource.setrlimit(resource.RLIMIT_DATA, (limit + _data_size(),) * 2 if cuda else (limit,) * 2)
     return error
 
@@ -436,7 +489,7 @@ def _limit_processes() -> None:
     pids cgroup of the child's own does the job, where the system has one we may write.
     """
     if os.geteuid() != 0:
-        mine = sum(_threads(p) for p in os.listdir("/proc") if p.isdigit() and _owner(p) == os.geteuid())
+        mine = _own_threads()
         resource.setrlimit(resource.RLIMIT_NPROC, (mine + CHILD_PROCESS_LIMIT,) * 2)
         return
     group = cgroup(int(os.readlink("/proc/self")))  # the pid the zygote knows (here, os.getpid() is 1)

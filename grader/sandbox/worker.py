@@ -1,7 +1,7 @@
 """The worker's entry point: a zygote that imports torch once, and forks the children that run candidate code.
 
-The grader starts `python -I -u worker.py CONTROL_FD WIRE_PY` in a new session with a
-scrubbed environment. This zygote never runs candidate code. It imports torch (and warms
+The grader starts `python -I -u worker.py CONTROL_FD WIRE_PY [portable]` in a new session with
+a scrubbed environment. This zygote never runs candidate code. It imports torch (and warms
 the device the checks will use), then answers the grader on its control socket:
 
     {"op": "spawn", "workdir": ..., "candidate": ..., "memory_limit": bytes, "stand_ins": path | null, ...}
@@ -25,6 +25,12 @@ The zygote is a child subreaper, so a process the candidate starts in a new sess
 double-forks is re-parented here and found by `_kill_descendants`. When the grader goes
 away (the control socket closes) the zygote kills everything below it and exits.
 
+With "portable" (macOS, or ATTN_GRADE_SANDBOX=portable on Linux) the zygote and its children use
+nothing Linux-only: no namespaces, subreaper, seccomp, cgroups or allowlist root, only a session
+of its own, an empty directory and the rlimits (`isolation.enter_portable_sandbox`); the control
+socket is a stream (macOS has no SOCK_SEQPACKET), each message after its length; and the processes
+below the zygote are found with `ps`, not /proc. Every child says it has no file-system isolation.
+
 This file never imports the grader package: its sibling modules, like the wire module, are
 loaded by path under private names (`_load_siblings`), all before any child's sandbox hides
 grader/ from it.
@@ -38,6 +44,7 @@ import select
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 import traceback
@@ -47,6 +54,10 @@ SIBLINGS = ("isolation", "recorder", "answered", "serve", "scripts")  # this fol
 PRIVATE_PREFIX = "_attn_grade_sandbox_"  # their names here: no import of the grader package finds them
 SANDBOX_SETUP_TIMEOUT = 10.0  # seconds the zygote waits for a child to say whether it is isolated
 BUG_EXIT = 70  # the zygote's exit status for "a bug here, not the candidate's doing" (EX_SOFTWARE)
+PORTABLE = __name__ == "__main__" and sys.argv[3:4] == ["portable"]  # the portable sandbox: see above
+NOT_ISOLATED = "the portable sandbox has no file-system isolation"  # each child's word, in portable
+FRAME_HEADER = 4  # bytes of a message's length on the portable sandbox's stream socket (big-endian)
+PORTABLE_LINGER = 10.0  # seconds a portable child whose grader hung up waits for the zygote's kill (see `_child`)
 
 
 def _load_by_path(name, path):
@@ -87,7 +98,7 @@ def main() -> None:
     wire = _load_by_path("_attn_grade_wire", sys.argv[2])
     os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"  # ask NVML, so no CUDA context exists to break fork
     try:
-        own_pid_namespace = isolation.own_pid_namespace()
+        own_pid_namespace = None if PORTABLE else isolation.own_pid_namespace()
     except OSError as error:
         _bug(str(error))
 
@@ -104,17 +115,18 @@ def main() -> None:
         _warm_meta(torch)
     gc.freeze()
     gc.enable()
-    isolation.become_subreaper()
-    isolation.remove_stale_cgroups()
+    if not PORTABLE:
+        isolation.become_subreaper()
+        isolation.remove_stale_cgroups()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     spawned = set()
     workdirs, home = set(), os.getcwd()  # the candidates' folders and ours, all the grader's temporary ones
-    plan = isolation.sandbox_plan(home, cuda)  # once: every module the children need is loaded by now
+    plan = None if PORTABLE else isolation.sandbox_plan(home, cuda)  # once: every module the children need is loaded
     stand_ins = {}  # path -> the module of an exercise's stand-ins, loaded once
 
     while True:
         try:
-            data, fds, _, _ = socket.recv_fds(control, 65536, 3)
+            data, fds = _receive(control)
         except OSError:
             data, fds = b"", []
         if not data:  # the grader is gone (killed, maybe, with no time to clean up after us)
@@ -122,7 +134,8 @@ def main() -> None:
                 _kill(pid)
             _kill_descendants(keep=set())
             for pid in spawned:
-                isolation.remove_cgroup(pid)
+                if not PORTABLE:
+                    isolation.remove_cgroup(pid)
             for folder in (*workdirs, home):  # gone already unless the grader was killed
                 shutil.rmtree(folder, ignore_errors=True)
             os._exit(0)
@@ -162,7 +175,8 @@ def main() -> None:
                 _reply(control, {"status": "killed"})
                 _kill(pid)
             _kill_descendants(keep=spawned)
-            isolation.remove_cgroup(pid)  # empty only now that the sweep has ended what the child left
+            if not PORTABLE:
+                isolation.remove_cgroup(pid)  # empty only now that the sweep has ended what the child left
 
 
 def _bug(message: str) -> NoReturn:
@@ -173,10 +187,36 @@ def _bug(message: str) -> NoReturn:
 
 def _reply(control, answer: dict) -> None:
     """Answer the grader; one that has gone away reads nothing, and the next receive sees it gone."""
+    data = json.dumps(answer).encode()
     try:
-        control.sendall(json.dumps(answer).encode())
+        control.sendall(len(data).to_bytes(FRAME_HEADER, "big") + data if PORTABLE else data)
     except OSError:
         pass
+
+
+def _receive(control) -> tuple[bytes, list[int]]:
+    """The grader's next request and the descriptors sent with it; b"" once the grader is gone.
+
+    On the portable sandbox's stream the descriptors come with the first bytes of their message
+    (the grader sends them in one sendmsg with its length), which are read before the rest.
+    """
+    if not PORTABLE:
+        data, fds, _, _ = socket.recv_fds(control, 65536, 3)
+        return data, fds
+    head, fds = b"", []
+    while len(head) < FRAME_HEADER:
+        data, more, _, _ = socket.recv_fds(control, FRAME_HEADER - len(head), 3)
+        fds += more
+        if not data:
+            return b"", fds
+        head += data
+    size, body = int.from_bytes(head, "big"), b""
+    while len(body) < size:
+        chunk = control.recv(min(size - len(body), 65536))
+        if not chunk:
+            return b"", fds
+        body += chunk
+    return body, fds
 
 
 def _stand_ins(path, loaded: dict):
@@ -207,7 +247,11 @@ def _kill(pid: int, grace: float = 0.0) -> str:
 
     With `grace`, a child that is ending by itself first gets that long to end: one passing
     on its candidate's death (`isolation.fork_into_pid_namespace`) must not be killed mid-way.
+    In the portable sandbox (no subreaper) what the child started is killed first, while their
+    parent lives and `ps` still shows them below it.
     """
+    if PORTABLE:
+        _kill_below(pid)
     deadline = time.monotonic() + grace
     ended = 0
     while not ended and time.monotonic() < deadline:
@@ -240,15 +284,7 @@ def _kill_descendants(keep: set) -> None:
     """SIGKILL every process below the zygote but the children in `keep` and theirs, until none is left."""
     me = os.getpid()
     for _ in range(100):
-        parents = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat", "rb") as f:
-                        stat = f.read()
-                    parents[int(entry)] = int(stat[stat.rindex(b")") + 2 :].split()[1])
-                except (OSError, ValueError, IndexError):
-                    pass
+        parents = _parents_by_ps() if PORTABLE else _parents()
         below, frontier = set(), {me}
         while frontier:
             frontier = {pid for pid, parent in parents.items() if parent in frontier and pid not in below | keep}
@@ -265,6 +301,57 @@ def _kill_descendants(keep: set) -> None:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
+
+
+def _kill_below(pid: int) -> None:
+    """SIGKILL every process below `pid` (not `pid` itself), as `ps` shows them now."""
+    parents = _parents_by_ps()
+    below, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier and p not in below}
+        below |= frontier
+    for process in below:
+        try:
+            os.kill(process, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _parents() -> dict[int, int]:
+    """Every process's parent, from /proc."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    stat = f.read()
+                parents[int(entry)] = int(stat[stat.rindex(b")") + 2 :].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    return parents
+
+
+def _parents_by_ps() -> dict[int, int]:
+    """Every process's parent, from `ps` (macOS has no /proc); from /proc where ps fails and it exists.
+
+    Without a subreaper (portable) a process whose parent died is re-parented to init or launchd:
+    out of sight, though still in its child's process group unless it left that too (`_kill_below`
+    looks before the child dies).
+    """
+    try:
+        ps = subprocess.Popen(["ps", "-A", "-o", "pid=,ppid="], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        out, _ = ps.communicate(timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return _parents() if os.path.isdir("/proc") else {}
+    parents = {}
+    fields = out.split()
+    for pid, parent in zip(fields[::2], fields[1::2], strict=False):
+        try:
+            parents[int(pid)] = int(parent)
+        except ValueError:
+            pass
+    parents.pop(ps.pid, None)  # ps itself, ended and reaped by now: its pid is no longer its own
+    return parents
 
 
 def _warm_meta(torch) -> None:
@@ -296,17 +383,27 @@ def _skip_lazy_dynamo_import(torch) -> None:
 def _child(wire, torch, request, fds, cuda: bool, status_fd: int, plan: dict, stand_ins) -> None:
     read_fd, write_fd, output_fd = fds
     try:
-        if isolation.enter_sandbox(request, output_fd, keep=(read_fd, write_fd, status_fd), cuda=cuda):
+        if PORTABLE:
+            isolation.enter_portable_sandbox(request, output_fd, keep=(read_fd, write_fd, status_fd))
+        elif isolation.enter_sandbox(request, output_fd, keep=(read_fd, write_fd, status_fd), cuda=cuda):
             isolation.fork_into_pid_namespace()
         # Told before any candidate code runs: the zygote's word, never the candidate's.
-        fs_isolation = request.get("fs_isolation", True)
-        failure = isolation.allowlist_root(request["workdir"], plan, cuda) if fs_isolation else "turned off"
-        cuda_error = isolation.cap_memory(torch, request["memory_limit"], cuda, cuda and request.get("cuda", True))
+        if PORTABLE:
+            failure = NOT_ISOLATED
+        elif request.get("fs_isolation", True):
+            failure = isolation.allowlist_root(request["workdir"], plan, cuda)
+        else:
+            failure = "turned off"
+        cuda_error = isolation.cap_memory(torch, request["memory_limit"], cuda, cuda and request.get("cuda", True),
+                                          portable=PORTABLE)
         status = {"fs": failure and failure[:400], "cuda": cuda_error and cuda_error[:400]}
         os.write(status_fd, json.dumps(status).encode())
         os.close(status_fd)
-        isolation.drop_capabilities()
+        if not PORTABLE:
+            isolation.drop_capabilities()
         serve.serve(wire, torch, request["candidate"], read_fd, write_fd, cuda, stand_ins)
+        if PORTABLE:  # the grader is done with this child: the zygote kills it in a moment. Until then it
+            time.sleep(PORTABLE_LINGER)  # lives, so what it started is still below it for `_kill_below`
     finally:
         os._exit(0)
 
@@ -324,7 +421,7 @@ def _isolation_status(status_fd: int) -> dict:
         status = json.loads(raw)
     except ValueError:
         status = {"fs": "no answer", "cuda": None}
-    if status.get("fs"):
+    if status.get("fs") and status["fs"] != NOT_ISOLATED:  # expected of every portable child: no news
         print("attn-grade zygote: a worker runs without file-system isolation:", status["fs"], flush=True)
     if status.get("cuda"):
         print("attn-grade zygote: CUDA did not start in a worker:", status["cuda"], flush=True)
