@@ -14,6 +14,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from grader import notebook, source
 from grader.candidate import (
     DEFAULT_FILE_TIMEOUT,
     DEFAULT_MEMORY_LIMIT_MB,
@@ -49,6 +50,10 @@ def grade(
         raise UsageError(f"unknown device '{device}'; use one of {', '.join(DEVICES)}.")
     path = Path(path)
     found = find_exercise(path, exercise)
+    if path.suffix == notebook.SUFFIX:  # the Python its code cells make is what runs
+        source.decoded(notebook.read(path).source.encode("utf-8"), path.name)
+    else:
+        source.read(path)
     about = {"seed": seed, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "graded_at": now()}
     warm = found.device_checks and device != "cpu"
     stand_ins = found.folder / "stand_ins.py"

@@ -132,7 +132,7 @@ def run(folder: Path, exercise: str, minutes: float, candidate: str, options: di
                    f"The candidate edits {session.path}; every save is graded here.")
     with keys_and_zygote(options, read_key, zygote) as (zygote, read):
         help_line = f" · {KEYS} · q: end the interview" if read else ""
-        watcher = ContentWatcher(session.path, {**options, "exercise": exercise}, zygote, keys=read is not None,
+        watcher = Watcher(session.path, {**options, "exercise": exercise}, zygote, keys=read is not None,
                                  status=lambda: f"⏱ {_left(session.deadline - clock())} left{help_line}",
                                  suggest_next=False)
         try:
@@ -216,19 +216,6 @@ def _late(session: Session, now: float) -> str:
            else "before time up"))
     return (f"graded at {_when(now)}, {_since(now - session.deadline)} after time up (no interview command was "
             f"running at time up){when}")
-
-
-class ContentWatcher(Watcher):
-    """watch's Watcher, but a save is a change of the file's content (its SHA-256): a file replaced by
-    another of the same size and modification time is regraded too. The stamp is that hash."""
-
-    def saved(self) -> bool:
-        try:
-            stamp = hashlib.sha256(self.path.read_bytes()).hexdigest()
-        except OSError:
-            return False
-        changed, self.stamp = stamp != self.stamp, stamp
-        return changed
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ DEVICE_NOTE = {
 UNKNOWN = "unknown (not graded in a workspace)"
 NO_FS_ISOLATION = (
     "ran without file-system isolation: the candidate's code could read every file this user can "
-    "(this system gave the worker no mount namespace; see docs/sandbox.md)"
+    "(the portable sandbox, or a system that gave the worker no mount namespace; see docs/sandbox.md)"
 )
 
 

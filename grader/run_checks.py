@@ -28,6 +28,8 @@ from grader.engine.failure import CheckFailed
 from grader.engine.runner import Context, SpecFile, SpecItem, is_spec
 from grader.exercise import ENGINE_DIR, Exercise, GraderBug
 from grader.score import CheckResult
+from grader.source import parse
+from grader.source import read as read_source
 
 UNUSED_PLUGINS = (
     "logging", "warnings", "unraisableexception", "threadexception", "faulthandler", "junitxml",
@@ -90,9 +92,8 @@ def check_keys(source: str, spec) -> dict[str, str] | None:
     depend on the whole file (its steps run as written once they pass, see Run.oracle in grader/engine/runner.py).
     None when the file does not parse.
     """
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
+    tree = parse(source)
+    if tree is None:
         return None
     lines = re.split(r"\r\n|\r|\n", source)  # the parser's lines (splitlines would also split at a form feed)
     steps = {step.id for step in spec.steps}
@@ -155,7 +156,7 @@ class _Plugin:
         return None
 
     def context(self) -> Context:
-        source = self._candidate.path.read_text(encoding="utf-8", errors="replace")
+        source = read_source(self._candidate.path)
         forbidden = {step.id: step.forbidden for step in self.exercise.steps}
         return Context(self._candidate, self.seed, self._device, source, forbidden, self.outcomes)
 
@@ -167,7 +168,7 @@ class _Plugin:
                 self.bug = GraderBug(f"check {item.nodeid} has no valid step ({step_id!r}, {points!r})")
         self.order = {item.name: i for i, item in enumerate(items)}
         if self.cache is not None:
-            keys = check_keys(self._candidate.path.read_text(encoding="utf-8", errors="replace"),
+            keys = check_keys(read_source(self._candidate.path),
                               importlib.import_module(self.exercise.spec_module).SPEC)
             items[:] = [item for item in items if not self._cached(item, keys)]
 

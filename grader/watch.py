@@ -12,6 +12,7 @@ hint` does), q quits. Messages are wrapped at word boundaries to the terminal's 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import queue
 import re
@@ -194,7 +195,7 @@ class Watcher:
         self.status, self.keys, self.suggest_next = status, keys, suggest_next
         self.terminal = sys.stdout.isatty()
         self.cache: dict = {}  # checks whose step did not change are not run again
-        self.stamp = self.graded_stamp = None  # the file's (mtime, size) when last seen, and when last graded
+        self.stamp = self.graded_stamp = None  # the file's SHA-256 when last seen, and when last graded
         self.sources: dict | None = None  # each step's source at the last grade of a file that parsed
         self.result: Grade | None = None
         self.focus: StepResult | None = None
@@ -203,12 +204,12 @@ class Watcher:
         self._status_shown: str | None = None
 
     def saved(self) -> bool:
-        """Whether the file changed since it was last seen."""
+        """Whether the file's content changed since it was last seen. Its SHA-256, not its size and
+        modification time: a file replaced by another of the same size and time is still a save."""
         try:
-            stat = self.path.stat()
+            stamp = hashlib.sha256(self.path.read_bytes()).hexdigest()
         except OSError:
             return False
-        stamp = stat.st_mtime_ns, stat.st_size
         changed, self.stamp = stamp != self.stamp, stamp
         return changed
 

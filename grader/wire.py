@@ -184,7 +184,7 @@ def decode(item, blobs: list[bytes]):
     if kind == "dtype" and item.get("name") in TORCH_DTYPES:
         return getattr(torch, item["name"])
     if kind == "object":
-        return Opaque(str(item.get("type", "?"))[:MAX_TYPE_NAME])
+        return Opaque(_printable_name(str(item.get("type", "?"))[:MAX_TYPE_NAME]))
     if kind in ("tensor", "ndarray"):
         dtypes = TORCH_DTYPES if kind == "tensor" else NUMPY_DTYPES
         dtype, shape = item.get("dtype"), item.get("shape")
@@ -219,6 +219,12 @@ def decode(item, blobs: list[bytes]):
         tensor.worker_device = device[:40]  # where the worker had it; see device_of
         return tensor
     raise WireError(f"unknown kind {kind!r}")
+
+
+def _printable_name(name: str) -> str:
+    """A type name the candidate chose, safe in every report: a newline that would forge a report line, an
+    escape sequence, a lone surrogate that no UTF-8 encoder takes, each shown escaped instead."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
 
 
 class Opaque:

@@ -16,6 +16,7 @@ from pathlib import Path
 from grader import notebook
 from grader.exercise import Exercise, UsageError, load_course
 from grader.progress import Progress
+from grader.source import UNPARSEABLE, parse
 
 
 def init(folder: Path, exercises: list[Exercise], force: bool = False) -> list[tuple[Path, Path | None]]:
@@ -30,8 +31,9 @@ def init(folder: Path, exercises: list[Exercise], force: bool = False) -> list[t
                not in (stub_text(e), e.stub_path.read_text(encoding="utf-8"))]
     if changed and not force:
         names = ", ".join(str(t) for t in changed)
-        raise UsageError(f"{names} already has work in it; pass --force to replace it with a fresh stub "
-                         f"(your version is kept in a backup beside it).")
+        has, it = ("have", "them with fresh stubs") if len(changed) > 1 else ("has", "it with a fresh stub")
+        raise UsageError(f"{names} already {has} work in it; pass --force to replace {it} "
+                         f"(your version is kept in a backup beside each).")
     backups = {}
     for target in changed:  # every backup before any stub: an error part way loses no work
         backups[target] = backup_path(target)
@@ -90,8 +92,10 @@ def step_sources(path: Path, step_ids) -> dict[str, str | None] | None:
     cannot be read or does not parse. A notebook's code cells are read as the grader reads them."""
     try:
         text = notebook.read(path).source if path.suffix == notebook.SUFFIX else path.read_text(encoding="utf-8")
-        tree = ast.parse(text)
-    except (OSError, UnicodeDecodeError, UsageError, SyntaxError, ValueError):
+    except (OSError, UnicodeDecodeError, UsageError):
+        return None
+    tree = parse(text)
+    if tree is None:
         return None
     found = {node.name: ast.get_source_segment(text, node) for node in tree.body
              if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in step_ids}
@@ -133,8 +137,9 @@ def _with_stub_step(path: Path, stub: Path, step_id: str) -> str:
 def _find(text: str, step_id: str, path: Path):
     try:
         tree = ast.parse(text)
-    except SyntaxError as error:
-        raise UsageError(f"{path} does not parse (line {error.lineno}): fix it or reset the whole file.") from None
+    except UNPARSEABLE as error:
+        line = f" (line {error.lineno})" if getattr(error, "lineno", None) else ""
+        raise UsageError(f"{path} does not parse{line}: fix it or reset the whole file.") from None
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == step_id:
             return node

@@ -63,6 +63,45 @@ def test_1_import_error_scores_0_and_names_the_module(grade_source):
     assert messages(result) == {NOT_IMPORTED}
 
 
+def test_1_a_file_the_parser_cannot_hold_scores_0_and_is_no_internal_error(tmp_path):
+    """Ten thousand unary minus signs exhaust the parser's memory: the grader's own reading of the file
+    (the rules, the diagnosis, watch's keys) must take that as a file that does not parse."""
+    path = tmp_path / "mha.py"
+    path.write_text(REFERENCE + "\nx = " + "-" * 10_000 + "1\n")
+    result = CliRunner().invoke(cli.main, [str(path), "--device", "cpu"])
+    assert result.exit_code == 1, result.output
+    assert "could not import: MemoryError" in result.stdout and "Total: 0/100" in result.stdout
+
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "junit"])
+def test_1_a_type_name_of_the_candidates_cannot_forge_a_report_line_or_break_a_format(tmp_path, fmt):
+    """A returned object's type name is the candidate's text: a newline in it must not start a forged
+    "Total" line, and a lone surrogate must not stop a UTF-8 report from being written."""
+    path = tmp_path / "mha.py"
+    path.write_text(REFERENCE + "\ndef softmax(scores, dim=-1):\n"
+                    "    return type('X\\nTotal: 100/100' + b'\\xff'.decode('utf-8', 'surrogateescape') * (scores.dim() > 3),"
+                    " (), {})()\n")
+    result = CliRunner().invoke(cli.main, [str(path), "--device", "cpu", "--format", fmt])
+    assert result.exit_code == 1, result.output
+    assert not any(line.startswith("Total: 100") for line in result.stdout.splitlines()), result.stdout
+    if fmt == "text":
+        assert "got candidate.X\\nTotal: 100/100" in result.stdout
+
+
+
+def test_1_a_file_that_declares_another_encoding_is_refused_and_a_bom_is_read_as_python_reads_it(tmp_path):
+    """A coding line makes Python run another program than the UTF-8 text the rules read (`# coding: utf-7`
+    hides a forbidden name from the source scan): refused as a usage error. A byte-order mark is UTF-8."""
+    path = tmp_path / "mha.py"
+    path.write_text("# coding: utf-7\n" + REFERENCE)
+    refused = CliRunner().invoke(cli.main, [str(path), "--device", "cpu"])
+    assert refused.exit_code == 2 and "declares the encoding utf-7" in refused.stderr, refused.output
+    path.write_bytes(b"\xef\xbb\xbf" + REFERENCE.encode())
+    assert CliRunner().invoke(cli.main, [str(path), "--device", "cpu"]).exit_code == 0
+
+
+
 # 2. -------------------------------------------------------------------------------------
 
 

@@ -48,6 +48,30 @@ def test_a_save_shows_regrading_before_the_grade_runs(tmp_path, zygote, monkeypa
     assert on_screen == ["grading mha.py…", "regrading mha.py…"]
 
 
+def test_a_file_replaced_with_the_same_size_and_modification_time_is_regraded(tmp_path, zygote, monkeypatch):
+    """A save is a change of content: an editor (or a candidate) that keeps size and mtime still gets a regrade."""
+    path = tmp_path / "mha.py"
+    inverted = REFERENCE.replace("scores.masked_fill(~mask,", "scores.masked_fill( mask,")
+    assert len(inverted) == len(REFERENCE) and inverted != REFERENCE
+    path.write_text(inverted)
+    scores = []
+    grade = watch_module.grade
+
+    def spy(*args, **kwargs):
+        result = grade(*args, **kwargs)
+        scores.append(result.score)
+        return result
+
+    def replace_keeping_the_stamp():
+        before = path.stat()
+        path.write_text(REFERENCE)
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert (path.stat().st_size, path.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+    monkeypatch.setattr(watch_module, "grade", spy)
+    watch(path, {"device": "cpu"}, read_key=script(replace_keeping_the_stamp), zygote=zygote)
+    assert len(scores) == 2 and scores[0] < 100 == scores[1], scores
+
 def test_the_detail_is_the_edited_step_else_a_real_failure_and_unwritten_steps_last(tmp_path, zygote, capsys):
     path = tmp_path / "mha.py"
     path.write_text(written(STUB, softmax=NAIVE_SOFTMAX))  # project, first in the table, is not written yet

@@ -12,6 +12,7 @@ import re
 
 from grader.engine.diagnose import FORBIDDEN_CALL
 from grader.engine.failure import CheckFailed
+from grader.source import parse
 
 # Names of ways to blind the worker's record of torch calls: switching the mode off, or reaching the record
 # itself (the mode stack, the worker's frames, the garbage collector's list of every object). A file that
@@ -40,9 +41,8 @@ def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: st
 
 def _with_helpers(source: str, step_source: str) -> str:
     """The step's source and that of every top-level definition it names, and those name, and so on."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
+    tree = parse(source)
+    if tree is None:
         return step_source
     defined = {node.name: ast.get_source_segment(source, node) or "" for node in tree.body if hasattr(node, "name")}
     texts, frontier, seen = [step_source], [step_source], set()
@@ -58,10 +58,9 @@ def _with_helpers(source: str, step_source: str) -> str:
 
 def expect_no_import(source: str, module: str) -> None:
     """The candidate file does not import `module` (read, never run: the grader parses it)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        raise CheckFailed("the file does not parse") from None
+    tree = parse(source)
+    if tree is None:
+        raise CheckFailed("the file does not parse")
     for node in ast.walk(tree):
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
         if isinstance(node, ast.ImportFrom) and node.module:
@@ -85,7 +84,7 @@ def numpy_only(answer, source: str, step: str, steps: tuple[str, ...]) -> None:
     try:
         expect_no_import(source, "torch")
     except CheckFailed:
-        tree = ast.parse(source)  # it parsed in expect_no_import
+        tree = parse(source)  # it parsed in expect_no_import
         users = [s for s in steps if _names_any(tree, s, _bound_by_imports_of(tree, "torch"), steps)]
         if not users or step in users:
             raise

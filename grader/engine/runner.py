@@ -41,6 +41,7 @@ from grader.engine.rules import check_rules
 from grader.engine.spec import Call, Check, Spec, StepSpec
 from grader.engine.tolerance import Tolerance, expect_close, expect_form, upcast
 from grader.oracle import Oracle
+from grader.source import parse
 
 if TYPE_CHECKING:  # script.py builds on this module
     from grader.engine.script import Script
@@ -419,9 +420,8 @@ def _line(source: str, number) -> str:
 @functools.lru_cache(maxsize=64)  # asked by every rules check and diagnosis of one file: parsed once
 def source_of(source: str, name: str) -> str:
     """The source of the candidate's top-level function or class `name` ('' if it has none or does not parse)."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
+    tree = parse(source)
+    if tree is None:
         return ""
     found = [node for node in tree.body if getattr(node, "name", None) == name]
     # the last definition is the one that runs
