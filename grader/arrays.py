@@ -18,7 +18,7 @@ def as_tensor(value) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(value))
+        return torch.from_numpy(np.ascontiguousarray(value).reshape(value.shape))  # a 0-dim array stays 0-dim
     raise TypeError(f"not an array: {type(value).__qualname__}")
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grader import errors, notebook, wire
+from grader.answers import Malformed, module_result, script_result, shape_record
 from grader.errors import CandidateError
 from grader.pool import Child, Pool, Zygote, ZygoteGone
 
@@ -32,6 +33,18 @@ DEFAULT_MEMORY_LIMIT_MB = 4096
 NOT_IMPORTED = "not run: the file could not be imported"  # each check's message; `import_error` says why, once
 MAX_QUESTIONS = 10_000  # step functions one call may ask the grader to answer
 MAX_SCRIPT_ACTIONS = 256  # actions in one script (the worker refuses more)
+HIDDEN = "hidden: "  # in `called`, before why the worker's record of the call may be incomplete
+MALFORMED = "the worker's answer was malformed"  # a check's message when an answer is not what the check asked for
+# An answer's tensors, as bytes: a check's answers are kilobytes (the course's largest, 141 KB, masks' attention), so
+# one far larger than what the call was given is refused unread, before the grader copies it (issue 11: 256 MiB from
+# every step made a grade of 4.3 GB and 108 s). What a call builds from integers alone (a mask, a cache) fits the floor.
+ANSWER_FLOOR = 4 << 20
+ANSWER_FACTOR = 64  # times the bytes of tensors the call was given
+
+
+def answer_limit(given: int) -> int:
+    """The most bytes of tensors an answer to a call given `given` bytes of them may hold."""
+    return min(wire.MAX_BLOB_BYTES, max(ANSWER_FLOOR, ANSWER_FACTOR * given))
 
 
 @dataclass(frozen=True)
@@ -119,6 +132,11 @@ class Candidate:
         """Whether every worker child so far saw only the allowlist (None: no child yet)."""
         return self._pool.fs_isolated
 
+    @property
+    def limits(self) -> str | None:
+        """How the worker children's processes and memory are bounded, in words (None: no child yet)."""
+        return self._pool.limits
+
     def where(self, line: int) -> str:
         """A line of the file the checks read, as its author knows it: "line N", or "cell C, line M" in a notebook."""
         return self._source.where(line)
@@ -146,7 +164,7 @@ class Candidate:
     def _greet(self, child: Child) -> None:
         """Read the child's hello into `info`; raise CandidateError if the file did not import."""
         try:
-            hello, _ = wire.read_frame(child.fds[1], self._deadline(self.import_timeout))
+            hello, _ = wire.read_frame(child.fds[1], self._deadline(self.import_timeout), key=child.key)
             self._pool.collect_output()  # what it printed while importing, before its output counts as a check's
             child.greeted = True
         except wire.Timeout:
@@ -158,7 +176,7 @@ class Candidate:
             self.import_error = f"candidate exited while importing ({self._pool.drop_live(ended=True)})"
         except wire.WireError as exc:
             self._pool.drop_live()
-            raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None
+            raise CandidateError("protocol", f"{MALFORMED}: {errors.printable(str(exc))}") from None
         except BaseException:  # interrupted mid-read: this child's next frame could be its hello
             self._pool.drop_live()
             raise
@@ -227,14 +245,9 @@ class Candidate:
                   "answered": list(answers.names) if answers else [], "repeat": repeat}
         extra = {"init": list(init), "init_kwargs": init_kwargs or {}, "state": state or {}, "grad_output": grad_output}
         answer = self._request(header, name, args, kwargs or {}, extra, answers)
-        value = answer.value
-        shaped = isinstance(value, dict) and "output" in value and isinstance(value.get("children"), dict)
-        if shaped and grad_output is not None:
-            shaped = isinstance(value.get("arg_grads"), list) and isinstance(value.get("param_grads"), dict)
-        if not shaped:
-            self._pool.drop_live()
-            raise CandidateError("protocol", "worker sent a malformed module result")
-        return answer
+        expected = {"forward": forward, "repeat": repeat, "grads": len(grad_args) if grad_output is not None else None}
+        value = self._checked(module_result, answer.value, **expected)
+        return Answer(value, answer.called, answer.shapes, answer.changed_in_place)
 
     def script(self, name: str, actions: list[dict], device: str = "cpu", answers=None) -> Answer:
         """Run `actions` in order in the worker (grader/sandbox/worker.py, `_script`): build the candidate's objects,
@@ -251,23 +264,24 @@ class Candidate:
             raise ValueError(f"a script of {len(actions)} actions: at most {MAX_SCRIPT_ACTIONS}")
         header = {"op": "script", "name": name, "device": device, "answered": list(answers.names) if answers else []}
         answer = self._request(header, name, (), {}, {"actions": actions}, answers)
-        value = answer.value
-        parts = ("results", "raised", "stopped")
-        results, raised, stopped = (value.get(k) for k in parts) if isinstance(value, dict) else (None,) * 3
-        well_formed = (isinstance(results, list) and len(results) <= len(actions) and isinstance(raised, dict)
-                       and all(isinstance(e, dict) and k.isdigit() and int(k) < len(results) for k, e in raised.items())
-                       and (stopped is None or (type(stopped) is int and str(stopped) in raised
-                                                and stopped == len(results) - 1)))
-        if not well_formed:
-            self._pool.drop_live()
-            raise CandidateError("protocol", "worker sent a malformed script result")
-        failures = {int(k): self._script_failure(e, actions[int(k)]) for k, e in raised.items()}
+        results, raised, stopped = self._checked(script_result, answer.value, actions=actions)
+        failures = {i: self._script_failure(e, actions[i]) for i, e in raised.items()}
         results = [failures.get(i, result) for i, result in enumerate(results)]
         if stopped is not None:
             error = failures[stopped]
             error.action, error.results = stopped, results[:stopped]
             raise self._remember(name, error)
         return Answer(results, answer.called)
+
+    def _checked(self, validate, value, **expected):
+        """`validate(value, **expected)`: the answer as the check may use it, every field checked against what the
+        check asked for. A malformed answer (a forged frame, a worker gone wrong) costs that check, never the
+        grader: the child that sent it is dropped, and the check fails with what was wrong."""
+        try:
+            return validate(value, **expected)
+        except Malformed as why:
+            self._pool.drop_live()
+            raise CandidateError("protocol", f"{MALFORMED}: {why}"[:300]) from None
 
     def _remember(self, name: str, error: CandidateError) -> CandidateError:
         """A function that ran out of memory is not called again: like a hang, another call would only fill it again."""
@@ -311,9 +325,10 @@ class Candidate:
             header[key] = wire.encode(value, blobs)
         deadline = min(time.monotonic() + self.timeout, self._file_deadline)
         send, receive = child.fds
+        given = sum(map(len, blobs))
         try:
             wire.write_frame(send, header, blobs, deadline)
-            answer, answer_blobs = self._read_answer(send, receive, deadline, answers)
+            answer, answer_blobs = self._read_answer(send, receive, deadline, answers, answer_limit(given), child.key)
         except wire.Timeout:
             self._pool.drop_live()
             if deadline == self._file_deadline:
@@ -322,9 +337,15 @@ class Candidate:
             raise CandidateError(*self._broken[name]) from None
         except wire.Closed:  # a crash costs only this check: the next call gets a fresh child
             raise CandidateError("died", f"worker died ({self._pool.drop_live(ended=True)})") from None
+        except wire.TooLarge as exc:  # refused unread, and the child that was writing it dropped. Like a hang, it is
+            # not called again: each call would make the candidate's code build the answer once more, for nothing
+            self._pool.drop_live()
+            self._broken[name] = ("protocol", f"{MALFORMED}: {exc.size} bytes of tensors in the answer to a call "
+                                              f"given {given}: more than a check reads (at most {exc.limit})")
+            raise CandidateError(*self._broken[name]) from None
         except wire.WireError as exc:
             self._pool.drop_live()
-            raise CandidateError("protocol", f"worker sent malformed data: {exc}") from None
+            raise CandidateError("protocol", f"{MALFORMED}: {errors.printable(str(exc))}") from None
         except BaseException:  # pytest-timeout or Ctrl-C mid-call: that child's next answer would be stale
             self._pool.drop_live()
             raise
@@ -333,28 +354,42 @@ class Candidate:
             called = answer.get("called")
             called = (frozenset(errors.printable(n) for n in called if isinstance(n, str))
                       if isinstance(called, list) else frozenset())
+            if answer.get("hidden") is not None:  # the record may lack calls: see grader/sandbox/recorder.py
+                called |= {HIDDEN + errors.printable(str(answer["hidden"]))[:200]}
             if answer.get("ok") is not True:
                 raise self._remember(name, self._failure(answer.get("error"), name))
             changed = answer.get("changed_in_place")
             changed = (tuple(errors.printable(n)[:64] for n in changed[:16] if isinstance(n, str))
                        if isinstance(changed, list) else ())
             value = wire.decode(answer.get("value"), answer_blobs)
-            return Answer(value, called, _shapes(answer.get("shapes")), changed)
+            return Answer(value, called, shape_record(answer.get("shapes")), changed)
         except CandidateError:
             raise
         except Exception as exc:  # anything a forged frame can make the decoding do
             self._pool.drop_live()
-            raise CandidateError("protocol", f"worker sent malformed data: {type(exc).__name__}: {exc}"[:300]) from None
+            why = errors.printable(f"{type(exc).__name__}: {exc}")
+            raise CandidateError("protocol", f"{MALFORMED}: {why}"[:300]) from None
 
-    def _read_answer(self, send: int, receive: int, deadline: float, answers):
-        """The child's answer; before it, the questions it asks the grader (a composite's step functions)."""
+    def _read_answer(self, send: int, receive: int, deadline: float, answers, limit: int = wire.MAX_BLOB_BYTES,
+                     key: bytes | None = None):
+        """The child's answer; before it, the questions it asks the grader (a composite's step functions). An answer
+        of more than `limit` bytes of tensors raises wire.TooLarge before they are read; a question, refused, has
+        them read past."""
         asked = 0
         while True:
-            frame, blobs = wire.read_frame(receive, deadline)
+            try:
+                frame, blobs = wire.read_frame(receive, deadline, limit, key=key)
+            except wire.TooLarge as exc:
+                if exc.header.get("op") not in ("answer", "answer_grad"):
+                    raise
+                wire.skip(receive, exc.size, deadline)  # a question too large to answer: read past, never kept
+                frame, blobs = exc.header, None
             if frame.get("op") not in ("answer", "answer_grad"):
                 return frame, blobs
             asked += 1
-            if answers is None or asked > MAX_QUESTIONS:
+            if blobs is None:
+                reply, reply_blobs = {"ok": False, "error": "inputs too large to answer"}, []
+            elif answers is None or asked > MAX_QUESTIONS:
                 why = ("no step is answered by the grader here" if answers is None
                        else f"more than {MAX_QUESTIONS} questions")
                 reply, reply_blobs = {"ok": False, "error": why}, []
@@ -370,16 +405,3 @@ def _encode_arg(value, blobs: list[bytes]):
     if isinstance(value, Seeded):
         return {"kind": "generator", "seed": int(value.seed)}
     return wire.encode(value, blobs)
-
-
-def _shapes(record) -> dict | None:
-    """The worker's record of the shapes a call created, checked to be what it says: lists of whole numbers."""
-    if record is None:
-        return None
-    created = record.get("created") if isinstance(record, dict) else None
-    more = record.get("more") if isinstance(record, dict) else None
-    if not isinstance(created, list) or type(more) is not int or len(created) > 4096:
-        raise ValueError("a malformed record of shapes")
-    if not all(isinstance(s, list) and len(s) <= 64 and all(type(n) is int and n >= 0 for n in s) for s in created):
-        raise ValueError("a malformed record of shapes")
-    return {"created": [tuple(s) for s in created], "more": more}

@@ -198,13 +198,23 @@ def mistakes(exercise, why) -> None:
 @click.option("--exercise", metavar="NAME", help="Copy only this exercise's stub (default: all).")
 @click.option("--force", is_flag=True,
               help="Replace files that already hold work; each is kept in FILE.bak-YYYYmmdd-HHMMSS beside it.")
-def init(folder, exercise, force) -> None:
+@click.option("--notebook", is_flag=True,
+              help="Write practice notebooks (NAME.ipynb: a cell per step, a check after each), not .py stubs.")
+def init(folder, exercise, force, notebook) -> None:
     """Copy fresh stubs into FOLDER (default: here) and start tracking progress there."""
-    written = _run(workspace.init, Path(folder), _exercises(exercise), force)
+    if notebook:
+        from grader import notebook as notebook_
+
+        written = _run(notebook_.init, Path(folder), _exercises(exercise), force)
+    else:
+        written = _run(workspace.init, Path(folder), _exercises(exercise), force)
     for path, backup in written:
         click.echo(f"wrote {path}" + (f"; your version is in {backup}" if backup else ""))
     into = "" if Path(folder).resolve() == Path.cwd() else f"cd {folder} && "  # hint and list read the workspace here
-    click.echo(f"Next: {into}attn-grade watch {written[0][0].name}")
+    if notebook:  # the kernel needs the notebook extra: pip install "attn-grade[notebook]"
+        click.echo(f"Next: {into}jupyter lab {written[0][0].name} (run its cells in order)")
+    else:
+        click.echo(f"Next: {into}attn-grade watch {written[0][0].name}")
 
 
 @main.command()

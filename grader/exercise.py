@@ -6,6 +6,7 @@ worker before the grader pays for importing torch.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +46,7 @@ class Exercise:
     device_checks: bool
     steps: tuple[Step, ...]
     extends: str | None = None  # the exercise whose spec this one's reuses (mha_numpy reuses mha's steps)
+    requires: tuple[str, ...] = ()  # modules it needs beyond the kit's own, each the name of the kit's extra for it
 
     @property
     def max_score(self) -> int:
@@ -105,8 +107,19 @@ def load_course(course: Path = COURSE_DIR) -> dict[str, Exercise]:
             device_checks=bool(entry.get("device_checks", True)),
             steps=steps,
             extends=entry.get("extends"),
+            requires=tuple(entry.get("requires", ())),
         )
     return exercises
+
+
+def check_requirements(exercise: Exercise) -> None:
+    """A usage error that says how to install what the exercise needs beyond the kit (triton_attention: Triton).
+
+    Asked before the worker starts: without it the candidate's file would fail to import and score 0.
+    """
+    for module in exercise.requires:
+        if importlib.util.find_spec(module) is None:
+            raise UsageError(f"{exercise.name} needs {module.capitalize()}: pip install 'attn-grade[{module}]'")
 
 
 def find_exercise(candidate: Path, name: str | None = None) -> Exercise:

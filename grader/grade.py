@@ -22,7 +22,7 @@ from grader.candidate import (
     Candidate,
     CandidateError,
 )
-from grader.exercise import GRADER_DIR, UsageError, find_exercise, tomllib
+from grader.exercise import GRADER_DIR, UsageError, check_requirements, find_exercise, tomllib
 from grader.pool import Zygote
 from grader.progress import now
 from grader.score import Grade, score
@@ -50,6 +50,7 @@ def grade(
         raise UsageError(f"unknown device '{device}'; use one of {', '.join(DEVICES)}.")
     path = Path(path)
     found = find_exercise(path, exercise)
+    check_requirements(found)
     if path.suffix == notebook.SUFFIX:  # the Python its code cells make is what runs
         source.decoded(notebook.read(path).source.encode("utf-8"), path.name)
     else:
@@ -84,10 +85,18 @@ def grade(
         outcomes = run_checks(found, candidate, seed, under_test, timeout, cache)
         environment = {"torch": torch.__version__, "device": under_test, "cuda_available": cuda,
                        "fs_isolation": candidate.fs_isolated is True}
+        if candidate.limits:
+            environment["limits"] = candidate.limits
         problem = _file_problem(found, candidate, path)
         if problem:
             environment["file_error"] = problem
-        return replace(score(found, outcomes, str(path), environment, candidate.output), **about)
+        return replace(score(found, outcomes, shown(path), environment, candidate.output), **about)
+
+
+def shown(path: Path) -> str:
+    """The file's name as every report shows it: a byte that is no UTF-8, or a control character (a newline in a
+    folder's name would forge a report's line), escaped."""
+    return "".join(c if c.isprintable() and not 0xD800 <= ord(c) < 0xE000 else repr(c)[1:-1] for c in str(path))
 
 
 @contextlib.contextmanager

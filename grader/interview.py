@@ -33,8 +33,12 @@ import click
 from grader import workspace
 from grader.exercise import Exercise, UsageError, load_course
 from grader.grade import grade
+from grader.html import CSS as PICTURE_CSS
+from grader.html import grid_of
+from grader.html import pictures as draw_pictures
 from grader.pool import Zygote
 from grader.progress import Progress
+from grader.report import _groups
 from grader.score import Grade, StepResult
 from grader.watch import KEYS, NOT_WRITTEN, Watcher, keys_and_zygote, loss
 from grader.watch import run as run_watch
@@ -230,6 +234,7 @@ class Scorecard:
     rules: list[tuple[str, str]]  # step, the rule it broke
     timeline: list[tuple[str, str]]  # "+m:ss", what happened
     after: list[tuple[str, str]] = ()  # a final scorecard shown again: the file as it is now, apart
+    pictures: list[tuple[str, dict]] = ()  # (step / check, its grid): masks and weights drawn, as the report does
 
     HEADER = ("Step", "Score", "First green", "Attempts", "Hints", "Model answer")
 
@@ -281,12 +286,13 @@ class Scorecard:
             mistakes=_mistakes(steps),
             rules=[(s.id, s.breach) for s in steps if s.breach],
             timeline=[(_offset(seconds), text) for seconds, text in sorted(timeline, key=lambda item: item[0])],
+            pictures=_pictures(steps),
         )
 
     def to_json(self) -> dict:
         """What the session file keeps of a final scorecard: all of it but the after-time section."""
         return {"title": self.title, "facts": self.facts, "rows": self.rows, "mistakes": self.mistakes,
-                "rules": self.rules, "timeline": self.timeline}
+                "rules": self.rules, "timeline": self.timeline, "pictures": [list(p) for p in self.pictures]}
 
     @classmethod
     def from_json(cls, data: dict) -> Scorecard:
@@ -298,6 +304,9 @@ class Scorecard:
             mistakes=[(str(step), [str(line) for line in found]) for step, found in data["mistakes"]],
             rules=pairs(data["rules"]),
             timeline=pairs(data["timeline"]),
+            # the grids only, checked and drawn anew: the session file lies in the candidate's folder
+            pictures=[(str(label), found) for label, grid in data.get("pictures", [])
+                      if (found := grid_of({"grid": grid})) is not None],
         )
 
     def markdown(self) -> str:
@@ -334,6 +343,9 @@ class Scorecard:
         timeline = "".join(f"<tr><td>{e(when)}</td><td>{e(what)}</td></tr>" for when, what in self.timeline)
         notes = "".join(f'<h3>{e(prompt)}</h3><div class="lines">{"<p></p>" * 4}</div>' for prompt in NOTES)
         after = "".join(f"<dt>{e(label)}</dt><dd>{e(value)}</dd>" for label, value in self.after)
+        figures = "".join(f"<h3><code>{e(label)}</code></h3>{draw_pictures({'grid': grid})}"
+                          for label, grid in self.pictures)
+        figures = f'<div class="attn-grade">{figures}</div>\n' if figures else ""
         after = (f'<section class="after">\n<h2>{e(AFTER_TIME)}</h2>\n<p>{e(AFTER_NOTE)}</p>\n<dl>{after}</dl>\n'
                  f"</section>\n") if self.after else ""
         return f"""<!DOCTYPE html>
@@ -362,7 +374,9 @@ code {{ font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9em; 
 .lines p {{ border-bottom: 1px solid #999; height: 1.6rem; margin: 0; }}
 .after {{ border-left: 4px solid #8a5a00; padding-left: .8rem; margin-top: 1.8rem; }}
 .after h2 {{ margin-top: 0; }}
-@page {{ margin: 1.6cm; }}
+@media screen and (max-width: 600px) {{ table {{ font-size: .85em; }} th, td {{ padding: .2rem .25rem; }}
+  td:first-child {{ overflow-wrap: anywhere; }} }}
+{PICTURE_CSS}@page {{ margin: 1.6cm; }}
 @media print {{
   body {{ font-size: 10.5pt; max-width: none; margin: 0; padding: 0; color: #000; }}
   th {{ background: none; }}
@@ -379,7 +393,7 @@ code {{ font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9em; 
 <table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>
 <h2>Named mistakes and failed checks</h2>
 <ul>{mistakes or "<li>none</li>"}</ul>
-<h2>Rules broken</h2>
+{figures}<h2>Rules broken</h2>
 <ul>{rules or "<li>none</li>"}</ul>
 <h2>Timeline</h2>
 <table><thead><tr><th>Time</th><th>Event</th></tr></thead><tbody>{timeline}</tbody></table>
@@ -388,6 +402,18 @@ code {{ font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9em; 
 </body>
 </html>
 """
+
+
+def _pictures(steps) -> list[tuple[str, dict]]:
+    """Per step, the mask or weights of its first lost check that returned them, as the report draws them."""
+    found = []
+    for step in steps:
+        for first, _ in _groups(step):
+            grid = grid_of(first.details)
+            if grid is not None:
+                found.append((f"{step.id} / {first.name}", grid))
+                break  # one a step: its other lost checks show the same pattern on other inputs
+    return found
 
 
 def _mistakes(steps) -> list[tuple[str, list[str]]]:

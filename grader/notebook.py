@@ -8,6 +8,9 @@ are counted from the top of the notebook, markdown cells included, as a reader c
 Nothing here runs the notebook: the worker imports the Python file like any other.
 
 `PythonSource` is the Python a grade reads and imports, whichever the candidate handed in.
+
+`practice` writes the other way: an exercise as a practice notebook (`attn-grade init --notebook`),
+its contract as markdown, a cell per step holding the stub, and after each an `attn_grade.check` cell.
 """
 
 from __future__ import annotations
@@ -96,3 +99,102 @@ class PythonSource:
         """Remove the Python file made from a notebook; a candidate's own file stays."""
         if self.notebook is not None:
             shutil.rmtree(self.path.parent, ignore_errors=True)
+
+
+# -- practice notebooks: `attn-grade init --notebook` ------------------------------------------
+
+NBFORMAT = {"nbformat": 4, "nbformat_minor": 5}
+KERNEL = {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+          "language_info": {"name": "python"}}
+
+
+def practice(exercise, answers: str = "stub") -> dict:
+    """The practice notebook of `exercise` (nbformat 4, as JSON data): its contract and why as markdown, a
+    setup cell, then per step a markdown cell, a code cell holding the step (the stub's, or with
+    answers="reference" the model answer's) and a check cell; a check of every step last."""
+    import ast
+
+    path = exercise.stub_path if answers == "stub" else exercise.stub_path.parent.parent / "solutions" / exercise.file
+    text = path.read_text(encoding="utf-8")
+    lines, tree = text.splitlines(), ast.parse(text)
+    ids = [step.id for step in exercise.steps]
+    setup, code, pending, end = [], {}, [], 0
+    for i, node in enumerate(tree.body):
+        segment = "\n".join(lines[end : node.end_lineno]).strip("\n")  # the comments above it too
+        end = node.end_lineno
+        if i == 0 and isinstance(node, ast.Expr) and isinstance(getattr(node, "value", None), ast.Constant):
+            continue  # the module's docstring: the markdown says it
+        if isinstance(node, ast.If) and "__name__" in ast.unparse(node.test):
+            continue  # a demo for `python FILE`; the check cells do it here
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name in ids:
+            code[node.name] = "\n\n".join([*pending, segment])
+            pending = []
+        elif code:
+            pending.append(segment)
+        else:
+            setup.append(segment)
+    if pending:  # definitions after the last step: they belong to it
+        last = next(reversed(code))
+        code[last] = "\n\n".join([code[last], *pending])
+    docstring = ast.get_docstring(tree) or ""
+    cells = [_markdown(f"# {exercise.title} ({exercise.name})\n\n{_contract(exercise)}"),
+             _markdown(_statement(docstring, exercise)),
+             _code("\n\n".join([*setup, "import attn_grade  # the checker: it grades in a process of its own"]))]
+    for number, step in enumerate(exercise.steps, 1):
+        cells.append(_markdown(f"## Step {number}: `{step.id}`, {step.title} ({step.points} points)\n\n"
+                               "Write it in the next cell, run that cell, then run the check below it."))
+        cells.append(_code(code.get(step.id, f"# {step.id}: not found in {path.name}")))
+        cells.append(_code(f'attn_grade.check("{exercise.name}", "{step.id}")'))
+    cells.append(_markdown("## Every step\n\nThe whole notebook, graded as `attn-grade` grades a file."))
+    cells.append(_code(f'attn_grade.check("{exercise.name}")'))
+    for number, cell in enumerate(cells):
+        cell["id"] = f"{exercise.name}-{number}"[:64]  # nbformat 4.5's cell ids: the same notebook, the same bytes
+    return {**NBFORMAT, "metadata": KERNEL, "cells": cells}
+
+
+def init(folder: Path, exercises, force: bool = False) -> list[tuple[Path, Path | None]]:
+    """Write each exercise's practice notebook, NAME.ipynb, into `folder` and start its progress, as
+    `workspace.init` writes stubs: a notebook holding work is replaced only with `force`, after a backup."""
+    from grader import workspace
+    from grader.progress import Progress
+
+    folder.mkdir(parents=True, exist_ok=True)
+    targets = [(e, folder / (Path(e.file).stem + SUFFIX), json.dumps(practice(e), indent=1) + "\n")
+               for e in exercises]
+    changed = [path for _, path, text in targets if path.exists() and path.read_text(encoding="utf-8") != text]
+    if changed and not force:
+        names = ", ".join(str(path) for path in changed)
+        raise UsageError(f"{names} already exist; pass --force to replace them "
+                         "(your version is kept in a backup beside each).")
+    backups = {}
+    for path in changed:
+        backups[path] = workspace.backup_path(path)
+        shutil.copy2(path, backups[path])
+    progress = Progress.find(folder) or Progress(folder)
+    for exercise, path, text in targets:
+        path.write_text(text, encoding="utf-8")
+        progress.exercise(exercise.name)
+    progress.save()
+    return [(path, backups.get(path)) for _, path, _ in targets]
+
+
+def _contract(exercise) -> str:
+    contract = exercise.folder / "contract.md"
+    return contract.read_text(encoding="utf-8").strip() if contract.exists() else ""
+
+
+def _statement(docstring: str, exercise) -> str:
+    """The stub's prose, with its commands for a file turned into the notebook's."""
+    text = docstring.replace(f"attn-grade exercises/{exercise.file}", f'attn_grade.check("{exercise.name}")')
+    return "## How to work here\n\n" + text + (
+        "\n\nEach step's check grades every cell this notebook has run, in a grader process of its own: "
+        "your code runs sandboxed there, never beside the checks. Re-run a step's cell after editing it.")
+
+
+def _markdown(text: str) -> dict:
+    return {"cell_type": "markdown", "metadata": {}, "source": text.splitlines(keepends=True)}
+
+
+def _code(text: str) -> dict:
+    return {"cell_type": "code", "metadata": {}, "execution_count": None, "outputs": [],
+            "source": text.splitlines(keepends=True)}

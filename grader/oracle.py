@@ -75,12 +75,10 @@ class Oracle:
             bound.apply_defaults()
             if "device" in bound.arguments:  # answered on the CPU; the worker moves the answer where it was asked for
                 bound.arguments["device"] = None
-            # int arguments are sizes (t_q, num_heads, n_rep): bounded, and counted in the answer's size; not a
-            # float parameter given a whole number (rope's base=10000)
-            parameters = bound.signature.parameters
-            sizes = [v for p, v in bound.arguments.items() if type(v) is int and not _float_parameter(parameters[p])]
-            too_large = answer_size_bound(tensors, sizes) > MAX_ANSWER_ELEMENTS
-            if too_large or any(abs(n) > MAX_QUESTION_SIZE for n in sizes):
+            sizes = question_sizes(bound)
+            if not all(math.isfinite(n) and abs(n) <= MAX_QUESTION_SIZE for n in sizes):
+                return {"ok": False, "error": "inputs too large to answer"}
+            if answer_size_bound(tensors, [math.ceil(abs(n)) for n in sizes]) > MAX_ANSWER_ELEMENTS:
                 return {"ok": False, "error": "inputs too large to answer"}
             args, kwargs = tuple(bound.args), dict(bound.kwargs)
             value = self.references[name](*args, **kwargs)
@@ -153,6 +151,46 @@ def _on_meta(item):
 
 def _float_parameter(parameter: inspect.Parameter) -> bool:
     return parameter.annotation in (float, "float") or type(parameter.default) is float
+
+
+def question_sizes(bound: inspect.BoundArguments) -> list[float]:
+    """The numbers in a question that may be sizes (t_q, num_heads, n_rep), whatever their type: ints, bools,
+    floats, numpy scalars, tensors and arrays of one number, inside tuples, lists and dicts too. A float
+    parameter (rope's base=10000) has none. A parameter annotated as a tensor or an array holds data, bounded
+    by its shape: only its plain scalars count. One annotated otherwise is a size: its every number counts, and
+    a tensor of more than MAX_SIZE_VALUES numbers there is an infinite size. An unannotated one (a spec's
+    reference) counts its scalars and its tensors of one number; a longer tensor there is data."""
+    sizes: list[float] = []
+    for name, value in bound.arguments.items():
+        parameter = bound.signature.parameters[name]
+        if _float_parameter(parameter):
+            continue
+        annotation = parameter.annotation
+        data = any(kind in str(annotation) for kind in ("Tensor", "ndarray"))
+        sizes += _numbers(value, "data" if data else "unknown" if annotation is parameter.empty else "size")
+    return sizes
+
+
+MAX_SIZE_VALUES = 64  # numbers in a tensor given where a size is asked for
+
+
+def _numbers(value, kind: str, depth: int = 0) -> list[float]:
+    """The numbers in `value` that may be sizes, for a parameter of `kind` (see question_sizes)."""
+    if isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)):
+        return [float(value)]
+    if isinstance(value, (torch.Tensor, np.ndarray)):
+        tensor = as_tensor_tree(value)
+        if kind == "data" or (kind == "unknown" and tensor.numel() > 1):
+            return []
+        if tensor.numel() > MAX_SIZE_VALUES or tensor.is_complex():
+            return [math.inf]
+        return tensor.detach().reshape(-1).to(torch.float64).tolist()
+    if isinstance(value, (tuple, list, dict)):
+        if depth >= 8:  # no size hides this deep in a contract's arguments
+            return [math.inf]
+        items = value.values() if isinstance(value, dict) else value
+        return [n for item in items for n in _numbers(item, kind, depth + 1)]
+    return []  # None, a string (a device), a dtype, an object that crossed as its type name only
 
 
 def answer_size_bound(tensors: list, ints: list) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import secrets
 import select
 import shutil
 import signal
@@ -249,6 +250,7 @@ class Child:
     pid: int | None = None
     namespaced: bool = False  # the zygote made its PID namespace: out of reach of the zygote and the grader
     fs_isolated: bool = False  # the zygote says its file system is the allowlist (sandbox/worker.py, `_allowlist_root`)
+    key: bytes | None = None  # what it signs its frames with: a frame without the signature is the candidate's
     greeted: bool = False
 
 
@@ -280,6 +282,7 @@ class Pool:
         self.spare: Child | None = None  # forked ahead, for the next step
         self.cuda = False  # the children see CUDA (their hello says so): a killed one is waited for
         self.fs_isolated: bool | None = None  # every child so far saw only the allowlist (None: no child yet)
+        self.limits: str | None = None  # how each child's processes and memory are bounded (sandbox/limits.py)
         self.workers_started = 0
         self._output = bytearray()
         self._output_total = 0
@@ -369,8 +372,10 @@ class Pool:
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         output_r, output_w = os.pipe()
+        key = secrets.token_bytes(32)  # the child signs every frame with it (grader/wire.py, `signature`)
         request = {
             "op": "spawn",
+            "key": key.hex(),
             "candidate": str(self._copy),
             "workdir": self.workdir,
             "memory_limit": self.memory_limit_mb * 1024 * 1024,
@@ -386,7 +391,7 @@ class Pool:
                 os.close(fd)
         os.set_blocking(to_child_w, False)
         self.workers_started += 1
-        child = Child(ticket, (to_child_w, from_child_r))
+        child = Child(ticket, (to_child_w, from_child_r), key=key)
         os.set_blocking(output_r, False)
         with self._streams_lock:
             self._streams[output_r] = child
@@ -399,6 +404,8 @@ class Pool:
             child.pid, child.namespaced = int(reply["pid"]), reply.get("namespaced") is True
             child.fs_isolated = reply.get("fs_isolated") is True
             self.fs_isolated = self.fs_isolated is not False and child.fs_isolated
+            if isinstance(reply.get("limits"), str) and self.limits is None:
+                self.limits = reply["limits"][:200]
             if reply.get("cuda_error"):  # the zygote's word, before any candidate code ran
                 raise GraderBug(f"CUDA works in the grader but would not start in its worker ({reply['cuda_error']}); "
                                 "grade with --device cpu, or see docs/sandbox.md")
@@ -505,8 +512,8 @@ def _stopped_by_ps(pid: int) -> bool:
 
 
 def _kill_group(pid: int, cgroups: bool = True) -> None:
-    """End a child its dead zygote can no longer end, and remove its pids cgroup once empty (Linux's sandbox)."""
-    from grader.sandbox.isolation import cgroup  # the zygote's naming, in the one place it is defined
+    """End a child its dead zygote can no longer end, and remove its cgroups once empty (Linux's sandbox)."""
+    from grader.sandbox.limits import group_of  # the zygote's naming, in the one place it is defined
 
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -516,7 +523,10 @@ def _kill_group(pid: int, cgroups: bool = True) -> None:
         return
     for _ in range(50):  # the child's new parent reaps it in a moment
         try:
-            os.rmdir(cgroup(pid))
+            for controller in ("pids", "memory"):
+                group = group_of(controller, pid)
+                if group is not None and os.path.isdir(group):
+                    os.rmdir(group)
             return
         except FileNotFoundError:
             return

@@ -199,7 +199,7 @@ def to_markdown(grade: Grade, progress=None) -> str:
     lines = [
         f"# {grade.title} ({grade.exercise}): {grade.score}/{grade.max_score}",
         "",
-        f"- File: `{grade.file}` (sha256 `{grade.sha256[:16] or 'unknown'}`)",
+        f"- File: `{grade.file.replace('`', chr(39))}` (sha256 `{grade.sha256[:16] or 'unknown'}`)",  # no ` ends it
         f"- Graded: {_utc(grade.graded_at)}",
         f"- torch {env.get('torch', '?')}; {DEVICE_NOTE.get(env.get('device'), env.get('device'))}",
         *([f"- **The whole file**: {_md(env['file_error'])}"] if env.get("file_error") else []),
@@ -323,7 +323,7 @@ def to_github(grade: Grade) -> str:
     return json.dumps({"version": 3, "status": status, "max_score": grade.max_score, "tests": tests}, indent=2)
 
 
-FORMATS = ("text", "json", "markdown", "junit", "gradescope", "github")
+FORMATS = ("text", "json", "markdown", "junit", "gradescope", "github", "html")
 
 
 def render(fmt: str, grade: Grade, verbose: bool = False, progress=None) -> str:
@@ -333,6 +333,10 @@ def render(fmt: str, grade: Grade, verbose: bool = False, progress=None) -> str:
         return to_json(grade, verbose)
     if fmt == "markdown":
         return to_markdown(grade, progress)
+    if fmt == "html":  # a page with the pictures (grader/html.py), which reads this module
+        from grader.html import to_html
+
+        return to_html(grade, verbose)
     return {"junit": to_junit, "gradescope": to_gradescope, "github": to_github}[fmt](grade)
 
 
@@ -361,7 +365,9 @@ def _duration(seconds: float | None) -> str:
 
 
 def _md(text: str) -> str:
-    return _escape(text).replace("|", "\\|").replace("\n", " ")
+    """The candidate's text in Markdown, one line, each character that makes markup mid-line escaped (the text never
+    starts a line here, so `#`, `-` and `1.` make nothing; `_` inside a word, as in w_o, makes nothing either)."""
+    return re.sub(r"([\\`*\[\]<>|~]|(?<!\w)_|_(?!\w))", r"\\\1", _escape(text)).replace("\n", " ")
 
 
 def _xml(text: str) -> str:

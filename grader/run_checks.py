@@ -124,16 +124,24 @@ def check_keys(source: str, spec) -> dict[str, str] | None:
 
 
 def _run_at_import(node: ast.AST) -> str:
-    """What of a step's definition runs code when the file is imported ("" if nothing does): its
-    decorators, and calls in its default arguments and annotations or in a class's body; never
-    the bodies of its functions."""
+    """What of a step's definition runs code when the file is imported ("" if nothing does): all of it but
+    the bodies of its functions, unless that is only signatures and plain values (`dim: int = -1`,
+    `x: torch.Tensor`, `nn.Module`). A decorator, a call or a walrus anywhere, or any statement in a class's
+    body (`scale = 0.5`, `global X; X = 1`, `SETTINGS["scale"] = 0.5`), may change what another step sees
+    without naming it, so it is in every step's key: a change there regrades the whole file."""
     node = copy.deepcopy(node)
     for inner in ast.walk(node):
         if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
             inner.body = [ast.Expr(ast.Constant(...))]
-    runs = any(getattr(inner, "decorator_list", None) or isinstance(inner, (ast.Call, ast.NamedExpr))
-               for inner in ast.walk(node))
+    runs = any(getattr(inner, "decorator_list", None) or not isinstance(inner, _PLAIN) for inner in ast.walk(node))
     return ast.unparse(node) if runs else ""
+
+
+# what a definition's import-time part may hold and still run nothing: its shape, names, literals, a docstring
+_PLAIN = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.arguments, ast.arg, ast.keyword, ast.Expr,
+          ast.Pass, ast.Constant, ast.Name, ast.Attribute, ast.Subscript, ast.Slice, ast.Tuple, ast.List, ast.Dict,
+          ast.Set, ast.UnaryOp, ast.BinOp, ast.BoolOp, ast.Starred, ast.expr_context, ast.operator, ast.unaryop,
+          ast.boolop)
 
 
 class _Plugin:

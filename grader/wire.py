@@ -19,9 +19,12 @@ because the grader starts the worker before it pays for importing torch.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
 import os
+import re
 import select
 import struct
 import time
@@ -29,6 +32,8 @@ import time
 MAX_HEADER_BYTES = 1 << 20
 MAX_BLOB_BYTES = 1 << 28  # 256 MiB a frame: answers are kilobytes, and the grader makes copies of a wrong one
 MAX_TYPE_NAME = 120
+MAX_DEPTH = 64  # items nested in items: answers are a few deep; a deeper one would overflow the checks' recursion
+DEVICE = re.compile(r"(cpu|meta|cuda|mps|xpu|hip)(:[0-9]{1,3})?")  # a tensor's device, as torch names it
 
 # dtypes that may cross, by the names torch and numpy print.
 TORCH_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool")
@@ -43,6 +48,14 @@ class Closed(WireError):
     """The other side closed its end (the worker exited)."""
 
 
+class TooLarge(WireError):
+    """A frame holds more bytes of data than its reader takes; none of them was read."""
+
+    def __init__(self, size: int, limit: int, header: dict):
+        super().__init__(f"{size} bytes of data, over the limit of {limit}")
+        self.size, self.limit, self.header = size, limit, header
+
+
 class Timeout(Exception):
     """The deadline passed before a whole frame arrived or left."""
 
@@ -50,8 +63,12 @@ class Timeout(Exception):
 # -- framing ---------------------------------------------------------------------------
 
 
-def write_frame(fd: int, header: dict, blobs: list[bytes], deadline: float | None = None) -> None:
+def write_frame(fd: int, header: dict, blobs: list[bytes], deadline: float | None = None,
+                key: bytes | None = None) -> None:
+    """One frame; with `key`, signed (its header's "mac": see `signature`)."""
     header = dict(header, blobs=[len(b) for b in blobs])
+    if key is not None:
+        header["mac"] = signature(key, header, blobs)
     head = json.dumps(header, allow_nan=False).encode()
     data = b"".join([struct.pack(">I", len(head)), head, *blobs])
     view = memoryview(data)
@@ -67,7 +84,11 @@ def write_frame(fd: int, header: dict, blobs: list[bytes], deadline: float | Non
         view = view[written:]
 
 
-def read_frame(fd: int, deadline: float | None = None) -> tuple[dict, list[bytes]]:
+def read_frame(fd: int, deadline: float | None = None, max_blob_bytes: int = MAX_BLOB_BYTES,
+               key: bytes | None = None) -> tuple[dict, list[bytes]]:
+    """One frame. With `max_blob_bytes` (the reader knows how much it can use), a frame holding more bytes of data
+    than that raises TooLarge before any of them is read: it costs no copy, and the pipe is left mid-frame (the
+    reader drops the writer, or reads past them with `skip`)."""
     (length,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
     if length > MAX_HEADER_BYTES:
         raise WireError(f"header of {length} bytes is over the limit")
@@ -78,9 +99,27 @@ def read_frame(fd: int, deadline: float | None = None) -> tuple[dict, list[bytes
     sizes = header.get("blobs") if isinstance(header, dict) else None
     if not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes):
         raise WireError("header has no valid blob sizes")
-    if sum(sizes) > MAX_BLOB_BYTES:
-        raise WireError(f"{sum(sizes)} bytes of data is over the limit")
-    return header, [_read_exact(fd, n, deadline) for n in sizes]
+    if sum(sizes) > min(max_blob_bytes, MAX_BLOB_BYTES):
+        raise TooLarge(sum(sizes), min(max_blob_bytes, MAX_BLOB_BYTES), header)
+    blobs = [_read_exact(fd, n, deadline) for n in sizes]
+    if key is not None:
+        mac = header.pop("mac", None)
+        if not isinstance(mac, str) or not hmac.compare_digest(mac, signature(key, header, blobs)):
+            raise WireError("a frame the worker did not sign (written by the candidate's code to the worker's pipe)")
+    return header, blobs
+
+
+def signature(key: bytes, header: dict, blobs: list[bytes]) -> str:
+    """HMAC-SHA256 of a frame's header (without its "mac") and data, under the key the grader gave one worker child.
+
+    The candidate's code shares the child's process and can write to its pipe; it cannot read the key (frames,
+    the object graph, ctypes and the process's memory are refused it: grader/sandbox/guard.py), so a frame it
+    forges fails here.
+    """
+    mac = hmac.new(key, json.dumps(header, allow_nan=False).encode(), hashlib.sha256)
+    for blob in blobs:
+        mac.update(blob)
+    return mac.hexdigest()
 
 
 def _wait(fd: int, deadline: float, write: bool = False) -> None:
@@ -92,6 +131,12 @@ def _wait(fd: int, deadline: float, write: bool = False) -> None:
     poller.register(fd, select.POLLOUT if write else select.POLLIN)
     if not poller.poll(remaining * 1000):
         raise Timeout()
+
+
+def skip(fd: int, n: int, deadline: float | None = None) -> None:
+    """Read `n` bytes and keep none of them (a frame's data its reader refused: see TooLarge)."""
+    while n:
+        n -= len(_read_exact(fd, min(n, 1 << 20), deadline))
 
 
 def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
@@ -160,10 +205,18 @@ def decode(item, blobs: list[bytes]):
     """The value an `encode` description stands for, checking every field.
 
     A tensor from a meta device has no bytes and comes back as a meta tensor.
-    Anything the description does not allow raises WireError.
+    Anything the description does not allow raises WireError: among it, items nested deeper than MAX_DEPTH,
+    a blob named by two tensors (each would be a copy of its own), and a device that is no device's name.
     """
+    return _decode(item, blobs, 0, set())
+
+
+def _decode(item, blobs: list[bytes], depth: int, used: set):
     import numpy as np
     import torch
+
+    if depth > MAX_DEPTH:
+        raise WireError(f"items nested more than {MAX_DEPTH} deep")
 
     if item is None or type(item) in (bool, int, str):
         return item
@@ -177,10 +230,10 @@ def decode(item, blobs: list[bytes]):
     if kind == "float" and item.get("value") in ("inf", "-inf", "nan"):
         return float(item["value"])
     if kind in ("tuple", "list") and type(item.get("items")) is list:
-        items = [decode(v, blobs) for v in item["items"]]
+        items = [_decode(v, blobs, depth + 1, used) for v in item["items"]]
         return tuple(items) if kind == "tuple" else items
     if kind == "dict" and type(item.get("items")) is dict:
-        return {str(k): decode(v, blobs) for k, v in item["items"].items()}
+        return {str(k): _decode(v, blobs, depth + 1, used) for k, v in item["items"].items()}
     if kind == "dtype" and item.get("name") in TORCH_DTYPES:
         return getattr(torch, item["name"])
     if kind == "object":
@@ -195,13 +248,16 @@ def decode(item, blobs: list[bytes]):
         if math.prod(shape) > MAX_BLOB_BYTES:
             raise WireError(f"shape {shape} is too large")
         device = item.get("device", "cpu")
-        if type(device) is not str:
-            raise WireError("device is not a string")
+        if type(device) is not str or not DEVICE.fullmatch(device):
+            raise WireError(f"device {_printable_name(str(device))[:40]!r} is no device's name")
         if kind == "tensor" and device.split(":")[0] == "meta":
             return torch.empty(shape, dtype=getattr(torch, dtype), device="meta")
         blob = item.get("blob")
         if type(blob) is not int or not 0 <= blob < len(blobs):
             raise WireError("tensor without its bytes")
+        if blob in used:
+            raise WireError(f"blob {blob} named by two tensors")
+        used.add(blob)
         data = blobs[blob]
         if kind == "ndarray":
             np_dtype = np.dtype(dtype)

@@ -123,7 +123,7 @@ def test_json_report_has_the_documented_fields():
     data = json.loads(report.to_json(result))
     assert set(data) == {"exercise", "file", "sha256", "seed", "graded_at", "kit_version", "score", "max_score",
                          "steps", "environment"}
-    assert set(data["environment"]) == {"torch", "device", "cuda_available", "fs_isolation"}
+    assert set(data["environment"]) == {"torch", "device", "cuda_available", "fs_isolation", "limits"}
     check = data["steps"][0]["checks"][0]
     assert set(check) == {"name", "outcome", "points", "max_points", "message"}
 

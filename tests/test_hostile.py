@@ -118,7 +118,8 @@ def test_2_exiting_at_import_is_never_a_pass(grade_source, code):
 
 @pytest.mark.parametrize("code, status", [
     ("import os\ndef merge_heads(x):\n    os._exit(0)", "exit code 0"),
-    ("import ctypes\ndef merge_heads(x):\n    return ctypes.string_at(0)", "killed by signal SIGSEGV"),
+    ("import sys\ndef merge_heads(x):\n    sys.setrecursionlimit(10**8)\n    nest = []\n    for _ in range(10**6):\n"
+     "        nest = [nest]\n    return str(nest)", "killed by signal SIGSEGV"),  # the C stack overflows
 ])
 def test_3_a_worker_dying_in_one_step_costs_only_that_step(grade_source, code, status):
     result = grade_source(code)
@@ -145,9 +146,11 @@ def test_3_a_crash_on_one_input_costs_only_that_check(grade_source):
 
 HANGS = """
 import signal
-signal.signal(signal.SIGALRM, signal.SIG_IGN)
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-signal.signal(signal.SIGINT, signal.SIG_IGN)
+for _number in (signal.SIGALRM, signal.SIGTERM, signal.SIGINT):
+    try:  # refused in a worker (grader/sandbox/guard.py): a hang must be killed whatever the file tried
+        signal.signal(_number, signal.SIG_IGN)
+    except Exception as error:
+        print("signal:", error)
 
 def softmax(scores, dim=-1):
     while True:
@@ -205,7 +208,7 @@ def test_6_memory_bombs_hit_the_memory_limit(grade_source, code):
 ESCAPES = """
 import os, subprocess, sys
 def merge_heads(x):
-    if os.path.exists("escaped"):  # once is enough: the sleepers hold on to the process limit
+    if os.path.exists("escaped"):  # once a worker is enough (each has a folder of its own): the limit holds them
         B, H, T, Dh = x.shape
         return x.transpose(1, 2).reshape(B, T, H * Dh)
     open("escaped", "w").close()
@@ -235,26 +238,34 @@ def test_7_no_process_the_candidate_started_outlives_the_grade(grade_source):
     result = grade_source(ESCAPES)
     assert time.monotonic() - start < 60
     assert result.full_marks, explain(result)
-    left = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert not [line for line in left.splitlines() if "424" in line and "sleep" in line], left
+    # the last child's are swept as the grade ends (the zygote answers the kill first): wait for that, bounded
+    deadline = time.monotonic() + 30
+    while True:
+        left = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        sleepers = [line for line in left.splitlines() if "424" in line and "sleep" in line]
+        if not sleepers or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not sleepers, left
 
 
 # 8. -------------------------------------------------------------------------------------
 
 
-def test_8_threads_left_running_do_not_hold_up_the_grade(grade_source):
-    code = """
-    import threading, time
-    def spin():
-        while True:
-            time.sleep(0.01)
-    threading.Thread(target=spin).start()  # not a daemon
-    threading.Thread(target=lambda: time.sleep(10_000)).start()
-    """
-    start = time.monotonic()
-    result = grade_source(code)
-    assert result.full_marks, explain(result)
-    assert time.monotonic() - start < 30
+def test_8_threads_are_refused_and_say_so(grade_source):
+    """A thread runs where the worker's record of torch calls cannot see (it is per thread): refused, at
+    import (the file then cannot be imported) as in a step (that step fails), with a message that says so."""
+    at_import = grade_source("import threading\nthreading.Thread(target=lambda: None).start()")
+    assert at_import.score == 0 and "the sandbox refuses" in at_import.environment["file_error"], explain(at_import)
+    in_step = grade_source("""
+    import threading
+    def merge_heads(x):
+        threading.Thread(target=lambda: None).start()
+        B, H, T, Dh = x.shape
+        return x.transpose(1, 2).reshape(B, T, H * Dh)
+    """)
+    assert set(lost(in_step)) == {"merge_heads"} | STEPS_OF_MODULE, explain(in_step)
+    assert all("the sandbox refuses" in m for m in messages(in_step, "merge_heads")), explain(in_step)
 
 
 # 9. -------------------------------------------------------------------------------------
@@ -365,9 +376,13 @@ def look():
     found += [m for m in sys.modules if m.startswith(("solutions", "grader"))]
     found += ["env " + k for k in os.environ if "SECRET" in k]
     found += ["file " + f for f in os.listdir(".") if f not in ("mha.py", "__pycache__", ".nv")]  # .nv: CUDA's empty cache folder
-    gc.unfreeze()  # the zygote froze what it imported: get_objects() would not list it
-    found += ["big tensor" for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.numel() > 10**4]
+    try:  # the object graph is refused in a worker (grader/sandbox/guard.py)
+        found += ["big tensor" for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.numel() > 10**4]
+    except Exception as error:
+        print("refused:", error)
     kit = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(sys.argv[0]))))  # grader/sandbox/worker.py
+    found += [name for name in sys.modules if name.startswith("_attn_grade")] + [n for n in vars(sys.modules["__main__"])
+                                                                      if not n.startswith("__")]
     for beside in ("solutions", "tests", ".git"):
         if os.path.isdir(os.path.join(kit, beside)):
             found += [beside + "/" + f for f in os.listdir(os.path.join(kit, beside))]
@@ -392,6 +407,7 @@ def test_12_peeking_finds_nothing_that_helps(grade_source, monkeypatch):
     else:
         assert "FOUND: []" in result.candidate_output and "FOUND: ['" not in result.candidate_output
     assert "refused: the candidate may not import 'solutions' while being graded" in result.candidate_output
+    assert "refused: the sandbox refuses gc.get_objects" in result.candidate_output
 
 
 # 13. ------------------------------------------------------------------------------------
@@ -728,7 +744,9 @@ def test_code_that_cannot_run_anywhere_earns_nothing_by_failing_like_meta(grade_
     assert grade_source(code, device="auto").score == 0
 
 
-def test_forged_answers_are_refused_and_never_crash_the_grader(grade_source):
+def test_the_workers_pipe_is_out_of_reach(grade_source):
+    """A step that hunts the stack for the worker's pipe, to forge its answers: frames are refused (answers
+    forged all the same are refused by the grader: tests/test_untrusted.py)."""
     code = """
     import sys
     def scale_scores(scores, head_dim):
@@ -737,8 +755,6 @@ def test_forged_answers_are_refused_and_never_crash_the_grader(grade_source):
             frame = frame.f_back
         wire, fd = frame.f_locals["wire"], frame.f_locals["write_fd"]
         wire.write_frame(fd, {"ok": True, "value": None, "called": 1}, [])
-        wire.write_frame(fd, {"ok": True, "value": {"kind": "tensor", "dtype": "float32", "shape": [2**39, 2**39],
-                                                    "device": "meta"}, "called": []}, [])
         return scores / head_dim ** 0.5
     """
     result = grade_source(code)
@@ -746,15 +762,19 @@ def test_forged_answers_are_refused_and_never_crash_the_grader(grade_source):
     # beyond its own step and the module that calls it, only rules checks: sys._getframe counts as tampering
     assert all(s in {"scale_scores"} | STEPS_OF_MODULE or name.endswith("_rules") for s, name in failed), explain(result)
     assert step(result, "scale_scores").score == 0
-    assert any("malformed" in m for m in messages(result, "scale_scores")), explain(result)
+    assert all("the sandbox refuses sys._getframe" in m for m in messages(result, "scale_scores")
+               if "rules" not in m), explain(result)
 
 
-def test_switching_off_the_call_record_costs_every_rule(grade_source):
+def test_switching_off_the_call_record_is_refused_and_costs_every_rule(grade_source):
     code = "def softmax(scores, dim=-1):\n    with torch._C.DisableTorchFunction():\n        return torch.softmax(scores, dim).nan_to_num(0.0)"
     result = grade_source(code)
-    failed = {c.name for s in result.steps for c in s.checks if c.points < c.max_points}
-    assert failed == {"project_rules", "softmax_rules", "module_rules"}, explain(result)
-    assert all("DisableTorchFunction" in m for m in messages(result)), explain(result)
+    assert step(result, "softmax").score == 0, explain(result)
+    assert all("the sandbox refuses torch._C.DisableTorchFunction" in m for m in messages(result, "softmax")
+               if "rules" not in m), explain(result)
+    others = {c.name for s in result.steps if s.id not in ("softmax", "MultiHeadAttention") for c in s.checks
+              if c.points < c.max_points}
+    assert others == {"project_rules"}, explain(result)  # the source scan: the file names DisableTorchFunction
 
 
 # Issue 9: the worker's file system is an allowlist. ------------------------------------------
@@ -832,12 +852,13 @@ FORGE = """
 def softmax(scores, dim=-1):
     raise NotImplementedError  # unwritten: the module's calls to it are answered by the grader
 
-def _forge(frame, blobs=()):
-    proxy = globals()['softmax']  # the grader's proxy: its closure holds the pipe to the grader
+def _forge(header):
+    proxy = globals()['softmax']  # the grader's proxy: its closure holds its way to ask the grader, and no more
     cells = dict(zip(proxy.__code__.co_freevars, (c.cell_contents for c in proxy.__closure__)))
-    answered = cells['answered']
-    answered.wire.write_frame(answered.write_fd, frame, list(blobs))
-    return answered.wire.read_frame(answered.read_fd)
+    try:
+        return cells['ask'](header)
+    except RuntimeError as error:
+        print("forged:", error)
 
 class MultiHeadAttention(MultiHeadAttention):
     def forward(self, query, key=None, value=None, mask=None):
@@ -848,8 +869,7 @@ class MultiHeadAttention(MultiHeadAttention):
 
 @pytest.mark.parametrize("forged", [
     '_forge({"op": "answer", "name": ["x"], "args": None, "kwargs": None})',
-    'softmax(torch.zeros(2, 3, requires_grad=True)); _forge({"op": "answer_grad", "index": 1, "grads": '
-    '{"kind": "tuple", "items": [{"kind": "tensor", "dtype": "float32", "shape": [5], "device": "cpu", "blob": 0}]}}, [bytes(20)])',
+    'softmax(torch.zeros(2, 3, requires_grad=True)); _forge({"op": "answer_grad", "index": 1, "grads": (torch.zeros(5),)})',
 ], ids=["unhashable name", "gradient of the wrong shape"])
 def test_forged_questions_to_the_grader_never_crash_it(grade_source, forged):
     result = grade_source(FORGE.replace("FORGED", forged))  # a GraderBug would raise here (exit 3)
@@ -1032,27 +1052,41 @@ class KVCache(KVCache):
 # 13. ------------------------------------------------------------------------------------
 
 SYSV_AND_KEYS = """
-import ctypes, os
-_libc = ctypes.CDLL(None, use_errno=True)
-_KEY = 0x5A7A11  # one System V key for both steps
-_libc.shmget.restype = ctypes.c_int
-_libc.syscall.restype = ctypes.c_long
+import os, subprocess, sys
+# ctypes is refused in the worker itself (grader/sandbox/guard.py): the system calls are made by a Python
+# the candidate starts, which inherits the worker's namespaces and system-call filter, not its guard.
+_C = '''
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmget.restype = ctypes.c_int
+libc.syscall.restype = ctypes.c_long
+key = 0x5A7A11
+if sys.argv[1] == "make":
+    print("segment made:", libc.shmget(key, 4096, 0o1000 | 0o600) >= 0)  # IPC_CREAT
+elif sys.argv[1] == "see":
+    print("segment seen from another step:", libc.shmget(key, 0, 0) >= 0)
+else:
+    made = libc.syscall(248 if os.uname().machine == "x86_64" else 217, b"user", b"attn-grade-test", b"x", 1, -4)
+    print("keyring:", "refused" if made < 0 and ctypes.get_errno() == 1 else f"answered {made}")
+'''
+
+def _run(what):
+    print(subprocess.run([sys.executable, "-c", _C, what], capture_output=True, text=True).stdout.strip())
 
 _made = False
 
 def project(x, weight, bias=None):  # leaves a segment behind, for a later step (or grade) to find
     global _made
+    if not _made:
+        _run("make")
     _made = True
-    segment = _libc.shmget(_KEY, 4096, 0o1000 | 0o600)  # IPC_CREAT
-    print("segment made:", segment >= 0)
     y = x @ weight.T
     return y if bias is None else y + bias
 
 def softmax(scores, dim=-1):
     if not _made:  # in a child where project has not run (the module's calls both)
-        print("segment seen from another step:", _libc.shmget(_KEY, 0, 0) >= 0)
-    key = _libc.syscall(248 if os.uname().machine == "x86_64" else 217, b"user", b"attn-grade-test", b"x", 1, -4)  # add_key
-    print("keyring:", "refused" if key < 0 and ctypes.get_errno() == 1 else f"answered {key}")
+        _run("see")
+    _run("key")
     m = scores.amax(dim, keepdim=True).detach()
     e = torch.exp(scores - m.masked_fill(m == float("-inf"), 0.0))
     return e / e.sum(dim, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
@@ -1122,7 +1156,8 @@ def test_editing_the_call_record_from_a_helper_costs_the_step_that_calls_it(grad
         return out
     """
     result = grade_source(code)
-    assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
+    assert step(result, "softmax").score == 0, explain(result)
+    assert all("the sandbox refuses sys._getframe" in m for m in messages(result, "softmax") if "rules" not in m)
     assert result.score < 86  # what making the call openly costs
 
 

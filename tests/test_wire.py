@@ -99,3 +99,40 @@ def test_a_silent_peer_times_out():
     with pytest.raises(wire.Timeout):
         wire.read_frame(r, deadline=time.monotonic() + 0.2)
     os.close(r), os.close(w)
+
+
+def test_a_frame_is_signed_and_one_without_the_signature_is_refused():
+    key = os.urandom(32)
+    read, write = os.pipe()
+    try:
+        wire.write_frame(write, {"ok": True, "value": 1}, [b"abc"], key=key)
+        assert wire.read_frame(read, key=key) == ({"ok": True, "value": 1, "blobs": [3]}, [b"abc"])
+        wire.write_frame(write, {"ok": True, "value": 1}, [b"abc"])  # the candidate's code, which has no key
+        with pytest.raises(wire.WireError, match="did not sign"):
+            wire.read_frame(read, key=key)
+        wire.write_frame(write, {"ok": True, "value": 1}, [b"abc"], key=os.urandom(32))  # a key of its own
+        with pytest.raises(wire.WireError, match="did not sign"):
+            wire.read_frame(read, key=key)
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+@pytest.mark.parametrize("item, blobs, why", [
+    ({"kind": "tuple", "items": [{"kind": "tensor", "dtype": "float32", "shape": [1], "device": "cpu", "blob": 0}] * 2},
+     [bytes(4)], "named by two tensors"),  # one blob, copied once per name: a grader's memory multiplied
+    ({"kind": "tensor", "dtype": "float32", "shape": [1], "device": "cpu\n  ✓ softmax FORGED", "blob": 0},
+     [bytes(4)], "no device's name"),
+    ({"kind": "tensor", "dtype": "float32", "shape": [1], "device": "\ud800", "blob": 0}, [bytes(4)], "no device"),
+], ids=["blob reused", "device with a newline", "device with a surrogate"])
+def test_a_description_that_would_cost_memory_or_forge_a_report_is_refused(item, blobs, why):
+    with pytest.raises(wire.WireError, match=why):
+        wire.decode(item, blobs)
+
+
+def test_items_nested_past_the_bound_are_refused_not_a_recursion_error():
+    item = {"kind": "list", "items": []}
+    for _ in range(wire.MAX_DEPTH + 5):
+        item = {"kind": "list", "items": [item]}
+    with pytest.raises(wire.WireError, match="nested"):
+        wire.decode(item, [])

@@ -11,6 +11,8 @@ A spec (grader/course/NAME/spec.py) imports from here and from its own reference
   inputs.py    a check's seeded inputs (Gen)
   failure.py   CheckFailed, how every check fails
   diagnose.py  the general mistakes, named for any step
+  search.py    the generic wrong answers a failed check's answer is compared with: arguments swapped, ignored,
+               one off, an input transposed, a tuple reordered, float64 computed in float32
   attention.py attention written out plainly, with knobs that make its wrong versions (`attention.attend`)
 
 Glossary (one word per concept, in the code and in its messages):
@@ -27,7 +29,7 @@ Glossary (one word per concept, in the code and in its messages):
 
 from grader.arrays import as_tensor_tree
 from grader.candidate import CandidateError, Seeded
-from grader.engine import attention, diagnose
+from grader.engine import attention, diagnose, search
 from grader.engine.diagnose import RESULT_ON_CPU
 from grader.engine.failure import CheckFailed
 from grader.engine.rules import check_rules, expect_no_import, numpy_only
@@ -45,14 +47,15 @@ from grader.engine.script import (
     type_name,
 )
 from grader.engine.spec import Call, Check, Mistake, Raises, Spec, StepSpec, device, prop, rules, shape, values
-from grader.engine.stock import end_to_end, gradients, linear_layers, raises_value_error
+from grader.engine.stock import defaults, end_to_end, gradients, linear_layers, raises_value_error
 from grader.engine.tolerance import HALF_TYPES, Tolerance, expect_close, expect_form, grid, upcast
 from grader.wire import device_of
 
 __all__ = [
     "HALF_TYPES", "RESULT_ON_CPU", "Call", "CandidateError", "Check", "CheckFailed", "Mistake", "Raises", "Run",
-    "Seeded", "Spec", "StepSpec", "Tolerance", "as_tensor_tree", "attention", "check_rules", "device", "device_of",
-    "diagnose", "end_to_end", "expect_close", "expect_form", "expect_no_import", "gradients", "grid", "linear_layers",
+    "Seeded", "Spec", "StepSpec", "Tolerance", "as_tensor_tree", "attention", "check_rules", "defaults", "device",
+    "device_of", "diagnose", "end_to_end", "expect_close", "expect_form", "expect_no_import", "gradients", "grid",
+    "linear_layers", "search",
     "matches_any", "numpy_only", "prop", "raises_value_error", "rules", "shape", "source_of", "upcast", "values",
     "Script", "build", "call", "chunks", "expect_chunks", "expect_each", "expect_result", "fill", "get", "type_name",
 ]

@@ -11,10 +11,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from grader.engine.search import GENERIC
 from grader.engine.spec import Mistake, Raises
 from grader.wire import device_of
 
-META_UNSUPPORTED = ("'Meta' backend", "meta tensors", "meta tensor", "data-dependent", "register_meta", "Meta device")
+# torch.autocast(device_type="meta", ...) says "unsupported scalarType" (Hugging Face's rotary embedding, which
+# works on CUDA)
+META_UNSUPPORTED = ("'Meta' backend", "meta tensors", "meta tensor", "data-dependent", "register_meta", "Meta device",
+                    "unsupported scalarType")
 
 ON_A_GPU_TOO = ("The grader ran this step on a stand-in for a GPU (torch's meta device); on a GPU the same code fails "
                 "the same way.")
@@ -95,6 +99,13 @@ TENSOR_ON_CPU = Mistake(
                           r"device type (cpu|cuda) .* does not match|Expected a '\w+' device type for generator"),
     why=f"torch.FloatTensor([...]) makes a CPU tensor too. {ON_A_GPU_TOO}",
 )
+EXPAND_NON_SINGLETON = Mistake(
+    "expand_non_singleton",
+    "expand() can only repeat an axis of size 1, so it fails for more than one head: use repeat_interleave, or "
+    "x[:, :, None].expand(...) then reshape",
+    raises=Raises(message=r"expanded size of the tensor .* must match the existing size", line=r"expand\("),
+    why="Written against one KV head (multi-query attention), expand on the head axis works; with two it raises.",
+)
 LAYER_NAMES = Mistake(
     "layer_names",
     "the module's layers are not named or shaped as the contract says, so the grader's weights cannot be loaded "
@@ -119,6 +130,12 @@ DTYPE_PROMOTED = Mistake(
     "or dtype=x.dtype",
     why="A float64 constant, tensor or NumPy scalar (np.sqrt(d), np.zeros(shape), torch.tensor(d)) entered the "
         "computation and promoted it.",
+)
+NOT_CAST_BACK = Mistake(  # dtype_promoted, said where it is known: right values, in float32 for half inputs
+    "dtype_promoted",
+    "computed in float32 for half inputs and never cast back: return the result in the input's dtype "
+    "(.to(x.dtype) at the end)",
+    why="Computing in float32 is right for half inputs; the caller still gets its own dtype back.",
 )
 DTYPE_NARROWED = Mistake(
     "dtype_narrowed",
@@ -162,6 +179,19 @@ PARAMETERS_NOT_LOADED = Mistake(
     "the module has parameters the contract does not name, which kept their random start (a bias although "
     "bias=False, or a layer of its own): honour the constructor's arguments, nn.Linear(..., bias=bias)",
 )
+CONSTRUCTOR_DEFAULTS = Mistake(
+    "constructor_defaults",
+    "built with only its required arguments, the module is not the contract's (a default such as bias differs): "
+    "give every argument the default the docstring states",
+    why="The grader passes every argument in its other checks, so a wrong default shows only here; callers who "
+        "rely on the default get another model.",
+)
+STATE_BETWEEN_CALLS = Mistake(
+    "state_between_calls",
+    "a second call with the same input on the same module gave another answer: it kept state (a cache on self); "
+    "calls without a cache must be independent",
+    why="Keys and values kept on the module from call to call belong in a cache the caller passes and owns.",
+)
 GRADIENT_CUT = Mistake(
     "gradient_cut",
     "no gradient reached a weight or an input: .data, .detach(), torch.no_grad() or a new tensor built from "
@@ -187,11 +217,27 @@ INPUT_CHANGED = Mistake(
 )
 
 ERRORS = (VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED, TENSOR_TRUTHINESS, DTYPE_MISMATCH,
-          FLOAT_SHAPE, TRANSPOSE_ALL_AXES, DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK, LAYER_NAMES)
+          FLOAT_SHAPE, TRANSPOSE_ALL_AXES, DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK, EXPAND_NON_SINGLETON, LAYER_NAMES)
 FORMS = (MASK_NOT_BOOL, DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE,
          RESULT_ON_CPU)
-CATALOGUE = (*ERRORS, *FORMS, PARAMETERS_NOT_LOADED, GRADIENT_CUT, DROPOUT_AT_EVAL, FORBIDDEN_CALL,
-             ASSERT_NOT_VALUEERROR, INPUT_CHANGED)
+CATALOGUE = (*ERRORS, *FORMS, *GENERIC, PARAMETERS_NOT_LOADED, CONSTRUCTOR_DEFAULTS, STATE_BETWEEN_CALLS,
+             GRADIENT_CUT, DROPOUT_AT_EVAL,
+             FORBIDDEN_CALL, ASSERT_NOT_VALUEERROR, INPUT_CHANGED)
+
+
+def unloaded(names) -> Mistake:
+    """parameters_not_loaded, said with the parameters left unloaded: only biases means a layer built without the
+    constructor's bias argument (nn.Linear's default, bias=True)."""
+    names = [str(n) for n in names]
+    listed = ", ".join(f"`{n}`" for n in names[:4]) + (" and more" if len(names) > 4 else "")
+    if names and all(n.endswith(".bias") for n in names):
+        layers = ", ".join(n.removesuffix(".bias") for n in names[:4])
+        message = (f"{listed} exists although the module was built without a bias: the bias argument was not passed "
+                   f"on to {layers}; build it with nn.Linear(..., bias=bias)")
+    else:
+        message = (f"the module has parameters the contract does not name ({listed}), which kept their random start: "
+                   "honour the constructor's arguments and the contract's layers")
+    return Mistake(PARAMETERS_NOT_LOADED.id, message, why=PARAMETERS_NOT_LOADED.why)
 
 
 def meta_unsupported(error) -> bool:

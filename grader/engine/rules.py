@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import re
 
+from grader.candidate import HIDDEN
 from grader.engine.diagnose import FORBIDDEN_CALL
 from grader.engine.failure import CheckFailed
 from grader.source import parse
@@ -27,6 +28,10 @@ def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: st
     A name matches when it contains a forbidden one, so `_safe_softmax`, `special_softmax`
     and `_softmax.default` (reached through torch.ops) all count as `softmax`.
     """
+    hidden = sorted(n[len(HIDDEN):] for n in called if n.startswith(HIDDEN))
+    if hidden and forbidden:  # the worker's record may lack calls: no rule can be said to be kept
+        raise CheckFailed(f"the call hid what it did from the rules check: {hidden[0]}", FORBIDDEN_CALL,
+                          details={"hidden": hidden[0]}, breach=True)
     tampering = [t for t in TAMPERING if forbidden and t in source]
     if tampering:  # hiding a forbidden call in the step costs what making it costs; elsewhere, the rules checks
         in_step = tampering[0] in _with_helpers(source, step_source)
@@ -65,8 +70,21 @@ def expect_no_import(source: str, module: str) -> None:
         names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
         if isinstance(node, ast.ImportFrom) and node.module:
             names = [node.module]
+        if _dynamic_import(node):  # importlib.import_module("torch"), __import__("torch") and the like
+            names = [node.args[0].value]
         if any(n == module or n.startswith(module + ".") for n in names):
             raise CheckFailed(f"imports {module} at line {node.lineno}: this exercise must not use it")
+
+
+IMPORTERS = ("import_module", "__import__", "find_spec", "spec_from_file_location")
+
+
+def _dynamic_import(node) -> bool:
+    """A call of an import function by name with a literal module name: it imports as an import statement does."""
+    if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Constant):
+        return False
+    function = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+    return function in IMPORTERS and isinstance(node.args[0].value, str)
 
 
 def numpy_only(answer, source: str, step: str, steps: tuple[str, ...]) -> None:
@@ -98,6 +116,9 @@ def _bound_by_imports_of(tree: ast.AST, module: str) -> set[str]:
             bound |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.split(".")[0] == module}
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == module and not node.level:
             bound |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Assign) and _dynamic_import(node.value) and \
+                node.value.args[0].value.split(".")[0] == module:  # torch = __import__("torch")
+            bound |= {t.id for t in node.targets if isinstance(t, ast.Name)}
     return bound
 
 

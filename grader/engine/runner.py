@@ -34,7 +34,7 @@ import torch
 
 from grader.arrays import as_tensor, describe, leaves
 from grader.candidate import CandidateError, Strided
-from grader.engine import diagnose
+from grader.engine import diagnose, search
 from grader.engine.failure import CheckFailed
 from grader.engine.inputs import Gen, generator, torch_dtype
 from grader.engine.rules import check_rules
@@ -324,7 +324,19 @@ class Run:
                 continue
             except Exception:  # a variant that cannot be formed for these inputs explains nothing
                 continue
-        return diagnose.form(value, native, self.spec.backend, device)
+        return self.generic(value, call, native, device)
+
+    def generic(self, value, call: Call, native, device: str):
+        """The mistake no list of the step's names: a tuple's parts reordered, the answer's form, then the search
+        (grader/engine/search.py) over the wrong answers the step's reference gives with its arguments changed."""
+        mistake = search.outputs_reordered(self, value, call)
+        if mistake is None:
+            mistake = diagnose.form(value, native, self.spec.backend, device)
+            if mistake is diagnose.DTYPE_PROMOTED and search.not_cast_back(value, self.reference(call), native):
+                mistake = diagnose.NOT_CAST_BACK
+        if mistake is None and device != "meta":
+            mistake = search.search(self, value, call, native)
+        return mistake
 
     def module_mistake(self, call: Call, device: str):
         """What the module itself shows when run again: weights it left unloaded, or two answers to one input."""
@@ -333,12 +345,24 @@ class Run:
         except (CheckFailed, CandidateError):
             return None
         if result.get("unloaded"):
-            return diagnose.PARAMETERS_NOT_LOADED
+            return diagnose.unloaded(result["unloaded"])
         first, second = result["output"], result["again"]
         if isinstance(first, torch.Tensor) and isinstance(second, torch.Tensor) and first.shape == second.shape:
             if not first.is_meta and not torch.equal(first.nan_to_num(), second.nan_to_num()):
                 return diagnose.DROPOUT_AT_EVAL
         return None
+
+    def _unloaded_in_float32(self, call: Call):
+        """parameters_not_loaded, if the module run in float32 leaves parameters unloaded: a layer of its own (a bias
+        although bias=False) keeps float32 and meets another dtype's weights, which reads as a dtype mismatch."""
+        as_float32 = lambda x: x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x  # noqa: E731
+        if any(isinstance(x, torch.Tensor) and x.dtype == torch.float32 for x in call.state.values()):
+            return None  # already float32: no dtype of the grader's made the mismatch
+        state = {name: as_float32(x) for name, x in call.state.items()}
+        args = tuple(as_float32(a) for a in call.args)
+        again = Call(args, call.kwargs, call.names, call.init, call.init_kwargs, state)
+        found = self.module_mistake(again, "cpu")
+        return found if found is not None and found.id == diagnose.PARAMETERS_NOT_LOADED.id else None
 
     def error_failure(self, error: CandidateError, call: Call, device: str) -> CheckFailed:
         """An exception the candidate's code raised, said with its line and inputs, and named if it is a known one."""
@@ -346,6 +370,8 @@ class Run:
         source = source_of(self.ctx.source, self.step.id)
         mistake = next((m for m in self.step.mistakes if m.raises and m.raises.matches(error, line, source)), None)
         mistake = mistake or diagnose.error(error, line, source)
+        if mistake is diagnose.DTYPE_MISMATCH and self.step.module and call.state and device == "cpu":
+            mistake = self._unloaded_in_float32(call) or mistake  # a float32 parameter the state never filled
         message = error.message
         if error.line:
             label = self.ctx.candidate.where(error.line)  # "line N", or "cell C, line M" in a notebook

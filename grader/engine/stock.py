@@ -5,6 +5,7 @@ parameters that returns the check's run function (`prop("structure", 2, linear_l
   raises_value_error  invalid constructor arguments raise ValueError, not an assert
   gradients           the gradients reach every input and weight, and match the reference's
   end_to_end          the module with the candidate's own steps, not the oracle's
+  defaults            the module built with only its required arguments is the contract's, and two calls on it agree
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import torch
 from grader.candidate import CandidateError
 from grader.engine import diagnose
 from grader.engine.failure import CheckFailed
-from grader.engine.runner import Run, source_of
+from grader.engine.runner import Run, replace_mistake, source_of
+from grader.engine.spec import Call
 from grader.engine.tolerance import expect_close, expect_form
 
 
@@ -104,5 +106,41 @@ def end_to_end(**params):
                         sources.append(source_of(run.ctx.source, name))
             details = {**failure.details, "calls": calls}
             raise CheckFailed(failure.message, failure.mistake, details, failure.outcome) from None
+
+    return check
+
+
+def defaults(**params):
+    """A check: the module built with only its required arguments (its constructor's defaults for the rest) gives the
+    reference's answer for the contract's defaults, twice in a row on one module (no state kept between calls).
+
+    `params` go to the step's input maker and must describe the defaults' module (bias=True where the contract's
+    default is True). The same call with every argument given runs first: a module wrong either way is named by
+    its own mistakes, one wrong only when built from its defaults by CONSTRUCTOR_DEFAULTS.
+    """
+
+    def check(run: Run) -> None:
+        call = run.inputs(**params)
+        run.expect_right(run.output(run.answer(call)), call)  # wrong with every argument given: said as such
+        bare = Call(call.args, call.kwargs, call.names, call.init, {}, call.state)
+        given = ", ".join(f"{k}={v!r}" for k, v in call.init_kwargs.items())
+        try:
+            result = run.answer(bare, repeat=True).value
+            if result.get("unloaded"):
+                raise CheckFailed(f"built without {given}, the module has parameters the contract's defaults do not "
+                                  f"give it: {', '.join(result['unloaded'])}", diagnose.CONSTRUCTOR_DEFAULTS)
+            run.expect_right(result["output"], bare)
+        except CheckFailed as failure:
+            raise replace_mistake(CheckFailed(f"built with only its required arguments (the defaults for {given}): "
+                                              f"{failure.message}", details=failure.details, outcome=failure.outcome),
+                                  diagnose.CONSTRUCTOR_DEFAULTS) from None
+        first, again = result["output"], result["again"]
+        if isinstance(first, torch.Tensor) and isinstance(again, torch.Tensor) and first.shape == again.shape:
+            if not torch.equal(first.nan_to_num(), again.nan_to_num()):
+                raise CheckFailed("a second call with the same input on the same module gave another answer: calls "
+                                  "without a cache must not depend on each other", diagnose.STATE_BETWEEN_CALLS)
+        elif type(first) is not type(again):
+            raise CheckFailed("a second call with the same input on the same module gave another kind of answer",
+                              diagnose.STATE_BETWEEN_CALLS)
 
     return check

@@ -12,6 +12,9 @@ handed in.
 
 import inspect
 
+QUESTIONS = ("answer", "answer_grad")
+QUESTION_FIELDS = ("op", "name", "args", "kwargs", "grad", "index", "grads")
+
 
 class Answered:
     """While active, the candidate's step functions named in `names` are answered by the grader.
@@ -22,7 +25,7 @@ class Answered:
 
     def __init__(self, torch, wire, record, module, names, fds):
         self.torch, self.wire, self.record, self.module, self.names = torch, wire, record, module, list(names)
-        self.read_fd, self.write_fd = fds
+        self.read_fd, self.write_fd, self.key = fds
         self.saved = {}
 
     def __enter__(self):
@@ -40,30 +43,52 @@ class Answered:
     def ask(self, header):
         """One question to the grader, and its answer; the torch calls made here are the grader's, not the candidate's
         (nor the tensors they create)."""
+        if header.get("op") not in QUESTIONS:  # a question, never what could pass for an answer
+            raise RuntimeError("the grader answers only questions about the steps a composite calls")
         with self.record.paused():
             blobs = []
             header = {k: self.wire.encode(self._plain(v), blobs) if k in ("args", "kwargs", "grads") else v
-                      for k, v in header.items()}
-            self.wire.write_frame(self.write_fd, header, blobs)
+                      for k, v in header.items() if k in QUESTION_FIELDS}
+            self.wire.write_frame(self.write_fd, header, blobs, key=self.key)
             reply, reply_blobs = self.wire.read_frame(self.read_fd)
             if reply.get("ok") is not True:
                 raise RuntimeError(f"{header.get('name', 'a step')} (answered by the grader): {reply.get('error')}")
             return self.wire.decode(reply.get("value"), reply_blobs), reply.get("index")
 
+    def _channel(self):
+        """The questions' way to `ask`: a generator, whose frame (the only thing that holds this object) the
+        candidate's code may not read (guard.py refuses gi_frame). The proxies in the candidate's module
+        hold its `send` and nothing else of the worker's, so nothing they hold leads to the record."""
+        reply = None
+        while True:
+            header = yield reply
+            try:
+                reply = (True, self.ask(header))
+            except Exception as error:  # handed to the proxy to raise: a generator that raised would be done
+                reply = (False, error)
+
     def _proxy(self, name):
-        torch, answered = self.torch, self
+        torch = self.torch
+        channel = self._channel()
+        next(channel)
+        send = channel.send
+
+        def ask(header):
+            ok, value = send(header)
+            if not ok:
+                raise value
+            return value
 
         class Answer(torch.autograd.Function):
             @staticmethod
             def forward(ctx, args, kwargs, *tensors):
-                value, ctx.index = answered.ask({"op": "answer", "name": name, "args": args, "kwargs": kwargs,
-                                                 "grad": True})
-                return answered.placed(value, answered.target(tensors, {}))
+                value, ctx.index = ask({"op": "answer", "name": name, "args": args, "kwargs": kwargs, "grad": True})
+                return placed(torch, value, target(torch, tensors, {}))
 
             @staticmethod
             def backward(ctx, *grads):
-                value, _ = answered.ask({"op": "answer_grad", "index": ctx.index, "grads": grads})
-                return (None, None, *answered.placed(tuple(value), answered.target(grads, {})))
+                value, _ = ask({"op": "answer_grad", "index": ctx.index, "grads": grads})
+                return (None, None, *placed(torch, tuple(value), target(torch, grads, {})))
 
         signature = inspect.signature(self.saved[name])
 
@@ -75,7 +100,7 @@ class Answered:
             tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
             if not any(t.requires_grad for t in tensors):  # nothing to differentiate (NumPy, or no grad wanted)
                 question = {"op": "answer", "name": name, "args": args, "kwargs": kwargs, "grad": False}
-                return answered.placed(answered.ask(question)[0], answered.target(tensors, bound.arguments))
+                return placed(torch, ask(question)[0], target(torch, tensors, bound.arguments))
             return Answer.apply(args, kwargs, *tensors)
 
         proxy.__name__ = name
@@ -93,17 +118,20 @@ class Answered:
             return {k: self._plain(v) for k, v in value.items()}
         return value
 
-    def target(self, tensors, arguments) -> object:
-        """Where an answer belongs: the device a `device` argument asks for, else the inputs' device."""
-        asked = arguments.get("device")
-        if isinstance(asked, (str, self.torch.device)):
-            return self.torch.device(asked)
-        return next((t.device for t in tensors if isinstance(t, self.torch.Tensor)), None)
 
-    def placed(self, value, device):
-        """Tensors of an answer moved to `device` (the grader answers on the CPU; a meta answer comes as meta)."""
-        if device is None or device.type == "cpu":
-            return value
-        if isinstance(value, tuple):
-            return tuple(v.to(device) if isinstance(v, self.torch.Tensor) else v for v in value)
-        return value.to(device) if isinstance(value, self.torch.Tensor) else value
+
+def target(torch, tensors, arguments) -> object:
+    """Where an answer belongs: the device a `device` argument asks for, else the inputs' device."""
+    asked = arguments.get("device")
+    if isinstance(asked, (str, torch.device)):
+        return torch.device(asked)
+    return next((t.device for t in tensors if isinstance(t, torch.Tensor)), None)
+
+
+def placed(torch, value, device):
+    """Tensors of an answer moved to `device` (the grader answers on the CPU; a meta answer comes as meta)."""
+    if device is None or device.type == "cpu":
+        return value
+    if isinstance(value, tuple):
+        return tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in value)
+    return value.to(device) if isinstance(value, torch.Tensor) else value

@@ -2,7 +2,7 @@
 
 Namespaces (PID, user, network, IPC, mount), the allowlist root (each child's file system: read-only
 bind mounts of what torch needs, on a fresh tmpfs, entered with pivot_root), capabilities given up for
-good, a seccomp filter that refuses the kernel keyring, a pids cgroup (root) or RLIMIT_NPROC (another
+good (seccomp.py's filter follows), a pids cgroup (root) or RLIMIT_NPROC (another
 user) against fork bombs, and the rlimits on file size, core dumps and writable memory.
 
 The portable sandbox (`enter_portable_sandbox`: macOS, or ATTN_GRADE_SANDBOX=portable on Linux) is
@@ -18,6 +18,7 @@ import platform
 import pwd
 import re
 import resource
+import shutil
 import signal
 import struct
 import subprocess
@@ -25,11 +26,15 @@ import sys
 import sysconfig
 import tempfile
 
+try:
+    import _attn_grade_sandbox_limits as limits  # this folder's, loaded by path by worker.py
+except ImportError:  # imported as part of the grader package, by a test
+    from grader.sandbox import limits
+
 # The kit's parts, covered where an allowed folder holds them (a kit installed in site-packages).
 HIDDEN_FROM_CANDIDATES = ("grader", "solutions", "tests", ".git")
 KIT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the folder grader/ is in
-CHILD_PROCESS_LIMIT = 64  # processes a worker child may have below it: a fork bomb stops there
-PIDS_CGROUP = "/sys/fs/cgroup/pids"  # cgroup v1's pids hierarchy, used when the grader runs as root
+WORKDIR_SIZE = "256m"  # the working folder, a tmpfs of each child's own: all it may write, together
 FILE_SIZE_LIMIT = 64 * 1024 * 1024  # bytes a child may write to one file
 SHM_SIZE = "64m"  # its own /dev/shm
 # /proc stays writable (the CUDA driver writes to its process's own files there, and fails
@@ -41,11 +46,6 @@ PR_SET_CHILD_SUBREAPER, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 36, 24, 38
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x00020000, 0x10000000, 0x20000000, 0x40000000
 CLONE_NEWIPC = 0x08000000
-PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
-# The kernel keyring's system calls (add_key, request_key, keyctl) by architecture: a child
-# refuses them, since keys are the user's across every namespace the child has.
-KEYRING_SYSCALLS = {"x86_64": (0xC000003E, (248, 249, 250)), "aarch64": (0xC00000B7, (217, 218, 219))}.get(
-    platform.machine())
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
 MS_NOATIME, MS_NODIRATIME, MS_REC, MS_RELATIME, MS_PRIVATE = 1024, 2048, 16384, 1 << 21, 1 << 18
 ST_RELATIME = 4096  # statvfs's name for a relatime mount
@@ -130,7 +130,6 @@ def enter_sandbox(request, output_fd, keep, cuda: bool = False) -> bool:
     True when it made a PID namespace that only its next fork enters (`fork_into_pid_namespace`).
     """
     _session_and_limits(request, output_fd, keep)
-    _limit_processes()
     # A network namespace of its own has only a loopback that is down; an IPC namespace of its
     # own, so no System V shared memory, semaphore or message queue reaches another child or
     # outlives this one (a candidate could leave answers there for its next grade). Root may
@@ -160,10 +159,10 @@ def enter_portable_sandbox(request, output_fd, keep) -> None:
     """
     _session_and_limits(request, output_fd, keep)
     if os.geteuid() != 0:  # root ignores RLIMIT_NPROC, and there is no cgroup here: swept only
-        mine = _own_threads() if os.path.isdir("/proc/self/task") else _own_processes()
+        mine = limits.own_threads() if os.path.isdir("/proc/self/task") else _own_processes()
         if mine is not None:
             try:
-                resource.setrlimit(resource.RLIMIT_NPROC, (mine + CHILD_PROCESS_LIMIT,) * 2)
+                resource.setrlimit(resource.RLIMIT_NPROC, (mine + limits.CHILD_PROCESS_LIMIT,) * 2)
             except (ValueError, OSError):  # above the system's hard limit (kern.maxprocperuid): none
                 pass
 
@@ -178,11 +177,6 @@ def _own_processes() -> int | None:
     if done.returncode != 0:
         return None
     return sum(line.strip() == str(os.getuid()) for line in done.stdout.splitlines())
-
-
-def _own_threads() -> int:
-    """Linux counts threads against RLIMIT_NPROC: those of every process of this user."""
-    return sum(_threads(p) for p in os.listdir("/proc") if p.isdigit() and _owner(p) == os.geteuid())
 
 
 def _session_and_limits(request, output_fd, keep) -> None:
@@ -277,6 +271,7 @@ def sandbox_plan(home: str, cuda: bool) -> dict:
         wanted += [os.path.dirname(library), library]
     if cuda:
         wanted += os.environ.get("LD_LIBRARY_PATH", "").split(":") + [os.environ.get("CUDA_HOME", "")]
+        wanted += triton_build_paths()
     never = [tempfile.gettempdir(), os.path.dirname(home), _home_folder(), "/"]
     allowed = set()
     for path in filter(None, wanted):
@@ -291,7 +286,32 @@ def sandbox_plan(home: str, cuda: bool) -> dict:
     devices = list(MINIMAL_DEVICES)
     if cuda:  # nvidia0, nvidiactl, nvidia-uvm, nvidia-caps/...: the GPU's device files, no other
         devices += sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))
-    return {"allowed": allowed, "hidden": hidden, "new_root": new_root, "devices": devices}
+    return {"allowed": allowed, "hidden": hidden, "new_root": new_root, "devices": devices,
+            "libcuda": libcuda_folder() if cuda else None}
+
+
+def triton_build_paths() -> list[str]:
+    """With CUDA, what Triton needs to compile a kernel's launcher (the exercise triton_attention): the C compiler
+    it would pick (CC, else gcc, else clang) with the assembler and linker, the compiler's own folders, the C and
+    Python headers, and the folder of libcuda.so (`libcuda_folder`). Its own package (ptxas and the CUDA headers
+    it bundles) lies beside torch. Only paths that exist. Not yet run on a GPU."""
+    import shutil
+
+    tools = [os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang"), shutil.which("as"),
+             shutil.which("ld")]
+    folders = ["/usr/lib/gcc", "/usr/libexec/gcc", "/usr/include", sysconfig.get_paths()["include"], libcuda_folder()]
+    return [p for p in tools + folders if p and os.path.exists(p)]
+
+
+def libcuda_folder() -> str | None:
+    """The folder of libcuda.so.1, as the loader's cache names it (Triton asks /sbin/ldconfig, absent in a child:
+    the worker hands the answer over as TRITON_LIBCUDA_PATH)."""
+    try:
+        listing = subprocess.run(["/sbin/ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = [line.split("=>")[-1].strip() for line in listing.splitlines() if "libcuda.so.1 " in line]
+    return os.path.dirname(found[0]) if found else None
 
 
 def _home_folder() -> str:
@@ -355,14 +375,18 @@ def allowlist_root(workdir: str, plan: dict, cuda: bool) -> str | None:
         for path in plan["hidden"]:  # empty and read-only, before the bind mounts below copy what covers them
             _mount(libc, "none", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k")
         _mount(libc, "none", new_root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
-        for path in [*plan["allowed"], workdir]:
+        for path in plan["allowed"]:
             _bind(libc, path, new_root + path)
+        _fresh_workdir(libc, workdir, new_root + workdir)
         for name in os.listdir("/"):  # /lib -> usr/lib and the like, for paths the loader's cache names
             if os.path.islink("/" + name) and not os.path.lexists(new_root + "/" + name):
                 os.symlink(os.readlink("/" + name), new_root + "/" + name)
         os.mkdir(new_root + "/proc")
         if libc.mount(b"proc", (new_root + "/proc").encode(), b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) != 0:
             _bind(libc, "/proc", new_root + "/proc")  # no proc of its own here (a container's masked /proc)
+        for path in (f"{new_root}/proc/{os.getpid()}/mem", f"{new_root}/proc/{os.getpid()}/task/{os.getpid()}/mem"):
+            if os.path.exists(path):  # its own memory, where the key that signs its frames lies: /dev/null instead
+                _mount(libc, "/dev/null", path, None, MS_BIND, None)
         for name in PROC_READ_ONLY:  # each its own mount, made read-only below with the rest
             path = f"{new_root}/proc/{name}"
             if os.path.exists(path):
@@ -388,6 +412,17 @@ def allowlist_root(workdir: str, plan: dict, cuda: bool) -> str | None:
     except OSError as error:
         return str(error)
     return None
+
+
+def _fresh_workdir(libc, workdir: str, target: str) -> None:
+    """The working folder as the child sees it: a tmpfs of WORKDIR_SIZE, all the child may write in total (the
+    folder it came from stays as the grader made it), holding copies of the files the grader put there."""
+    os.makedirs(target, exist_ok=True)
+    _mount(libc, "none", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={WORKDIR_SIZE},mode=700")
+    for name in os.listdir(workdir):
+        source = os.path.join(workdir, name)
+        if os.path.isfile(source) and not os.path.islink(source):
+            shutil.copyfile(source, os.path.join(target, name))
 
 
 def _mount(libc, source: str, target: str, fstype: str | None, flags: int, data: str | None) -> None:
@@ -441,103 +476,3 @@ def drop_capabilities() -> None:
     libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)  # this process
     libc.capset(header, (ctypes.c_uint32 * 6)())  # effective, permitted, inheritable: all empty
-    _refuse_keyrings()
-
-
-def _refuse_keyrings() -> None:
-    """A seccomp filter: add_key, request_key and keyctl fail with EPERM, for this process and all it starts.
-
-    The kernel keyring is the user's (root's, for a grader run as root) across every
-    namespace: a candidate could read the keys of the machine's user, or leave one for its
-    next grade. System calls of another ABI than the native one (i386's on x86_64, x32's)
-    fail the same way, so the numbers cannot be dodged.
-    """
-    if KEYRING_SYSCALLS is None:
-        return
-    arch, numbers = KEYRING_SYSCALLS
-    load, equal, at_least, give = 0x20, 0x15, 0x35, 0x06  # BPF: load a word of seccomp_data, jump if ==, if >=, return
-    allow, refuse = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
-    n = len(numbers)
-    # (code, jump if true, jump if false, value): a jump skips that many instructions; the last is "refuse"
-    program = [
-        (load, 0, 0, 4),  # seccomp_data.arch
-        (equal, 0, n + 3, arch),  # another ABI: refuse everything it asks
-        (load, 0, 0, 0),  # seccomp_data.nr
-        (at_least, n + 1, 0, 0x40000000),  # x32's numbers
-        *[(equal, n - i, 0, number) for i, number in enumerate(numbers)],
-        (give, 0, 0, allow),
-        (give, 0, 0, refuse),
-    ]
-
-    class Instruction(ctypes.Structure):
-        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
-
-    class Program(ctypes.Structure):
-        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Instruction))]
-
-    instructions = (Instruction * len(program))(*[Instruction(*i) for i in program])
-    _libc().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(Program(len(program), instructions)), 0, 0)
-
-
-# -- processes: the fork-bomb bound ----------------------------------------------------
-
-
-def _limit_processes() -> None:
-    """At most CHILD_PROCESS_LIMIT processes below this child: a fork bomb stops there.
-
-    RLIMIT_NPROC counts a user's processes, and does not bind root at all; for root a
-    pids cgroup of the child's own does the job, where the system has one we may write.
-    """
-    if os.geteuid() != 0:
-        mine = _own_threads()
-        resource.setrlimit(resource.RLIMIT_NPROC, (mine + CHILD_PROCESS_LIMIT,) * 2)
-        return
-    group = cgroup(int(os.readlink("/proc/self")))  # the pid the zygote knows (here, os.getpid() is 1)
-    try:
-        os.mkdir(group)
-        with open(f"{group}/pids.max", "w") as f:
-            f.write(str(CHILD_PROCESS_LIMIT))
-        with open(f"{group}/cgroup.procs", "w") as f:
-            f.write("0")  # this process
-    except OSError:
-        pass  # no writable pids cgroup: the zygote's sweep still ends every process (see docs/sandbox.md)
-
-
-def cgroup(pid: int) -> str:
-    """The pids cgroup of the child with this pid (as the zygote knows it); the grader removes it too."""
-    return f"{PIDS_CGROUP}/attn-grade-{pid}"
-
-
-def remove_stale_cgroups() -> None:
-    """Empty cgroups left by a zygote that was killed (a candidate can do that): rmdir spares full ones."""
-    try:
-        names = [n for n in os.listdir(PIDS_CGROUP) if n.startswith("attn-grade-")]
-    except OSError:
-        return
-    for name in names:
-        try:
-            os.rmdir(f"{PIDS_CGROUP}/{name}")
-        except OSError:
-            pass
-
-
-def remove_cgroup(pid: int) -> None:
-    try:
-        os.rmdir(cgroup(pid))
-    except OSError:
-        pass
-
-
-def _threads(pid: str) -> int:
-    """RLIMIT_NPROC counts threads, not processes."""
-    try:
-        return len(os.listdir(f"/proc/{pid}/task"))
-    except OSError:
-        return 0
-
-
-def _owner(pid: str) -> int:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return -1

@@ -10,13 +10,30 @@ this file costs nothing before the zygote imports torch.
 """
 
 import contextlib
+import functools
+import inspect
+import os
 
 MAX_SHAPES = 256  # distinct shapes one request records
+# Tensor methods that run a Python callable of the caller's inside the call, where the record is stashed
+CALLBACKS = ("apply_", "map_", "map2_")
+# Autograd's entry points: they run the caller's code inside themselves (a hook, a Function's backward), where
+# the record would be stashed; the worker runs autograd's engine itself, with the record on the stack
+REENTERED = ("backward", "grad")
+PLAIN = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis), range)  # arguments that run no code
 
 
-def make_recorder(torch):
-    """The recorder for a child: one TorchFunctionMode, entered (`with recorder:`) around the candidate's code."""
+def make_recorder(torch, lifted):
+    """The recorder for a child: one TorchFunctionMode, entered (`with recorder:`) around the candidate's code.
+
+    `lifted` (guard.py) lets it read the mode stack, which the candidate's code may not.
+    """
+    import numpy
     from torch.overrides import TorchFunctionMode
+
+    own_types = _subclasses(torch.Tensor)  # torch's own tensor types, all loaded before any candidate code
+    torch_folder = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    plain = (*PLAIN, torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Generator, numpy.generic)
 
     class Recorder(TorchFunctionMode):
         """Records the name of every torch function called while it is active.
@@ -27,32 +44,167 @@ def make_recorder(torch):
         """
 
         seen: set = set()
+        hidden: str = ""  # why the record may lack calls (they ran where it could not see them), once known
         device: str = "cpu"
         shapes = None  # a Shapes while a request asks for the shapes of what the call creates (`"shapes": true`)
         changed: list = []  # the arguments a call changed in place
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.seen.add(str(getattr(func, "__name__", "?")))
+            name = str(getattr(func, "__name__", "?"))
+            self.seen.add(name)
             kwargs = kwargs or {}
+            if not self.hidden:
+                self.hidden = (_hiding(func, name, types, own_types, torch_folder)
+                               or _foreign_argument(torch, numpy, name, (args, kwargs), own_types, plain, torch_folder))
             if self.device == "meta":
                 args, kwargs = _scalars_to_meta(torch, args, kwargs)
-            value = func(*args, **kwargs)
+            if name in REENTERED and func in (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad):
+                value = self._autograd(func, args, kwargs)
+            else:
+                value = func(*args, **kwargs)
             if self.shapes is not None:
                 self.shapes.add(torch, value)
             return value
+
+        def __exit__(self, *exc):
+            """Leave the mode stack as it was entered; a call that popped this mode, or left another above it,
+            hid what it did after that from the record."""
+            with lifted():
+                depth = torch._C._len_torch_function_stack()
+                stack = [torch._C._get_function_stack_at(i) for i in range(depth)]
+                if not stack or stack[-1] is not self:
+                    self.hidden = self.hidden or "the torch-function mode stack was changed"
+                while stack and stack[-1] is not self:
+                    torch._C._pop_torch_function_stack()
+                    stack.pop()
+                if stack:
+                    torch._C._pop_torch_function_stack()
+
+        def _autograd(self, func, args, kwargs):
+            """What torch.autograd.backward or grad does past its dispatch, with this mode on the stack."""
+            from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
+            from torch.autograd.graph import _engine_run_backward
+
+            bound = inspect.signature(func).bind(*args, **kwargs)
+            bound.apply_defaults()
+            given = bound.arguments
+            if func is torch.Tensor.backward:
+                outputs, grads, inputs = (given["self"],), given["gradient"], given["inputs"]
+            else:
+                outputs = given["tensors"] if func is torch.autograd.backward else given["outputs"]
+                outputs = (outputs,) if isinstance(outputs, torch.Tensor) else tuple(outputs)
+                grads = given["grad_tensors"] if func is torch.autograd.backward else given["grad_outputs"]
+                inputs = given["inputs"]
+            if given.get("is_grads_batched") or given.get("grad_variables") is not None or isinstance(inputs, dict):
+                self.hidden = self.hidden or f"torch.autograd.{func.__name__} with arguments the worker does not follow"
+                return func(*args, **kwargs)
+            inputs = () if inputs is None else (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
+            create = given["create_graph"]
+            retain = create if given["retain_graph"] is None else given["retain_graph"]
+            with self._reentered():
+                grads = _make_grads(outputs, _tensor_or_tensors_to_tuple(grads, len(outputs)), is_grads_batched=False)
+                if func is not torch.autograd.grad:
+                    _engine_run_backward(outputs, grads, retain, create, inputs, allow_unreachable=True,
+                                         accumulate_grad=True)
+                    return None
+                unused = given["materialize_grads"] if given["allow_unused"] is None else given["allow_unused"]
+                result = _engine_run_backward(outputs, grads, retain, create, inputs, unused, accumulate_grad=False)
+                if given.get("materialize_grads"):
+                    result = tuple(torch.zeros_like(i) if r is None else r for r, i in zip(result, inputs, strict=True))
+                return result
+
+        @contextlib.contextmanager
+        def _reentered(self):
+            """This mode on the stack again while a call runs that torch made with it stashed."""
+            with lifted():
+                torch._C._push_on_torch_function_stack(self)
+            try:
+                yield
+            finally:
+                with lifted():
+                    if torch._C._len_torch_function_stack() and torch._C._get_function_stack_at(
+                            torch._C._len_torch_function_stack() - 1) is self:
+                        torch._C._pop_torch_function_stack()
+                    else:
+                        self.hidden = self.hidden or "the torch-function mode stack was changed"
 
         @contextlib.contextmanager
         def paused(self):
             """While the grader's own code runs: its torch calls, and the tensors they create, go unrecorded."""
             seen, self.seen = self.seen, set()
             shapes, self.shapes = self.shapes, None
+            hidden = self.hidden
             try:
                 yield
             finally:
                 self.seen = seen
                 self.shapes = shapes
+                self.hidden = hidden
 
     return Recorder()
+
+
+def _subclasses(cls) -> frozenset:
+    found, frontier = {cls}, [cls]
+    while frontier:
+        for sub in frontier.pop().__subclasses__():
+            if sub not in found:
+                found.add(sub)
+                frontier.append(sub)
+    return frozenset(found)
+
+
+def _hiding(func, name: str, types, own_types, torch_folder: str) -> str:
+    """Why this call lets code of the candidate's run where the record cannot see it, or "".
+
+    While the mode handles a call, the mode is stashed: whatever the call runs goes unrecorded.
+    That is torch's own code, unless the call hands control back to the candidate's: a tensor
+    subclass of its own (its __torch_function__ runs), a function of its own passed off as a
+    torch function (torch.overrides.handle_torch_function), or a Python callback (Tensor.apply_).
+    """
+    foreign = [t.__name__ for t in types if t not in own_types]
+    if foreign:
+        return f"a tensor subclass of the file's own ({foreign[0]})"
+    if name in CALLBACKS:
+        return f"Tensor.{name}, which runs a Python callable inside the call"
+    layer = func
+    for _ in range(8):  # a torch wrapper (torch.overrides.wrap_torch_function) around a function of the file's
+        code = getattr(layer, "__code__", None)
+        if code is not None and not code.co_filename.startswith(torch_folder):
+            return f"{name}, a function of the file's own, run as a torch function"
+        layer = getattr(layer, "__wrapped__", None)
+        if layer is None:
+            break
+    if isinstance(func, functools.partial):
+        return f"{name}, a partial function of the file's own, run as a torch function"
+    return ""
+
+
+def _foreign_argument(torch, numpy, name: str, arguments, own_types, plain, torch_folder: str) -> str:
+    """Why an argument of this call could run the file's own code inside it, or "": an object of a type of the
+    file's own (torch reads a sequence's items, calls a hook), or a function of the file's own."""
+    stack, seen = [arguments], 0
+    while stack:
+        value = stack.pop()
+        seen += 1
+        kind = type(value)
+        if kind in (tuple, list, torch.Size):
+            stack.extend(value)
+        elif kind is dict:
+            stack.extend(value.values())
+        elif kind is slice:
+            stack.extend((value.start, value.stop, value.step))
+        elif kind in own_types or isinstance(value, plain):
+            continue
+        elif kind is numpy.ndarray:
+            if value.dtype == object:
+                return f"an array of Python objects passed to {name}"
+        else:
+            code = getattr(value, "__code__", None)
+            if code is not None and code.co_filename.startswith(torch_folder):
+                continue
+            return f"an object of the file's own ({kind.__name__}) passed to {name}, which may run its code"
+    return ""
 
 
 class Shapes:

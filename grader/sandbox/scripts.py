@@ -26,7 +26,7 @@ MAX_FILL_AXIS = 16
 FILL_VALUES = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 
 
-def run(torch, wire, record, module, stand_ins, request, blobs, blobs_out, oracle):
+def run(torch, wire, record, module, stand_ins, request, blobs, blobs_out, oracle, lifted):
     """Run the grader's actions in order on objects built here; each action's result is plain data.
 
     Actions (every one a dict; objects are numbered in the order they are built):
@@ -67,7 +67,7 @@ def run(torch, wire, record, module, stand_ins, request, blobs, blobs_out, oracl
                 encoded.append(item)
             except BaseException as exc:  # the candidate's exception, even SystemExit, is an answer
                 del blobs_out[mark:]  # a result that could not be sent leaves no bytes behind
-                raised[str(index)] = serve.describe(exc, path)
+                raised[str(index)] = serve.describe(exc, path, lifted)
                 encoded.append(None)
                 if not (isinstance(action, dict) and action.get("may_raise") is True):
                     stopped = index

@@ -27,6 +27,7 @@ Loaded by path by worker.py (never as part of the grader package), as are the si
 import importlib.util
 import sys
 import traceback
+import types
 
 import _attn_grade_sandbox_answered as answered  # this folder's modules, loaded by path by worker.py
 import _attn_grade_sandbox_recorder as recorder
@@ -36,19 +37,23 @@ BLOCKED_PACKAGES = ("grader", "solutions")
 MAX_MESSAGE = 500
 
 
-def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins) -> None:
+def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins, arm, lifted, key) -> None:
     """Import the candidate's file, say hello, and answer requests until the grader closes the pipe.
 
     `stand_ins` is the module of the grader's stand-in classes for this exercise (or None): a
-    script builds one in place of a candidate's class that lost points.
+    script builds one in place of a candidate's class that lost points. `arm` and `lifted` are the
+    guard's (guard.py): armed before the candidate's file is imported, lifted only for the worker's
+    own reading of a traceback. `key` signs every frame this child writes, so the grader can tell them from
+    one the candidate's code writes to the pipe. All stay in this frame's locals, out of the candidate's reach.
     """
     sys.meta_path.insert(0, _BlockGrader())
-    record = recorder.make_recorder(torch)
+    record = recorder.make_recorder(torch, lifted)
+    arm()
     hello = {"ok": True, "torch": torch.__version__, "cuda": cuda}
-    module, error = _import_candidate(candidate_path)
+    module, error = _import_candidate(candidate_path, lifted)
     if error:
         hello = dict(hello, ok=False, error=error)
-    wire.write_frame(write_fd, hello, [])
+    wire.write_frame(write_fd, hello, [], key=key)
     if error:
         return
     while True:
@@ -59,9 +64,10 @@ def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins)
         blobs_out: list[bytes] = []
         record.shapes = recorder.Shapes() if request.get("shapes") is True else None
         record.changed = []
+        record.hidden = ""
         try:
             value, called = _handle(torch, wire, record, module, stand_ins, request, blobs, blobs_out,
-                                    (read_fd, write_fd))
+                                    (read_fd, write_fd, key), lifted)
             answer = {"ok": True, "value": value, "called": sorted(called)}
             if record.shapes is not None:
                 answer["shapes"] = record.shapes.data()
@@ -69,11 +75,13 @@ def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins)
                 answer["changed_in_place"] = record.changed
         except BaseException as exc:  # the candidate's exception, even SystemExit, is an answer
             blobs_out = []
-            answer = {"ok": False, "error": describe(exc, candidate_path), "called": sorted(record.seen)}
-        wire.write_frame(write_fd, answer, blobs_out)
+            answer = {"ok": False, "error": describe(exc, candidate_path, lifted), "called": sorted(record.seen)}
+        if record.hidden:
+            answer["hidden"] = record.hidden[:MAX_MESSAGE]
+        wire.write_frame(write_fd, answer, blobs_out, key=key)
 
 
-def _handle(torch, wire, record, module, stand_ins, request, blobs, blobs_out, fds):
+def _handle(torch, wire, record, module, stand_ins, request, blobs, blobs_out, fds, lifted):
     device = request.get("device", "cpu")
     args = [to_device(torch, _decode(wire, a, blobs), device, a) for a in request.get("args", [])]
     kwargs = {k: to_device(torch, _decode(wire, v, blobs), device, v) for k, v in request.get("kwargs", {}).items()}
@@ -83,7 +91,8 @@ def _handle(torch, wire, record, module, stand_ins, request, blobs, blobs_out, f
     oracle = answered.Answered(torch, wire, record, module, request.get("answered", []), fds)
 
     if request["op"] == "script":
-        return scripts.run(torch, wire, record, module, stand_ins, request, blobs, blobs_out, oracle), record.seen
+        return (scripts.run(torch, wire, record, module, stand_ins, request, blobs, blobs_out, oracle, lifted),
+                record.seen)
 
     if request["op"] == "call":
         before = _snapshot(torch, [*enumerate(args), *kwargs.items()])
@@ -188,7 +197,7 @@ def to_device(torch, value, device, description):
     return value
 
 
-def _import_candidate(path):
+def _import_candidate(path, lifted):
     """The candidate module, or a description of why it could not be imported."""
     spec = importlib.util.spec_from_file_location("candidate", path)
     module = importlib.util.module_from_spec(spec)
@@ -201,14 +210,16 @@ def _import_candidate(path):
     except SystemExit:
         return None, {"type": "SystemExit", "message": "candidate exited while importing", "line": None}
     except BaseException as exc:
-        return None, describe(exc, path)
+        return None, describe(exc, path, lifted)
     return module, None
 
 
-def describe(exc, candidate_path):
+def describe(exc, candidate_path, lifted):
     """Type, message and the candidate's line for an exception the candidate's code raised."""
     line = None
-    for frame in traceback.extract_tb(exc.__traceback__):
+    with lifted():  # frames, which the candidate may not read; no candidate code runs here
+        entries = traceback.extract_tb(exc.__traceback__) if isinstance(exc.__traceback__, types.TracebackType) else []
+    for frame in entries:
         if frame.filename == candidate_path:
             line = frame.lineno
     try:

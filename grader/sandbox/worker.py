@@ -50,7 +50,8 @@ import time
 import traceback
 from typing import NoReturn
 
-SIBLINGS = ("isolation", "recorder", "answered", "serve", "scripts")  # this folder's modules the worker runs
+# this folder's modules the worker runs
+SIBLINGS = ("limits", "isolation", "seccomp", "guard", "recorder", "answered", "serve", "scripts")
 PRIVATE_PREFIX = "_attn_grade_sandbox_"  # their names here: no import of the grader package finds them
 SANDBOX_SETUP_TIMEOUT = 10.0  # seconds the zygote waits for a child to say whether it is isolated
 BUG_EXIT = 70  # the zygote's exit status for "a bug here, not the candidate's doing" (EX_SOFTWARE)
@@ -87,7 +88,10 @@ def _load_siblings() -> dict:
 
 
 _siblings = _load_siblings()
-isolation, serve = _siblings["isolation"], _siblings["serve"]
+isolation, limits, seccomp, guard, serve = (_siblings[n] for n in ("isolation", "limits", "seccomp", "guard", "serve"))
+# One thread for every numeric library, before any is imported: a child may start no thread (seccomp.py),
+# and a pool that one of them forked without would try to start its threads again.
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 # -- the zygote ------------------------------------------------------------------------
@@ -106,19 +110,22 @@ def main() -> None:
     # each full collection on the way walks them all (a tenth of the import's time). Then the
     # lot is frozen, so no child's collection walks (and copies) the pages it shares with us.
     gc.disable()
+    os.environ.update({name: "1" for name in THREAD_ENV})
     import numpy  # noqa: F401  (imported once here, not in every child)
     import torch
 
     torch.set_num_threads(1)  # the grader needs the other core; the inputs are small
+    torch.set_num_interop_threads(1)
     cuda = torch.cuda.is_available()  # asked once, here: NVML's handles would not survive the sandbox
     if os.environ.get("ATTN_GRADE_WARM") == "device" and not cuda:
         _warm_meta(torch)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    arm, lifted = guard.install(torch)  # held in this frame and the children's only (guard.py)
     gc.freeze()
     gc.enable()
     if not PORTABLE:
         isolation.become_subreaper()
-        isolation.remove_stale_cgroups()
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        limits.remove_stale()
     spawned = set()
     workdirs, home = set(), os.getcwd()  # the candidates' folders and ours, all the grader's temporary ones
     plan = None if PORTABLE else isolation.sandbox_plan(home, cuda)  # once: every module the children need is loaded
@@ -135,7 +142,7 @@ def main() -> None:
             _kill_descendants(keep=set())
             for pid in spawned:
                 if not PORTABLE:
-                    isolation.remove_cgroup(pid)
+                    limits.remove(pid)
             for folder in (*workdirs, home):  # gone already unless the grader was killed
                 shutil.rmtree(folder, ignore_errors=True)
             os._exit(0)
@@ -153,7 +160,7 @@ def main() -> None:
             if pid == 0:
                 control.close()
                 os.close(status_read)
-                _child(wire, torch, request, fds, cuda, status_write, plan, stand_ins_module)  # never returns
+                _child(wire, torch, request, fds, cuda, status_write, plan, stand_ins_module, arm, lifted)  # no return
             os.close(status_write)
             if namespaced and not isolation.return_to_pid_namespace(own_pid_namespace):
                 _bug("cannot return to its own PID namespace")  # else the next child would join this one's
@@ -162,7 +169,7 @@ def main() -> None:
                 os.close(fd)
             status = _isolation_status(status_read)
             _reply(control, {"pid": pid, "namespaced": namespaced, "fs_isolated": not status.get("fs"),
-                             "cuda_error": status.get("cuda")})
+                             "cuda_error": status.get("cuda"), "limits": status.get("limits")})
         elif request["op"] == "ping":
             _reply(control, {"alive": True})
         elif request["op"] == "kill":
@@ -176,7 +183,7 @@ def main() -> None:
                 _kill(pid)
             _kill_descendants(keep=spawned)
             if not PORTABLE:
-                isolation.remove_cgroup(pid)  # empty only now that the sweep has ended what the child left
+                limits.remove(pid)  # empty only now that the sweep has ended what the child left
 
 
 def _bug(message: str) -> NoReturn:
@@ -380,13 +387,17 @@ def _skip_lazy_dynamo_import(torch) -> None:
 # -- a child: the sandbox, then the candidate ------------------------------------------
 
 
-def _child(wire, torch, request, fds, cuda: bool, status_fd: int, plan: dict, stand_ins) -> None:
+def _child(wire, torch, request, fds, cuda: bool, status_fd: int, plan: dict, stand_ins, arm, lifted) -> None:
     read_fd, write_fd, output_fd = fds
     try:
+        bounds = limits.APART
         if PORTABLE:
             isolation.enter_portable_sandbox(request, output_fd, keep=(read_fd, write_fd, status_fd))
-        elif isolation.enter_sandbox(request, output_fd, keep=(read_fd, write_fd, status_fd), cuda=cuda):
-            isolation.fork_into_pid_namespace()
+        else:
+            namespace = isolation.enter_sandbox(request, output_fd, keep=(read_fd, write_fd, status_fd), cuda=cuda)
+            bounds = limits.bound(request["memory_limit"])
+            if namespace:
+                isolation.fork_into_pid_namespace()
         # Told before any candidate code runs: the zygote's word, never the candidate's.
         if PORTABLE:
             failure = NOT_ISOLATED
@@ -396,16 +407,43 @@ def _child(wire, torch, request, fds, cuda: bool, status_fd: int, plan: dict, st
             failure = "turned off"
         cuda_error = isolation.cap_memory(torch, request["memory_limit"], cuda, cuda and request.get("cuda", True),
                                           portable=PORTABLE)
-        status = {"fs": failure and failure[:400], "cuda": cuda_error and cuda_error[:400]}
+        _triton_environment(request["workdir"], cuda and request.get("cuda", True), plan and plan.get("libcuda"))
+        status = {"fs": failure and failure[:400], "cuda": cuda_error and cuda_error[:400], "limits": bounds}
         os.write(status_fd, json.dumps(status).encode())
         os.close(status_fd)
+        for name in request.get("preload", []):  # what the exercise needs loaded before the guard is armed
+            importlib.import_module(name)
         if not PORTABLE:
             isolation.drop_capabilities()
-        serve.serve(wire, torch, request["candidate"], read_fd, write_fd, cuda, stand_ins)
+            seccomp.install()
+        _hide_worker()
+        key = bytes.fromhex(request["key"])  # this child's frames are signed with it (wire.py, `signature`)
+        serve.serve(wire, torch, request["candidate"], read_fd, write_fd, cuda, stand_ins, arm, lifted, key)
         if PORTABLE:  # the grader is done with this child: the zygote kills it in a moment. Until then it
             time.sleep(PORTABLE_LINGER)  # lives, so what it started is still below it for `_kill_below`
     finally:
         os._exit(0)
+
+
+def _triton_environment(workdir: str, cuda_started: bool, libcuda: str | None) -> None:
+    """A generic rule for code that uses Triton (the worker knows no exercise): Triton's cache in the child's own
+    folder, and, where this child does not use CUDA, Triton's interpreter (kernels run on the CPU with NumPy), set
+    before the candidate's file can import triton, which reads it when a kernel is decorated."""
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(workdir, ".triton")
+    if cuda_started:
+        os.environ.pop("TRITON_INTERPRET", None)
+        if libcuda:  # the allowlist hides /sbin/ldconfig, which Triton would ask
+            os.environ["TRITON_LIBCUDA_PATH"] = libcuda
+    else:
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _hide_worker() -> None:
+    """Take the worker's modules out of sys.modules and give the child an empty __main__: nothing the
+    candidate's code can import or look up names them (their functions keep their own globals)."""
+    for name in [n for n in sys.modules if n.startswith("_attn_grade_")]:  # siblings, wire, stand-ins
+        del sys.modules[name]
+    sys.modules["__main__"] = type(sys)("__main__")
 
 
 def _isolation_status(status_fd: int) -> dict:

@@ -16,6 +16,7 @@ from grader.engine import (
     Spec,
     StepSpec,
     attention,
+    defaults,
     device,
     end_to_end,
     gradients,
@@ -153,7 +154,7 @@ GROUPED = StepSpec(
         Mistake("grouped_attention.mask_misaligned", "the mask was applied to scores grouped as (B, Hkv, G, Tq, Tk): "
                 "apply it to the scores as (B, Hq, Tq, Tk)", _variant(mask_grouped=True),
                 raises=Raises(message=r"must match the size|broadcast|shape mismatch",
-                              source=r"G\s*,|n_rep\s*,|groups?\s*,"),
+                              source=r"(view|reshape|unflatten|expand)\([^)]*\b(G|n_rep|groups?)\s*[,)]"),
                 why="A mask broadcastable to (B, Hq, Tq, Tk) does not line up with grouped scores: broadcast from "
                     "the right, its batch axis falls on the KV heads."),
         Mistake("grouped_attention.mask_head_order", "a per-head mask's heads went to the wrong query heads: group "
@@ -162,12 +163,20 @@ GROUPED = StepSpec(
                 why="Its head axis was grouped as (G, Hkv) (then transposed) where the query heads are grouped as "
                     "(Hkv, G), or the other way round; query head h = j·G + g is group g of KV head j."),
         VALUES_NOT_REPEATED,
+        Mistake("grouped_attention.kv_heads_not_lined_up", "the KV heads do not line up with the query heads: repeat "
+                "each KV head G = Hq // Hkv times (repeat_kv(k, Hq // Hkv)) before the scores",
+                raises=Raises(message=r"size of tensor a \(\d+\) must match the size of tensor b \(\d+\) at "
+                                      r"non-singleton dimension 1"),
+                why="Left unrepeated, k and v broadcast against q only for one KV head; repeated Hkv times, or by a "
+                    "group size of the wrong heads, they have another number of heads than q."),
         Mistake("grouped_attention.softmax_query_axis", "softmax over the query axis: normalize over the keys, dim=-1",
                 _variant(softmax_dim=-2)),
         Mistake("grouped_attention.finite_fill", "blocked scores filled with a finite value (-1e9): fill with -inf "
                 "and turn the NaN of fully blocked rows into zeros", _variant(fill=-1e9),
                 why="With a finite fill, a fully blocked row spreads its weight evenly over the keys instead of "
                     "giving zeros."),
+        Mistake("grouped_attention.mask_multiplied", "the scores were multiplied by the mask: a blocked score of 0 "
+                "still gets weight e^0; fill the blocked scores with -inf", _variant(fill=0.0)),
         Mistake("grouped_attention.nan_rows", "a fully blocked row gives NaN (softmax of all -inf): give it zero "
                 "weights and a zero output", test=_has_nan),
     ),
@@ -228,7 +237,8 @@ MODULE = StepSpec(
     "GroupedQueryAttention", module_inputs, attend, module=True, prefix="module",
     answered=("repeat_kv", "grouped_attention"),
     checks=(
-        prop("structure", 2, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, HQ, HKV), "an nn.Linear")),
+        prop("structure", 1, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, HQ, HKV), "an nn.Linear")),
+        prop("defaults", 1, defaults(mask="causal")),  # bias=False, the contract's default
         prop("validates_width", 1, raises_value_error((10, 3, 1), "10 is not divisible by 3 heads", NO_WIDTH_CHECK)),
         prop("validates_kv_heads", 2,
              raises_value_error((D, HQ, 4), f"{HQ} query heads do not split into 4 equal groups", NO_KV_HEADS_CHECK)),
@@ -255,7 +265,7 @@ MODULE = StepSpec(
         Mistake("GroupedQueryAttention.split_no_transpose", "heads split with a bare reshape straight to "
                 "(B, H, T, Dh): view the projection as (B, T, H, Dh), then transpose(1, 2)",
                 lambda *a, **k: [attend(*a, **k, bare_split=names)
-                                 for names in (("w_q", "w_k", "w_v"), ("w_q",), ("w_k", "w_v"))],
+                                 for names in (("w_q", "w_k", "w_v"), ("w_q",), ("w_k", "w_v"), ("w_k",), ("w_v",))],
                 why="A bare reshape mixes tokens and heads. Split q into num_heads heads, k and v into num_kv_heads."),
         Mistake("GroupedQueryAttention.merge_no_transpose", "merged the heads without moving the head axis back: "
                 "transpose(1, 2) before the reshape", _module_variant(merge_transposed=False),

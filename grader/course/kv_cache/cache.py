@@ -25,6 +25,7 @@ from grader.engine import (
     expect_each,
     expect_form,
     expect_result,
+    fill,
     matches_any,
     prop,
     type_name,
@@ -79,40 +80,61 @@ class Append(NamedTuple):
         return self.returned[0] if isinstance(self.returned, (tuple, list)) and self.returned else None
 
 
+def fill_unused(script: Script, cache: int) -> int:
+    """NaN into the cache's unused slots (its k and v from `length` on, axis 2); the index of the fill's result.
+
+    The fill may raise: a cache that makes its buffers on its first append (k = None until then) holds no
+    unused slot to fill. Such a cache loses `preallocated` and nothing else; a buffer that is there but no
+    tensor is the cache's loss in `unused_slots_nan` (CacheScript.refused_fill).
+    """
+    script.actions.append({**fill(cache, ("k", "v"), axis=2, start="length"), "may_raise": True})
+    return len(script.actions) - 1
+
+
 class CacheScript:
-    """A cache built (its unused slots filled with NaN if `nan`), then for each chunk: append, read length, k and v.
+    """A cache built (its unused slots filled with NaN if `nan`), then for each chunk: append, read length, k and v
+    (and with `probe`, where k and v are stored: the grader's BufferProbe, from stand_ins.py).
 
     The answer of a cache check: `initial` and `appends` sort the results out, and the cache's
     mistakes' tests read them (Run.explain(script, script.call) names the one it shows).
     """
 
-    def __init__(self, run: Run, dtype=torch.float32, device: str = "cpu", chunks=CHUNKS, nan: bool = False):
+    def __init__(self, run: Run, dtype=torch.float32, device: str = "cpu", chunks=CHUNKS, nan: bool = False,
+                 probe: bool = False):
         self.dtype, self.chunks, self.nan = dtype, chunks, nan
         self.call = run.inputs(dtype=dtype, chunks=chunks)
         self.ks, self.vs = self.call.args
         script = Script()
         on = {"device": device} if device != "cpu" else {}
         cache = script.build("KVCache", B, H, DH, MAX_LEN, dtype=dtype, **on)
-        if nan:
-            script.fill(cache, ("k", "v"), axis=2, start="length")
+        where = script.build("BufferProbe", stand_in=True) if probe else None
+        self.filled = fill_unused(script, cache) if nan else None
         self.start = len(script.actions)
         for name in ("k", "v", "length"):
             script.get(cache, name)
+        self.storages = [script.call(where, "storages", refs={"cache": cache})] if probe else []
+        self.rows = []  # each append's index: its result, then length, k and v
         for k, v in zip(self.ks, self.vs, strict=True):
-            script.call(cache, "append", k, v, names=KV)
+            self.rows.append(script.call(cache, "append", k, v, names=KV))
             for name in ("length", "k", "v"):
                 script.get(cache, name)
+            if probe:
+                self.storages.append(script.call(where, "storages", refs={"cache": cache}))
         self.results = run.script(script, device=device).value
 
     @property
     def initial(self):
         return self.results[self.start:self.start + 3]  # k, v, length
 
+    def refused_fill(self) -> CandidateError | None:
+        """The error of the NaN fill, unless the cache held no buffer yet to fill (k None: made on the first append)."""
+        error = self.results[self.filled] if self.filled is not None else None
+        return error if isinstance(error, CandidateError) and self.initial[0] is not None else None
+
     def appends(self):
         """One Append for each chunk, in order."""
-        first = self.start + 3
-        for i, _ in enumerate(self.chunks):
-            returned, length, k, v = self.results[first + 4 * i:first + 4 * i + 4]
+        for i, at in enumerate(self.rows):
+            returned, length, k, v = self.results[at:at + 4]
             keys, vals = torch.cat(self.ks[:i + 1], dim=2), torch.cat(self.vs[:i + 1], dim=2)
             yield Append(i, returned, length, k, v, keys, vals, keys.shape[2])
 
@@ -142,15 +164,17 @@ def _nan_written(seen: CacheScript, *_) -> bool:
     return seen.nan and any(bool(torch.isnan(x).any()) for x in found)
 
 
-def _cache_check(look):
+def _cache_check(look, **options):
     def check(run: Run) -> None:
-        script = CacheScript(run)
+        script = CacheScript(run, **options)
         expect_each(run, script, script.call, look)
 
     return check
 
 
 def preallocated(script: CacheScript) -> None:
+    """Made at its full size, and written in place: the same storage before and after every append, as the grader's
+    probe finds it (not as the cache describes itself: a property may pad a grown tensor to look preallocated)."""
     k, v, length = script.initial
     for name, buffer in (("k", k), ("v", v)):
         try:
@@ -164,6 +188,18 @@ def preallocated(script: CacheScript) -> None:
         if not isinstance(a.k, torch.Tensor) or tuple(a.k.shape) != (B, H, MAX_LEN, DH):
             raise CheckFailed(f"after append {a.index + 1}, k is {_shape(a.k)}: the buffer must stay "
                               f"(B, H, max_len, Dh) = {(B, H, MAX_LEN, DH)}, written in place")
+    first = script.results[script.storages[0]] if script.storages else None
+    for number, at in enumerate(script.storages[1:], 1):
+        seen = script.results[at]
+        for name, before, now in zip("kv", first or (None, None), seen or (None, None), strict=True):
+            if before is None or now is None:  # a property or __getattr__ makes it: a padded copy, say
+                raise CheckFailed(f"after append {number}, the cache's {name} is no torch.Tensor it keeps itself (an "
+                                  "attribute, a slot or a buffer): keep k and v as tensors, written in place",
+                                  NOT_IN_PLACE)
+            if now != before:
+                raise CheckFailed(f"after append {number}, the cache's {name} is another tensor than the one it was "
+                                  "built with (its storage moved): write each append into the buffer made once",
+                                  NOT_IN_PLACE)
 
 
 def appends(script: CacheScript, where: str = "", tolerance: Tolerance | None = None) -> None:
@@ -197,6 +233,10 @@ def contents(script: CacheScript) -> None:
 
 def unused_slots_nan(run: Run) -> None:
     script = CacheScript(run, nan=True)
+    refused = script.refused_fill()
+    if refused is not None:
+        raise CheckFailed(f"the grader could not fill the cache's unused slots with NaN: {refused.message}; keep k and "
+                          "v as (B, H, max_len, Dh) tensors")
     expect_each(run, script, script.call, appends, contents, prefix="with NaN in the unused slots: ")
 
 
@@ -238,7 +278,7 @@ def unchanged_after_overflow(run: Run) -> None:
                           "4, as before it", CHANGED_BEFORE_RAISING)
     for name in ("k", "v"):
         before, after, want = seen[f"{name}_before"], seen[f"{name}_after"], seen[f"{name}1"]
-        kept = before[:, :, :4] if isinstance(before, torch.Tensor) else before
+        kept = before[:, :, :4] if isinstance(before, torch.Tensor) and before.dim() == 4 else before
         expect_result(f"{name}[:, :, :4] after the first append", kept, want)
         if not (isinstance(after, torch.Tensor) and isinstance(before, torch.Tensor) and after.shape == before.shape
                 and torch.equal(after.nan_to_num(), before.nan_to_num())):
@@ -272,10 +312,11 @@ def fills_to_max_len(run: Run) -> None:
 
 def half(run: Run) -> None:
     script = CacheScript(run, dtype=torch.float16)
-    k, _, _ = script.initial
-    if isinstance(k, torch.Tensor) and k.dtype != torch.float16:
-        raise CheckFailed(f"KVCache(..., dtype=torch.float16).k is {str(k.dtype).removeprefix('torch.')}: make the "
-                          "buffers in the dtype asked for", DTYPE_IGNORED)
+    for name, buffer in zip("kv", script.initial[:2], strict=True):  # either buffer may ignore it
+        if isinstance(buffer, torch.Tensor) and buffer.dtype != torch.float16:
+            raise CheckFailed(f"KVCache(..., dtype=torch.float16).{name} is "
+                              f"{str(buffer.dtype).removeprefix('torch.')}: make the buffers in the dtype asked for",
+                              DTYPE_IGNORED)
     expect_each(run, script, script.call, appends, prefix="in float16: ")
 
 
@@ -333,6 +374,11 @@ OVERFLOW_NOT_REFUSED = Mistake(
 CHANGED_BEFORE_RAISING = Mistake(
     "KVCache.changed_before_raising", "the refused append changed the cache (length advanced, or tokens written) "
     "before raising: check first, then write, then advance")
+NOT_IN_PLACE = Mistake(
+    "KVCache.not_in_place", "after an append, k or v is a new tensor (torch.cat, a clone, a padded copy): preallocate "
+    "them once and write each append in place",
+    why="A new buffer each append copies the whole cache every token: quadratic over a sequence, and twice the memory "
+        "while it copies.")
 DTYPE_IGNORED = Mistake(
     "KVCache.dtype_ignored", "the buffers ignore the dtype argument (torch.zeros(shape) is float32): pass dtype= and "
     "device= when you make them")
@@ -340,12 +386,13 @@ DTYPE_IGNORED = Mistake(
 CACHE = StepSpec(
     "KVCache", cache_inputs, lambda ks, vs: None, prefix="cache",
     checks=(
-        prop("preallocated", 3, _cache_check(preallocated)), prop("appends", 4, _cache_check(appends)),
+        prop("preallocated", 3, _cache_check(preallocated, probe=True)), prop("appends", 4, _cache_check(appends)),
         prop("length", 3, _cache_check(lengths)), prop("contents", 4, _cache_check(contents)),
         prop("unused_slots_nan", 3, unused_slots_nan), prop("fills_to_max_len", 2, fills_to_max_len),
         prop("overflow_raises", 2, overflow_raises), prop("unchanged_after_overflow", 3, unchanged_after_overflow),
         prop("half", 3, half), prop("device", 3, cache_on_device),
     ),
     mistakes=(WRONG_AXIS, GROWN_BY_CAT, LENGTH_NOT_ADVANCED, LENGTH_TWICE, WHOLE_BUFFER, RETURNS_OLD_PREFIX,
-              ADDED_NOT_WRITTEN, FULL_REFUSED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, DTYPE_IGNORED),
+              ADDED_NOT_WRITTEN, FULL_REFUSED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, DTYPE_IGNORED,
+              NOT_IN_PLACE),
 )

@@ -12,7 +12,8 @@ through Run.explain, as every other step's answers are.
 The module is graded on its own wiring: while the candidate's KVCache has lost points it
 runs with the stand-in cache (stand_ins.py beside this file: the stub's contract, nothing
 more), and while decode_mask has lost points the grader answers its calls, so their bugs are
-charged to them. Only the end-to-end check runs the candidate's own cache and mask.
+charged to them. Only the end-to-end check runs the candidate's own cache and mask, and the check of
+what the module reads (`reads_cache`) always runs the stand-in, whose k and v are what append returns.
 """
 
 import math
@@ -21,6 +22,7 @@ import torch
 
 from grader.engine import (
     Call,
+    CandidateError,
     CheckFailed,
     Mistake,
     Raises,
@@ -28,15 +30,19 @@ from grader.engine import (
     Script,
     Spec,
     StepSpec,
+    Tolerance,
     attention,
     check_rules,
     chunks,
+    defaults,
     device_of,
     diagnose,
     expect_chunks,
     expect_close,
+    expect_form,
     gradients,
     linear_layers,
+    matches_any,
     prop,
     shape,
     source_of,
@@ -46,7 +52,7 @@ from grader.engine import (
 )
 from solutions import kv_cache as ref
 
-from .cache import CACHE, CHUNKS, DH, FLOATS, KV, MAX_LEN, B, D, H, X, _pair, _shape  # noqa: F401
+from .cache import CACHE, CHUNKS, DH, FLOATS, KV, MAX_LEN, B, D, H, X, _pair, _shape, fill_unused  # noqa: F401
 
 # -- decode_mask --------------------------------------------------------------------------
 
@@ -195,8 +201,8 @@ class ModuleScript:
         for feed in self.feeds:
             cache = script.build("KVCache", B, H, DH, MAX_LEN, stand_in=not own, dtype=dtype,
                                  **({"device": device} if device != "cpu" else {}))
-            if nan:
-                script.fill(cache, ("k", "v"), axis=2, start="length")
+            if nan:  # a cache that could not be filled is the cache's loss, in its own checks
+                fill_unused(script, cache)
             if no_cache_first:  # a call without a cache first: the rules hold on both paths
                 script.call(module, "__call__", x, names=X)
             self.outputs.append([])
@@ -262,6 +268,89 @@ def module_end_to_end(run: Run) -> None:
         raise CheckFailed(failure.message, mistake, {**failure.details, "calls": calls}, failure.outcome) from None
 
 
+K_FILL, V_FILL = 0.5, -1.5  # what the grader writes into a cache's keys and values after a prefill
+
+
+def _over_filled(state, x, prefill: int):
+    """The outputs for the tokens after `prefill` when the cache's keys and values of the prefill's positions are
+    K_FILL and V_FILL: attention over what the cache holds, whatever computed it."""
+    t = x.shape[1] - prefill
+    q, k, v = (_heads(_proj(state, x, n)) for n in ("w_q", "w_k", "w_v"))
+    k, v = k.clone(), v.clone()
+    k[:, :, :prefill], v[:, :, :prefill] = K_FILL, V_FILL
+    y = attention.attend(q[:, :, prefill:], k, v, ref.decode_mask(t, prefill))
+    return _proj(state, y.transpose(1, 2).reshape(x.shape[0], t, D), "w_o")
+
+
+def reads_cache(run: Run, prefill: int = 4, splits=(1, 2)) -> None:
+    """After a prefill the grader writes values of its own into every slot of the cache (the stand-in's: its k and
+    v are the buffers); the calls after it must attend over them, not over keys and values the module kept."""
+    call = run.inputs(t=prefill + sum(splits))
+    x, state = call.args[0], call.state
+    script = Script()
+    module = script.build("CachedSelfAttention", *call.init, state=state, **call.init_kwargs)
+    cache = script.build("KVCache", B, H, DH, MAX_LEN, stand_in=True)
+    parts = chunks(x, (prefill, *splits))
+    script.call(module, "__call__", parts[0], names=X, refs={"cache": cache})
+    script.fill(cache, ("k",), axis=2, start=0, value=K_FILL)
+    script.fill(cache, ("v",), axis=2, start=0, value=V_FILL)
+    at = [script.call(module, "__call__", part, names=X, refs={"cache": cache}) for part in parts[1:]]
+    results = run.script(script).value
+    native, exact = _over_filled(state, x, prefill), _over_filled(upcast(state), upcast(x), prefill)
+    what = (f"after a prefill of {prefill} tokens the grader set the cache's k to {K_FILL} and v to {V_FILL}; then "
+            f"calls of {', '.join(map(str, splits))} tokens")
+    got, start = [], 0
+    try:
+        for index, t in zip(at, splits, strict=True):
+            expect_form(results[index], native[:, start:start + t])
+            got.append(results[index])
+            start += t
+        got = torch.cat(got, dim=1)
+        expect_close(got, exact, None, Tolerance.of(native, exact))
+    except CheckFailed as failure:
+        unfilled = cached(state, x, (prefill, *splits))[:, prefill:]  # over the module's own keys and values
+        mistake = CACHE_NOT_READ if isinstance(got, torch.Tensor) and matches_any(got, [unfilled]) else None
+        raise CheckFailed(f"{what}: {failure.message}", failure.mistake or mistake, failure.details) from None
+
+
+def other_sequence_first(run: Run, splits=(3, 1, 2, 1)) -> None:
+    """Another sequence runs through the module with a cache of its own first; then the checked one, with a fresh
+    cache, must give what a fresh module gives: nothing of the first may stay on the module."""
+    call = run.inputs(t=sum(splits))
+    x = call.args[0]
+    other = Call((-0.5 * x.flip(1),), call.kwargs, call.names, call.init, call.init_kwargs, call.state)
+    own = run.ctx.passed("KVCache")
+    script = Script()
+    module = script.build("CachedSelfAttention", *call.init, state=call.state, **call.init_kwargs)
+    feeds = []
+    for seq, may_raise in ((other, False), (call, True)):  # the first sequence's own failures are said as usual
+        cache = script.build("KVCache", B, H, DH, MAX_LEN, stand_in=not own)
+        feeds.append([script.call(module, "__call__", part, names=X, refs={"cache": cache}, may_raise=may_raise)
+                      for part in chunks(seq.args[0], splits)])
+    results = run.script(script).value
+    expect_chunks(run, other, splits, [results[i] for i in feeds[0]])
+    outputs = [results[i] for i in feeds[1]]
+    what = "after another sequence ran through the module, a sequence with a fresh cache"
+    raised = next((o for o in outputs if isinstance(o, CandidateError)), None)
+    if raised is not None:
+        raise CheckFailed(f"{what} raised {raised.message}", STATE_ACROSS_SEQUENCES)
+    try:
+        expect_chunks(run, call, splits, outputs)
+    except CheckFailed as failure:
+        raise CheckFailed(f"{what}: {failure.message}", STATE_ACROSS_SEQUENCES, failure.details) from None
+
+
+def no_bias(run: Run) -> None:
+    """Built with bias=False, the module has no bias at all (the grader's weights fill every parameter), and decodes."""
+    call = run.inputs(bias=False)
+    result = run.answer(call).value
+    if result.get("unloaded"):
+        raise CheckFailed(f"built with bias=False, the module has {', '.join(map(str, result['unloaded']))}: pass "
+                          "bias=bias to every nn.Linear", diagnose.PARAMETERS_NOT_LOADED)
+    run.expect_right(result["output"], call)
+    ModuleScript(run, bias=False).expect_right()
+
+
 TOP_LEFT_MASK = _mistake("top_left_mask", TOP_LEFT.replace("new token i", "with a cache, new token i", 1),
                          why=AT_PAST_LEN)
 LENGTH_AFTER_APPEND = _mistake(
@@ -308,6 +397,15 @@ WHOLE_BUFFER_MASKED = Mistake(
 APPENDED_TWICE = _mistake(
     "appended_twice", "appended each call's keys and values to the cache twice: append once, and attend over what "
     "that append returns")
+CACHE_NOT_READ = Mistake(
+    "CachedSelfAttention.cache_not_read", "attended over keys and values the module kept itself (on self, or "
+    "recomputed), not over the cache's: attend over what cache.append returns",
+    why="The cache is the one record of the sequence: a caller may trim it, move it or fill it from elsewhere, and "
+        "a copy on the module holds every token twice.")
+STATE_ACROSS_SEQUENCES = Mistake(
+    "CachedSelfAttention.state_across_sequences", "a fresh cache gave other answers after another sequence ran "
+    "through the module: it kept state of its own (a position counter, keys); read the position from cache.length",
+    why="One module serves many sequences, each with its own cache: everything a sequence needs lives in its cache.")
 CACHED_SCALED_KEYS = Mistake(
     "CachedSelfAttention.cached_scaled_keys", "the cache holds k / √Dh: it holds the keys as w_k gives them, heads "
     "split; scale the scores (q @ kᵀ / √Dh) instead")
@@ -315,17 +413,20 @@ CACHED_SCALED_KEYS = Mistake(
 MODULE = StepSpec(
     "CachedSelfAttention", module_inputs, cached, module=True, prefix="module", answered=("decode_mask",),
     checks=(
-        prop("structure", 2, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, H), "an nn.Linear")),
-        values("no_cache", 3, FLOATS), prop("decode", 5, _module_check(splits=(4, 1, 1, 1))),
-        prop("every_split", 6, _module_check(splits=EVERY_SPLIT)), prop("chunked", 6, _module_check(splits=(3, 2, 2))),
-        prop("unused_slots_nan", 4, _module_check(nan=True)), prop("cache_contents", 4, cache_contents),
+        prop("structure", 1, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, H), "an nn.Linear")),
+        prop("no_bias", 2, no_bias), prop("defaults", 2, defaults()),
+        values("no_cache", 2, FLOATS), prop("decode", 3, _module_check(splits=(4, 1, 1, 1))),
+        prop("every_split", 5, _module_check(splits=EVERY_SPLIT)), prop("chunked", 4, _module_check(splits=(3, 2, 2))),
+        prop("unused_slots_nan", 3, _module_check(nan=True)), prop("cache_contents", 3, cache_contents),
+        prop("reads_cache", 4, reads_cache), prop("other_sequence_first", 2, other_sequence_first),
         prop("half", 2, _module_check(dtype=torch.float16)), prop("rules", 2, module_rules),
         prop("device", 2, lambda run: ModuleScript(run, device=run.ctx.device).expect_right()),
         prop("gradients", 3, gradients()), prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),
     mistakes=(TOP_LEFT_MASK, LENGTH_AFTER_APPEND, SQUARE_MASK, NO_MASK_WITH_CACHE, KEYS_ATTENDED_TWICE, CACHE_IGNORED,
               NO_MASK_WITHOUT_CACHE, UNSCALED, SCALED_BY_EMBED_DIM, SOFTMAX_QUERY_AXIS, MERGE_NO_TRANSPOSE,
-              NO_OUTPUT_PROJECTION, WHOLE_BUFFER_MASKED, APPENDED_TWICE, CACHED_SCALED_KEYS),
+              NO_OUTPUT_PROJECTION, WHOLE_BUFFER_MASKED, APPENDED_TWICE, CACHED_SCALED_KEYS, CACHE_NOT_READ,
+              STATE_ACROSS_SEQUENCES),
 )
 
 # -- kv_cache_bytes -----------------------------------------------------------------------

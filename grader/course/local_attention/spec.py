@@ -55,9 +55,12 @@ def mask_inputs(gen, dtype, t_q=TQ, t_k=TK, window=WINDOW):
     return Call((t_q, t_k, window), names=("t_q", "t_k", "window"))
 
 
-def window_mask(t_q, t_k, window, device=None, *, extra=0, top_left=False, two_sided=False, causal=True):
+def window_mask(t_q, t_k, window, device=None, *, extra=0, top_left=False, two_sided=False, causal=True,
+                forward=False):
     """The sliding-window mask; the keyword arguments after * make the named wrong variants."""
     p, j = _positions(t_q, t_k, top_left)
+    if forward:  # p <= j < p + window: the query and the keys after it
+        return (j >= p) & (j < p + window)
     if two_sided:  # |p - j| <= window: 2·window + 1 keys, the future included
         return (p - j).abs() <= window
     keep = j > p - window - extra
@@ -141,6 +144,9 @@ MASK = StepSpec(
         Mistake("sliding_window_mask.not_causal", "only the window's far edge was applied: keys after the query are "
                 "allowed; keep j <= p too (the causal part)", _mask_variant(causal=False)),
         Mistake("sliding_window_mask.top_left", TOP_LEFT, _mask_variant(top_left=True), why=TOP_LEFT_WHY),
+        Mistake("sliding_window_mask.points_forward", "the window points forward (p <= j < p + window, the query and "
+                "future keys): keep the `window` most recent keys, p - window < j <= p",
+                _mask_variant(forward=True)),
         Mistake("sliding_window_mask.inverted", "mask convention inverted: True must mean 'may attend'",
                 lambda t_q, t_k, window, device=None: ~ref.sliding_window_mask(t_q, t_k, window)),
     ),
@@ -182,6 +188,16 @@ def every_head_count(run):
                               run.explain(value, call), failure.details) from None
 
 
+def _next_power_of_two(n):
+    """The slopes with p rounded up to a power of two (math.ceil for floor), in the forms such code returns them: all
+    p, the first n, or with the extra slopes' slice [: n - p] gone negative."""
+    p = 2 ** math.ceil(math.log2(n))
+    if p == n:
+        return None
+    forms = (_powers(p) + _powers(2 * p)[0::2][: n - p], _powers(p)[:n], _powers(p))
+    return [torch.tensor(f, dtype=torch.float32) for f in forms]
+
+
 NON_POWER_OF_TWO = ("slopes 2^(-8h/H) for an H that is no power of two: take those of p, the largest power of two "
                     "below H, then get_slopes(2p)[0::2][:H - p]")
 
@@ -201,6 +217,8 @@ SLOPES = StepSpec(
                 lambda n: slopes(n, extra="consecutive"), why="Every other slope of 2p falls between the slopes of p."),
         Mistake("alibi_slopes.repeated_extra", "the extra slopes were get_slopes(2p)[1::2]: those repeat the slopes "
                 "of p (2^(-8·2k/2p) = 2^(-8k/p)); take get_slopes(2p)[0::2][:H - p]", lambda n: slopes(n, extra="odd")),
+        Mistake("alibi_slopes.next_power_of_two", "p was rounded up to the next power of two (math.ceil): p is the "
+                "largest power of two at most H, 2 ** floor(log2(H))", _next_power_of_two),
         Mistake("alibi_slopes.extra_first", "the extra slopes for a non-power-of-two H came first: head h must get "
                 "the h-th slope of get_slopes(p) + get_slopes(2p)[0::2][:H - p], the extra ones after those of p",
                 lambda n: slopes(n, extra_first=True)),
@@ -269,7 +287,7 @@ def local_inputs(gen, dtype, t_q=TQ, t_k=TK, window=None, alibi=False):
 
 
 def attend(q, k, v, window=None, slopes=None, *, extra=0, top_left=False, two_sided=False, causal=True, sign=-1,
-           none_as_tq=False, bias_masked=False, **wrong):
+           none_as_tq=False, bias_masked=False, twice=False, **wrong):
     """local_attention: the window's mask and ALiBi's bias, then attention.attend; the keyword arguments after * make
     the named wrong variants (those not named here go to attention.attend)."""
     t_q, t_k = q.shape[-2], k.shape[-2]
@@ -280,13 +298,39 @@ def attend(q, k, v, window=None, slopes=None, *, extra=0, top_left=False, two_si
     else:
         mask = window_mask(t_q, t_k, t_k, top_left=top_left) if causal else None
     b = None if slopes is None else bias(slopes, t_q, t_k, sign=sign).to(q.dtype)
-    if b is not None and mask is not None and bias_masked:  # the bias zeroed where the mask blocks
-        b = b.masked_fill(~mask, 0.0)
+    if b is not None and mask is not None and bias_masked:  # the bias zeroed where the mask (or causality) blocks
+        b = b.masked_fill(~(window_mask(t_q, t_k, t_k) if bias_masked == "causal" else mask), 0.0)
+    if twice and b is not None:  # the whole bias on the scores, and `b` on the weights as well
+        whole = bias(slopes, t_q, t_k).to(q.dtype)
+        return (attention.weights(q, k, mask, bias=whole) + b) @ v
     return attention.attend(q, k, v, mask, bias=b, **wrong)
 
 
 def _variant(**wrong):
     return lambda q, k, v, window=None, slopes=None: attend(q, k, v, window, slopes, **wrong)
+
+
+def either_bias_precision(value, expected, call, tolerance=None, outputs=()):
+    """The answer, against the reference (its bias alibi_bias's, float32) or, for float64 inputs with slopes, the same
+    attention with the bias computed in float64: both are right (a bias of one's own in q's dtype is as good as
+    alibi_bias's), and a softmax in float32 is neither. A failure says what the reference comparison said."""
+    try:
+        expect_close(value, expected, call, tolerance, outputs)
+        return
+    except CheckFailed as failure:
+        first = failure
+    q, k, v = call.args
+    slopes, window = call.kwargs.get("slopes"), call.kwargs.get("window")
+    if slopes is None or q.dtype != torch.float64:
+        raise first
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    p, j = _positions(t_q, t_k, False)
+    exact = -slopes.to(torch.float64)[:, None, None] * (p - j).to(torch.float64)  # (H, Tq, Tk), in q's dtype
+    mask = window_mask(t_q, t_k, t_k if window is None else window)
+    try:
+        expect_close(value, attention.attend(q, k, v, mask, bias=exact), call, tolerance, outputs)
+    except CheckFailed:
+        raise first from None
 
 
 def shifted_bias(run):
@@ -326,6 +370,7 @@ def decode_matches_prefill(run):
 
 LOCAL = StepSpec(
     "local_attention", local_inputs, ref.local_attention, answered=("sliding_window_mask", "alibi_bias"),
+    compare=either_bias_precision,
     checks=(
         shape(2, window=WINDOW, alibi=True), values("values", 3, FLOATS, window=WINDOW, alibi=True),
         values("causal", 3), values("window", 4, window=WINDOW), values("alibi", 4, alibi=True),
@@ -343,8 +388,12 @@ LOCAL = StepSpec(
         Mistake("local_attention.bias_sign", BIAS_SIGN, _variant(sign=1)),
         Mistake("local_attention.bias_after_softmax", "the ALiBi bias was added to the weights after the softmax "
                 "(whole, or zeroed where the mask blocks): add it to the scores before the softmax "
-                "(and before the mask)",
-                lambda *a, **k: [attend(*a, **k, bias_at="weights", bias_masked=masked) for masked in (False, True)]),
+                "(and before the mask)", lambda *a, **k: [attend(*a, **k, bias_at="weights", bias_masked=masked)
+                                                          for masked in (False, True, "causal")]),
+        Mistake("local_attention.bias_added_twice", "the ALiBi bias was added to the weights after the softmax as "
+                "well as to the scores: add it once, to the scores before the softmax",
+                lambda *a, **k: [attend(*a, **k, twice=True, bias_masked=masked)
+                                 for masked in (False, True, "causal")]),
         Mistake("local_attention.unscaled", "scores not scaled: divide q @ kᵀ by √D", _variant(width=1)),
         Mistake("local_attention.window_defaults_to_tq", "with window=None the window was Tq: None means no window, "
                 "plain causal attention over all the keys; with Tq < Tk the queries lost the earliest keys",

@@ -402,6 +402,9 @@ ATTENTION = StepSpec(
                 "the NaN of fully blocked rows into zeros", _variant(fill=-1e9),
                 why="With a finite fill, a fully blocked row spreads its weight evenly over the keys instead of "
                     "giving zeros."),
+        Mistake("attention.mask_multiplied", "the scores were multiplied by the mask: a blocked score of 0 still gets "
+                "weight e^0; fill the blocked scores with -inf (masked_fill(~mask, float('-inf')))",
+                _variant(fill=0.0)),
         Mistake("attention.nan_rows", "a fully blocked row gives NaN (softmax of all -inf): give it zero weights and "
                 "a zero output", test=_has_nan),
         DROPOUT_AT_EVAL, NO_DROPOUT, ON_OUTPUT, UNDROPPED_RETURNED, NO_RESCALE, KEEP_PROB, GENERATOR_IGNORED,

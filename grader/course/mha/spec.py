@@ -19,6 +19,7 @@ from grader.engine import (
     StepSpec,
     as_tensor_tree,
     attention,
+    defaults,
     device,
     end_to_end,
     gradients,
@@ -481,7 +482,8 @@ MODULE = StepSpec(
         values("self_attention", 2, FLOATS), values("cross_attention", 2, tk=TK, key=True, value=True),
         values("value_defaults_to_key", 1, key=True),  # Tk == Tq: value = query would run, and be wrong
         values("mask_per_batch", 1, tk=TK, key=True, mask="batch"),
-        values("mask_plain", 1, tk=TK, key=True, mask="plain"), values("without_bias", 2, bias=False),
+        values("mask_plain", 1, tk=TK, key=True, mask="plain"), values("without_bias", 1, bias=False),
+        prop("defaults", 1, defaults(tk=TK, key=True, value=True)),  # bias=True, the contract's default
         prop("gradients", 2, gradients(tk=TK, key=True, value=True, mask="batch")),
         rules(2, tk=TK, key=True, mask="plain"),
         device(1, tk=TK, key=True, mask="plain"),

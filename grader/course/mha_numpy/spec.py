@@ -104,10 +104,11 @@ def _state(args) -> dict:
     return {f"w_{n[-1]}.{'weight' if n[0] == 'w' else 'bias'}": named[n] for n in WEIGHTS if named[n] is not None}
 
 
-def multi_head_attention(query, key, value, *weights_and_heads, mask=None, **wrong):
-    """The reference, from mha's: the weights as arguments instead of a module's layers."""
-    args = (query, key, value, *weights_and_heads)
-    return mha.attend(_state(args), query, key, value, mask, heads=args[11], **wrong)
+def multi_head_attention(query, key, value, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, num_heads, mask=None, **wrong):
+    """The reference, from mha's: the weights as arguments instead of a module's layers (each named, as in the
+    contract, so the search can swap or copy them: b_k for b_q)."""
+    args = (query, key, value, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b_o, num_heads)
+    return mha.attend(_state(args), query, key, value, mask, heads=num_heads, **wrong)
 
 
 def function_inputs(gen, dtype, tk=TK, mask=None, bias=True, heads=H, self_attention=False, causal=False):

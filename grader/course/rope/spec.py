@@ -23,6 +23,7 @@ from grader.engine import (
     StepSpec,
     Tolerance,
     attention,
+    defaults,
     device,
     end_to_end,
     expect_close,
@@ -87,7 +88,8 @@ def frequency_inputs(gen, dtype, head_dim=DH, base=None):
 
 def frequencies(head_dim, base=10000.0, *, exponent="2i/d"):
     i = torch.arange(head_dim // 2, dtype=torch.float64)
-    powers = {"2i/d": 2 * i / head_dim, "i/d": i / head_dim, "-2i/d": -2 * i / head_dim, "2i//d": 2 * i // head_dim}
+    powers = {"2i/d": 2 * i / head_dim, "i/d": i / head_dim, "-2i/d": -2 * i / head_dim, "2i//d": 2 * i // head_dim,
+              "(2i+2)/d": (2 * i + 2) / head_dim, "linspace": torch.linspace(0, 1, head_dim // 2, dtype=torch.float64)}
     power = powers[exponent]
     return (base ** -power).to(torch.float32)
 
@@ -102,6 +104,13 @@ FREQUENCIES = StepSpec(
                 lambda d, base=10000.0: frequencies(d, base, exponent="i/d")),
         Mistake("rope_frequencies.exponent_sign", "θᵢ = base^(+2i/d): the frequencies fall, θᵢ = base^(−2i/d) = 1 / "
                 "base^(2i/d)", lambda d, base=10000.0: frequencies(d, base, exponent="-2i/d")),
+        Mistake("rope_frequencies.pair_index_from_one", "the pairs were counted from 1 (arange(2, d + 1, 2)): pair i "
+                "counts from 0, θ₀ = 1 and θᵢ = base^(−2i/d)", lambda d, base=10000.0: frequencies(d, base,
+                                                                                     exponent="(2i+2)/d")),
+        Mistake("rope_frequencies.linspace_endpoint", "the exponents came from linspace(0, 1, d/2), which ends at 1: "
+                "use arange(0, d, 2) / d, ending at 1 − 2/d",
+                lambda d, base=10000.0: frequencies(d, base, exponent="linspace"),
+                why="The exponents are 2i/d for the pairs i = 0 … d/2 − 1: evenly spaced, but short of 1."),
         Mistake("rope_frequencies.integer_division", "every θᵢ is 1: the exponent 2i/d was an integer division (//), "
                 "which is 0 for every pair; divide as floats, torch.arange(0, d, 2).float() / d",
                 lambda d, base=10000.0: frequencies(d, base, exponent="2i//d")),
@@ -323,7 +332,8 @@ def interleaved(x, positions, base=10000.0, *, layout="pairs", sign=1.0, ignore=
     cos, sin = angles.cos(), sign * angles.sin()
     xf = x.double()
     a, b = xf[..., 0::2], xf[..., 1::2]
-    return torch.stack((a * cos - b * sin, a * sin + b * cos), -1).flatten(-2).to(dtype).to(x.dtype)
+    join = torch.cat if layout == "cat" else lambda parts, axis: torch.stack(parts, axis).flatten(-2)
+    return join((a * cos - b * sin, a * sin + b * cos), -1).to(dtype).to(x.dtype)
 
 
 def _interleaved_variant(**wrong):
@@ -356,6 +366,9 @@ INTERLEAVED = StepSpec(
         Mistake("apply_rope_interleaved.half_layout", "rotated the half layout's pairs (x[j], x[j + Dh/2]), as "
                 "rotate_half does: in the interleaved layout pair i is (x[2i], x[2i+1]), as view_as_complex on "
                 "(..., Dh/2, 2) sees it", _interleaved_variant(layout="half")),
+        Mistake("apply_rope_interleaved.pairs_not_interleaved", "the rotated pairs were put back with cat (every "
+                "first element, then every second): put pair i back at 2i and 2i+1, stack on a new last axis and "
+                "flatten", _interleaved_variant(layout="cat")),
         Mistake("apply_rope_interleaved.sign_flipped", "each pair turned the wrong way: (a, b) -> "
                 "(a·cos − b·sin, a·sin + b·cos)", _interleaved_variant(sign=-1.0)),
         Mistake("apply_rope_interleaved.positions_ignored", "the positions were ignored (arange(T) used instead): "
@@ -371,7 +384,7 @@ INTERLEAVED = StepSpec(
 # -- RotarySelfAttention ------------------------------------------------------------------
 
 
-def module_inputs(gen, dtype, positions="gaps", mask=None, bias=False):
+def module_inputs(gen, dtype, positions="gaps", mask=None, bias=False, base=None):
     names = ("w_q", "w_k", "w_v", "w_o")
     state = {f"{n}.weight": gen.randn(D, D, dtype=dtype, scale=D**-0.5) for n in names}
     if bias:
@@ -380,12 +393,13 @@ def module_inputs(gen, dtype, positions="gaps", mask=None, bias=False):
     pos = {"gaps": lambda: positions_with_gaps(gen), "long": lambda: positions_with_gaps(gen, long=True),
            None: lambda: None}[positions]()
     masks = {None: None, "causal": torch.ones(T, T, dtype=torch.bool).tril()}
-    return Call((x,), {"positions": pos, "mask": masks[mask]}, ("x",), init=(D, H), init_kwargs={"bias": bias},
+    init_kwargs = {"bias": bias} if base is None else {"base": base, "bias": bias}
+    return Call((x,), {"positions": pos, "mask": masks[mask]}, ("x",), init=(D, H), init_kwargs=init_kwargs,
                 state=state)
 
 
 def attend(state, x, positions=None, mask=None, *, layout="half", rope_v=False, before_split=False, ignore=False,
-           q_only=False):
+           q_only=False, base=10000.0):
     """The module's forward from reference steps (the float32 tables of the contract); the keyword arguments after *
     make the named wrong variants."""
     b, t, d = x.shape
@@ -400,8 +414,8 @@ def attend(state, x, positions=None, mask=None, *, layout="half", rope_v=False, 
 
     def rope(y, width=DH):
         if layout == "pairs":
-            return ref.apply_rope_interleaved(y, positions)
-        return ref.apply_rope(y, *ref.rope_cos_sin(positions, width))
+            return ref.apply_rope_interleaved(y, positions, base)
+        return ref.apply_rope(y, *ref.rope_cos_sin(positions, width, base))
 
     q, k, v = proj(x, "w_q"), proj(x, "w_k"), proj(x, "w_v")
     if before_split:  # rotated over the whole width D, then split
@@ -439,17 +453,41 @@ def shift_invariant(run) -> None:
                                         f"between tokens may matter): {failure.message}"), second, shifted) from None
 
 
+LLAMA3_BASE = 500000.0
+BASE_IGNORED = Mistake("RotarySelfAttention.base_ignored", "the module's base had no effect (the answer is the one "
+                       "for base=10000): pass self.base on to rope_cos_sin", why="Llama 3 builds its rotary "
+                       "embedding with base 500000; a module that hard-codes 10000 loads its weights and runs, wrong.")
+
+
+def base_used(run) -> None:
+    """Built with base=500000 (Llama 3's), the module answers as the reference does with that base."""
+    call = run.inputs(dtype=torch.float32, mask="causal", base=LLAMA3_BASE)
+    got = run.output(run.answer(call))
+    run.expect_form(got, call)
+    x, positions, mask = call.args[0], call.kwargs["positions"], call.kwargs["mask"]
+    native = attend(call.state, x, positions, mask, base=LLAMA3_BASE)
+    exact = attend({k: v.double() for k, v in call.state.items()}, x.double(), positions, mask, base=LLAMA3_BASE)
+    try:
+        angle_compare(got, exact, call, Tolerance.of(native, exact, "cpu"))
+    except CheckFailed as failure:
+        ignored = attend(call.state, x, positions, mask)
+        mistake = BASE_IGNORED if matches_any(got, [ignored]) else None
+        raise CheckFailed(f"built with base={LLAMA3_BASE:g}: {failure.message}", mistake) from None
+
+
 MODULE = StepSpec(
     "RotarySelfAttention", module_inputs, attend, module=True, prefix="module", compare=angle_compare,
     answered=("rope_frequencies", "rope_cos_sin", "rotate_half", "apply_rope"),
     checks=(
-        prop("structure", 2, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, H), "an nn.Linear")),
+        prop("structure", 1, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, H), "an nn.Linear")),
+        prop("defaults", 1, defaults(mask="causal")),  # bias=False, the contract's default
         prop("validates_width", 1, raises_value_error((10, 3), "10 is not divisible by 3 heads", NO_WIDTH_CHECK)),
         values("values", 3, LOW), values("default_positions", 3, positions=None),
         values("mask_causal", 2, mask="causal"), values("bias", 2, bias=True, mask="causal"),
         values("positions_to_8192", 3, (torch.bfloat16,), positions="long"),
-        prop("shift_invariant", 3, shift_invariant), prop("gradients", 3, gradients(bias=True, mask="causal")),
-        prop("end_to_end", 3, end_to_end(bias=True, mask="causal"), end_to_end=True), device(2, positions=None),
+        prop("shift_invariant", 3, shift_invariant), prop("gradients", 2, gradients(bias=True, mask="causal")),
+        prop("base_500000", 2, base_used),
+        prop("end_to_end", 2, end_to_end(bias=True, mask="causal"), end_to_end=True), device(2, positions=None),
     ),
     mistakes=(
         Mistake("RotarySelfAttention.interleaved_layout", "RoPE in the interleaved layout (pairs (x[2i], x[2i+1])): "
@@ -466,7 +504,7 @@ MODULE = StepSpec(
                 _module_variant(ignore=True)),
         Mistake("RotarySelfAttention.rope_on_q_only", "only q was rotated: rotate k too, so that q(m)·k(n) depends "
                 "on m − n", _module_variant(q_only=True)),
-        NO_WIDTH_CHECK,
+        NO_WIDTH_CHECK, BASE_IGNORED,
     ),
 )
 

@@ -13,9 +13,11 @@ from grader.course.mha import spec as mha
 from grader.engine import (
     Call,
     Mistake,
+    Raises,
     Spec,
     StepSpec,
     attention,
+    defaults,
     device,
     end_to_end,
     gradients,
@@ -65,6 +67,14 @@ def _crossed(out, x, *a):
     return False
 
 
+def _not_transposed(x, *a):
+    """x @ W (the weight as stored) for all three projections, or for one of them."""
+    pairs = _three(x, *a)
+    untransposed = tuple(x @ w + (0 if b is None else b) for w, b in pairs)
+    right = ref.project_qkv(x, *a)
+    return [untransposed] + [tuple(untransposed[j] if j == i else right[j] for j in range(3)) for i in range(3)]
+
+
 PROJECT_QKV = StepSpec(
     "project_qkv", qkv_inputs, ref.project_qkv, outputs=("queries", "keys", "values"),
     checks=(
@@ -73,8 +83,10 @@ PROJECT_QKV = StepSpec(
         values("unbatched_noncontiguous", 2, strided=(0,), lead=(T,)), rules(2), device(2),
     ),
     mistakes=(
-        Mistake("project_qkv.weight_not_transposed", "used x @ W: nn.Linear stores its weight (d_out, d_in), so "
-                "multiply by W.T", lambda x, *a: tuple(x @ w + (0 if b is None else b) for w, b in _three(x, *a))),
+        Mistake("project_qkv.weight_not_transposed", "used x @ W for one weight or all three: nn.Linear stores its "
+                "weight (d_out, d_in), so multiply by W.T", _not_transposed,
+                raises=Raises(message=r"cannot be multiplied|size mismatch|shapes",
+                              line=r"@\s*w_\w+\b(?!\s*\.T|\.mT)")),
         Mistake("project_qkv.no_bias", "biases ignored: add each bias (d_out,) when it is given",
                 lambda x, *a: tuple(x @ w.T for w, _ in _three(x, *a))),
         Mistake("project_qkv.swapped", "queries and keys swapped: return (queries, keys, values), each from its own "
@@ -186,7 +198,8 @@ MODULE = StepSpec(
     "SelfAttention", module_inputs, attend, module=True, prefix="module",
     answered=("project_qkv", "attention_scores", "scale_scores", "softmax", "weighted_sum"),
     checks=(
-        prop("structure", 3, linear_layers(NAMES, (D_IN, D_OUT), "an nn.Linear(d_in, d_out, bias=qkv_bias)")),
+        prop("structure", 2, linear_layers(NAMES, (D_IN, D_OUT), "an nn.Linear(d_in, d_out, bias=qkv_bias)")),
+        prop("defaults", 1, defaults()),  # qkv_bias=False, the contract's default
         values("values", 3, FLOATS), values("qkv_bias", 3, bias=True),
         values("unbatched", 3, lead=(T,)),  # as in the worked example
         values("widening", 3, bias=True, d_in=3, d_out=5, lead=(B, 4)),  # d_out > d_in

@@ -23,6 +23,11 @@ GUARDED = """\
     p = torch.exp(scores - safe[..., None])"""
 
 
+MERGE_REFERENCE = """
+_merge_reference = merge_partials
+"""
+
+
 def merge(body: str) -> str:
     """A merge_partials computing `body` (which returns)."""
     return f"""
@@ -252,6 +257,15 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
             flash().replace("    t_q, t_k, d = q.shape[-2]", "    block_q = block_k = 32\n    t_q, t_k, d = q.shape[-2]"),
             "flash_attention", "flash_attention.block_sizes_ignored"),
     Variant("flash_returns_out_only", flash(end="    return torch.cat(outs, dim=-2).to(q.dtype)"), "flash_attention"),
+    # -- found by the search (grader/engine/search.py) -------------------------------------
+    Variant("flash_causal_inverted", flash().replace("            if causal:", "            if not causal:"),
+            "flash_attention", "flag_inverted"),
+    Variant("flash_float32_inside", flash().replace("work = torch.promote_types(q.dtype, torch.float32)",
+                                                    "work = torch.float32").replace(
+        "torch.cat(lses, dim=-1)", "torch.cat(lses, dim=-1).to(torch.promote_types(q.dtype, torch.float32))"),
+        "flash_attention", "computed_in_float32"),
+    Variant("merge_lse_first", MERGE_REFERENCE + merge("""    o, lse = _merge_reference(o1, lse1, o2, lse2)
+    return lse, o"""), "merge_partials", "outputs_reordered"),
 ]
 
 RULES_ONLY = [
@@ -447,4 +461,13 @@ CORRECT = [
             return m_new, torch.exp(m - ref) * l + torch.exp(block), torch.exp(m - ref)[..., None] * acc + torch.einsum("...qk,...kd->...qd", p, v)
         """,
     ),
+    Variant("flash_with_bthd_view", """
+_flash_reference = flash_attention
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    q_bthd = q.transpose(1, 2)  # flash-attn's own layout (B, T, H, D), made and never used
+    k_bthd = k.transpose(1, 2).contiguous()
+    return _flash_reference(q, k, v, causal, block_q, block_k)
+"""),
 ]

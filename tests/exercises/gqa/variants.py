@@ -199,6 +199,39 @@ class GroupedQueryAttention(GroupedQueryAttention):
             "GroupedQueryAttention", "GroupedQueryAttention.no_width_check"),
     Variant("module_no_kv_heads_check", init_checking_only("embed_dim % num_heads"),
             "GroupedQueryAttention", "GroupedQueryAttention.no_kv_heads_check"),
+    # -- found by the search (grader/engine/search.py), the defaults check, new names -------
+    Variant("repeat_kv_expand_heads", """
+def repeat_kv(x, n_rep):
+    B, H, T, D = x.shape
+    return x.expand(B, H * n_rep, T, D)
+""", "repeat_kv", "expand_non_singleton"),
+    Variant("grouped_kv_not_repeated", attention_with("""\
+    scores = q @ k.transpose(-2, -1) / math.sqrt(Dh)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))"""), "grouped_attention",
+        "grouped_attention.kv_heads_not_lined_up"),
+    Variant("grouped_keys_as_values", attention_with(REFERENCE_SCORES).replace("@ v\n", "@ k\n"),
+            "grouped_attention", "argument_duplicated"),
+    Variant("module_values_from_w_k", module_with("""\
+        v = self.w_k(x).view(B, T, Hkv, Dh).transpose(1, 2)
+        y = grouped_attention(q, k, v, mask)
+        return self.w_o(y.transpose(1, 2).reshape(B, T, D))"""), "GroupedQueryAttention", "argument_duplicated"),
+    Variant("grouped_attention_scaled_by_key_length", attention_with(REFERENCE_SCORES.replace(
+        "math.sqrt(Dh)", "math.sqrt(k.shape[-2])")), "grouped_attention", "scaled_by_wrong_size"),
+    Variant("module_query_layer_default_bias", """
+class GroupedQueryAttention(GroupedQueryAttention):
+    def __init__(self, embed_dim, num_heads, num_kv_heads, bias=False):
+        super().__init__(embed_dim, num_heads, num_kv_heads, bias)
+        self.w_q = nn.Linear(embed_dim, embed_dim)  # bias=True whatever the bias argument says
+""", "GroupedQueryAttention", "parameters_not_loaded"),
+    Variant("module_default_bias_true", """
+class GroupedQueryAttention(GroupedQueryAttention):
+    def __init__(self, embed_dim, num_heads, num_kv_heads, bias=True):
+        super().__init__(embed_dim, num_heads, num_kv_heads, bias)
+""", "GroupedQueryAttention", "constructor_defaults"),
+    Variant("grouped_mask_multiplied", attention_with(REFERENCE_SCORES.replace(
+        'scores.masked_fill(~mask, float("-inf"))', "scores * mask")), "grouped_attention",
+        "grouped_attention.mask_multiplied"),
 ]
 
 RULES_ONLY = [

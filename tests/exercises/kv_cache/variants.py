@@ -4,6 +4,7 @@ BUGGY: one mistake each, with the step that must lose points and the named mista
 grader must find. CORRECT: unusual but right ways to write the steps; each must score 100.
 """
 
+from tests.exercises.kv_cache.state_variants import STATE_BUGGY
 from tests.exercises.mha.variants import Variant
 
 
@@ -144,6 +145,12 @@ class KVCache(KVCache):
         super().__init__(batch_size, num_heads, head_dim, max_len, dtype, device)
         self.k = torch.zeros(batch_size, num_heads, max_len, head_dim, device=device)
         self.v = torch.zeros(batch_size, num_heads, max_len, head_dim, device=device)
+""", "KVCache", "KVCache.dtype_ignored"),
+    Variant("cache_values_dtype_ignored", """
+class KVCache(KVCache):
+    def __init__(self, batch_size, num_heads, head_dim, max_len, dtype=torch.float32, device=None):
+        super().__init__(batch_size, num_heads, head_dim, max_len, dtype, device)
+        self.v = torch.zeros(batch_size, num_heads, max_len, head_dim, device=device)  # the default dtype
 """, "KVCache", "KVCache.dtype_ignored"),
     # -- decode_mask --------------------------------------------------------------------------
     Variant("mask_top_left", """
@@ -305,6 +312,7 @@ class CachedSelfAttention(CachedSelfAttention):
     Variant("bytes_tensor", bytes_with(
         "2 * torch.tensor([num_layers, batch_size, num_kv_heads, head_dim, seq_len]).prod() * dtype.itemsize"),
             "kv_cache_bytes", "kv_cache_bytes.not_int"),
+    *STATE_BUGGY,  # where a cache keeps its buffers, and what a module keeps (state_variants.py)
 ]
 
 RULES_ONLY = [

@@ -147,6 +147,23 @@ BUGGY = [
     if slopes is not None:
         weights = weights + torch.where(allowed, alibi_bias(slopes, t_q, t_k).to(weights.dtype), 0.0)""", "    return weights @ v"),
             "local_attention", "local_attention.bias_after_softmax"),
+    Variant("attention_causal_bias_after_softmax",  # the bias cut to the causal triangle, added to the weights
+            attention("""\
+    mask = sliding_window_mask(t_q, t_k, t_k if window is None else window, device=q.device)
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    if slopes is not None:
+        weights = weights + alibi_bias(slopes, t_q, t_k).to(weights.dtype).tril(t_k - t_q)""", "    return weights @ v"),
+            "local_attention", "local_attention.bias_after_softmax"),
+    Variant("attention_bias_on_scores_and_weights",  # the bias on the scores, then on the weights again
+            attention(REFERENCE_MIDDLE, """\
+    weights = torch.softmax(scores, dim=-1)
+    if slopes is not None:
+        weights = weights + alibi_bias(slopes, t_q, t_k).to(weights.dtype).tril(t_k - t_q)
+    return weights @ v"""), "local_attention", "local_attention.bias_added_twice"),
+    Variant("attention_scaled_by_key_length", attention(REFERENCE_MIDDLE).replace(
+        " / math.sqrt(q.shape[-1])", " / math.sqrt(k.shape[-2])"), "local_attention", "scaled_by_wrong_size"),
+    Variant("mask_points_forward", mask("(j >= p) & (j < p + window)"), "sliding_window_mask",
+            "sliding_window_mask.points_forward"),
     Variant("attention_unscaled", attention(REFERENCE_MIDDLE).replace(" / math.sqrt(q.shape[-1])", ""),
             "local_attention", "local_attention.unscaled"),
     Variant("attention_window_defaults_to_tq",  # "no window" taken as a window over this call's queries
@@ -162,6 +179,44 @@ BUGGY = [
     Variant("attention_returns_weights", attention(REFERENCE_MIDDLE, """\
     weights = torch.softmax(scores, dim=-1)
     return weights @ v, weights"""), "local_attention"),
+    # -- found by the search (grader/engine/search.py), new names --------------------------
+    Variant("local_window_none_as_zero", """
+_local_reference = local_attention
+
+
+def local_attention(q, k, v, window=None, slopes=None):
+    return _local_reference(q, k, v, window or 0, slopes)
+""", "local_attention", "none_read_as_zero"),
+    Variant("local_window_minus_one", """
+_local_reference = local_attention
+
+
+def local_attention(q, k, v, window=None, slopes=None):
+    return _local_reference(q, k, v, None if window is None else window - 1, slopes)
+""", "local_attention", "off_by_one"),
+    Variant("local_slopes_ignored", """
+_local_reference = local_attention
+
+
+def local_attention(q, k, v, window=None, slopes=None):
+    return _local_reference(q, k, v, window)
+""", "local_attention", "argument_ignored"),
+    Variant("slopes_next_power_of_two", """
+def alibi_slopes(num_heads):
+    p = 2 ** math.ceil(math.log2(num_heads))
+    return torch.tensor([2 ** (-8 * h / p) for h in range(1, p + 1)][:num_heads], dtype=torch.float32)
+""", "alibi_slopes", "alibi_slopes.next_power_of_two"),
+    Variant("local_window_ignored_with_slopes", """
+def local_attention(q, k, v, window=None, slopes=None):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if slopes is not None:  # ALiBi alone, the window forgotten (named by the probe: window changes nothing)
+        scores = scores + alibi_bias(slopes, t_q, t_k).to(scores.dtype)
+    else:
+        mask = sliding_window_mask(t_q, t_k, t_k if window is None else window, device=q.device)
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+""", "local_attention", "argument_ignored"),
 ]
 
 RULES_ONLY = [
@@ -179,6 +234,21 @@ def local_attention(q, k, v, window=None, slopes=None):
 ]
 
 CORRECT = [
+    Variant(
+        "bias_in_q_dtype",  # ALiBi's bias computed here in q's dtype (float64 for float64 inputs), not alibi_bias's float32
+        """
+        def local_attention(q, k, v, window=None, slopes=None):
+            t_q, t_k = q.shape[-2], k.shape[-2]
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+            if slopes is not None:
+                p = torch.arange(t_k - t_q, t_k, device=q.device, dtype=q.dtype)[:, None]
+                j = torch.arange(t_k, device=q.device, dtype=q.dtype)[None, :]
+                scores = scores - slopes.to(q.dtype)[:, None, None] * (p - j)
+            mask = sliding_window_mask(t_q, t_k, t_k if window is None else window, device=q.device)
+            scores = scores.masked_fill(~mask, float("-inf"))
+            return torch.softmax(scores, dim=-1) @ v
+        """,
+    ),
     Variant(
         "two_triangles",  # the mask as the difference of two triangles, the window clamped to the keys
         """

@@ -154,6 +154,34 @@ BUGGY = [
             "import torch.nn.functional as F\n"
             + attention_with(dropout="        w = F.dropout(w, dropout_p, training=True)"),
             "attention", "attention.generator_ignored"),
+    # -- found by the search (grader/engine/search.py) -------------------------------------
+    Variant("attention_weights_first", """
+_attention_reference = attention
+
+
+def attention(q, k, v, mask=None, dropout_p=0.0, training=False, generator=None):
+    out, weights = _attention_reference(q, k, v, mask, dropout_p, training, generator)
+    return weights, out
+""", "attention", "outputs_reordered"),
+    Variant("padding_one_short", """
+def padding_mask(lengths, t):
+    return torch.arange(t, device=lengths.device) < lengths[:, None] - 1
+""", "padding_mask", "mask_edge_off_by_one"),
+    Variant("combine_causal_transposed", """
+def combine_masks(padding, causal):
+    return padding[:, None, None, :] & causal.transpose(-2, -1)
+""", "combine_masks", "input_transposed"),
+    Variant("attention_mask_multiplied", """
+def attention(q, k, v, mask=None, dropout_p=0.0, training=False, generator=None):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores * mask
+    weights = torch.softmax(scores, dim=-1)
+    if training and dropout_p > 0:
+        keep = torch.rand(weights.shape, generator=generator, device=weights.device) >= dropout_p
+        weights = weights * keep / (1 - dropout_p)
+    return weights @ v, weights
+""", "attention", "attention.mask_multiplied"),
 ]
 
 # A forbidden call: the step earns nothing, whatever its values.

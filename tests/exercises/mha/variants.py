@@ -346,6 +346,48 @@ class MultiHeadAttention(MultiHeadAttention):
 """, "MultiHeadAttention", "dropout_at_eval"),
     Variant("module_key_or_query", module_with(REFERENCE_MIDDLE).replace(
         "key = query if key is None else key", "key = key or query"), "MultiHeadAttention", "tensor_truthiness"),
+    # -- found by the search (grader/engine/search.py) and the defaults check --------------
+    Variant("module_key_value_swapped", """
+class MultiHeadAttention(MultiHeadAttention):
+    def forward(self, query, key=None, value=None, mask=None):
+        key = query if key is None else key
+        value = key if value is None else value
+        return super().forward(query, value, key, mask)
+""", "MultiHeadAttention", "arguments_swapped"),
+    Variant("module_value_bias_from_key", """
+class MultiHeadAttention(MultiHeadAttention):
+    def forward(self, query, key=None, value=None, mask=None):
+        key = query if key is None else key
+        value = key if value is None else value
+        H = self.num_heads
+        q = split_heads(project(query, self.w_q.weight, self.w_q.bias), H)
+        k = split_heads(project(key, self.w_k.weight, self.w_k.bias), H)
+        v = split_heads(project(value, self.w_v.weight, self.w_k.bias), H)
+        att = softmax(apply_mask(scale_scores(attention_scores(q, k), self.head_dim), mask), dim=-1)
+        return project(merge_heads(weighted_sum(att, v)), self.w_o.weight, self.w_o.bias)
+""", "MultiHeadAttention", "argument_duplicated"),
+    Variant("module_default_bias_false", """
+class MultiHeadAttention(MultiHeadAttention):
+    def __init__(self, embed_dim, num_heads, bias=False):
+        super().__init__(embed_dim, num_heads, bias)
+""", "MultiHeadAttention", "constructor_defaults"),
+    Variant("module_keeps_keys_between_calls", """
+class MultiHeadAttention(MultiHeadAttention):
+    def forward(self, query, key=None, value=None, mask=None):  # a cache kept on the module, never asked for
+        key = query if key is None else key
+        value = key if value is None else value
+        if mask is None and getattr(self, "_keys", None) is not None:
+            key, value = torch.cat([self._keys, key], dim=1), torch.cat([self._values, value], dim=1)
+        self._keys, self._values = key.detach(), value.detach()
+        return super().forward(query, key, value, mask)
+""", "MultiHeadAttention", "state_between_calls"),
+    Variant("softmax_in_float32", """
+def softmax(scores, dim=-1):
+    x = scores.float()
+    m = x.amax(dim=dim, keepdim=True).masked_fill(x.amax(dim=dim, keepdim=True) == float("-inf"), 0.0)
+    e = torch.exp(x - m)
+    return (e / e.sum(dim=dim, keepdim=True).clamp_min(torch.finfo(x.dtype).tiny)).to(scores.dtype)
+""", "softmax", "computed_in_float32"),
 ]
 
 RULES_ONLY = [

@@ -418,6 +418,11 @@ def multi_head_attention(query, key, value, w_q, b_q, w_k, b_k, w_v, b_v, w_o, b
         mha_with(REFERENCE_MIDDLE.replace("project(y, w_o, b_o)", "project(y, w_o)")),
         MHA, "multi_head_attention.bias_dropped",
     ),
+    Variant(  # a copy-paste inside the composite, found by the search once the weights are named arguments
+        "mha_query_projected_with_key_bias",
+        mha_with(REFERENCE_MIDDLE).replace("project(query, w_q, b_q)", "project(query, w_q, b_k)"),
+        MHA, "argument_duplicated",
+    ),
 ]
 
 # Right values, but a rule broken. A file-level rule (an import; step None) costs only the rules checks;

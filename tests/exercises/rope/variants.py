@@ -223,6 +223,35 @@ class RotarySelfAttention(RotarySelfAttention):
         self.w_q, self.w_k, self.w_v, self.w_o = self.q_proj, self.k_proj, self.v_proj, self.o_proj
         return super().forward(x, positions, mask)
 """, "RotarySelfAttention", "layer_names"),
+    # -- found by the search (grader/engine/search.py), the defaults check, new names -------
+    Variant("frequencies_base_ignored", """
+def rope_frequencies(head_dim, base=10000.0):
+    return 1.0 / (10000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+""", "rope_frequencies", "argument_ignored"),
+    Variant("frequencies_pair_index_from_one", """
+def rope_frequencies(head_dim, base=10000.0):
+    return 1.0 / (base ** (torch.arange(2, head_dim + 1, 2, dtype=torch.float32) / head_dim))
+""", "rope_frequencies", "rope_frequencies.pair_index_from_one"),
+    Variant("frequencies_linspace", """
+def rope_frequencies(head_dim, base=10000.0):
+    return 1.0 / (base ** torch.linspace(0, 1, head_dim // 2, dtype=torch.float32))
+""", "rope_frequencies", "rope_frequencies.linspace_endpoint"),
+    Variant("interleaved_pairs_put_back_with_cat", """
+def apply_rope_interleaved(x, positions, base=10000.0):
+    angles = positions.float()[:, None] * rope_frequencies(x.shape[-1], base)
+    cos, sin = angles.cos(), angles.sin()
+    a, b = x.float()[..., 0::2], x.float()[..., 1::2]
+    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1).to(x.dtype)
+""", "apply_rope_interleaved", "apply_rope_interleaved.pairs_not_interleaved"),
+    Variant("module_base_ignored", module_with(SPLIT + """\
+        cos, sin = rope_cos_sin(positions, Dh)  # the default base, whatever the module was built with
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)"""), "RotarySelfAttention",
+            "RotarySelfAttention.base_ignored"),
+    Variant("module_default_bias_true", """
+class RotarySelfAttention(RotarySelfAttention):
+    def __init__(self, embed_dim, num_heads, base=10000.0, bias=True):
+        super().__init__(embed_dim, num_heads, base, bias)
+""", "RotarySelfAttention", "constructor_defaults"),
 ]
 
 DEVICE_BUGGY = [

@@ -347,6 +347,42 @@ BUGGY = [
         return weighted_sum(F.dropout(weights, 0.1), v)"""),
         "SelfAttention", "dropout_at_eval",
     ),
+    # -- found by the search (grader/engine/search.py) and the defaults check --------------
+    Variant("project_qkv_tutorial_order", """
+_project_reference = project_qkv
+
+
+def project_qkv(x, w_query, w_key, w_value, b_query=None, b_key=None, b_value=None):
+    queries, keys, values = _project_reference(x, w_query, w_key, w_value, b_query, b_key, b_value)
+    return keys, values, queries
+""", "project_qkv", "outputs_reordered"),
+    Variant("module_keys_from_w_value", """
+class SelfAttention(SelfAttention):
+    def forward(self, x):
+        q, k, v = project_qkv(x, self.W_query.weight, self.W_value.weight, self.W_key.weight,
+                              self.W_query.bias, self.W_value.bias, self.W_key.bias)
+        return weighted_sum(softmax(scale_scores(attention_scores(q, k), self.d_out), dim=-1), v)
+""", "SelfAttention", "arguments_swapped"),
+    Variant("project_qkv_key_weight_not_transposed", """
+_project_reference = project_qkv
+
+
+def project_qkv(x, w_query, w_key, w_value, b_query=None, b_key=None, b_value=None):
+    queries, _, values = _project_reference(x, w_query, w_key, w_value, b_query, b_key, b_value)
+    keys = x @ w_key
+    return queries, keys if b_key is None else keys + b_key, values
+""", "project_qkv", "project_qkv.weight_not_transposed"),
+    Variant("module_value_layer_default_bias", """
+class SelfAttention(SelfAttention):
+    def __init__(self, d_in, d_out, qkv_bias=False):
+        super().__init__(d_in, d_out, qkv_bias)
+        self.W_value = nn.Linear(d_in, d_out)  # bias=True whatever qkv_bias says
+""", "SelfAttention", "parameters_not_loaded"),
+    Variant("module_default_qkv_bias_true", """
+class SelfAttention(SelfAttention):
+    def __init__(self, d_in, d_out, qkv_bias=True):
+        super().__init__(d_in, d_out, qkv_bias)
+""", "SelfAttention", "constructor_defaults"),
 ]
 
 # A forbidden call: the step earns nothing, whatever its values.

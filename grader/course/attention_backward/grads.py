@@ -1,0 +1,144 @@
+"""attention_backward's gradients written out here, plain and tiled, with knobs that make the named mistakes.
+
+`plain` is the right answer of attention_backward and flash_attention_backward (its own code, not the
+model answer's loop), `tiled` walks the tiles as the backward pass does, for the mistakes only a loop
+makes. With no knob turned both give the gradients of softmax(q kᵀ / √D + mask) v.
+"""
+
+import math
+
+import torch
+
+INF = math.inf
+
+
+def softmax_backward(probs, grad_probs, dim=-1, *, row_sum="p_dp", sign=-1, outer_p=True, normalise=False):
+    """probs ∘ (grad_probs − Σ_dim probs ∘ grad_probs); the knobs after * make the named wrong variants.
+
+    row_sum: "p_dp" (right), "dp" (Σ grad_probs, without probs), "all" (over every axis), "none" (nothing
+    subtracted), "queries" (over the axis before `dim`'s, the query axis of attention).
+    """
+    product = probs * grad_probs
+    axis = dim if dim >= 0 else probs.dim() + dim
+    sums = {
+        "p_dp": lambda: product.sum(axis, keepdim=True),
+        "dp": lambda: grad_probs.sum(axis, keepdim=True),
+        "all": lambda: product.sum(),
+        "none": lambda: torch.zeros_like(product),
+        "queries": lambda: product.sum(axis - 1 if axis > 0 else axis + 1, keepdim=True),
+    }
+    inner = sums[row_sum]()
+    if normalise:  # divided by Σ probs: 1, but 0 / 0 on a row with no key
+        inner = inner / probs.sum(axis, keepdim=True)
+    return (probs if outer_p else 1.0) * (grad_probs + sign * inner)
+
+
+def probabilities(q, k, mask=None, *, lse=None, fill=-INF, use_mask=True, softmax_dim=-1, invert_mask=False):
+    """P = softmax(q kᵀ / √D, masked), or e^(S − lse) from a given lse."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None and use_mask:
+        scores = scores.masked_fill(mask if invert_mask else ~mask, fill)
+    if lse is not None:  # a row with no key: lse -inf becomes +inf, so e^(S - lse) = 0
+        return torch.exp(scores - lse.masked_fill(lse == -INF, INF)[..., None])
+    return torch.softmax(scores, softmax_dim).nan_to_num(0.0)
+
+
+def plain(q, k, v, grad_out, mask=None, *, out=None, lse=None, fill=-INF, use_mask=True, softmax_dim=-1,
+          delta_sign=-1, ds_scale="sqrt", dv_transposed=True, dk_transposed=True, row_sum="p_dp", scale_dv=False,
+          dq_scale=None, dk_scale=None, invert_mask=False, operands_swapped=""):
+    """(dq, dk, dv), computed whole; with `out` and `lse`, P from lse and D = rowsum(dO ∘ O) (the flash way).
+
+    The keyword arguments after * make the named wrong variants.
+    """
+    d = q.shape[-1]
+    probs = probabilities(q, k, mask, lse=lse, fill=fill, use_mask=use_mask, softmax_dim=softmax_dim,
+                          invert_mask=invert_mask)
+    grad_v = (probs.transpose(-2, -1) if dv_transposed else probs) @ grad_out
+    if scale_dv:
+        grad_v = grad_v / math.sqrt(d)
+    grad_probs = grad_out @ v.transpose(-2, -1)
+    if out is not None:
+        delta = (grad_out * out).sum(-1, keepdim=True)
+        grad_scores = probs * (grad_probs + delta_sign * delta)
+    else:
+        grad_scores = softmax_backward(probs, grad_probs, row_sum=row_sum, sign=delta_sign)
+    factors = {"sqrt": d**-0.5, "none": 1.0, "d": 1.0 / d}  # dq_scale, dk_scale: one side's own, wrong, factor
+    # operands_swapped "q", "k" or "qk": dq = dS q, dk = dSᵀ k, or both (a copied line; runs only when Tq = Tk)
+    grad_q = grad_scores * factors[dq_scale or ds_scale] @ (q if "q" in operands_swapped else k)
+    grad_k = (grad_scores.transpose(-2, -1) if dk_transposed else grad_scores) * factors[dk_scale or ds_scale] \
+        @ (k if "k" in operands_swapped else q)
+    return grad_q, grad_k, grad_v
+
+
+def causal_mask(t_q, t_k, top_left=False):
+    """Bool (t_q, t_k), True where query i (at position t_k − t_q + i, or i when top_left) may see key j."""
+    offset = 0 if top_left else t_k - t_q
+    return torch.arange(t_k)[None, :] <= torch.arange(offset, offset + t_q)[:, None]
+
+
+def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, top_left=False, use_mask=True,
+          delta="rows", delta_sign=-1, ds_scale="sqrt", last_block=True, accumulate=True, dv_transposed=True,
+          causal_shift=0, dq_scale=None, dk_scale=None, accumulate_q=True, last_q_block=True):
+    """flash_attention_backward tile by tile, queries outside, keys inside (another order than the model answer's);
+    the keyword arguments after * make the named wrong variants. delta: "rows" (rowsum(dO ∘ O)), "tile" (the tile's
+    own Σ P ∘ dP), "tile_queries" (the tile's Σ P ∘ dP over its queries)."""
+    t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    factors = {"sqrt": d**-0.5, "none": 1.0, "d": 1.0 / d}
+    q_factor, k_factor = (factors[x or ds_scale] for x in (dq_scale, dk_scale))  # dS's 1/√D, for dq and for dk
+    offset = 0 if top_left else t_k - t_q
+    full = (grad_out * out).sum(-1)
+    lse = lse.masked_fill(lse == -INF, INF)
+    grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    stop = t_k if last_block else t_k - t_k % block_k
+    for i in range(0, t_q if last_q_block else t_q - t_q % block_q, block_q):
+        qb, dob, lb = q[..., i:i + block_q, :], grad_out[..., i:i + block_q, :], lse[..., i:i + block_q]
+        for j in range(0, stop, block_k):
+            kb, vb = k[..., j:j + block_k, :], v[..., j:j + block_k, :]
+            scores = qb @ kb.transpose(-2, -1) / math.sqrt(d)
+            if causal and use_mask:
+                rows = torch.arange(offset + i, offset + i + qb.shape[-2])[:, None] + causal_shift
+                scores = scores.masked_fill(torch.arange(j, j + kb.shape[-2])[None, :] > rows, -INF)
+            probs = torch.exp(scores - lb[..., None])
+            grad_probs = dob @ vb.transpose(-2, -1)
+            if delta == "rows":
+                dd = full[..., i:i + block_q, None]
+            else:  # the tile's own Σ P ∘ dP, along its keys ("tile") or its queries ("tile_queries")
+                dd = (probs * grad_probs).sum(-1 if delta == "tile" else -2, keepdim=True)
+            grad_scores = probs * (grad_probs + delta_sign * dd)
+            part_v = (probs.transpose(-2, -1) if dv_transposed else probs) @ dob
+            part_k = grad_scores.transpose(-2, -1) * k_factor @ qb
+            part_q = grad_scores * q_factor @ kb
+            if accumulate_q:
+                grad_q[..., i:i + block_q, :] += part_q
+            else:  # each key block overwrites what the ones before gave: the last one's part is left
+                grad_q[..., i:i + block_q, :] = part_q
+            if accumulate:
+                grad_k[..., j:j + block_k, :] += part_k
+                grad_v[..., j:j + block_k, :] += part_v
+            else:  # each query block overwrites what the ones before gave
+                grad_k[..., j:j + block_k, :] = part_k
+                grad_v[..., j:j + block_k, :] = part_v
+    return grad_q, grad_k, grad_v
+
+
+def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal_shift=0):
+    """(out, lse) by the online softmax over key blocks, in float64; the keyword arguments after * make the named
+    wrong variants (causal_shift=-1: the diagonal key masked too). A row with no key: out 0, lse -inf."""
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    rows = torch.arange(t_k - t_q, t_k)[:, None] + causal_shift
+    m = torch.full(q.shape[:-1], -INF, dtype=torch.float64)
+    total = torch.zeros_like(m)
+    acc = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float64)
+    for j in range(0, t_k, block_k):
+        scores = q64 @ k64[..., j:j + block_k, :].transpose(-2, -1) / math.sqrt(d)
+        if causal:
+            scores = scores.masked_fill(torch.arange(j, j + scores.shape[-1])[None, :] > rows, -INF)
+        m_new = torch.maximum(m, scores.amax(-1))
+        shift = torch.where(m_new == -INF, 0.0, m_new)
+        alpha, p = torch.exp(m - shift), torch.exp(scores - shift[..., None])
+        total = alpha * total + p.sum(-1)
+        acc = (alpha[..., None] if rescale_acc else 1.0) * acc + p @ v64[..., j:j + block_k, :]
+        m = m_new
+    out = acc / torch.where(total > 0, total, 1.0)[..., None]
+    return out.to(q.dtype), (m + torch.log(total)).to(q.dtype)

@@ -1,0 +1,495 @@
+"""The checks of `attention_backward`: the softmax's backward, attention's, FlashAttention's tiled one, and an
+autograd.Function that joins a tiled forward to it.
+
+softmax_backward is checked on real softmax outputs (batch and heads, Tq ≠ Tk), along another axis
+than the last, and with masked entries and rows masked entirely (0, never NaN). attention_backward
+is checked against torch's autograd through plain attention (run here, in the grader's process; the
+named mistakes turn the gradients written out in grads.py): with Tq ≠ Tk, D ≠ Dv and heads, a padding mask, a
+bottom-right causal mask, rows masked entirely (zero gradients) and Tq = Tk, where a product
+transposed the wrong way runs and is wrong. Its softmax_backward is answered by the grader once that
+step has lost points.
+
+flash_attention_backward gets the forward's out and lse, computed here exactly, and is checked
+against the same gradients, computed whole from that lse and D = rowsum(dO ∘ O): block sizes that do
+not divide Tq and Tk, square tiles (where lse or D not unsqueezed runs and is wrong), causal with
+Tq < Tk and Tq > Tk (rows with no key: zero gradients), and for what it materialises (`tiles_only`,
+the worker's record of the shapes its torch calls create, as in flash_attention).
+
+FlashAttentionFunction is run through the file's given flash_attention_and_grads (the worker runs
+functions and nn.Modules, and an autograd.Function is neither): out, and dq, dk and dv as autograd
+computes them through the Function's backward, against plain attention and torch's autograd through it, in
+float32 and in float64 at float64's tolerance (what torch.autograd.gradcheck asks). Its
+flash_attention_backward is answered by the grader once that step has lost points. The worker's
+record sees the Function's forward but not its backward (the autograd engine runs that outside the
+record), so its rules and tiles_only see the forward only; the backward's rules are
+flash_attention_backward's.
+
+No gradient step may use autograd: the `forbidden` lists of exercise.toml name `.backward()` and the
+forward-mode duals, and `no_autograd` (this spec's rules) the exact name `grad`, which
+torch.autograd.grad and every torch.func transform record (a forbidden name matches as a part of a
+name, and `grad` is a part of `_set_grad_enabled`, which torch.no_grad() records).
+"""
+
+import re
+
+import torch
+
+from grader.engine import (
+    Call,
+    CandidateError,
+    CheckFailed,
+    Mistake,
+    Raises,
+    Spec,
+    StepSpec,
+    attention,
+    check_rules,
+    device,
+    diagnose,
+    prop,
+    rules,
+    shape,
+    source_of,
+    values,
+)
+from solutions import attention_backward as ref
+
+from . import grads
+from .grads import INF, causal_mask
+from .memory import block_sizes, tiles_only_check
+
+FLOATS = (torch.float32, torch.float64)
+B, H = 2, 3  # batch and heads
+GRADIENT_STEPS = ("softmax_backward", "attention_backward", "flash_attention_backward", "FlashAttentionFunction")
+
+
+def _has_nan(value, *args, **kwargs):
+    parts = value if isinstance(value, (tuple, list)) else (value,)
+    return any(isinstance(p, torch.Tensor) and p.is_floating_point() and bool(torch.isnan(p).any()) for p in parts)
+
+
+def no_autograd(answer, source, step):
+    """The rules beside exercise.toml's: no call named exactly `grad` (torch.autograd.grad, torch.func.grad, vjp,
+    jacrev, torch.autograd.functional), which a forbidden list could not name without torch.no_grad()."""
+    if step in GRADIENT_STEPS and "grad" in answer.called:
+        raise CheckFailed("called torch.autograd.grad (or a torch.func transform, which calls it): write the "
+                          "gradients by hand", diagnose.FORBIDDEN_CALL, details={"forbidden_calls": ["grad"]},
+                          breach=True)
+
+
+def _one_side(variant, side: str):
+    """One gradient's 1/√D wrong, the other right: missing (unscaled) or twice (1/D, a pre-scaled q or k reused)."""
+    return lambda *a, **k: [variant(**{f"{side}_scale": wrong})(*a, **k) for wrong in ("none", "d")]
+
+
+def _reordered(reference):
+    """The right gradients in every other order than (dq, dk, dv): dk and dv swapped, and the rest."""
+    orders = ((0, 2, 1), (1, 0, 2), (1, 2, 0), (2, 0, 1), (2, 1, 0))
+    return lambda *a, **k: [tuple(right[i] for i in order) for right in [reference(*a, **k)] for order in orders]
+
+
+# dq = dS q or dk = dSᵀ k: a shape error raised on a line that multiplies dS by q or k
+OPERAND_LINE = r"(?i)(grad_?s|\bd_?s\b|\bds_?\w*|grad_scores)\w*.*@\s*(q|k)\w*\b"
+# dP = dO kᵀ for dO vᵀ: a copy of the scores' line; D ≠ Dv in every check, so it does not run
+DP_FROM_KEYS = Raises(message=r"size|shape|match|multiplied",
+                      line=r"(?i)(grad|\bd_?o|dout|\bg\b).*\bk\w*\s*\.\s*(transpose|T\b|mT\b|permute|swapaxes)")
+
+
+# -- softmax_backward -----------------------------------------------------------------------
+
+SB_SHAPE = (B, H, 5, 7)
+
+
+def softmax_inputs(gen, dtype, dim=-1, masked=False):
+    """probs = softmax(scores, dim) of random scores (masked: some entries -inf, and whole slices along dim), and a
+    random grad_probs."""
+    scores = gen.randn(*SB_SHAPE, dtype=torch.float64, scale=2.0)
+    if masked:
+        scores = scores.masked_fill(~torch.as_tensor(gen.mask(*SB_SHAPE)), -INF)
+        index = [slice(None)] * 4
+        index[3 if dim in (-1, 3) else dim - 1] = 1  # one slice across the axis: every slice along dim loses an entry
+        scores[tuple(index)] = -INF
+        scores[0, 1, 2, :] = -INF  # a row with no key
+    probs = torch.softmax(scores, dim).nan_to_num(0.0)
+    grad_probs = gen.randn(*SB_SHAPE, dtype=torch.float64)
+    kwargs = {} if dim == -1 else {"dim": dim}
+    return Call((probs.to(dtype), grad_probs.to(dtype)), kwargs, ("probs", "grad_probs"))
+
+
+def _sb_variant(**wrong):
+    return lambda probs, grad_probs, dim=-1: grads.softmax_backward(probs, grad_probs, dim, **wrong)
+
+
+SOFTMAX = StepSpec(
+    "softmax_backward", softmax_inputs, ref.softmax_backward,
+    checks=(
+        shape(2), values("values", 3, FLOATS), values("other_dim", 5, dim=1), values("masked", 3, masked=True),
+        rules(2), device(2),
+    ),
+    mistakes=(
+        Mistake("softmax_backward.no_row_sum", "returned probs ∘ grad_probs: subtract the row sum first, "
+                "probs ∘ (grad_probs - Σ probs ∘ grad_probs)", _sb_variant(row_sum="none"),
+                why="The Jacobian is diag(p) - p pᵀ; probs ∘ grad_probs is only its diagonal's part."),
+        Mistake("softmax_backward.sign", "the row sum was added: subtract it, probs ∘ (grad_probs - Σ probs ∘ "
+                "grad_probs)", _sb_variant(sign=1),
+                why="The off-diagonal part of the Jacobian, -p pᵀ, gives -p (pᵀ g)."),
+        Mistake("softmax_backward.sum_without_probs", "the row sum is Σ grad_probs: weigh it by the probabilities, "
+                "Σ probs ∘ grad_probs", _sb_variant(row_sum="dp")),
+        Mistake("softmax_backward.probs_outside_dropped", "returned grad_probs - Σ probs ∘ grad_probs: multiply by "
+                "probs, probs ∘ (grad_probs - Σ probs ∘ grad_probs)", _sb_variant(outer_p=False)),
+        Mistake("softmax_backward.sum_over_everything", "summed probs ∘ grad_probs over every axis: sum along dim "
+                "only, with keepdim=True", _sb_variant(row_sum="all")),
+        Mistake("softmax_backward.sum_over_queries", "summed probs ∘ grad_probs over the axis before dim (the "
+                "queries): sum along dim, the axis the softmax normalised", _sb_variant(row_sum="queries")),
+        Mistake("softmax_backward.dim_ignored", "summed along the last axis whatever dim says: sum along dim",
+                lambda probs, grad_probs, dim=-1: grads.softmax_backward(probs, grad_probs, -1)),
+        Mistake("softmax_backward.nan_rows", "a slice whose probabilities are all 0 (scores all -inf) gave NaN: "
+                "it must give 0; divide by nothing, Σ probs is 1 elsewhere", test=_has_nan),
+    ),
+)
+
+# -- attention_backward ---------------------------------------------------------------------
+
+TQ, TK, D, DV = 6, 9, 4, 5  # Tq ≠ Tk, D ≠ Dv, none equal
+
+
+def attention_inputs(gen, dtype, t_q=TQ, t_k=TK, mask=None):
+    q, k = gen.randn(B, H, t_q, D, dtype=dtype), gen.randn(B, H, t_k, D, dtype=dtype)
+    v, grad_out = gen.randn(B, H, t_k, DV, dtype=dtype), gen.randn(B, H, t_q, DV, dtype=dtype)
+    kwargs = {}
+    if mask == "padding":
+        kwargs["mask"] = torch.as_tensor(gen.mask(B, 1, t_q, t_k))
+    elif mask == "causal":
+        kwargs["mask"] = causal_mask(t_q, t_k)
+    elif mask == "rows":  # rows 1 of every batch and 3 of the first blocked entirely
+        blocked = torch.as_tensor(gen.mask(B, 1, t_q, t_k)).clone()
+        blocked[:, :, 1, :] = False
+        blocked[0, :, 3, :] = False
+        kwargs["mask"] = blocked
+    return Call((q, k, v, grad_out), kwargs, ("q", "k", "v", "grad_out"))
+
+
+def autograd(q, k, v, grad_out, mask=None):
+    """(out, dq, dk, dv): plain attention (attention.attend: a row with no key has zero weights) and torch's autograd
+    through it, here in the grader's process. grads.plain, which the named mistakes turn, equals it
+    (tests/exercises/attention_backward/test_oracle.py)."""
+    with torch.enable_grad():
+        leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
+        out = attention.attend(*leaves, mask)
+        return (out.detach(), *torch.autograd.grad(out, leaves, grad_out))
+
+
+def attention_reference(q, k, v, grad_out, mask=None):
+    """torch's autograd through plain attention, with its mask."""
+    return autograd(q, k, v, grad_out, mask)[1:]
+
+
+def _att_variant(**wrong):
+    return lambda q, k, v, grad_out, mask=None: grads.plain(q, k, v, grad_out, mask, **wrong)
+
+
+ATTENTION = StepSpec(
+    "attention_backward", attention_inputs, attention_reference, outputs=("dq", "dk", "dv"),
+    answered=("softmax_backward",),
+    checks=(
+        shape(2), values("values", 3, FLOATS), values("padding_mask", 4, mask="padding"),
+        values("causal", 4, mask="causal"), values("fully_masked_rows", 4, mask="rows"),
+        values("square", 6, t_q=TK, mask="causal"), rules(2, mask="padding"), device(2, mask="causal"),
+    ),
+    mistakes=(
+        Mistake("attention_backward.nan_rows", "a row the mask blocks entirely gave NaN: its probabilities are 0, so "
+                "its gradients are 0 (softmax(...).nan_to_num(0), or torch.where)", test=_has_nan,
+                why="The softmax of a row of -inf is 0 / 0."),
+        Mistake("attention_backward.dv_not_transposed", "dv = P @ dO: transpose P, dv = Pᵀ @ dO, (Tk, Tq) @ (Tq, Dv)",
+                _att_variant(dv_transposed=False),
+                why="out = P v sums over the keys, so v's gradient sums over the queries. With Tq ≠ Tk the product "
+                    "does not even run."),
+        Mistake("attention_backward.dk_not_transposed", "dk = dS @ q: transpose dS, dk = dSᵀ @ q / √D, "
+                "(Tk, Tq) @ (Tq, D)", _att_variant(dk_transposed=False)),
+        Mistake("attention_backward.unscaled", "dS was not multiplied by 1/√D for dq and dk: the scores are "
+                "q kᵀ / √D, so dq = dS k / √D, dk = dSᵀ q / √D", _att_variant(ds_scale="none")),
+        Mistake("attention_backward.scaled_by_d", "dS was scaled by 1/D (1/√D twice): scale it once, dq = dS k / √D "
+                "and dk = dSᵀ q / √D", _att_variant(ds_scale="d")),
+        Mistake("attention_backward.dq_scale_wrong", "dq's 1/√D is missing or applied twice while dk's is right: dq = "
+                "dS k / √D, once (a pre-scaled k reused in dq scales it again)", _one_side(_att_variant, "dq"),
+                why="dq and dk both take the scores' single 1/√D; a factor kept on a pre-scaled q or k counts twice."),
+        Mistake("attention_backward.dk_scale_wrong", "dk's 1/√D is missing or applied twice while dq's is right: dk = "
+                "dSᵀ q / √D, once (a pre-scaled q reused in dk scales it again)", _one_side(_att_variant, "dk"),
+                why="Pre-scaling q by 1/√D for the scores is fine, but then dk = dSᵀ q_scaled already holds it."),
+        Mistake("attention_backward.dp_from_keys", "dP = dO kᵀ: the gradient of the weights comes through the values, "
+                "dP = dO vᵀ, (Tq, Dv) @ (Dv, Tk)", raises=DP_FROM_KEYS,
+                why="out = P v, so dP = dO vᵀ; with Dv ≠ D the copied line with k does not even run."),
+        Mistake("attention_backward.operands_swapped", "dq took q or dk took k (a copied line): dq = dS k / √D "
+                "and dk = dSᵀ q / √D, each through the other side's inputs",
+                lambda *a, **k: [_att_variant(operands_swapped=which)(*a, **k) for which in ("q", "k", "qk")],
+                raises=Raises(message=r"size|shape|match|multiplied", line=OPERAND_LINE),
+                why="A query's gradient goes through the keys it scored against, and a key's through the queries; "
+                    "with Tq ≠ Tk the swapped product does not run, with Tq = Tk it runs and is wrong."),
+        Mistake("attention_backward.gradient_order", "returned the gradients in another order: return (dq, dk, dv), "
+                "the order of the inputs q, k, v", _reordered(attention_reference),
+                why="Callers unpack by position: dk and dv swapped run whenever the shapes agree."),
+        Mistake("attention_backward.mask_inverted", "the mask was applied inverted (-inf where it is True): True means "
+                "may attend, so fill where it is False, masked_fill(~mask, -inf)", _att_variant(invert_mask=True)),
+        Mistake("attention_backward.dv_scaled", "dv was divided by √D: the scale is inside the scores, not the "
+                "values; dv = Pᵀ dO", _att_variant(scale_dv=True)),
+        Mistake("attention_backward.mask_ignored", "the recomputed scores were not masked: mask them as the forward "
+                "did, -inf where the mask is False", _att_variant(use_mask=False),
+                why="Recomputing P must give the forward's P exactly, blocked keys at 0."),
+        Mistake("attention_backward.finite_fill", "masked scores filled with a finite value (-1e9): fill with -inf "
+                "and give rows with no key zero gradients", _att_variant(fill=-1e9),
+                why="A row blocked entirely then spreads its weight evenly over every key."),
+        Mistake("attention_backward.softmax_over_queries", "the recomputed softmax normalised the query axis "
+                "(dim=-2): each query's weights sum to 1 over the keys, dim=-1", _att_variant(softmax_dim=-2)),
+        Mistake("attention_backward.row_sum_over_queries", "dS subtracts Σ P ∘ dP over the queries (dim=-2): the "
+                "softmax normalised each query's row, so sum over the keys, dim=-1", _att_variant(row_sum="queries")),
+        Mistake("attention_backward.no_row_sum", "dS = P ∘ dP: subtract the row sum, dS = P ∘ (dP - Σ P ∘ dP), as "
+                "softmax_backward does", _att_variant(row_sum="none")),
+    ),
+)
+
+# -- flash_attention_backward ----------------------------------------------------------------
+
+FTQ, FTK, FD, FDV, BQ, BK = 13, 22, 6, 5, 5, 8  # block sizes that divide neither length
+
+
+def forward(q, k, v, causal):
+    """(out, lse) of plain attention, in q's dtype, computed in float64."""
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    mask = causal_mask(q.shape[-2], k.shape[-2]) if causal else None
+    lse = torch.logsumexp(attention.scores(q64, k64, mask), -1)
+    return attention.attend(q64, k64, v64, mask).to(q.dtype), lse.to(q.dtype)
+
+
+def flash_inputs(gen, dtype, t_q=FTQ, t_k=FTK, causal=False, block_q=BQ, block_k=BK, d=FD, dv=FDV):
+    q, k = gen.randn(B, H, t_q, d, dtype=dtype), gen.randn(B, H, t_k, d, dtype=dtype)
+    v, grad_out = gen.randn(B, H, t_k, dv, dtype=dtype), gen.randn(B, H, t_q, dv, dtype=dtype)
+    out, lse = forward(q, k, v, causal)
+    return Call((q, k, v, out, lse, grad_out), {"causal": causal, "block_q": block_q, "block_k": block_k},
+                ("q", "k", "v", "out", "lse", "grad_out"))
+
+
+def flash_reference(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32):
+    """The gradients computed whole from the given lse and D = rowsum(dO ∘ O) (grads.plain), whatever the blocks:
+    the model answer equals them (tests/exercises/attention_backward/test_oracle.py)."""
+    mask = causal_mask(q.shape[-2], k.shape[-2]) if causal else None
+    return grads.plain(q, k, v, grad_out, mask, out=out, lse=lse)
+
+
+def _flash_variant(**wrong):
+    return lambda q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32: grads.tiled(
+        q, k, v, out, lse, grad_out, causal, block_q, block_k, **wrong)
+
+
+FLASH_TILES = tiles_only_check("flash_attention_backward", flash_inputs, forward_only=False)
+FLASH = StepSpec(
+    "flash_attention_backward", flash_inputs, flash_reference, outputs=("dq", "dk", "dv"),
+    checks=(
+        shape(2), values("values", 3, FLOATS), values("causal", 4, causal=True),
+        values("rows_with_no_key", 3, t_q=FTK + 4, t_k=FTQ, causal=True),
+        values("square_tiles", 3, t_q=12, t_k=18, causal=True, block_q=6, block_k=6),
+        prop("block_sizes", 4, block_sizes),
+        prop("tiles_only", 6, FLASH_TILES.check), values("decode", 2, t_q=1, causal=True),
+        rules(3, causal=True), device(2, causal=True),
+    ),
+    mistakes=(
+        Mistake("flash_attention_backward.nan_rows", "a row with no key to see (lse = -inf) gave NaN: e^(S - lse) "
+                "is e^(-inf + inf) there; make such rows' P 0 (lse → +inf, or torch.where)", test=_has_nan),
+        Mistake("flash_attention_backward.delta_sign", "dS = P ∘ (dP + D): subtract D, dS = P ∘ (dP - D)",
+                _flash_variant(delta_sign=1)),
+        Mistake("flash_attention_backward.delta_from_the_tile", "D was summed over the tile's keys only (Σ P ∘ dP of "
+                "the tile): it sums over all keys, D = rowsum(dO ∘ O), computed before the loop",
+                _flash_variant(delta="tile"),
+                why="Σ_j P_ij dP_ij over all j equals dO_i · O_i; one tile sees only its own keys."),
+        Mistake("flash_attention_backward.delta_over_queries", "D was summed over the tile's queries (Σ P ∘ dP down "
+                "a column): D is one number per query, rowsum(dO ∘ O), computed before the loop",
+                _flash_variant(delta="tile_queries")),
+        Mistake("flash_attention_backward.unscaled", "dS was not multiplied by 1/√D for dq and dk: dq += dS k / √D, "
+                "dk += dSᵀ q / √D", _flash_variant(ds_scale="none")),
+        Mistake("flash_attention_backward.scaled_by_d", "dS was scaled by 1/D (1/√D twice): scale it once, by 1/√D",
+                _flash_variant(ds_scale="d")),
+        Mistake("flash_attention_backward.dq_scale_wrong", "dq's 1/√D is missing or applied twice while dk's is right: "
+                "dq += dS k / √D, once", _one_side(_flash_variant, "dq")),
+        Mistake("flash_attention_backward.dk_scale_wrong", "dk's 1/√D is missing or applied twice while dq's is right: "
+                "dk += dSᵀ q / √D, once (a pre-scaled q reused in dk scales it again)",
+                _one_side(_flash_variant, "dk")),
+        Mistake("flash_attention_backward.dp_from_keys", "dP = dO kᵀ: the gradient of the weights comes through the "
+                "values, dP = dO vᵀ, (bq, Dv) @ (Dv, bk)", raises=DP_FROM_KEYS),
+        Mistake("flash_attention_backward.dq_overwritten", "a query block's dq was overwritten by each key block: add "
+                "every key block's part, dq[i] += dS k / √D", _flash_variant(accumulate_q=False),
+                why="A query's gradient sums over every key it saw, across all key blocks."),
+        Mistake("flash_attention_backward.gradient_order", "returned the gradients in another order: return (dq, dk, "
+                "dv), the order of the inputs q, k, v", _reordered(flash_reference)),
+        Mistake("flash_attention_backward.causal_off_by_one", "the causal tile mask is off by one (the diagonal key "
+                "masked, or one future key seen): mask key j only when j > Tk - Tq + i",
+                lambda *a, **k: [_flash_variant(causal_shift=shift)(*a, **k) for shift in (-1, 1)],
+                why="Query i at position Tk - Tq + i sees itself: its own key is the one a decoder most needs."),
+        Mistake("flash_attention_backward.dv_not_transposed", "a tile's dv is P @ dO: transpose P, dv += Pᵀ @ dO, "
+                "(bk, bq) @ (bq, Dv)", _flash_variant(dv_transposed=False),
+                why="With block_q ≠ block_k the product does not even run."),
+        Mistake("flash_attention_backward.lse_not_unsqueezed", "e^(S - lse) with lse as it is, (..., bq), which "
+                "broadcasts along the keys: give it an axis, lse[..., None], (..., bq, 1)",
+                raises=Raises(message=r"must match the size of tensor", line=r"lse"),
+                why="As it is, it lines up with the tile's last axes, (heads, bq, bk): it does not run."),
+        Mistake("flash_attention_backward.mask_forgotten", "the recomputed tile's scores were not masked: mask the "
+                "future keys (causal) as the forward did, or P of a future key is not 0",
+                _flash_variant(use_mask=False)),
+        Mistake("flash_attention_backward.top_left", "causal tiles aligned to the top-left (query i at position i): "
+                "mask key j when j > Tk - Tq + i", _flash_variant(top_left=True)),
+        Mistake("flash_attention_backward.last_block_dropped", "the last, shorter key block was dropped: loop over "
+                "range(0, Tk, block_k) and slice k[..., j:j + block_k, :]", _flash_variant(last_block=False)),
+        Mistake("flash_attention_backward.last_query_block_dropped", "the last, shorter query block was dropped: loop "
+                "over range(0, Tq, block_q) and slice q[..., i:i + block_q, :]", _flash_variant(last_q_block=False),
+                why="When block_q does not divide Tq, a loop that stops at Tq - Tq % block_q never reaches the last "
+                    "queries: their dq stays 0, and their parts of dk and dv are missing."),
+        Mistake("flash_attention_backward.overwritten", "a key block's dk and dv were overwritten by each query block: "
+                "add every query block's part, dk[j] += dSᵀ q / √D, dv[j] += Pᵀ dO", _flash_variant(accumulate=False),
+                why="A key's gradient sums over every query that saw it."),
+        FLASH_TILES.full, FLASH_TILES.ignored,
+    ),
+)
+
+# -- FlashAttentionFunction -------------------------------------------------------------------
+
+RUNNER = "flash_attention_and_grads"  # the file's given function that runs the Function forward and backward
+
+
+def function_inputs(gen, dtype, t_q=FTQ, t_k=FTK, causal=True, block_q=BQ, block_k=BK, d=FD, dv=FDV):
+    q, k = gen.randn(B, H, t_q, d, dtype=dtype), gen.randn(B, H, t_k, d, dtype=dtype)
+    v, grad_out = gen.randn(B, H, t_k, dv, dtype=dtype), gen.randn(B, H, t_q, dv, dtype=dtype)
+    return Call((q, k, v, grad_out), {"causal": causal, "block_q": block_q, "block_k": block_k},
+                ("q", "k", "v", "grad_out"))
+
+
+def function_reference(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+    """(out, dq, dk, dv): plain attention, causal bottom-right, and torch's autograd through it."""
+    return autograd(q, k, v, grad_out, causal_mask(q.shape[-2], k.shape[-2]) if causal else None)
+
+
+def _lse_without_max(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+    """The forward saved log(l), the sum relative to the running max: lse - rowmax."""
+    out, lse = forward(q, k, v, causal)
+    mask = causal_mask(q.shape[-2], k.shape[-2]) if causal else None
+    top = attention.scores(q, k, mask).amax(-1)
+    wrong = torch.where(top == -INF, lse, lse - top)
+    return (out, *grads.plain(q, k, v, grad_out, mask, out=out, lse=wrong))
+
+
+def _lse_is_max(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+    """The forward saved the running max m as lse, without log(l): the row's largest score."""
+    out, _ = forward(q, k, v, causal)
+    mask = causal_mask(q.shape[-2], k.shape[-2]) if causal else None
+    top = attention.scores(q, k, mask).amax(-1)
+    return (out, *grads.plain(q, k, v, grad_out, mask, out=out, lse=top))
+
+
+def _causal_not_saved(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+    """The backward ran without the causal mask (ctx.causal never kept, or not passed on)."""
+    out, lse = forward(q, k, v, causal)
+    return (out, *grads.plain(q, k, v, grad_out, None, out=out, lse=lse))
+
+
+def _forward_variant(**wrong):
+    """The Function with a wrong tiled forward (grads.tiled_forward) and a right backward: out as that forward gave
+    it, and the gradients flash_attention_backward computes from the out and lse it saved."""
+    def answer(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+        out, lse = grads.tiled_forward(q, k, v, causal, block_k, **wrong)
+        mask = causal_mask(q.shape[-2], k.shape[-2]) if causal else None
+        return (out, *grads.plain(q, k, v, grad_out, mask, out=out, lse=lse))
+    return answer
+
+
+def function_answer(run, call, shapes=False):
+    """The file's flash_attention_and_grads(*call): (out, dq, dk, dv) through the candidate's Function."""
+    try:
+        return run.ctx.candidate.invoke(RUNNER, call.args, call.kwargs, answers=run.oracle(), shapes=shapes)
+    except CandidateError as error:
+        if error.kind == "not_implemented":
+            raise
+        raise run.error_failure(error, call, "cpu") from None
+
+
+def function_case(**params):
+    """A check: out and the three gradients against plain attention's, at the answer's dtype's tolerance."""
+
+    def check(run):
+        call = run.inputs(**params)
+        run.expect_right(run.output(function_answer(run, call)), call)
+
+    return check
+
+
+def function_rules(run):
+    """The forward's torch calls (the worker's record does not see the backward's): no softmax, no SDPA, no
+    autograd.grad; and the answer right."""
+    call = run.inputs()
+    answer = function_answer(run, call)
+    check_rules(answer.called, run.ctx.forbidden.get(run.step.id, ()), run.ctx.source,
+                source_of(run.ctx.source, run.step.id))
+    no_autograd(answer, run.ctx.source, run.step.id)
+    try:
+        run.expect_right(run.output(answer), call)
+    except CheckFailed as failure:
+        raise CheckFailed(f"the rules were kept, but the answer is wrong: {failure.message}", failure.mistake,
+                          failure.details) from None
+
+
+def function_end_to_end(run):
+    """The Function with the candidate's own flash_attention_backward, not the grader's."""
+    call = run.inputs(t_q=FTK + 3, t_k=FTQ)
+    try:
+        run.expect_right(run.output(function_answer(run, call)), call)
+    except CheckFailed as failure:
+        named = re.search(r"\bflash_attention_backward\b", source_of(run.ctx.source, run.step.id))
+        details = {**failure.details, "calls": ["flash_attention_backward"] if named else []}
+        raise CheckFailed(failure.message, failure.mistake, details, failure.outcome) from None
+
+
+FUNCTION_TILES = tiles_only_check("FlashAttentionFunction", function_inputs, forward_only=True, answer=function_answer)
+FUNCTION = StepSpec(
+    "FlashAttentionFunction", function_inputs, function_reference, outputs=("out", "dq", "dk", "dv"),
+    answered=("flash_attention_backward",),
+    checks=(
+        prop("non_causal", 3, function_case(causal=False, t_q=FTK + 3, t_k=FTQ)),
+        prop("causal", 4, function_case()),
+        prop("float64", 3, function_case(dtype=torch.float64, t_q=FTK + 3, t_k=FTQ, block_q=7,
+                                         block_k=5)),
+        prop("tiles_only", 2, FUNCTION_TILES.check), prop("rules", 1, function_rules),
+        prop("end_to_end", 2, function_end_to_end, end_to_end=True),
+    ),
+    mistakes=(
+        Mistake("FlashAttentionFunction.nan_rows", "a row with no key (causal, Tq > Tk) gave NaN in out or a "
+                "gradient: give it out 0, lse -inf, and zero gradients", test=_has_nan),
+        Mistake("FlashAttentionFunction.lse_without_max", "the forward saved log(l) as lse: l is summed relative to "
+                "the running max m, so lse = m + log(l)", _lse_without_max,
+                why="out is right either way; the backward's e^(S - lse) is not."),
+        Mistake("FlashAttentionFunction.lse_is_max", "the forward saved the running max m as lse: add the log of "
+                "the sum relative to it, lse = m + log(l)", _lse_is_max,
+                why="m alone is the largest score, not the log of the row's sum: e^(S - m) are not probabilities."),
+        Mistake("FlashAttentionFunction.forward_not_rescaled", "the forward's online softmax did not rescale the "
+                "output accumulator when the running max rose: acc = alpha * acc + p @ v, alpha = e^(m - m_new)",
+                _forward_variant(rescale_acc=False),
+                why="acc holds sums of e^(s - m) under the old max; the division by l (rescaled) then mixes scales."),
+        Mistake("FlashAttentionFunction.forward_diagonal_masked", "the forward's causal mask hid each query's own "
+                "key: mask key j only when j > Tk - Tq + i (>, not >=)", _forward_variant(causal_shift=-1),
+                why="Query i sits at position Tk - Tq + i and sees itself; its own key is the one a decoder most "
+                    "needs."),
+        Mistake("FlashAttentionFunction.causal_not_saved", "the backward ran without the causal mask: keep causal "
+                "(and the block sizes) on ctx in forward and pass them to flash_attention_backward", _causal_not_saved),
+        Mistake("FlashAttentionFunction.gradient_count", "backward returned fewer gradients than forward has "
+                "arguments: return one per argument, (dq, dk, dv, None, None, None)",
+                raises=Raises(message=r"incorrect number of gradients")),
+        Mistake("FlashAttentionFunction.gradient_order", "backward returned its gradients in another order than "
+                "forward's arguments: return (dq, dk, dv, None, None, None)",
+                raises=Raises(message=r"invalid gradient at index")),
+        Mistake("FlashAttentionFunction.forward_returns_lse", "forward returned (out, lse): return out alone, and "
+                "keep lse for backward with ctx.save_for_backward",
+                raises=Raises(message=r"only integer tensors of a single element can be converted to an index"),
+                why="What forward returns is what the caller gets; lse is backward's business."),
+        Mistake("FlashAttentionFunction.saved_non_tensors", "ctx.save_for_backward was given a bool or an int: save "
+                "only tensors with it, and keep causal and the block sizes as attributes, ctx.causal = causal",
+                raises=Raises(message=r"save_for_backward can only save variables")),
+        FUNCTION_TILES.full, FUNCTION_TILES.ignored,
+    ),
+)
+
+SPEC = Spec((SOFTMAX, ATTENTION, FLASH, FUNCTION), rules=no_autograd, contract="solutions.attention_backward")

@@ -1,0 +1,450 @@
+"""mla's stateful steps: the latent cache and the module that decodes with it, checked with scripts.
+
+A cache script builds the candidate's LatentCache in one worker, appends chunk after chunk,
+and reads what it holds after each append; its record (CacheScript) is the answer its
+mistakes' tests read. A module script builds the module with the grader's weights and feeds
+it a sequence in chunks with a cache; the outputs are compared with one causal call over the
+whole sequence, and its mistakes' wrong answers come from `latent_attention` given the same
+splits. The module is graded on its own wiring: while LatentCache has lost points it runs with
+the stand-in (stand_ins.py beside this file), and while a function step has lost points the
+grader answers its calls; only its end-to-end check runs the candidate's own.
+"""
+
+from typing import NamedTuple
+
+import torch
+
+from grader.engine import (
+    Call,
+    CandidateError,
+    CheckFailed,
+    Mistake,
+    Raises,
+    Run,
+    Script,
+    StepSpec,
+    chunks,
+    expect_chunks,
+    expect_close,
+    expect_each,
+    expect_form,
+    expect_result,
+    linear_layers,
+    prop,
+    source_of,
+    type_name,
+    upcast,
+    values,
+)
+from solutions import mla as ref
+
+FLOATS = (torch.float32, torch.float64)
+B, H, R, DN, DR, DV, D = 2, 3, 8, 4, 6, 5, 16  # batch, heads, kv_lora_rank, qk_nope, qk_rope, v widths, model width
+INIT = (D, H, R, DN, DR, DV)
+MAX_LEN = 16  # the cache's room: more than twice the tokens any check appends
+CHUNKS = (4, 1, 2)  # tokens per append: a prefill of 4, then 1, then 2
+APPEND = ("c_kv_new", "k_rope_new")  # append's arguments, as messages name them
+X = ("x",)
+
+
+def bottom_right(t_new: int, t_all: int) -> torch.Tensor:
+    """Bool (t_new, t_all): the new tokens are the last t_new of t_all positions; each sees the keys up to itself."""
+    return torch.ones(t_new, t_all, dtype=torch.bool).tril(diagonal=t_all - t_new)
+
+
+def _shape(value):
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else type_name(value)
+
+
+def _pair(value, what: str):
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        return value
+    raise CheckFailed(f"{what} returned {type_name(value)}; expected a tuple (c_kv, k_rope)")
+
+
+# -- LatentCache --------------------------------------------------------------------------
+
+
+def cache_inputs(gen, dtype, chunks=CHUNKS):
+    """Each append's latents (B, T, R), about +1, and RoPE keys (B, T, Dr), about −1."""
+    cs = [torch.as_tensor(gen.randn(B, t, R, dtype=dtype)) * 0.1 + 1 for t in chunks]
+    ks = [torch.as_tensor(gen.randn(B, t, DR, dtype=dtype)) * 0.1 - 1 for t in chunks]
+    return Call((cs, ks), names=APPEND)
+
+
+class Append(NamedTuple):
+    index: int
+    returned: object  # append's answer
+    length: object  # then read: length, c_kv, k_rope
+    c_kv: object
+    k_rope: object
+    latents: torch.Tensor  # every latent appended so far, (B, length, R)
+    keys: torch.Tensor
+    expected_length: int
+
+
+class CacheScript:
+    """A cache built (its unused slots NaN if `nan`), then for each chunk: append, read length, c_kv and k_rope."""
+
+    def __init__(self, run: Run, dtype=torch.float32, device: str = "cpu", nan: bool = False):
+        self.dtype, self.nan = dtype, nan
+        self.call = run.inputs(dtype=dtype)
+        self.cs, self.ks = self.call.args
+        script = Script()
+        cache = script.build("LatentCache", B, MAX_LEN, R, DR, dtype=dtype,
+                             **({"device": device} if device != "cpu" else {}))
+        if nan:
+            script.fill(cache, ("c_kv", "k_rope"), axis=1, start="length")
+        self.start = len(script.actions)
+        for name in ("c_kv", "k_rope", "length"):
+            script.get(cache, name)
+        for c, k in zip(self.cs, self.ks, strict=True):
+            script.call(cache, "append", c, k, names=APPEND)
+            for name in ("length", "c_kv", "k_rope"):
+                script.get(cache, name)
+        self.results = run.script(script, device=device).value
+
+    @property
+    def initial(self):
+        return self.results[self.start:self.start + 3]  # c_kv, k_rope, length
+
+    def appends(self):
+        first = self.start + 3
+        for i in range(len(self.cs)):
+            returned, length, c_kv, k_rope = self.results[first + 4 * i:first + 4 * i + 4]
+            latents, keys = torch.cat(self.cs[:i + 1], dim=1), torch.cat(self.ks[:i + 1], dim=1)
+            yield Append(i, returned, length, c_kv, k_rope, latents, keys, latents.shape[1])
+
+
+def _cache_check(look, **options):
+    def check(run: Run) -> None:
+        script = CacheScript(run, **options)
+        expect_each(run, script, script.call, look, prefix="with NaN in the unused slots: " if script.nan else "")
+
+    return check
+
+
+def preallocated(script: CacheScript) -> None:
+    c_kv, k_rope, length = script.initial
+    for name, buffer, width in (("c_kv", c_kv, R), ("k_rope", k_rope, DR)):
+        try:
+            expect_form(buffer, torch.empty(B, MAX_LEN, width, dtype=script.dtype))
+        except CheckFailed as failure:
+            raise CheckFailed(f"LatentCache({B}, max_len={MAX_LEN}, {R}, {DR}).{name}, just built: {failure.message}; "
+                              f"preallocate (B, max_len, {'kv_lora_rank' if width == R else 'qk_rope_head_dim'}), no "
+                              "head axis") from None
+    if length != 0 or type(length) is not int:
+        raise CheckFailed(f"a new cache's length is {length!r}; expected 0")
+    for a in script.appends():
+        if _shape(a.c_kv) != (B, MAX_LEN, R):
+            raise CheckFailed(f"after append {a.index + 1}, c_kv is {_shape(a.c_kv)}: the buffer must stay "
+                              f"(B, max_len, R) = {(B, MAX_LEN, R)}, written in place")
+
+
+def appends(script: CacheScript, where: str = "") -> None:
+    for a in script.appends():
+        c_kv, k_rope = _pair(a.returned, f"append {a.index + 1}")
+        on = f"on {where}, " if where else ""
+        expect_result(f"{on}append {a.index + 1} (after {a.expected_length} tokens in all) returned c_kv", c_kv,
+                      a.latents, where or "cpu")
+        expect_result(f"{on}append {a.index + 1} returned k_rope", k_rope, a.keys, where or "cpu")
+
+
+def contents(script: CacheScript) -> None:
+    for a in script.appends():
+        n = a.expected_length
+        if type(a.length) is not int or a.length != n:
+            raise CheckFailed(f"after appends of {', '.join(map(str, CHUNKS[:a.index + 1]))} tokens, length is "
+                              f"{a.length!r}; expected {n}")
+        for name, buffer, want in (("c_kv", a.c_kv, a.latents), ("k_rope", a.k_rope, a.keys)):
+            if not isinstance(buffer, torch.Tensor) or buffer.dim() != 3 or buffer.shape[1] < n:
+                raise CheckFailed(f"after append {a.index + 1}, the cache's {name} is {_shape(buffer)}; expected "
+                                  f"(B, max_len, width) holding {n} positions")
+            expect_result(f"after append {a.index + 1}, the cache's {name}[:, :{n}]", buffer[:, :n], want)
+
+
+def overflow_refused(run: Run) -> None:
+    """A cache of max_len 6 holding 4 tokens is offered 3 more: ValueError, and the cache as it was; then 2 more,
+    which fill it exactly, are taken."""
+    (c1, c2, c3), (k1, k2, k3) = run.inputs(chunks=(4, 3, 2)).args
+    script = Script()
+    cache = script.build("LatentCache", B, 6, R, DR)
+    script.call(cache, "append", c1, k1, names=APPEND)
+    script.call(cache, "append", c2, k2, names=APPEND, may_raise=True)
+    script.get(cache, "length")
+    script.get(cache, "c_kv")
+    script.call(cache, "append", c3, k3, names=APPEND, may_raise=True)
+    script.get(cache, "length")
+    _, _, error, length, c_kv, filled, full_length = run.script(script).value
+    if getattr(error, "type", None) != "ValueError":
+        got = f"raised {error.message}" if hasattr(error, "message") and hasattr(error, "type") else "took them"
+        raise CheckFailed(f"a cache of max_len 6 holding 4 tokens was offered 3 more and {got}: check length + T > "
+                          "max_len first and raise ValueError", OVERFLOW_NOT_REFUSED)
+    if length != 4:
+        raise CheckFailed(f"after the refused append its length is {length!r}; expected 4, as before it: check first, "
+                          "then write, then advance", CHANGED_BEFORE_RAISING)
+    try:
+        expect_result("c_kv[:, :4] after the refused append", c_kv[:, :4] if isinstance(c_kv, torch.Tensor) else c_kv,
+                      c1)
+    except CheckFailed as failure:
+        raise CheckFailed(failure.message, CHANGED_BEFORE_RAISING) from None
+    if isinstance(filled, CandidateError) or full_length != 6:
+        got = f"raised {filled.message}" if isinstance(filled, CandidateError) else f"its length is {full_length!r}"
+        raise CheckFailed(f"a cache of max_len 6 holding 4 tokens was offered 2 more, which fill it exactly, and "
+                          f"{got}; expected length 6", EXACT_FILL_REFUSED)
+
+
+def half(run: Run) -> None:
+    script = CacheScript(run, dtype=torch.float16)
+    expect_each(run, script, script.call, preallocated, appends, prefix="in float16: ")
+
+
+def cache_on_device(run: Run) -> None:
+    script = CacheScript(run, device=run.ctx.device)
+    expect_each(run, script, script.call, lambda seen: appends(seen, run.ctx.device))
+
+
+def _grown(seen: CacheScript, *_) -> bool:
+    return any(_shape(c)[1:2] != (MAX_LEN,) for c in (seen.initial[0], *(a.c_kv for a in seen.appends())))
+
+
+def _nan_written(seen: CacheScript, *_) -> bool:
+    found = [x[:, :a.expected_length] for a in seen.appends() for x in (a.c_kv, a.k_rope)
+             if isinstance(x, torch.Tensor) and x.dim() == 3]
+    return seen.nan and any(bool(torch.isnan(x).any()) for x in found)
+
+
+OVERFLOW_NOT_REFUSED = Mistake(
+    "LatentCache.overflow_not_refused", "an append past max_len was not refused with ValueError: check "
+    "length + T > max_len first and raise ValueError")
+CHANGED_BEFORE_RAISING = Mistake(
+    "LatentCache.changed_before_raising", "the refused append changed the cache (length advanced or slots written) "
+    "before raising: check length + T > max_len first, then write, then advance",
+    why="A caller that catches the error (to evict, or to stop decoding) must find the cache as it was.")
+EXACT_FILL_REFUSED = Mistake(
+    "LatentCache.exact_fill_refused", "an append that fills the cache exactly was refused: raise only when length + "
+    "T > max_len, not >=",
+    why="max_len is a capacity: the last slot is usable, and a model served at its full context needs it.")
+CACHE_MISTAKES = (
+    Mistake("LatentCache.grown_by_cat", "the buffers grow (torch.cat onto what is cached): preallocate c_kv and "
+            "k_rope as (B, max_len, width) once and write each append in place", test=_grown,
+            why="cat copies the whole cache at every token: quadratic over a sequence."),
+    Mistake("LatentCache.per_head_buffers", "the cache has a head axis: MLA keeps one latent and one RoPE key per "
+            "token, shared by every head, (B, max_len, width)",
+            test=lambda seen, *_: any(isinstance(b, torch.Tensor) and b.dim() == 4 for b in seen.initial[:2])),
+    Mistake("LatentCache.length_not_advanced", "length was not advanced: after writing T tokens at "
+            "[length, length + T), set length += T",
+            test=lambda seen, *_: any(type(a.length) is int and a.length == 0 for a in seen.appends())),
+    Mistake("LatentCache.returns_whole_buffer", "returned the whole buffer, unused slots included: return "
+            "c_kv[:, :length] and k_rope[:, :length]",
+            test=lambda seen, *_: any(_shape(_pair(a.returned, "")[0])[1:2] == (MAX_LEN,) for a in seen.appends())),
+    Mistake("LatentCache.returns_new_only", "returned only this append's latents: return every cached position, "
+            "c_kv[:, :length] and k_rope[:, :length], what attention reads",
+            test=lambda seen, *_: any(a.index > 0 and _shape(_pair(a.returned, "")[0])[1:2] == (CHUNKS[a.index],)
+                                      for a in seen.appends())),
+    Mistake("LatentCache.added_not_written", "the new latents were added to what the slots held (+=): assign them "
+            "(c_kv[:, a:b] = c_kv_new)", test=_nan_written,
+            why="Adding is right only while the slots hold zeros: the grader fills the unused slots with NaN."),
+    OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, EXACT_FILL_REFUSED,
+)
+
+CACHE = StepSpec(
+    "LatentCache", cache_inputs, lambda cs, ks: None, prefix="cache",
+    checks=(
+        prop("preallocated", 3, _cache_check(preallocated)), prop("appends", 3, _cache_check(appends)),
+        prop("contents", 3, _cache_check(contents)), prop("unused_slots_nan", 2, _cache_check(appends, nan=True)),
+        prop("overflow_refused", 2, overflow_refused), prop("half", 1, half), prop("device", 1, cache_on_device),
+    ),
+    mistakes=CACHE_MISTAKES,
+)
+
+# -- MultiHeadLatentAttention -------------------------------------------------------------
+
+T = sum(CHUNKS)
+EVERY_SPLIT = [(s,) + (1,) * (T - s) for s in range(1, T)]
+LAYERS = {"w_q": (H * (DN + DR), D), "w_dkv": (R, D), "w_kr": (DR, D), "w_uk": (H * DN, R), "w_uv": (H * DV, R),
+          "w_o": (D, H * DV)}
+
+
+def module_inputs(gen, dtype, t=T, absorbed=None):
+    state = {f"{name}.weight": torch.as_tensor(gen.randn(*size, dtype=dtype, scale=size[1] ** -0.5))
+             for name, size in LAYERS.items()}
+    kwargs = {} if absorbed is None else {"absorbed": absorbed}
+    return Call((gen.randn(B, t, D, dtype=dtype),), kwargs, X, init=INIT, state=state)
+
+
+def latent_attention(state, x, absorbed=False, splits=None, *, bug: str | None = None):
+    """The module's outputs for x fed in chunks of `splits` (None: one call, no cache), from the contract; the
+    plain and absorbed paths give the same. `bug`, one of the step's mistakes' ids, makes its wrong answer."""
+    w = {name: state[f"{name}.weight"] for name in LAYERS}
+    splits = splits or (x.shape[1],)
+    latents, keys, outs, past = [], [], [], 0
+    for t, chunk in zip(splits, chunks(x, splits), strict=True):
+        positions = torch.arange(t) if bug == POSITIONS_FROM_ZERO.id else torch.arange(past, past + t)
+        q = (chunk @ w["w_q"].T).view(B, t, H, DN + DR).transpose(1, 2)
+        if bug == ROPE_ON_WHOLE_QUERY.id:
+            q = ref.apply_rope(q, positions)
+        q_nope, q_rope = (q[..., DR:], q[..., :DR]) if bug == QUERY_SPLIT_SWAPPED.id else (q[..., :DN], q[..., DN:])
+        if bug not in (QUERY_UNROTATED.id, ROPE_ON_WHOLE_QUERY.id):
+            q_rope = ref.apply_rope(q_rope, positions)
+        c_kv, k_rope = ref.compress_kv(chunk, w["w_dkv"], w["w_kr"], positions)
+        latents.append(c_kv)
+        keys.append(k_rope)
+        seen = 0 if bug == CACHE_IGNORED.id else past  # the cached tokens attended to
+        k_nope, v = ref.expand_kv(torch.cat(latents, dim=1)[:, past - seen:], w["w_uk"], w["w_uv"], H)
+        top_left = bug == TOP_LEFT_MASK.id
+        mask = torch.ones(t, seen + t, dtype=torch.bool).tril() if top_left else bottom_right(t, seen + t)
+        k_rope = torch.cat(keys, dim=1)[:, past - seen:]
+        scores = ref.mla_scores(q_nope, q_rope, k_nope, k_rope)
+        scores = scores.masked_fill(mask if bug == MASK_INVERTED.id else ~mask, float("-inf"))
+        y = torch.softmax(scores, dim=-1) @ v  # (B, H, t, Dv)
+        merged = {MERGE_NO_TRANSPOSE.id: y, MERGE_HEADS_INNER.id: y.permute(0, 2, 3, 1)}.get(bug, y.transpose(1, 2))
+        merged = merged.reshape(B, t, H * DV)
+        outs.append(merged @ w["w_o"].T)
+        past += t
+    return torch.cat(outs, dim=1)
+
+
+def _mistake(name: str, message: str, **recognisers) -> Mistake:
+    mistake_id = f"MultiHeadLatentAttention.{name}"
+    return Mistake(mistake_id, message, lambda state, x, absorbed=False, splits=None: latent_attention(
+        state, x, splits=splits, bug=mistake_id), **recognisers)
+
+
+class ModuleScript:
+    """The module built with the grader's weights, then x fed in chunks of each feed of `splits` with a fresh cache
+    (the candidate's, or the stand-in); `contents` reads the cache after every call."""
+
+    def __init__(self, run: Run, splits=(3, 1, 2, 1), absorbed: bool = False, dtype=torch.float32,
+                 device: str = "cpu", nan: bool = False, contents: bool = False):
+        self.run, self.device = run, device
+        self.feeds = [tuple(splits)] if isinstance(splits[0], int) else [tuple(s) for s in splits]
+        self.splits = self.feeds[0]
+        self.call = run.inputs(dtype=dtype, t=sum(self.splits))
+        x = self.call.args[0]
+        own = run.check.end_to_end or run.ctx.passed("LatentCache")  # a cache that lost points: the stand-in's
+        on = {"device": device} if device != "cpu" else {}
+        script = Script()
+        module = script.build("MultiHeadLatentAttention", *INIT, state=self.call.state)
+        self.outputs = []
+        for feed in self.feeds:
+            cache = script.build("LatentCache", B, MAX_LEN, R, DR, stand_in=not own, dtype=dtype, **on)
+            if nan:
+                script.fill(cache, ("c_kv", "k_rope"), axis=1, start="length")
+            self.outputs.append([])
+            for chunk in chunks(x, feed):
+                self.outputs[-1].append(script.call(module, "__call__", chunk, names=X, refs={"cache": cache},
+                                                    kwargs={"absorbed": True} if absorbed else None))
+                if contents:
+                    for name in ("length", "c_kv", "k_rope"):
+                        script.get(cache, name)
+        self.results = run.script(script, device=device).value
+
+    def expect_right(self) -> None:
+        for feed, indices in zip(self.feeds, self.outputs, strict=True):
+            expect_chunks(self.run, self.call, feed, [self.results[i] for i in indices], self.device)
+
+
+def _module_check(**options):
+    return lambda run: ModuleScript(run, **options).expect_right()
+
+
+def cache_contents(run: Run) -> None:
+    """After each call the cache holds every token's c_kv and rotated k_rope so far, and nothing per head."""
+    script = ModuleScript(run, contents=True)
+    x, state = upcast(script.call.args[0]), upcast(script.call.state)
+    latents, keys = ref.compress_kv(x, state["w_dkv.weight"], state["w_kr.weight"], torch.arange(x.shape[1]))
+    start = 0
+    for index, t in zip(script.outputs[0], script.splits, strict=True):
+        start += t
+        length, c_kv, k_rope = script.results[index + 1:index + 4]
+        if length != start:
+            raise CheckFailed(f"after calls of {start} tokens in all the cache's length is {length!r}; expected "
+                              f"{start}: append each call's c_kv and k_rope once")
+        for name, buffer, want in (("c_kv", c_kv, latents), ("k_rope", k_rope, keys)):
+            if not isinstance(buffer, torch.Tensor) or buffer.dim() != 3 or buffer.shape[1] < start:
+                raise CheckFailed(f"the cache's {name} is {_shape(buffer)}; expected (B, max_len, width)")
+            try:
+                expect_close(buffer[:, :start], want[:, :start])
+            except CheckFailed as failure:
+                unrotated = name == "k_rope" and torch.allclose(buffer[:, :start].double(),
+                                                                (x @ state["w_kr.weight"].T)[:, :start], atol=1e-5)
+                raise CheckFailed(f"after {start} tokens, the cache's {name}[:, :{start}] is not what compress_kv "
+                                  f"gives for them at their positions: {failure.message}",
+                                  CACHED_UNROTATED_KEY if unrotated else None, failure.details) from None
+
+
+def module_end_to_end(run: Run) -> None:
+    """The module with the candidate's own LatentCache and steps, on both paths: does the whole thing decode?"""
+    try:
+        ModuleScript(run, splits=(3, 2, 1, 1), nan=True).expect_right()
+        ModuleScript(run, splits=(3, 2, 1, 1), nan=True, absorbed=True).expect_right()
+    except CheckFailed as failure:
+        source = source_of(run.ctx.source, run.step.id)
+        calls = ["LatentCache"] + [name for name in MODULE_CALLS if name in source]
+        mistake = failure.mistake if all(run.ctx.passed(name) for name in calls) else None
+        raise CheckFailed(failure.message, mistake, {**failure.details, "calls": calls}, failure.outcome) from None
+
+
+TOP_LEFT_MASK = _mistake(
+    "top_left_mask", "with a cache, the causal mask was aligned to the top-left (new token i sees keys 0 … i): new "
+    "token i sits at past_len + i; use tril(diagonal=past_len)")
+POSITIONS_FROM_ZERO = _mistake(
+    "positions_from_zero", "each call's tokens were rotated from position 0: with a cache they sit at past_len … "
+    "past_len + T − 1, so decoding token p turns by p",
+    why="RoPE makes q(m)·k(n) depend on m − n; a new token rotated as position 0 is compared with cached keys from "
+        "their real positions.")
+ROPE_ON_WHOLE_QUERY = _mistake(
+    "rope_on_whole_query", "RoPE was applied to the whole query, its no-position part too: rotate only q_rope, the "
+    "last qk_rope_head_dim features of each head")
+QUERY_UNROTATED = _mistake(
+    "query_unrotated", "q_rope was not rotated: apply_rope(q_rope, positions) with the new tokens' positions, as the "
+    "keys are")
+QUERY_SPLIT_SWAPPED = _mistake(
+    "query_split_swapped", "each head's query was split as [rope, nope]: the contract's order is [nope, rope], "
+    "q.split([qk_nope_head_dim, qk_rope_head_dim], dim=-1)")
+MERGE_NO_TRANSPOSE = _mistake(
+    "merge_no_transpose", "merged the heads without moving the head axis back: transpose(1, 2) before reshaping "
+    "(B, H, T, Dv) to (B, T, H·Dv)")
+MERGE_HEADS_INNER = _mistake(
+    "merge_heads_inner", "merged the heads in (Dv, H) order, heads inner: w_o's columns are (H, Dv), heads outer; "
+    "transpose(1, 2) to (B, T, H, Dv), then reshape to H·Dv")
+MASK_INVERTED = _mistake(
+    "mask_inverted", "the causal mask was applied inverted (-inf where it is True): True means may attend, so "
+    "masked_fill(~mask, -inf)")
+CACHE_IGNORED = _mistake(
+    "cache_ignored", "attended over this call's tokens only: append c_kv and k_rope to the cache and attend over "
+    "every position it returns")
+CACHED_FULL_KEYS = Mistake(
+    "MultiHeadLatentAttention.cached_full_keys", "appended per-head keys or values to the cache: it holds only what "
+    "compress_kv gives, c_kv and the rotated k_rope; append those, then expand what append returns",
+    raises=Raises(message=r"must match|expand|shape mismatch|size mismatch|number of sizes",
+                  source=r"\.append\(\s*(?:k|keys?|k_full|k_nope|key_states|kv|k_all)\s*,"),
+    why="Caching H keys and values per token is the cache MLA exists to shrink: DeepSeek-V2 keeps 576 numbers per "
+        "token and layer, not 32768.")
+PER_HEAD_ROPE_KEY = Mistake(
+    "MultiHeadLatentAttention.per_head_rope_key", "w_kr makes a RoPE key per head: MLA has one per token, shared by "
+    "every head, w_kr = nn.Linear(embed_dim, qk_rope_head_dim)", raises=Raises(message=r"size mismatch for w_kr"))
+CACHED_UNROTATED_KEY = Mistake(
+    "MultiHeadLatentAttention.cached_unrotated_key", "the cache holds k_rope before RoPE: cache it rotated, as "
+    "compress_kv gives it, so a cached key is never rotated again",
+    why="A key rotated once, at its own position, stays right for every later query.")
+
+MODULE_CALLS = ("compress_kv", "expand_kv", "mla_scores", "absorbed_attention")
+MODULE = StepSpec(
+    "MultiHeadLatentAttention", module_inputs, latent_attention, module=True, prefix="module", answered=MODULE_CALLS,
+    checks=(
+        prop("structure", 2, linear_layers(tuple(LAYERS), INIT, "an nn.Linear")),
+        values("no_cache", 3, FLOATS), values("no_cache_absorbed", 2, absorbed=True),
+        prop("decode", 3, _module_check(splits=(4, 1, 1, 1))),
+        prop("every_split", 3, _module_check(splits=EVERY_SPLIT)),
+        prop("chunked", 4, _module_check(splits=(3, 2, 2))),
+        prop("absorbed", 4, _module_check(splits=[(4, 1, 1, 1), (3, 2, 2)], absorbed=True, nan=True)),
+        prop("cache_contents", 3, cache_contents),
+        prop("device", 1, lambda run: ModuleScript(run, device=run.ctx.device).expect_right()),
+        prop("end_to_end", 2, module_end_to_end, end_to_end=True),
+    ),
+    mistakes=(TOP_LEFT_MASK, POSITIONS_FROM_ZERO, ROPE_ON_WHOLE_QUERY, QUERY_UNROTATED, QUERY_SPLIT_SWAPPED,
+              MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, CACHE_IGNORED, CACHED_FULL_KEYS,
+              PER_HEAD_ROPE_KEY, CACHED_UNROTATED_KEY),
+)

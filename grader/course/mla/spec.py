@@ -1,0 +1,351 @@
+"""The checks of `mla`: the compression, the up-projection, the scores, the absorbed attention, the latent
+cache, the module that decodes with it, and the cache's size per token.
+
+Every width differs from every other (kv_lora_rank 8, qk_nope_head_dim 4, qk_rope_head_dim 6,
+v_head_dim 5, 3 heads, batch 2, model width 16), so a weight used untransposed, a head split
+the wrong way or a width taken for another shows as an error or a wrong answer, never by luck
+as the right one; the queries and keys differ in number (Tq ≠ Tk), and positions have gaps.
+
+The function steps are declared here; the cache and the module keep state between calls, so
+their checks are scripts, in latent.py beside this file (as kv_cache's are in its cache.py).
+"""
+
+import math
+
+import torch
+
+from grader.engine import (
+    Call,
+    CandidateError,
+    CheckFailed,
+    Mistake,
+    Raises,
+    Run,
+    Spec,
+    StepSpec,
+    device,
+    prop,
+    shape,
+    type_name,
+    values,
+)
+from solutions import mla as ref
+
+from .latent import CACHE, DN, DR, DV, FLOATS, MODULE, B, D, H, R, bottom_right
+
+# -- compress_kv --------------------------------------------------------------------------
+
+
+def positions_with_gaps(gen, t: int) -> torch.Tensor:
+    """t sorted distinct positions in 1 … 40, never 0, 1, 2, …: code that ignores them is caught."""
+    return (torch.randperm(40, generator=gen.rng)[:t] + 1).sort().values
+
+
+def compress_inputs(gen, dtype, t=5):
+    x = gen.randn(B, t, D, dtype=dtype)
+    w_dkv, w_kr = gen.randn(R, D, dtype=dtype, scale=D**-0.5), gen.randn(DR, D, dtype=dtype, scale=D**-0.5)
+    return Call((x, w_dkv, w_kr, positions_with_gaps(gen, t)), names=("x", "w_dkv", "w_kr", "positions"))
+
+
+def _compress(x, w_dkv, w_kr, positions, *, rope_latent=False, rope_key=True, from_zero=False):
+    if from_zero:
+        positions = torch.arange(len(positions))
+    c_kv, k_rope = x @ w_dkv.T, x @ w_kr.T
+    return (ref.apply_rope(c_kv, positions) if rope_latent else c_kv,
+            ref.apply_rope(k_rope, positions) if rope_key else k_rope)
+
+
+def _unless_one_token(**knobs):
+    """A mistake's answer, but none for a single token: at position p alone, rotating by 0 (positions ignored) and
+    not rotating at all give the same numbers, so that check names neither."""
+    return lambda x, *a: [] if x.shape[1] == 1 else _compress(x, *a, **knobs)
+
+
+UNTRANSPOSED = r"cannot be multiplied|size mismatch|shape mismatch|must match the size"
+
+COMPRESS = StepSpec(
+    "compress_kv", compress_inputs, ref.compress_kv, outputs=("c_kv", "k_rope"),
+    checks=(shape(1), values("values", 3, FLOATS), values("one_token", 2, t=1), device(1)),
+    mistakes=(
+        Mistake("compress_kv.rope_on_latent", "RoPE was applied to c_kv: the latent carries no position; rotate only "
+                "k_rope = RoPE(x @ w_krᵀ)", lambda *a: _compress(*a, rope_latent=True),
+                why="A rotation between the latent and w_uk would keep w_uk from being folded into the query, so the "
+                    "position lives in the separate, shared RoPE key."),
+        Mistake("compress_kv.rope_not_applied", "k_rope was not rotated: k_rope = apply_rope(x @ w_krᵀ, positions)",
+                _unless_one_token(rope_key=False)),
+        Mistake("compress_kv.positions_ignored", "rotated with positions 0 … T − 1, not the positions given: decoding "
+                "token p must turn by p; pass positions to apply_rope", _unless_one_token(from_zero=True)),
+        Mistake("compress_kv.weight_not_transposed", "x @ w multiplied by the weight as stored, (out, in): use x @ "
+                "w.T, as nn.Linear does", raises=Raises(message=UNTRANSPOSED, line=r"@\s*w_(dkv|kr)\b(?!\s*\.)")),
+    ),
+)
+
+# -- expand_kv ----------------------------------------------------------------------------
+
+
+def expand_inputs(gen, dtype, t=5):
+    c_kv = gen.randn(B, t, R, dtype=dtype)
+    w_uk, w_uv = gen.randn(H * DN, R, dtype=dtype, scale=R**-0.5), gen.randn(H * DV, R, dtype=dtype, scale=R**-0.5)
+    return Call((c_kv, w_uk, w_uv, H), names=("c_kv", "w_uk", "w_uv", "num_heads"))
+
+
+def _expand(c_kv, w_uk, w_uv, num_heads, *, split="right"):
+    b, t, _ = c_kv.shape
+
+    def heads(y):
+        if split == "no_transpose":
+            return y.reshape(b, num_heads, t, -1)
+        if split == "heads_inner":
+            return y.view(b, t, -1, num_heads).permute(0, 3, 1, 2)
+        return y.view(b, t, num_heads, -1).transpose(1, 2)
+
+    return heads(c_kv @ w_uk.T), heads(c_kv @ w_uv.T)
+
+
+EXPAND = StepSpec(
+    "expand_kv", expand_inputs, ref.expand_kv, outputs=("k_nope", "v"),
+    checks=(shape(1), values("values", 3, FLOATS), device(1)),
+    mistakes=(
+        Mistake("expand_kv.split_no_transpose", "(B, T, H·width) reshaped straight to (B, H, T, width) mixes "
+                "tokens and heads: view(B, T, H, width), then transpose(1, 2)",
+                lambda *a: _expand(*a, split="no_transpose")),
+        Mistake("expand_kv.heads_inner", "split the features as (width, H), heads inner: head h owns rows "
+                "h·width … (h + 1)·width − 1, so view(B, T, H, width)", lambda *a: _expand(*a, split="heads_inner")),
+        Mistake("expand_kv.weight_not_transposed", "c_kv @ w multiplied by the weight as stored, (out, in): use "
+                "c_kv @ w.T", raises=Raises(message=UNTRANSPOSED, line=r"@\s*w_u[kv]\b(?!\s*\.)")),
+        Mistake("expand_kv.value_from_key_weight", "v was up-projected with w_uk (a copied line): "
+                "v = heads(c_kv @ w_uvᵀ), with the value weight", lambda c_kv, w_uk, w_uv, num_heads: (
+                    _expand(c_kv, w_uk, w_uv, num_heads)[0], _expand(c_kv, w_uk, w_uk, num_heads)[1]),
+                why="w_uk and w_uv both take the latent in; only w_uv's rows are the values (Dv wide, not Dn)."),
+        Mistake("expand_kv.outputs_swapped", "returned (v, k_nope), or expanded each with the other's weight: "
+                "k_nope = heads(c_kv @ w_ukᵀ) first, v = heads(c_kv @ w_uvᵀ) second",
+                lambda c_kv, w_uk, w_uv, num_heads: [_expand(c_kv, w_uk, w_uv, num_heads)[::-1],
+                                                     _expand(c_kv, w_uv, w_uk, num_heads)]),
+    ),
+)
+
+# -- mla_scores ---------------------------------------------------------------------------
+
+
+def scores_inputs(gen, dtype, tq=3, tk=5):
+    q_nope, q_rope = gen.randn(B, H, tq, DN, dtype=dtype), gen.randn(B, H, tq, DR, dtype=dtype)
+    k_nope, k_rope = gen.randn(B, H, tk, DN, dtype=dtype), gen.randn(B, tk, DR, dtype=dtype)
+    return Call((q_nope, q_rope, k_nope, k_rope), names=("q_nope", "q_rope", "k_nope", "k_rope"))
+
+
+def _scores(q_nope, q_rope, k_nope, k_rope, *, width=None, rope_scaled=True, rope=True):
+    scale = math.sqrt(width or (q_nope.shape[-1] + q_rope.shape[-1]))
+    nope = q_nope @ k_nope.transpose(-2, -1)
+    part = q_rope @ k_rope.unsqueeze(1).transpose(-2, -1) if rope else 0
+    return (nope + part) / scale if rope_scaled else nope / scale + part
+
+
+SCORES = StepSpec(
+    "mla_scores", scores_inputs, ref.mla_scores,
+    checks=(shape(1), values("values", 3, FLOATS), values("one_query", 2, tq=1), values("many_keys", 2, tq=2, tk=11),
+            device(1)),
+    mistakes=(
+        Mistake("mla_scores.scaled_by_nope", "scaled by √qk_nope_head_dim: each head's query and key are [nope, rope], "
+                "so scale by √(qk_nope_head_dim + qk_rope_head_dim)", lambda qn, *a: _scores(qn, *a, width=DN)),
+        Mistake("mla_scores.unscaled", "scores not scaled: divide the sum by √(qk_nope_head_dim + qk_rope_head_dim)",
+                lambda *a: _scores(*a, width=1)),
+        Mistake("mla_scores.rope_part_unscaled", "only the no-position part was scaled: divide the sum of both parts "
+                "by √(qk_nope_head_dim + qk_rope_head_dim)", lambda *a: _scores(*a, rope_scaled=False)),
+        Mistake("mla_scores.rope_part_dropped", "the RoPE part is missing: add q_rope @ k_ropeᵀ, the shared key "
+                "broadcast over the heads", lambda *a: [_scores(*a, rope=False), _scores(*a, rope=False, width=DN)],
+                why="Without it the scores carry no position at all."),
+        Mistake("mla_scores.rope_key_not_shared", "k_rope (B, Tk, Dr) was used as if it had a head axis: it is one key "
+                "per token, shared by the heads; k_rope.unsqueeze(1) broadcasts it",
+                raises=Raises(message=r"must match the size|broadcast|Expected size", line=r"k_rope"),
+                why="Without the head axis, matmul lines the batch axis of k_rope up with the heads of q_rope."),
+    ),
+)
+
+# -- absorbed_attention -------------------------------------------------------------------
+
+ABSORBED_NAMES = ("q_nope", "q_rope", "c_kv", "k_rope", "w_uk", "w_uv", "w_o")
+
+
+def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True):
+    q_nope, q_rope = gen.randn(B, H, tq, DN, dtype=dtype), gen.randn(B, H, tq, DR, dtype=dtype)
+    c_kv, k_rope = gen.randn(B, tk, R, dtype=dtype), gen.randn(B, tk, DR, dtype=dtype)
+    w_uk, w_uv = gen.randn(H * DN, R, dtype=dtype, scale=R**-0.5), gen.randn(H * DV, R, dtype=dtype, scale=R**-0.5)
+    w_o = gen.randn(D, H * DV, dtype=dtype, scale=(H * DV) ** -0.5)
+    kwargs = {"mask": bottom_right(tq, tk)} if masked else {}
+    return Call((q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o), kwargs, ABSORBED_NAMES)
+
+
+def _absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None, *, width=None, uk="right", uv="right",
+              mask_ignored=False, mask_inverted=False, merge_heads_inner=False, softmax_dim=-1, wo_untransposed=False):
+    """The absorbed path, per head, with the knobs of its mistakes: how w_uk and w_uv are cut into heads."""
+    h, dn, dr, r = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1], c_kv.shape[-1]
+    dv = w_uv.shape[0] // h
+    cut = {  # each head's (width, R) matrix: right, or the weight's numbers scrambled into that shape
+        "right": lambda w, n: w.reshape(h, n, r), "viewed": lambda w, n: w.reshape(h, r, n).transpose(1, 2),
+        "transposed": lambda w, n: w.T.reshape(h, n, r), "transposed_viewed": lambda w, n: w.T.reshape(h, r, n).mT,
+        "heads_inner": lambda w, n: w.reshape(n, h, r).transpose(0, 1)}
+    scores = (q_nope @ cut[uk](w_uk, dn)) @ c_kv.unsqueeze(1).transpose(-2, -1)
+    scores = (scores + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)) / math.sqrt(width or dn + dr)
+    if mask is not None and not mask_ignored:
+        scores = scores.masked_fill(mask if mask_inverted else ~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=softmax_dim)
+    y = (weights @ c_kv.unsqueeze(1)) @ cut[uv](w_uv, dv).transpose(-2, -1)  # (B, H, Tq, Dv)
+    if wo_untransposed:  # w_o (D, H·Dv) reshaped straight to (H, Dv, D): its numbers scrambled into that shape
+        return torch.einsum("bhqv,hvd->bqd", y, w_o.reshape(h, dv, -1))
+    merged = y.permute(0, 2, 3, 1) if merge_heads_inner else y.transpose(1, 2)  # (B, Tq, Dv, H) or (B, Tq, H, Dv)
+    return merged.reshape(*y.shape[:1], y.shape[2], h * dv) @ w_o.T
+
+
+def _absorbed_variant(**knobs):
+    return lambda *a, **k: _absorbed(*a, **k, **knobs)
+
+
+def _cut_wrong(weight: str):
+    """A mistake of `weight` ("uk" or "uv") cut into heads: viewed in the wrong order, or its transpose reshaped."""
+    forms = ("viewed", "transposed", "transposed_viewed", "heads_inner")
+    return lambda *a, **k: [_absorbed(*a, **k, **{weight: form}) for form in forms]
+
+
+ABSORBED = StepSpec(
+    "absorbed_attention", absorbed_inputs, ref.absorbed_attention,
+    checks=(shape(1), values("values", 3, FLOATS), values("unmasked", 2, masked=False), values("one_query", 2, tq=1),
+            values("many_keys", 3, tq=4, tk=11), device(1)),
+    mistakes=(
+        Mistake("absorbed_attention.scaled_by_latent_width", "scaled by √kv_lora_rank, the absorbed query's width: "
+                "the scores are still the keys' [nope, rope] dot products; scale by √(Dn + Dr)",
+                _absorbed_variant(width=R)),
+        Mistake("absorbed_attention.scaled_by_nope", "scaled by √qk_nope_head_dim: scale by √(qk_nope_head_dim + "
+                "qk_rope_head_dim)", _absorbed_variant(width=DN)),
+        Mistake("absorbed_attention.scaled_by_v_head_dim", "scaled by √v_head_dim: the scores are the keys' "
+                "[nope, rope] dot products; scale by √(qk_nope_head_dim + qk_rope_head_dim)",
+                _absorbed_variant(width=DV)),
+        Mistake("absorbed_attention.key_weight_cut_wrong", "w_uk was cut into heads in the wrong order: head h's "
+                "key up-projection is w_uk.view(H, Dn, R)[h], so q_nope @ w_uk.view(H, Dn, R)", _cut_wrong("uk"),
+                why="w_uk is (H·Dn, R), heads outer: viewing it as (H, R, Dn), or reshaping its transpose, keeps the "
+                    "shapes and scrambles the numbers."),
+        Mistake("absorbed_attention.value_weight_cut_wrong", "w_uv was cut into heads in the wrong order: head h's "
+                "value up-projection is w_uv.view(H, Dv, R)[h], applied as its transpose", _cut_wrong("uv")),
+        Mistake("absorbed_attention.key_absorbed_transposed", "w_uk folded into the query with the wrong transpose: "
+                "q_nope (…, Dn) times head h's w_uk (Dn, R) gives the latent-space query (…, R)",
+                raises=Raises(message=r"must match the size|Expected size|cannot be multiplied|shape", line=r"w_uk")),
+        Mistake("absorbed_attention.mask_ignored", "the mask was not applied: fill the scores with -inf where the "
+                "mask is False, before the softmax", _absorbed_variant(mask_ignored=True)),
+        Mistake("absorbed_attention.mask_inverted", "the mask was applied inverted (-inf where it is True): True "
+                "means may attend, so fill where it is False, masked_fill(~mask, -inf)",
+                _absorbed_variant(mask_inverted=True),
+                why="Inverted, a query sees only the keys it must not, and a row with every key allowed becomes NaN."),
+        Mistake("absorbed_attention.softmax_over_queries", "the softmax normalised the query axis (dim=-2): each "
+                "query's weights over its keys sum to 1, softmax(scores, dim=-1)", _absorbed_variant(softmax_dim=-2)),
+        Mistake("absorbed_attention.output_weight_not_transposed", "w_o (D, H·Dv) was reshaped to (H, Dv, D) "
+                "without a transpose: head h's output matrix is w_o.T.view(H, Dv, D)[h], or w_o.view(D, H, Dv)",
+                _absorbed_variant(wo_untransposed=True),
+                why="nn.Linear stores w_o as (out, in) = (D, H·Dv); reshaping it to (H, Dv, D) keeps the shape and "
+                    "scrambles which number meets which head's output."),
+        Mistake("absorbed_attention.heads_merged_inner", "heads merged in (Dv, H) order, heads inner: w_o's columns "
+                "are (H, Dv), heads outer; merge (B, Tq, H, Dv) into H·Dv", _absorbed_variant(merge_heads_inner=True),
+                why="An einsum output written btvh, or a permute that puts H last, keeps the shapes and pairs each "
+                    "number with another head's column of w_o."),
+    ),
+)
+
+# -- cache_bytes_per_token ----------------------------------------------------------------
+
+BYTES_NAMES = ("attention", "num_layers", "num_heads", "head_dim", "num_kv_heads", "kv_lora_rank", "qk_rope_head_dim",
+               "dtype")
+
+
+def bytes_inputs(gen, dtype, attention="mla", layers=60, heads=128, head_dim=128, kv_heads=8, rank=512, rope=64,
+                 of=torch.bfloat16):
+    """DeepSeek-V2 by default: 60 layers, 128 heads of 128, kv_lora_rank 512, qk_rope_head_dim 64, bfloat16 (and a GQA
+    variant's 8 KV heads)."""
+    return Call((attention, layers, heads, head_dim, kv_heads, rank, rope, of), names=BYTES_NAMES)
+
+
+def _bytes(attention, layers, heads, head_dim, kv_heads, rank, rope, dtype, *, itemsize=None, unit=1, kv_factor=2,
+           mla_per_head=False, mla_factor=1, rope_per_head=False, gqa_query_heads=False):
+    """The count, from the formula; the keyword arguments make the named wrong counts."""
+    item = itemsize or torch.empty((), dtype=dtype).element_size()
+    per_layer = {"mha": kv_factor * heads * head_dim,
+                 "gqa": kv_factor * (heads if gqa_query_heads else kv_heads) * head_dim,
+                 "mla": mla_factor * (heads if mla_per_head else 1) * (rank + (heads if rope_per_head else 1) * rope)}
+    return layers * per_layer[attention] * item * unit
+
+
+def _count(**knobs):
+    return lambda *a: _bytes(*a, **knobs) if a[0] in ("mha", "gqa", "mla") else None
+
+
+def _same_count(value, expected, *_) -> None:
+    """A count of bytes is right only exactly, as an int."""
+    if type(value) is not int or value != expected:
+        raise CheckFailed(f"expected {expected:,}, got {value!r}")
+
+
+def bytes_check(**params):
+    def check(run: Run) -> None:
+        call = run.inputs(**params)
+        value = run.output(run.answer(call))
+        expected = _bytes(*call.args)
+        what = f"cache_bytes_per_token({', '.join(map(repr, call.args))})"
+        if type(value) is not int:
+            shown = f" {value!r}" if isinstance(value, float) else ""
+            raise CheckFailed(f"{what} returned {type_name(value)}{shown}; expected an int", NOT_INT)
+        if value != expected:
+            raise CheckFailed(f"{what} = {value:,}; expected {expected:,}", run.explain(value, call),
+                              {"expected": expected, "got": value})
+
+    return check
+
+
+def unknown_refused(run: Run) -> None:
+    """An attention the contract does not know ("mqa") raises ValueError."""
+    call = run.inputs(attention="mqa")
+    what = f"cache_bytes_per_token({', '.join(map(repr, call.args))})"
+    try:
+        value = run.ctx.candidate.invoke(run.step.id, call.args, call.kwargs).value
+    except CandidateError as error:
+        if error.type == "ValueError":
+            return
+        if error.kind != "raised":  # not implemented, not importable, hung: said as it is
+            raise
+        raise CheckFailed(f"{what} raised {error.message}; the contract says ValueError", UNKNOWN_NOT_REFUSED) from None
+    raise CheckFailed(f"{what} returned {value!r}; the contract says ValueError", UNKNOWN_NOT_REFUSED)
+
+
+UNKNOWN_NOT_REFUSED = Mistake(
+    "cache_bytes_per_token.unknown_not_refused", "an attention other than mha, gqa and mla was not refused with "
+    "ValueError: check the name and raise ValueError",
+    why="A KeyError from a dict lookup, or a silent 0, hides a typo in the caller's code.")
+NOT_INT = Mistake("cache_bytes_per_token.not_int", "returned a float or a tensor: a count of bytes is an int (// not "
+                  "/, and int(...) around a tensor)")
+SMALL = dict(layers=3, heads=4, head_dim=16, kv_heads=2, rank=24, rope=8, of=torch.float32)
+
+BYTES = StepSpec(
+    "cache_bytes_per_token", bytes_inputs, _bytes, compare=_same_count,
+    checks=(
+        prop("deepseek_v2_mla", 3, bytes_check()), prop("deepseek_v2_mha", 2, bytes_check(attention="mha")),
+        prop("deepseek_v2_gqa", 2, bytes_check(attention="gqa")),
+        prop("small_float32", 2, lambda run: [bytes_check(attention=a, **SMALL)(run) for a in ("mla", "gqa", "mha")]),
+        prop("unknown_refused", 1, unknown_refused),
+    ),
+    mistakes=(
+        NOT_INT, UNKNOWN_NOT_REFUSED,
+        Mistake("cache_bytes_per_token.mla_per_head", "counted the MLA cache once per head: the latent and the RoPE "
+                "key are shared by every head, L·(kv_lora_rank + qk_rope_head_dim) elements", _count(mla_per_head=True),
+                why="The keys and values of each head are made from the latent when attention runs; only the latent "
+                    "is kept."),
+        Mistake("cache_bytes_per_token.mla_rope_per_head", "counted a RoPE key per head: MLA keeps one, shared by "
+                "every head, L·(kv_lora_rank + qk_rope_head_dim)", _count(rope_per_head=True)),
+        Mistake("cache_bytes_per_token.mla_factor_two", "counted the latent twice, for keys and values: both come from "
+                "the one latent, L·(kv_lora_rank + qk_rope_head_dim)", _count(mla_factor=2)),
+        Mistake("cache_bytes_per_token.gqa_query_heads", "GQA counted with the query heads: its cache holds "
+                "num_kv_heads heads, 2·L·num_kv_heads·head_dim", _count(gqa_query_heads=True)),
+        Mistake("cache_bytes_per_token.no_factor_two", "counted the keys only for MHA or GQA: the cache holds keys and "
+                "values, a factor 2", _count(kv_factor=1)),
+        Mistake("cache_bytes_per_token.in_bits", "counted bits (itemsize · 8): the answer is in bytes", _count(unit=8)),
+        Mistake("cache_bytes_per_token.fixed_itemsize", "assumed 2 bytes per element whatever the dtype: use "
+                "torch.empty((), dtype=dtype).element_size(), or dtype.itemsize", _count(itemsize=2)),
+    ),
+)
+
+SPEC = Spec((COMPRESS, EXPAND, SCORES, ABSORBED, CACHE, MODULE, BYTES))

@@ -1,0 +1,254 @@
+"""paged_attention's function steps: paged_decode and varlen_attention, their inputs and their named mistakes.
+
+Each mistake's wrong answer is computed here from the check's inputs, with attention written
+out over an explicit list of the keys each query reads (paged_decode) or an explicit
+(total_q, total_k) mask (varlen_attention): a row with no key to read is NaN, as a softmax over
+nothing but -inf gives. spec.py beside this file declares the exercise.
+"""
+
+import math
+
+import torch
+
+from grader.engine import Call, Mistake, StepSpec, device, shape, values
+from solutions import paged_attention as ref
+
+from .cache import BLOCK, DH, FLOATS, H
+
+# -- paged_decode -------------------------------------------------------------------------
+
+LENGTHS = (5, 8, 1, 11)  # past a boundary, exactly at one, a single token, into a third block
+DECODE_NAMES = ("q", "k_cache", "v_cache", "block_tables", "context_lens")
+
+
+def decode_inputs(gen, dtype, lengths=LENGTHS, extra=0, nan=False):
+    """A pool holding len(lengths) sequences in shuffled blocks, three blocks to spare (block 0 among them); the block
+    tables padded with −1 (`extra` more columns of it); with `nan`, NaN in every slot no sequence holds."""
+    needed = [-(-n // BLOCK) for n in lengths]
+    num_blocks = sum(needed) + 3
+    order = (torch.randperm(num_blocks - 1, generator=gen.rng) + 1).tolist()  # block 0 left free, as vLLM's null
+    # block: a −1 clamped to 0 reads a slot no sequence holds
+    tables = torch.full((len(lengths), max(needed) + extra), -1, dtype=torch.int32)
+    held = torch.zeros(num_blocks, BLOCK, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        for i in range(needed[b]):
+            tables[b, i] = order.pop()
+            held[tables[b, i], :min(BLOCK, n - i * BLOCK)] = True
+    k_cache = torch.as_tensor(gen.randn(num_blocks, BLOCK, H, DH, dtype=dtype))
+    v_cache = torch.as_tensor(gen.randn(num_blocks, BLOCK, H, DH, dtype=dtype))
+    if nan:
+        k_cache[~held], v_cache[~held] = float("nan"), float("nan")
+    q = torch.as_tensor(gen.randn(len(lengths), H, DH, dtype=dtype))
+    return Call((q, k_cache, v_cache, tables, torch.tensor(lengths, dtype=torch.int32)), names=DECODE_NAMES)
+
+
+def _slot(table, t):
+    """Token t's (block, slot), read through a table row as a list: −1 and all, as Python indexes it."""
+    return table[t // BLOCK], t % BLOCK
+
+
+def decoded(q, k_cache, v_cache, block_tables, context_lens, *, reads=None, width=None, heads_reshaped=False,
+            empty=math.nan):
+    """paged_decode from its definition: `reads(table, n)` lists the (block, slot) each sequence reads; `width`, the
+    scale's √width (None: Dh). A sequence with nothing to read gives `empty` (NaN; an einsum over no key gives 0)."""
+    reads = reads or (lambda table, n: [_slot(table, t) for t in range(n)])
+    out = torch.empty_like(q)
+    for b in range(q.shape[0]):
+        slots = reads(block_tables[b].tolist(), int(context_lens[b]))
+        k = torch.stack([k_cache[blk, s] for blk, s in slots]) if slots else k_cache[:0, 0]  # (n, H, Dh)
+        v = torch.stack([v_cache[blk, s] for blk, s in slots]) if slots else v_cache[:0, 0]
+        k, v = (x.reshape(H, -1, DH) if heads_reshaped else x.transpose(0, 1) for x in (k, v))  # (H, n, Dh)
+        scores = (k @ q[b][:, :, None])[..., 0] / math.sqrt(width or DH)  # (H, n)
+        out[b] = (torch.softmax(scores, -1)[:, None] @ v)[:, 0] if slots else empty
+    return out
+
+
+def _decode_mistake(name, message, why="", **knobs):
+    return Mistake(f"paged_decode.{name}", message, lambda *a: decoded(*a, **knobs), why=why)
+
+
+WHOLE_BLOCKS = _decode_mistake(
+    "whole_blocks_read", "read every slot of the sequence's blocks: its last block is filled only up to "
+    "context_lens[b]; read its first context_lens[b] tokens", reads=lambda table, n: [
+        _slot(table, t) for t in range(-(-n // BLOCK) * BLOCK)],
+    why="The slots after a sequence's last token hold what an earlier, freed sequence left there, or nothing yet.")
+PADDING_READ = _decode_mistake(
+    "padding_read", "read the whole table row, −1 entries included (block −1 is the pool's last block): read the "
+    "first ceil(n / block_size) entries, or mask every position past context_lens[b]",
+    reads=lambda table, n: [_slot(table, t) for t in range(len(table) * BLOCK)])
+LOGICAL_AS_PHYSICAL = _decode_mistake(
+    "logical_block_as_physical", "read logical block i at physical block i: the sequence's blocks are anywhere in the "
+    "pool; block t // block_size of the sequence is block_tables[b, t // block_size]",
+    reads=lambda table, n: [(t // BLOCK, t % BLOCK) for t in range(n)],
+    why="The block table is the page table: logical and physical block numbers differ.")
+FLAT_SLOT = _decode_mistake(
+    "block_not_times_block_size", "in the flattened pool, token t is at table[t // block_size] · block_size + t % "
+    "block_size: the block number was added as an offset, not multiplied by block_size",
+    reads=lambda table, n: [divmod(table[t // BLOCK] + t % BLOCK, BLOCK) for t in range(n)])
+def _one_past(clamped: bool):
+    """Token n read too: through a −1 table entry that is the pool's last block as Python indexes it, or block 0 once
+    the table is clamped (a vectorised gather)."""
+    row = (lambda table: [max(b, 0) for b in table]) if clamped else (lambda table: table)
+    return lambda table, n: [_slot(row(table), t) for t in range(min(n + 1, len(table) * BLOCK))]
+
+
+ONE_PAST = Mistake(
+    "paged_decode.one_key_past_context", "read context_lens[b] + 1 keys (<= where < belongs): token "
+    "context_lens[b] − 1 is the sequence's last",
+    lambda *a: [decoded(*a, reads=_one_past(clamped)) for clamped in (False, True)],
+    why="A valid-slot mask written pos <= context_lens[b] keeps one slot past the end: padding, or a −1 block.")
+ONE_SHORT = _decode_mistake(
+    "one_key_short", "read context_lens[b] − 1 keys: context_lens counts every key, the new token's included",
+    reads=lambda table, n: [_slot(table, t) for t in range(n - 1)])
+PARTIAL_BLOCK_DROPPED = Mistake(
+    "paged_decode.partial_block_dropped", "read only the n // block_size full blocks, dropping the last, partly "
+    "filled block's keys: read the first ceil(n / block_size) blocks, -(-n // block_size), cut to n tokens",
+    lambda *a: [decoded(*a, reads=lambda table, n: [_slot(table, t) for t in range(n // BLOCK * BLOCK)], empty=empty)
+                for empty in (math.nan, 0.0)],
+    why="A sequence's last block holds its newest tokens, the new token's own key among them; floor division "
+        "drops them whenever n is not a multiple of block_size.")
+DECODE_UNSCALED = _decode_mistake("unscaled", "scores not scaled: divide q · k by √Dh", width=1)
+HEADS_RESHAPED = _decode_mistake(
+    "heads_reshaped", "the gathered keys (n, H, Dh) were reshaped to (H, n, Dh), which mixes tokens and heads: "
+    "transpose(0, 1) to put the heads first", heads_reshaped=True)
+
+
+def masked_multiplied(q, k_cache, v_cache, block_tables, context_lens):
+    """Every table row gathered whole (−1 clamped to block 0), or the sequence's own blocks only, and masked past
+    context_lens: right, but NaN for a sequence whose gathered slots hold NaN, since its weight 0 times NaN is NaN."""
+    right = ref.paged_decode(q, k_cache, v_cache, block_tables, context_lens)
+    forms = []
+    for own_blocks in (False, True):
+        out = right.clone()
+        for b, row in enumerate(block_tables.clamp(min=0).long()):
+            row = row[:-(-int(context_lens[b]) // BLOCK)] if own_blocks else row
+            if torch.isnan(k_cache[row]).any() or torch.isnan(v_cache[row]).any():
+                out[b] = float("nan")
+        forms.append(out)
+    return forms
+
+
+TIMES_NAN = Mistake(
+    "paged_decode.masked_slots_multiplied", "masked the slots past a sequence's length, but still multiplied their "
+    "values by 0: 0 · NaN is NaN; zero those values (torch.where) or read only the sequence's slots",
+    why="The grader fills every slot no sequence holds with NaN: a slot must not be read at all.",
+    variant=masked_multiplied)
+
+DECODE = StepSpec(
+    "paged_decode", decode_inputs, ref.paged_decode,
+    checks=(
+        shape(3), values("mixed_lengths", 4, FLOATS), values("unused_nan", 6, nan=True),
+        values("at_boundaries", 4, lengths=(4, 8, 12), extra=1, nan=True), values("half", 2, (torch.float16,)),
+        device(2),
+    ),
+    # first: an answer all NaN in a NaN check looks like several of the others', and only this one is right elsewhere
+    mistakes=(TIMES_NAN, WHOLE_BLOCKS, PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, ONE_PAST, ONE_SHORT,
+              PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED, HEADS_RESHAPED),
+)
+
+# -- varlen_attention ---------------------------------------------------------------------
+
+PACKED = (3, 5, 1, 4)  # a packed batch's lengths, queries and keys alike
+CHUNK_Q, CHUNK_K = (2, 5, 1), (6, 5, 4)  # new tokens after a cache, a prefill, one token after three
+VARLEN_NAMES = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
+
+
+def _cu(lengths) -> torch.Tensor:
+    return torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+
+
+def varlen_inputs(gen, dtype, q_lens=PACKED, k_lens=None, causal=False):
+    k_lens = k_lens or q_lens
+    q = torch.as_tensor(gen.randn(sum(q_lens), H, DH, dtype=dtype))
+    k, v = (torch.as_tensor(gen.randn(sum(k_lens), H, DH, dtype=dtype)) for _ in range(2))
+    return Call((q, k, v, _cu(q_lens), _cu(k_lens)), {"causal": causal}, names=VARLEN_NAMES)
+
+
+def _segments(cu: torch.Tensor, total: int, as_lengths: bool = False):
+    """Each row's (sequence, position in it, sequence length), as tensors; as_lengths reads cu[1:] as lengths."""
+    bounds = cu.tolist()
+    if as_lengths:
+        bounds = [0, *torch.tensor(bounds[1:]).cumsum(0).clamp(max=total).tolist()]
+    seq, pos, length = (torch.full((total,), fill, dtype=torch.long) for fill in (-1, 0, 0))
+    for b, (start, end) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        seq[start:end], pos[start:end], length[start:end] = b, torch.arange(end - start), end - start
+    return seq, pos, length
+
+
+def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, *, bug=None):
+    """varlen_attention from its definition, with one (total_q, total_k) mask; `bug`, a mistake's id, makes its
+    wrong answer instead (a list of its forms where it has several)."""
+    nq, nk = q.shape[0], k.shape[0]
+    as_lengths = bug == CU_AS_LENGTHS.id
+    sq, pq, lq = _segments(cu_seqlens_q, nq, as_lengths)
+    sk, pk, lk = _segments(cu_seqlens_q if bug == KEYS_CUT_BY_Q.id else cu_seqlens_k, nk, as_lengths)
+    same = (sq[:, None] == sk[None, :]) & (sq[:, None] >= 0)
+    rows, cols = torch.arange(nq)[:, None], torch.arange(nk)[None, :]
+    bottom_right = pk[None, :] <= pq[:, None] + lk[None, :] - lq[:, None]
+    if bug == CROSSES.id:
+        forms = [torch.ones(nq, nk, dtype=torch.bool)] if not causal else [cols <= rows, cols <= rows + nk - nq]
+        return [_attend(q, k, v, mask) for mask in forms]
+    if causal and bug == GLOBAL_POSITIONS.id:  # packed rows, with no offset or one offset for the whole batch
+        return [_attend(q, k, v, same & (cols <= rows + shift)) for shift in (0, nk - nq)]
+    if causal and bug == TOP_LEFT.id:
+        return _attend(q, k, v, same & (pk[None, :] <= pq[:, None]))
+    if bug == CAUSAL_IGNORED.id:
+        causal = False
+    return _attend(q, k, v, same & bottom_right if causal else same, unscaled=bug == VARLEN_UNSCALED.id,
+                   heads_axis=bug == HEADS_AXIS.id)
+
+
+def _attend(q, k, v, mask, unscaled=False, heads_axis=False):
+    """Attention over (total, H, Dh) tensors with a (total_q, total_k) mask; with heads_axis, over the heads of each
+    token instead (q[s:e] @ k[s:e].mT on (T, H, Dh), for a sequence with as many queries as keys)."""
+    if heads_axis:
+        scores = q @ k.transpose(-2, -1) / math.sqrt(DH)  # (T, H, H): needs total_q = total_k
+        return torch.softmax(scores, -1) @ v
+    qh, kh, vh = (x.transpose(0, 1) for x in (q, k, v))  # (H, total, Dh)
+    scores = (qh @ kh.transpose(-2, -1)) / (1 if unscaled else math.sqrt(DH))  # (H, total_q, total_k)
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    return (weights @ vh).transpose(0, 1)  # (total_q, H, Dh)
+
+
+def _varlen_mistake(name, message, why=""):
+    mistake_id = f"varlen_attention.{name}"
+    return Mistake(mistake_id, message, lambda *a, **kw: varlen(*a, **kw, bug=mistake_id), why=why)
+
+
+CU_AS_LENGTHS = _varlen_mistake(
+    "cu_seqlens_as_lengths", "read cu_seqlens as lengths: it holds cumulative starts, sequence b is rows "
+    "cu_seqlens[b] up to cu_seqlens[b + 1]", why="flash-attn's cu_seqlens has B + 1 entries, from 0 to the total.")
+KEYS_CUT_BY_Q = _varlen_mistake(
+    "keys_cut_by_q", "cut the keys by cu_seqlens_q: the keys and values of sequence b are rows cu_seqlens_k[b] up to "
+    "cu_seqlens_k[b + 1]", why="The queries may be fewer than the keys: the new tokens of a chunk after a cache.")
+CROSSES = _varlen_mistake(
+    "crosses_boundaries", "attended across sequence boundaries (one mask over the whole packed batch, not reset per "
+    "sequence): each query sees only its own sequence's keys; cut by cu_seqlens",
+    why="Packing puts unrelated sequences side by side: nothing may cross a boundary.")
+GLOBAL_POSITIONS = _varlen_mistake(
+    "causal_global_positions", "the causal mask compared rows of the packed batch, not positions in each sequence: "
+    "compare positions within each sequence, offset by its own Tk − Tq",
+    why="With as many queries as keys both agree; with fewer queries (a chunk after a cache) the rows are offset, and "
+        "one offset for the whole batch, total_k − total_q, is right for no sequence but the last.")
+TOP_LEFT = _varlen_mistake(
+    "causal_top_left", "each sequence's causal mask is aligned to the top-left (query i sees keys 0 … i): align it to "
+    "the bottom-right, tril(diagonal=Tk − Tq)",
+    why="The queries are the sequence's last Tq tokens, as kv_cache's decode_mask: with Tq queries and Tk keys, "
+        "query i sees keys 0 … Tk − Tq + i, as flash-attn aligns it.")
+CAUSAL_IGNORED = _varlen_mistake("causal_ignored", "causal=True was ignored: mask each sequence's future keys")
+VARLEN_UNSCALED = _varlen_mistake("unscaled", "scores not scaled: divide q · kᵀ by √Dh")
+HEADS_AXIS = _varlen_mistake(
+    "heads_axis", "attended across the heads of each token (q @ k.mT on (T, H, Dh) is (T, H, H)): move the heads "
+    "first, (H, T, Dh)", why="Then q @ k.mT is (H, Tq, Tk): every query against every key, head by head.")
+
+VARLEN = StepSpec(
+    "varlen_attention", varlen_inputs, ref.varlen_attention,
+    checks=(
+        shape(3), values("packed", 3, FLOATS), values("causal_chunks", 3, FLOATS, q_lens=CHUNK_Q, k_lens=CHUNK_K,
+                                                      causal=True),
+        values("causal_prefill", 3, causal=True), values("fewer_queries", 3, q_lens=CHUNK_Q, k_lens=CHUNK_K),
+        values("half", 2, (torch.float16,), q_lens=CHUNK_Q, k_lens=CHUNK_K, causal=True), device(2, causal=True),
+    ),
+    mistakes=(CU_AS_LENGTHS, KEYS_CUT_BY_Q, CROSSES, GLOBAL_POSITIONS, TOP_LEFT, CAUSAL_IGNORED, VARLEN_UNSCALED,
+              HEADS_AXIS),
+)

@@ -1,0 +1,202 @@
+"""The checks of `paged_attention`: the block pool, paged decoding, packed variable-length attention, and
+self-attention that serves a batch from the pool.
+
+The pool and the module keep state between calls, so their checks are scripts
+(grader/engine/script.py): build the candidate's objects in one worker, call them in order,
+read what they hold, and compare every result here (the pool's in cache.py beside this file).
+The two functions are checked as any function step is (functions.py), their inputs a pool of
+shuffled blocks and packed batches whose lengths differ and do not divide the block size.
+
+The module is graded on its own wiring: while the candidate's PagedKVCache has lost points it
+runs with the stand-in pool (stand_ins.py beside this file: the stub's contract, nothing more),
+and while paged_decode or varlen_attention has lost points the grader answers their calls, so
+their bugs are charged to them. Only the end-to-end check runs the candidate's own pool and
+functions.
+"""
+
+import math
+
+import torch
+
+from grader.engine import (
+    Call,
+    CheckFailed,
+    Mistake,
+    Run,
+    Script,
+    Spec,
+    StepSpec,
+    Tolerance,
+    diagnose,
+    expect_close,
+    expect_form,
+    linear_layers,
+    prop,
+    source_of,
+)
+
+from .cache import BLOCK, CACHE, DH, H
+from .functions import DECODE, VARLEN, _cu
+
+D = H * DH  # model width
+STREAMS = (9, 8, 10)  # each sequence's tokens in all
+SEQ_IDS = (11, 4, 7)  # the ids the module is given for them
+POOL_BLOCKS = 10  # room for all three, two blocks to spare
+PREFILL_DECODE = ({0: 5, 1: 3, 2: 8}, {0: 1, 1: 1, 2: 1}, {0: 1, 1: 1, 2: 1})  # a batch prefilled, decoded twice
+JOINING = ({0: 4}, {0: 1}, {1: 6, 0: 1}, {0: 2, 1: 1}, {2: 3}, {0: 1, 1: 1, 2: 1})  # sequences joining, chunks
+# mixed with single tokens, a batch whose order is not the ids', decoding all three at the end
+X = ("x",)
+
+
+def module_inputs(gen, dtype, bias=True):
+    names = ("w_q", "w_k", "w_v", "w_o")
+    state = {f"{n}.weight": torch.as_tensor(gen.randn(D, D, dtype=dtype, scale=D**-0.5)) for n in names}
+    if bias:
+        state.update({f"{n}.bias": torch.as_tensor(gen.randn(D, dtype=dtype, scale=0.1)) for n in names})
+    streams = tuple(torch.as_tensor(gen.randn(n, D, dtype=dtype)) for n in STREAMS)
+    return Call((streams,), {}, X, init=(D, H), init_kwargs={"bias": bias}, state=state)
+
+
+def _proj(state, y, name):
+    return y @ state[f"{name}.weight"].T + state.get(f"{name}.bias", 0)
+
+
+def served(state, streams, schedule=PREFILL_DECODE, *, bug: str | None = None, only: str | None = None):
+    """Every call's outputs of `schedule`, concatenated in call order, from the contract: each new token attends
+    causally to its own sequence. `bug`, the id of one of the module's mistakes, makes its wrong answer instead; with
+    `only` ("decode" or "prefill"), in that path's calls only (a module with two paths may get one of them wrong)."""
+    split = (lambda y: y.view(-1, DH, H).transpose(1, 2)) if bug == HEADS_SPLIT_INNER.id else (
+        lambda y: y.view(-1, H, DH))  # (N, H, Dh): heads outer, or the features read as (Dh, H)
+    heads = [tuple(split(_proj(state, x, n)) for n in ("w_q", "w_k", "w_v")) for x in streams]
+    done, outputs = [0] * len(streams), []
+    for call in schedule:
+        ids = [i for i, t in call.items() if t]
+        decoding = all(call[i] == 1 for i in ids)
+        wrong = bug if only is None or only == ("decode" if decoding else "prefill") else None
+        for i in ids:
+            q, k, v = heads[i]
+            past, t = done[i], call[i]
+            for p in range(past, past + t):
+                lo, hi = 0, p  # the keys token p reads, first and last
+                if wrong == NOT_CAUSAL.id and not decoding:
+                    hi = past + t - 1
+                elif wrong == NEW_ONLY.id:
+                    lo = past
+                elif wrong == LENGTHS_BEFORE.id:
+                    hi = p - t
+                keys = slice(lo, max(hi + 1, lo))  # none when hi < lo
+                scores = torch.einsum("hd,nhd->hn", q[p], k[keys]) / math.sqrt(DH)  # (H, keys)
+                y = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), v[keys]).reshape(D)  # 0 for no key
+                outputs.append(y if wrong == NO_OUTPUT_PROJECTION.id else _proj(state, y, "w_o"))
+            done[i] += t
+    return torch.stack(outputs)  # (all the new tokens of every call, D)
+
+
+def _mistake(name: str, message: str, why: str = "") -> Mistake:
+    mistake_id = f"PagedSelfAttention.{name}"
+    return Mistake(mistake_id, message, lambda *a, **kw: [served(*a, **kw, bug=mistake_id, only=only)
+                                                          for only in (None, "decode", "prefill")], why=why)
+
+
+NOT_CAUSAL = _mistake(
+    "not_causal", "several new tokens of a sequence attended to each other's future: call varlen_attention with "
+    "causal=True", why="One new token may see every key; a prefill or a chunk must not see the tokens after it.")
+NEW_ONLY = _mistake(
+    "new_tokens_only", "attended over this call's keys only: the new tokens see every key their sequence holds, read "
+    "from the pool after the append")
+LENGTHS_BEFORE = _mistake(
+    "lengths_before_append", "read the sequences' lengths before appending: the new tokens then miss their own keys; "
+    "append first, then read seq_len (in the decode path too)",
+    why="The context of a new token includes itself; a decode path that builds context_lens for paged_decode before "
+        "the append leaves each new token without its own key.")
+NO_OUTPUT_PROJECTION = _mistake("no_output_projection",
+                                "forgot the output projection: apply w_o after merging the heads")
+HEADS_SPLIT_INNER = Mistake(
+    "PagedSelfAttention.heads_split_inner", "the projections were split as (N, Dh, H), heads inner: head h owns "
+    "features h·Dh … (h + 1)·Dh − 1, so view(N, H, Dh)",
+    lambda *a, **kw: served(*a, **kw, bug=HEADS_SPLIT_INNER.id),
+    why="view(N, Dh, H).transpose(1, 2) has the right shape, but each head gets every H-th feature, and w_o's "
+        "columns expect heads outer.")
+NAN_READ = Mistake(
+    "PagedSelfAttention.unused_slots_read", "read slots of the pool no sequence holds (a whole block, or a −1 of a "
+    "table): gather each sequence's first seq_len tokens only",
+    why="The grader fills the pool with NaN before anything is appended: a slot read before it is written shows.",
+    test=lambda value, *_, **__: bool(torch.isnan(value.double()).any()))
+
+
+class ServeScript:
+    """The module built with the grader's weights and a pool (the candidate's, or the stand-in), then the calls of
+    `schedule`: each one the new tokens of some sequences, packed."""
+
+    def __init__(self, run: Run, schedule=PREFILL_DECODE, nan: bool = False):
+        self.run, self.schedule = run, schedule
+        self.call = run.inputs()
+        streams = self.call.args[0]
+        own = run.check.end_to_end or run.ctx.passed("PagedKVCache")  # a pool that lost points is the stand-in's
+        script = Script()
+        module = script.build("PagedSelfAttention", *self.call.init, state=self.call.state, **self.call.init_kwargs)
+        pool = script.build("PagedKVCache", POOL_BLOCKS, BLOCK, H, DH, stand_in=not own)
+        if nan:
+            script.fill(pool, ("k_cache", "v_cache"), axis=0, start=0)
+        done, self.outputs, self.sizes = [0] * len(streams), [], []
+        for call in schedule:
+            ids = [i for i, t in call.items() if t]
+            x = torch.cat([streams[i][done[i]:done[i] + call[i]] for i in ids])
+            kwargs = {"seq_ids": [SEQ_IDS[i] for i in ids], "cu_seqlens": _cu([call[i] for i in ids])}
+            self.outputs.append(script.call(module, "__call__", x, kwargs=kwargs, refs={"cache": pool}, names=X))
+            self.sizes.append(len(x))
+            for i in ids:
+                done[i] += call[i]
+        self.results = run.script(script).value
+
+    def expect_right(self) -> None:
+        whole = Call(self.call.args, {"schedule": self.schedule}, X, state=self.call.state)
+        native, exact = self.run.reference(whole, exact=False), self.run.reference(whole)
+        got, start = [], 0
+        try:
+            for number, (index, n) in enumerate(zip(self.outputs, self.sizes, strict=True), 1):
+                try:
+                    expect_form(self.results[index], native[start:start + n])
+                except CheckFailed as failure:
+                    raise CheckFailed(f"call {number} of {n} new tokens: {failure.message}",
+                                      diagnose.form(self.results[index], native[start:start + n])) from None
+                got.append(self.results[index])
+                start += n
+            expect_close(torch.cat(got), exact, None, Tolerance.of(native, exact))
+        except CheckFailed as failure:
+            mistake = failure.mistake
+            if mistake is None and len(got) == len(self.sizes):
+                mistake = self.run.explain(torch.cat(got), whole)
+            calls = "; ".join(", ".join(f"{SEQ_IDS[i]}: +{t}" for i, t in c.items()) for c in self.schedule)
+            raise CheckFailed(f"calls of new tokens by sequence ({calls}): {failure.message}", mistake,
+                              failure.details) from None
+
+
+def _serve_check(**options):
+    return lambda run: ServeScript(run, **options).expect_right()
+
+
+def module_end_to_end(run: Run) -> None:
+    """The module with the candidate's own pool and functions: does the whole thing serve?"""
+    try:
+        ServeScript(run, schedule=JOINING, nan=True).expect_right()
+    except CheckFailed as failure:
+        source = source_of(run.ctx.source, run.step.id)
+        calls = ["PagedKVCache"] + [name for name in ("paged_decode", "varlen_attention") if name in source]
+        mistake = failure.mistake if all(run.ctx.passed(name) for name in calls) else None
+        raise CheckFailed(failure.message, mistake, {**failure.details, "calls": calls}, failure.outcome) from None
+
+
+MODULE = StepSpec(
+    "PagedSelfAttention", module_inputs, served, module=True, prefix="module",
+    answered=("paged_decode", "varlen_attention"),
+    checks=(
+        prop("structure", 2, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, H), "an nn.Linear")),
+        prop("prefill_then_decode", 5, _serve_check()), prop("joining", 5, _serve_check(schedule=JOINING)),
+        prop("unused_slots_nan", 5, _serve_check(nan=True)),
+        prop("end_to_end", 3, module_end_to_end, end_to_end=True),
+    ),
+    mistakes=(NOT_CAUSAL, NEW_ONLY, LENGTHS_BEFORE, NO_OUTPUT_PROJECTION, HEADS_SPLIT_INNER, NAN_READ),
+)
+
+SPEC = Spec((CACHE, DECODE, VARLEN, MODULE))

@@ -1,0 +1,345 @@
+"""The checks of `triton_attention`: a fused row softmax, FlashAttention's forward kernel and a decode kernel.
+
+Every check is a property check that calls the candidate's launcher on the device Triton runs on:
+CUDA where the grade's device checks run on CUDA (the kernel compiled), else the CPU, where the
+worker turns Triton's interpreter on (TRITON_INTERPRET=1, grader/sandbox/worker.py). The engine's
+own kinds would call on the CPU, which a compiled kernel cannot read.
+
+Sizes never divide the blocks (rows of 37 in 64 lanes, a head width of 20 in 32, 21 queries in
+blocks of 16), so a load or store without its mask shows; inputs are also handed over
+non-contiguous (strides), in float16 and bfloat16 (the low-precision rule), causal with Tq < Tk
+and Tq > Tk (rows with no key: out 0, lse -inf), and decode caches hold NaN past each sequence's
+length. The work must be a Triton kernel's: the launcher's torch calls may create no tensor the size
+of the score matrix (`no_score_matrix`), may call no softmax, matmul or attention (exercise.toml's
+forbidden lists), and must launch a `triton.jit` function (`kernel`, through stand_ins.py). On CUDA
+only, `speed` times the forward kernel against F.scaled_dot_product_attention.
+
+The references are plain torch (wrong.py), which the model answer equals
+(tests/exercises/triton_attention/test_oracle.py); the named mistakes' wrong answers are there too.
+"""
+
+import math
+
+import torch
+
+from grader.engine import (
+    Call,
+    CheckFailed,
+    Mistake,
+    Raises,
+    Script,
+    Spec,
+    StepSpec,
+    check_rules,
+    prop,
+    source_of,
+)
+
+from .wrong import (
+    all_nan,
+    decode_keys_unmasked,
+    decode_reference,
+    first_length,
+    flash_reference,
+    flash_variant,
+    grid_rounded_down,
+    has_nan,
+    keys_past_end,
+    program_ids_swapped,
+    softmax_no_max,
+    softmax_output_strides,
+    softmax_padded,
+    softmax_reference,
+    softmax_transposed_memory,
+    strides_swapped,
+    top_left,
+    unmasked_rows,
+)
+
+ROWS, COLS = 5, 37  # the softmax's rows: 37 lanes of a 64-lane block
+B, H, TQ, TK, D = 1, 3, 21, 37, 20  # 3 batch·heads, 2 query blocks of 16 (not 3: swapped program ids show), D in 32
+# The decode cache: three sequences, NaN past each one's length; the last fills it, so a kernel that reads past a
+# length still gets that one right (a NaN there is another mistake's)
+T_MAX, LENGTHS = 40, (29, 6, 40)
+# The speed check's size (float16, causal) and tiles (CUDA only): the launcher's defaults of 16 suit the interpreter,
+# a GPU wants larger ones. Within SPEED_FACTOR of SDPA's time earns its points (not yet calibrated on a GPU).
+SPEED = {"batch": 4, "heads": 16, "t": 2048, "d": 64, "block_m": 64, "block_n": 64}
+SPEED_FACTOR = 4.0
+
+
+def triton_device(run) -> str:
+    """Where Triton runs in this grade: CUDA (compiled) when the device checks run there, else the CPU (the
+    interpreter)."""
+    return "cuda" if run.ctx.device == "cuda" else "cpu"
+
+
+# Triton's interpreter (3.9) multiplies bfloat16 blocks in tl.dot as their bits, integers: a right kernel's answer is
+# garbage there, so bfloat16 through tl.dot is checked compiled only.
+INTERPRETER_BFLOAT16 = ("Triton ran in its interpreter (no CUDA), whose tl.dot of bfloat16 blocks is wrong: bfloat16 "
+                        "is checked compiled, on a GPU only")
+
+
+def checked(name: str, points: int, dtype=torch.float32, strided: tuple[int, ...] = (), compiled_only: str = "",
+            **params):
+    """A values check on Triton's device: the answer to the step's inputs with `params` against the reference.
+    `compiled_only`: why the interpreter cannot check it (then it is skipped without CUDA)."""
+    def check(run):
+        device = triton_device(run)
+        call = run.inputs(dtype=dtype, **params)
+        answer = run.answer(call, device=device, strided=strided)  # runs, or says why not, even where not compared
+        if compiled_only and device != "cuda":
+            raise CheckFailed(compiled_only, outcome="skipped")
+        run.expect_right(run.output(answer), call, device)
+
+    check.__doc__ = f"{name}: the answer on Triton's device matches the reference ({params or 'the plain inputs'})."
+    return prop(name, points, check)
+
+
+def kept_rules(points: int, **params):
+    """The launcher's call used none of the step's forbidden torch functions, and was right."""
+    def check(run):
+        device = triton_device(run)
+        call = run.inputs(**params)
+        answer = run.answer(call, device=device)
+        check_rules(answer.called, run.ctx.forbidden.get(run.step.id, ()), run.ctx.source,
+                    source_of(run.ctx.source, run.step.id))
+        try:
+            run.expect_right(run.output(answer), call, device)
+        except CheckFailed as failure:
+            raise CheckFailed(f"the rules were kept, but the answer is wrong: {failure.message}", failure.mistake,
+                              failure.details) from None
+
+    return prop("rules", points, check)
+
+
+def launched_kernel(points: int, mistake: Mistake, **params):
+    """The launcher launched a Triton kernel (a triton.jit function, compiled or interpreted, or an autotuner over
+    one): the stand-in `Launches` (stand_ins.py) runs it in the worker and lists what `kernel[grid]` launched."""
+    def check(run):
+        call = run.inputs(**params)
+        script = Script()
+        probe = script.build("Launches", stand_in=True)
+        index = script.call(probe, "run", run.step.id, *call.args, kwargs=call.kwargs, names=("launcher", *call.names))
+        launched = run.script(script, device=triton_device(run)).value[index]
+        if not isinstance(launched, list) or not launched:
+            raise CheckFailed(f"{run.step.id} launched no Triton kernel: its work must be a @triton.jit function's, "
+                              "launched over a grid", mistake, {"launched": []})
+
+    return prop("kernel", points, check)
+
+
+# -- softmax ----------------------------------------------------------------------------
+
+
+def softmax_inputs(gen, dtype, rows=ROWS, cols=COLS, scale=1.0):
+    return Call((gen.randn(rows, cols, dtype=dtype, scale=scale),), {}, ("x",))
+
+
+NOT_POWER_OF_TWO = Raises(message=r"power of 2")
+SOFTMAX_NO_KERNEL = Mistake("softmax.no_kernel", "the launcher computed the softmax without launching a Triton "
+                            "kernel: do the work in softmax_kernel, launched over a grid of n_rows programs")
+SOFTMAX = StepSpec(
+    "softmax", softmax_inputs, softmax_reference,
+    checks=(
+        checked("values", 6), checked("strided", 4, strided=(0,)), checked("float16", 2, torch.float16),
+        checked("bfloat16", 2, torch.bfloat16), checked("wide", 3, cols=300, rows=3), checked("large", 4, scale=100.0),
+        launched_kernel(2, SOFTMAX_NO_KERNEL), kept_rules(2),
+    ),
+    mistakes=(
+        Mistake("softmax.unmasked_load", "the row was loaded without a mask, reading past its end into the next "
+                "row: load with mask=cols < n_cols and other=-inf", test=unmasked_rows,
+                why="BLOCK is the next power of two above n_cols; the lanes past the row's end read the next row, "
+                    "or past the tensor's end, whatever lies there."),
+        Mistake("softmax.other_zero", "the masked lanes were loaded as 0 (other=0): load them as -inf, so that "
+                "e^(x - max) adds nothing for them", lambda x: softmax_padded(x, 0.0),
+                why="Each lane past the row's end then adds e^(0 - max) to the sum, and 0 may become the max."),
+        Mistake("softmax.no_max", "e^x without subtracting the row's max overflows for scores of a hundred: "
+                "subtract tl.max(x, axis=0) first", softmax_no_max,
+                why="float32's e^x is inf past x = 88, and inf / inf is NaN; softmax(x - max) is the same "
+                    "softmax with every exponent <= 0."),
+        Mistake("softmax.strides_ignored", "the kernel assumed a contiguous x: address element (row, col) as "
+                "x_ptr + row * stride_xr + col * stride_xc with both strides passed", softmax_transposed_memory,
+                why="A transposed or sliced view keeps its data where it was; only its strides say where."),
+        Mistake("softmax.output_strides", "the output was written with x's strides: pass y.stride(0) and "
+                "y.stride(1) for the store, as the load takes x's", softmax_output_strides,
+                why="y is a new contiguous tensor; x may be a transposed view, whose strides put each row's "
+                    "results where another layout's elements go."),
+        Mistake("softmax.block_not_power_of_two", "tl.arange's length must be a power of two: make BLOCK "
+                "triton.next_power_of_2(n_cols) and mask the lanes past n_cols", raises=NOT_POWER_OF_TWO),
+        SOFTMAX_NO_KERNEL,
+    ),
+)
+
+# -- flash_attention --------------------------------------------------------------------
+
+
+def flash_inputs(gen, dtype, t_q=TQ, t_k=TK, d=D, causal=False, block_m=None, block_n=None, heads=H, q_scale=1.0,
+                 v_offset=0.0):
+    """q, k, v; q_scale near 0 makes the scores nearly equal (l grows to Tk), v_offset moves every value (acc grows
+    to l · v_offset: past float16's 65504 for 512 keys of 250)."""
+    q = gen.randn(B, heads, t_q, d, dtype=dtype, scale=q_scale)
+    k = gen.randn(B, heads, t_k, d, dtype=dtype)
+    v = (gen.randn(B, heads, t_k, d, dtype=torch.float64) + v_offset).to(dtype)
+    kwargs = {"causal": causal}
+    kwargs.update({name: n for name, n in (("block_m", block_m), ("block_n", block_n)) if n is not None})
+    return Call((q, k, v), kwargs, ("q", "k", "v"))
+
+
+def block_sizes(run):
+    """Causal, Tq < Tk, for tiles of 32 × 16 and 16 × 32: always the reference's answer."""
+    device = triton_device(run)
+    for bm, bn in ((32, 16), (16, 32)):
+        call = run.inputs(causal=True, block_m=bm, block_n=bn)
+        try:
+            run.expect_right(run.output(run.answer(call, device=device)), call, device)
+        except CheckFailed as failure:
+            raise CheckFailed(f"with block_m={bm}, block_n={bn}: {failure.message}", failure.mistake,
+                              failure.details) from None
+
+
+MEM_TQ, MEM_TK = 48, 80  # the memory check's sizes: its score matrix (3840 per batch·head) exceeds every input
+
+
+def no_score_matrix(run):
+    """No tensor of at least two axes that the launcher's torch calls create holds more elements per batch·head
+    than the largest input (Tk × D): a (Tq, Tk) score matrix or mask does. One-axis tensors are not judged: Triton's
+    interpreter copies each argument's memory as bytes. Causal; the answer must be right too."""
+    device = triton_device(run)
+    call = run.inputs(t_q=MEM_TQ, t_k=MEM_TK, causal=True)
+    answer = run.answer(call, device=device, shapes=True)
+    record = answer.shapes or {"created": [], "more": 0}
+    if record["more"]:
+        raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different shapes: too "
+                          "many to check what it materialises", SCORE_MATRIX)
+    allowed = MEM_TK * D
+    for size in record["created"]:
+        if len(size) >= 2 and math.prod(size) > allowed * B * H:
+            raise CheckFailed(f"with Tq={MEM_TQ}, Tk={MEM_TK}, causal: the launcher created a tensor of shape "
+                              f"{tuple(size)}, more than the inputs hold ({allowed} per batch·head)", SCORE_MATRIX,
+                              {"shape": list(size), "allowed": allowed})
+    run.expect_right(run.output(answer), call, device)
+
+
+def speed(run):
+    """On CUDA: the forward kernel's time against F.scaled_dot_product_attention's at a realistic size (float16,
+    causal), measured in the worker by the stand-in `Timer`; within SPEED_FACTOR earns the points. Without CUDA
+    Triton runs in its interpreter, which says nothing of speed: skipped."""
+    if triton_device(run) != "cuda":
+        run.answer(run.inputs(causal=True), device="cpu")  # a launcher that cannot run says so, not a skip
+        raise CheckFailed("Triton ran in its interpreter (no CUDA): the kernel's speed is checked on a GPU only",
+                          outcome="skipped")
+    script = Script()
+    timer = script.build("Timer", stand_in=True)
+    index = script.call(timer, "flash", run.step.id, kwargs=dict(SPEED))
+    times = run.script(script, device="cuda").value[index]
+    kernel, sdpa = float(times["kernel_ms"]), float(times["sdpa_ms"])
+    ratio = kernel / sdpa
+    size = "B={batch}, H={heads}, T={t}, D={d}, float16, causal, block_m={block_m}, block_n={block_n}".format(**SPEED)
+    if not ratio <= SPEED_FACTOR:
+        raise CheckFailed(f"with {size}: flash_attention took {kernel:.3f} ms, F.scaled_dot_product_attention "
+                          f"{sdpa:.3f} ms, {ratio:.1f}× as long (within {SPEED_FACTOR:g}× earns the points)",
+                          details={"kernel_ms": kernel, "sdpa_ms": sdpa, "ratio": ratio})
+
+
+SCORE_MATRIX = Mistake("flash_attention.score_matrix", "the launcher built a tensor the size of the score matrix "
+                       "with torch: compute each block_m × block_n tile in the kernel and keep it there")
+FLASH_NO_KERNEL = Mistake("flash_attention.no_kernel", "the launcher computed attention without launching a Triton "
+                          "kernel: do the work in flash_forward_kernel, launched over its grid of programs")
+FLASH = StepSpec(
+    "flash_attention", flash_inputs, flash_reference, outputs=("out", "lse"),
+    checks=(
+        checked("values", 6), checked("causal", 6, causal=True), checked("causal_square", 3, t_q=TK, causal=True),
+        checked("fully_masked", 4, t_q=TK + 9, t_k=TQ, causal=True), checked("strided", 4, strided=(0, 1, 2)),
+        prop("block_sizes", 4, block_sizes), checked("float16", 3, torch.float16, causal=True),
+        checked("bfloat16", 3, torch.bfloat16, compiled_only=INTERPRETER_BFLOAT16, causal=True),
+        checked("long_float16", 3, torch.float16, t_q=16, t_k=512, q_scale=0.1, v_offset=250.0),
+        prop("no_score_matrix", 4, no_score_matrix), launched_kernel(3, FLASH_NO_KERNEL, causal=True),
+        kept_rules(3, causal=True), prop("speed", 9, speed),
+    ),
+    mistakes=(
+        Mistake("flash_attention.grid_rounded_down", "the grid had t_q // block_m query blocks, so the last partial "
+                "block was never computed: use triton.cdiv(t_q, block_m) and mask its rows", test=grid_rounded_down,
+                why="Floor division drops the rows past the last full block; their output is whatever torch.empty "
+                    "held."),
+        Mistake("flash_attention.rescale_sign_flipped", "every output was NaN: the rescale factor is "
+                "alpha = e^(m - m_new), old max minus new, not e^(m_new - m)", test=all_nan,
+                why="With m = -inf before the first block, e^(m_new - m) is inf, and inf · 0 is NaN in every row."),
+        Mistake("flash_attention.nan_rows", "a row with no key to see (causal, Tq > Tk) gave NaN: subtract 0 where "
+                "the running max is -inf, and divide by l only where l > 0", test=has_nan,
+                why="Its max stays -inf, and e^(-inf - (-inf)) is NaN; such a row's out is 0 and its lse -inf."),
+        Mistake("flash_attention.top_left", "causal masking aligned to the top-left (query i at position i): "
+                "mask key j when j > Tk - Tq + i", top_left,
+                why="The queries are the last Tq of the Tk positions: query i sits at Tk - Tq + i."),
+        Mistake("flash_attention.keys_past_end", "keys past Tk were loaded as 0 and scored: set the scores of "
+                "keys j >= Tk to -inf with tl.where before the softmax", keys_past_end,
+                why="A masked load gives 0 for them (other=0), a score of 0 that still counts e^(0 - m) in the sum."),
+        Mistake("flash_attention.no_rescale", "acc and l were not rescaled when the running max rose: multiply "
+                "both by alpha = e^(m - m_new) before adding the block", flash_variant(rescale=False)),
+        Mistake("flash_attention.acc_not_rescaled", "acc was not rescaled when the running max rose: multiply it "
+                "by alpha = e^(m - m_new) before adding the block's p @ v, as l is", flash_variant(rescale_acc=False),
+                why="acc holds sums of e^(s - m) under the old max; without alpha they outweigh the new block's."),
+        Mistake("flash_attention.l_not_rescaled", "l was not rescaled when the running max rose: update it as "
+                "l = alpha * l + sum(p), with alpha = e^(m - m_new), as acc is", flash_variant(rescale_l=False),
+                why="l must be the sum of e^(s - m) under the current max; the old terms keep the old max's scale."),
+        Mistake("flash_attention.scale_from_padded_width", "the scores were scaled by 1/sqrt(BLOCK_D), the padded "
+                "width: scale by 1/sqrt(d), the head's real width", flash_variant(padded_scale=True),
+                why="BLOCK_D is d rounded up to a power of two for tl.arange; the padded lanes hold zeros and "
+                    "change no dot product, only a scale taken from them."),
+        Mistake("flash_attention.lse_last_block", "lse came from the last key block alone: it is m + log(l) of the "
+                "running max and sum after the last block", flash_variant(lse_last_block=True)),
+        Mistake("flash_attention.strides_swapped", "the token and width strides were swapped: the token's "
+                "stride is x.stride(2), the width's x.stride(3)", strides_swapped),
+        Mistake("flash_attention.program_ids_swapped", "the kernel reads its program ids the other way from the "
+                "launcher's grid: axis 0 is the query block, axis 1 the batch·head", test=program_ids_swapped,
+                why="Then some batch·heads are never computed (their output is whatever torch.empty held)."),
+        Mistake("flash_attention.acc_in_half", "acc was kept in the inputs' half type: keep m, l and acc in "
+                "float32 (tl.zeros(..., dtype=tl.float32)) and cast only the stored output",
+                flash_variant(acc_dtype=torch.float16),
+                why="acc is unnormalised: it grows to l times the values, and 512 keys of values near 250 pass "
+                    "float16's largest number, 65504 (inf)."),
+        Mistake("flash_attention.block_not_power_of_two", "tl.arange's length must be a power of two: pad the "
+                "head width to triton.next_power_of_2(D) and mask the lanes past D", raises=NOT_POWER_OF_TWO),
+        SCORE_MATRIX, FLASH_NO_KERNEL,
+    ),
+)
+
+# -- decode_attention -------------------------------------------------------------------
+
+
+def decode_inputs(gen, dtype, lengths=LENGTHS, t_max=T_MAX, d=D, scale=1.0):
+    q = gen.randn(len(lengths), H, d, dtype=dtype, scale=scale)
+    k_cache, v_cache = (gen.randn(len(lengths), H, t_max, d, dtype=dtype) for _ in range(2))
+    for b, n in enumerate(lengths):  # unused slots: a kernel that reads them shows it
+        k_cache[b, :, n:] = math.nan
+        v_cache[b, :, n:] = math.nan
+    return Call((q, k_cache, v_cache, torch.tensor(lengths)), {}, ("q", "k_cache", "v_cache", "lengths"))
+
+
+DECODE_NO_KERNEL = Mistake("decode_attention.no_kernel", "the launcher computed attention without launching a "
+                           "Triton kernel: do the work in decode_kernel, launched over a grid of B·H programs")
+DECODE = StepSpec(
+    "decode_attention", decode_inputs, decode_reference,
+    checks=(
+        checked("values", 6), checked("strided", 3, strided=(0, 1, 2)), checked("float16", 3, torch.float16),
+        checked("one_block", 2, lengths=(3, 11, 16), t_max=16),
+        checked("long", 2, lengths=(97, 128), t_max=128, scale=8.0),
+        launched_kernel(2, DECODE_NO_KERNEL), kept_rules(2),
+    ),
+    mistakes=(
+        Mistake("decode_attention.rescale_sign_flipped", "every output was NaN: the rescale factor is "
+                "alpha = e^(m - m_new), old max minus new, not e^(m_new - m)", test=all_nan,
+                why="With m = -inf before the first block, e^(m_new - m) is inf, and inf · 0 is NaN; a sequence "
+                    "that fills its cache has nothing past its length to read, so its NaN is not the cache's."),
+        Mistake("decode_attention.keys_past_length", "the last block's slots past lengths[b] were scored as keys of "
+                "score 0: set s to -inf where the key's index j >= lengths[b]", decode_keys_unmasked,
+                why="A masked load gives those slots 0 (other=0), a score of 0 whose e^(0 - m) still joins the sum."),
+        Mistake("decode_attention.past_length", "the kernel read the cache past the sequence's length (NaN "
+                "there): loop over range(0, lengths[b], BLOCK_N) and mask keys j >= lengths[b]", test=has_nan,
+                why="The cache is allocated for T_max positions; only the first lengths[b] hold keys."),
+        Mistake("decode_attention.first_length", "every sequence used lengths[0]: load lengths[b] for the "
+                "program's own batch b = program_id // H", first_length),
+        DECODE_NO_KERNEL,
+    ),
+)
+
+SPEC = Spec((SOFTMAX, FLASH, DECODE))

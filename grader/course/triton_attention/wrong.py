@@ -1,0 +1,238 @@
+"""The right and wrong answers of triton_attention's steps, written out in torch in the grader's process.
+
+The references are plain torch in the inputs' own dtype (the plain same-dtype implementation the
+engine's low-precision rule measures by). The wrong answers are what a kernel with one named
+mistake computes, tile by tile where the mistake depends on the tiles (the block sizes are the
+launcher's arguments, so the grader knows them).
+"""
+
+import math
+
+import torch
+
+from grader.engine import attention
+
+INF = math.inf
+
+
+def _work(dtype):
+    return torch.promote_types(dtype, torch.float32)
+
+
+# -- softmax ----------------------------------------------------------------------------
+
+
+def softmax_reference(x):
+    return torch.softmax(x, -1)
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def softmax_padded(x, pad: float):
+    """A kernel whose lanes past the row's end were loaded as `pad` (other=0 gives 0): their e^(pad - max) joins
+    the sum, and the max, then the first n_cols lanes are stored."""
+    cols = x.shape[-1]
+    padded = torch.nn.functional.pad(x.to(_work(x.dtype)), (0, next_power_of_two(cols) - cols), value=pad)
+    return torch.softmax(padded, -1)[..., :cols].to(x.dtype)
+
+
+def softmax_no_max(x):
+    e = torch.exp(x.to(_work(x.dtype)))
+    return (e / e.sum(-1, keepdim=True)).to(x.dtype)
+
+
+def softmax_output_strides(x):
+    """A launcher that passes x's strides for y: the right softmax, stored at the places x's layout (its last two
+    axes transposed in memory, as the worker hands it over) gives them in the contiguous y."""
+    return softmax_reference(x).t().contiguous().view(x.shape)
+
+
+def softmax_transposed_memory(x):
+    """A kernel that takes the non-contiguous x the worker hands over (its last two axes transposed in memory) as
+    contiguous: it reads x.T's memory in x's shape."""
+    return softmax_reference(x.t().contiguous().view(x.shape))
+
+
+def unmasked_rows(value, x):
+    """Does the answer show a load with no mask: each row but the last the softmax of BLOCK contiguous elements
+    from the row's start, the next row's first ones among them (the last row's read garbage past the end)?"""
+    if not isinstance(value, torch.Tensor) or value.shape != x.shape or x.shape[0] < 2:
+        return False
+    rows, cols = x.shape
+    block = next_power_of_two(cols)
+    if block == cols:
+        return False
+    flat = torch.cat([x.reshape(-1).to(_work(x.dtype)), torch.zeros(block)])
+    wanted = torch.stack([torch.softmax(flat[r * cols:r * cols + block], -1)[:cols] for r in range(rows - 1)])
+    got = value[:-1].to(wanted.dtype)
+    return bool(torch.isfinite(got).all()) and bool(torch.allclose(got, wanted, rtol=1e-3, atol=1e-5))
+
+
+def all_nan(value, *args, **kwargs):
+    """Is every entry of the answer (its first part) NaN: a rescale factor e^(m_new - m) is inf from the first
+    block, where m is -inf, and inf · 0 is NaN in every row?"""
+    first = value[0] if isinstance(value, (tuple, list)) and value else value
+    return isinstance(first, torch.Tensor) and first.is_floating_point() and first.numel() > 0 and bool(
+        torch.isnan(first).all())
+
+
+def has_nan(value, *args, **kwargs):
+    parts = value if isinstance(value, (tuple, list)) else (value,)
+    return any(isinstance(p, torch.Tensor) and p.is_floating_point() and bool(torch.isnan(p).any()) for p in parts)
+
+
+# -- flash_attention --------------------------------------------------------------------
+
+
+def flash_reference(q, k, v, causal=False, block_m=16, block_n=16):
+    """Plain attention in q's dtype, with its lse in float32 at least; a row with no key gives 0 and -inf."""
+    mask = attention.causal_mask(q.shape[-2], k.shape[-2]) if causal else None
+    lse = torch.logsumexp(attention.scores(q, k, mask).to(_work(q.dtype)), -1)
+    return attention.attend(q, k, v, mask), lse
+
+
+def top_left(q, k, v, causal=False, block_m=16, block_n=16):
+    """Causal with query i at position i (the offset Tk - Tq forgotten)."""
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    if not causal or t_q == t_k:
+        return flash_reference(q, k, v, causal)
+    mask = torch.arange(t_k)[None, :] <= torch.arange(t_q)[:, None]
+    scores = (q.to(_work(q.dtype)) @ k.to(_work(q.dtype)).transpose(-2, -1) / math.sqrt(q.shape[-1]))
+    scores = scores.masked_fill(~mask, -INF)
+    lse = torch.logsumexp(scores, -1)
+    out = torch.softmax(scores, -1).nan_to_num(0.0) @ v.to(scores.dtype)
+    return out.to(q.dtype), lse
+
+
+def keys_past_end(q, k, v, causal=False, block_m=16, block_n=16):
+    """Keys past Tk loaded as 0 (other=0) and not masked: each is a score of 0 with a value of 0."""
+    t_k = k.shape[-2]
+    extra = -(-t_k // block_n) * block_n - t_k
+    if causal or not extra:
+        return flash_reference(q, k, v, causal)
+    pad = lambda x: torch.nn.functional.pad(x, (0, 0, 0, extra))  # noqa: E731
+    return flash_reference(q, pad(k), pad(v))
+
+
+def tiled(q, k, v, causal=False, block_m=16, block_n=16, *, rescale=True, lse_last_block=False, acc_dtype=None,
+          guard=True, rescale_acc=True, rescale_l=True, padded_scale=False):
+    """The forward kernel's loop, one query block at a time; the keyword arguments after * make the named wrong
+    variants. The key loop ends where the reference kernel's does (causal: past the block's last query)."""
+    t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale_width = max(16, next_power_of_two(d)) if padded_scale else d  # the kernel's BLOCK_D, or d
+    work = _work(q.dtype)
+    acc_dtype = acc_dtype or work
+    outs, lses = [], []
+    offset = t_k - t_q
+    for i in range(0, t_q, block_m):
+        qb = q[..., i:i + block_m, :].to(work)
+        bq = qb.shape[-2]
+        m = torch.full(qb.shape[:-1], -INF, dtype=work)
+        l = torch.zeros(qb.shape[:-1], dtype=work)
+        acc = torch.zeros(*qb.shape[:-1], v.shape[-1], dtype=acc_dtype)
+        last = (m, l)
+        end = min(t_k, offset + i + block_m) if causal else t_k
+        for j in range(0, max(end, 0), block_n):
+            kb, vb = k[..., j:j + block_n, :].to(work), v[..., j:j + block_n, :]
+            s = qb @ kb.transpose(-2, -1) / math.sqrt(scale_width)
+            if causal:
+                rows = torch.arange(offset + i, offset + i + bq)[:, None]
+                s = s.masked_fill(torch.arange(j, j + kb.shape[-2])[None, :] > rows, -INF)
+            m_new = torch.maximum(m, s.amax(-1))
+            shift = torch.where(m_new == -INF, 0.0, m_new) if guard else m_new
+            alpha = torch.exp(m - shift) if rescale else torch.ones_like(m)
+            p = torch.exp(s - shift[..., None])
+            l = (alpha if rescale_l else 1.0) * l + p.sum(-1)
+            acc_alpha = alpha if rescale_acc else torch.ones_like(alpha)
+            acc = (acc_alpha[..., None].to(acc_dtype) * acc + (p.to(vb.dtype) @ vb).to(acc_dtype)).to(acc_dtype)
+            m = m_new
+            block_max = s.amax(-1)
+            last = (block_max, torch.exp(s - torch.where(block_max == -INF, 0.0, block_max)[..., None]).sum(-1))
+        out = acc.to(work) / (torch.where(l > 0, l, 1.0) if guard else l)[..., None]
+        outs.append(out)
+        lses.append(last[0] + torch.log(last[1]) if lse_last_block else m + torch.log(l))
+    return torch.cat(outs, -2).to(q.dtype), torch.cat(lses, -1)
+
+
+def flash_variant(**wrong):
+    return lambda q, k, v, causal=False, block_m=16, block_n=16: tiled(q, k, v, causal, block_m, block_n, **wrong)
+
+
+def strides_swapped(q, k, v, causal=False, block_m=16, block_n=16):
+    """Each of q, k and v read with its token and width strides swapped (stride(3) for the token, stride(2) for
+    the width), on contiguous inputs: a view of the same memory, while it stays inside it."""
+    def swapped(x):
+        b, h, t, d = x.shape
+        flat = x.contiguous().reshape(-1)
+        return flat.as_strided((b, h, t, d), (h * t * d, t * d, 1, d))
+    return flash_reference(swapped(q), swapped(k), swapped(v), causal)
+
+
+def program_ids_swapped(value, q, k, v, causal=False, block_m=16, block_n=16):
+    """Does the answer show a kernel reading its program ids the other way from the launcher's grid: right for the
+    batch·heads a program of the swapped grid reached (fewer than all), wrong for the others?"""
+    if not isinstance(value, (tuple, list)) or len(value) != 2 or not isinstance(value[0], torch.Tensor):
+        return False
+    b, h, t_q, _ = q.shape
+    blocks = -(-t_q // block_m)
+    reached = min(blocks, b * h)  # axis 1 of the grid, read as the batch·head, runs to the number of query blocks
+    if reached >= b * h or value[0].shape != q.shape:
+        return False
+    want = flash_reference(*(x.to(torch.float64) for x in (q, k, v)), causal)[0].reshape(b * h, t_q, -1)
+    got = value[0].reshape(b * h, t_q, -1).to(torch.float64)
+    rows = min(t_q, b * h * block_m)  # axis 0, read as the query block, runs to the number of batch·heads
+    right = torch.allclose(got[:reached, :rows], want[:reached, :rows], rtol=1e-2, atol=1e-2)
+    return right and not torch.allclose(got[reached:].nan_to_num(1e9), want[reached:], rtol=1e-2, atol=1e-2)
+
+
+def grid_rounded_down(value, q, k, v, causal=False, block_m=16, block_n=16):
+    """Does the answer show a grid of t_q // block_m query blocks: its full blocks right, the last partial one never
+    written (whatever torch.empty held), so wrong in every row whose reference is not 0? (A wrong online softmax
+    is right in the rows that see a single key block, and those may be in the last block.)"""
+    t_q = q.shape[-2]
+    full = t_q // block_m * block_m
+    if not 0 < full < t_q or not isinstance(value, (tuple, list)) or not isinstance(value[0], torch.Tensor):
+        return False
+    if value[0].shape != q.shape:
+        return False
+    want = flash_reference(*(x.to(torch.float64) for x in (q, k, v)), causal)[0]
+    got = value[0].to(torch.float64)
+    if not torch.allclose(got[..., :full, :], want[..., :full, :], rtol=1e-2, atol=1e-2):
+        return False
+    tail, wanted = got[..., full:, :].nan_to_num(1e9), want[..., full:, :]
+    close = torch.isclose(tail, wanted, rtol=1e-2, atol=1e-2).all(-1)  # (..., rows): each unwritten row right?
+    nonzero = (wanted != 0).any(-1)
+    return bool(nonzero.any()) and not bool((close & nonzero).any())
+
+
+# -- decode_attention -------------------------------------------------------------------
+
+
+def decode_reference(q, k_cache, v_cache, lengths, block_n=16):
+    """One query per batch·head over the first lengths[b] keys of its cache: plain attention in q's dtype."""
+    outs = []
+    for b, n in enumerate(lengths.tolist()):
+        if n == 0:
+            outs.append(torch.zeros_like(q[b]))
+            continue
+        outs.append(attention.attend(q[b][:, None], k_cache[b, :, :n], v_cache[b, :, :n], None)[:, 0])
+    return torch.stack(outs)
+
+
+def first_length(q, k_cache, v_cache, lengths, block_n=16):
+    """Every sequence read to lengths[0]."""
+    return decode_reference(q, k_cache, v_cache, torch.full_like(lengths, int(lengths[0])))
+
+
+def decode_keys_unmasked(q, k_cache, v_cache, lengths, block_n=16):
+    """The scores of the last block's slots past lengths[b] not set to -inf: loaded as 0 (other=0), each is a key of
+    score 0 with a value of 0 up to the block's end."""
+    outs = []
+    for b, n in enumerate(lengths.tolist()):
+        padded = -(-n // block_n) * block_n
+        k = torch.nn.functional.pad(k_cache[b, :, :n], (0, 0, 0, padded - n))
+        v = torch.nn.functional.pad(v_cache[b, :, :n], (0, 0, 0, padded - n))
+        outs.append(attention.attend(q[b][:, None], k, v, None)[:, 0] if n else torch.zeros_like(q[b]))
+    return torch.stack(outs)

@@ -1,0 +1,482 @@
+"""Candidates for `attention_backward` made from the reference by redefining one thing (Python keeps a file's last
+definition).
+
+BUGGY: one mistake each, with the step that must lose points and the named mistake the grader must find.
+CORRECT: unusual but right ways to write the steps; each must score 100. RULES_ONLY: autograd, torch's own
+backward ops or a softmax where the step forbids them; each loses its whole step.
+"""
+
+from tests.exercises.mha.variants import Variant
+
+
+def softmax_backward(body: str) -> str:
+    return f"""
+def softmax_backward(probs, grad_probs, dim=-1):
+{body}
+"""
+
+
+RIGHT_INNER = "    inner = (grad_probs * probs).sum(dim=dim, keepdim=True)"
+
+
+def attention(*, scores: str = "", probs: str = "", grad_v: str = "", grad_scores: str = "", grad_k: str = "") -> str:
+    """An attention_backward written out as the reference's, with lines to replace."""
+    scores = scores or """\
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)"""
+    probs = probs or "    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)"
+    grad_v = grad_v or "    grad_v = probs.transpose(-2, -1) @ grad_out"
+    grad_scores = grad_scores or "    grad_scores = softmax_backward(probs, grad_out @ v.transpose(-2, -1)) * scale"
+    grad_k = grad_k or "    grad_k = grad_scores.transpose(-2, -1) @ q"
+    return f"""
+def attention_backward(q, k, v, grad_out, mask=None):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+{scores}
+{probs}
+{grad_v}
+{grad_scores}
+    grad_q = grad_scores @ k
+{grad_k}
+    return grad_q, grad_k, grad_v
+"""
+
+
+def flash(*, delta: str = "", guard: str = "", keys: str = "", offset: str = "", mask: str = "", probs: str = "",
+          grad_v: str = "", grad_scores: str = "", grad_k: str = "") -> str:
+    """A flash_attention_backward written out as the reference's, with lines to replace."""
+    delta = delta or "    delta = (grad_out * out).sum(dim=-1)"
+    guard = guard or "    lse = lse.masked_fill(lse == -math.inf, math.inf)"
+    keys = keys or "range(0, t_k, block_k)"
+    offset = offset or "t_k - t_q"
+    mask = mask or """\
+            if causal:
+                rows = torch.arange(offset + i, offset + i + qb.shape[-2], device=q.device)[:, None]
+                cols = torch.arange(j, j + kb.shape[-2], device=q.device)[None, :]
+                scores = scores.masked_fill(cols > rows, -math.inf)"""
+    probs = probs or "            probs = torch.exp(scores - lse[..., i:i + block_q, None])"
+    grad_v = grad_v or "            grad_v[..., j:j + block_k, :] += probs.transpose(-2, -1) @ dob"
+    grad_scores = grad_scores or \
+        "            grad_scores = probs * (grad_probs - delta[..., i:i + block_q, None]) * scale"
+    grad_k = grad_k or "            grad_k[..., j:j + block_k, :] += grad_scores.transpose(-2, -1) @ qb"
+    return f"""
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    offset = {offset}
+{delta}
+{guard}
+    grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for j in {keys}:
+        kb, vb = k[..., j:j + block_k, :], v[..., j:j + block_k, :]
+        for i in range(0, t_q, block_q):
+            qb, dob = q[..., i:i + block_q, :], grad_out[..., i:i + block_q, :]
+            scores = qb @ kb.transpose(-2, -1) * scale
+{mask}
+{probs}
+{grad_v}
+            grad_probs = dob @ vb.transpose(-2, -1)
+{grad_scores}
+            grad_q[..., i:i + block_q, :] += grad_scores @ kb
+{grad_k}
+    return grad_q, grad_k, grad_v
+"""
+
+
+def function(*, tiles: str = "", row_end: str = "", save: str = "", back: str = "") -> str:
+    """A FlashAttentionFunction written out as the reference's, with pieces to replace: `tiles` the tile loop's
+    range, `row_end` the end of a query block, `save` what forward keeps, `back` backward's body."""
+    tiles = tiles or "range(0, t_q, block_q)"
+    row_end = row_end or """\
+            outs.append(acc / torch.where(l > 0, l, 1.0)[..., None])
+            lses.append(m + torch.log(l))"""
+    save = save or """\
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k"""
+    back = back or """\
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.block_q, ctx.block_k)
+        return dq, dk, dv, None, None, None"""
+    return f"""
+class FlashAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, block_q=32, block_k=32):
+        t_q, t_k, scale = q.shape[-2], k.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+        bq_, bk_ = block_q, block_k
+        outs, lses = [], []
+        for i in {tiles}:
+            qb = q[..., i:i + bq_, :] * scale
+            m = torch.full(qb.shape[:-1], -math.inf, dtype=q.dtype, device=q.device)
+            l = torch.zeros_like(m)
+            acc = torch.zeros(*qb.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+            for j in range(0, t_k, bk_):
+                scores = qb @ k[..., j:j + bk_, :].transpose(-2, -1)
+                if causal:
+                    rows = torch.arange(t_k - t_q + i, t_k - t_q + i + qb.shape[-2], device=q.device)[:, None]
+                    cols = torch.arange(j, j + scores.shape[-1], device=q.device)[None, :]
+                    scores = scores.masked_fill(cols > rows, -math.inf)
+                m_new = torch.maximum(m, scores.amax(dim=-1))
+                m_safe = torch.where(m_new == -math.inf, 0.0, m_new)
+                alpha, p = torch.exp(m - m_safe), torch.exp(scores - m_safe[..., None])
+                l = alpha * l + p.sum(dim=-1)
+                acc = alpha[..., None] * acc + p @ v[..., j:j + bk_, :]
+                m = m_new
+{row_end}
+        out, lse = torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
+{save}
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+{back}
+"""
+
+
+BUGGY = [
+    # -- softmax_backward -----------------------------------------------------------------------
+    Variant("sb_no_row_sum", softmax_backward("    return probs * grad_probs"),
+            "softmax_backward", "softmax_backward.no_row_sum"),
+    Variant("sb_sign", softmax_backward(RIGHT_INNER + "\n    return probs * (grad_probs + inner)"),
+            "softmax_backward", "softmax_backward.sign"),
+    Variant("sb_sum_without_probs", softmax_backward("""\
+    inner = grad_probs.sum(dim=dim, keepdim=True)
+    return probs * (grad_probs - inner)"""), "softmax_backward", "softmax_backward.sum_without_probs"),
+    Variant("sb_probs_outside_dropped", softmax_backward(RIGHT_INNER + "\n    return grad_probs - inner"),
+            "softmax_backward", "softmax_backward.probs_outside_dropped"),
+    Variant("sb_sum_over_everything", softmax_backward("""\
+    return probs * (grad_probs - (grad_probs * probs).sum())"""), "softmax_backward",
+            "softmax_backward.sum_over_everything"),
+    Variant("sb_sum_over_queries", softmax_backward("""\
+    inner = (grad_probs * probs).sum(dim=-2, keepdim=True)  # the axis before the keys
+    return probs * (grad_probs - inner)"""), "softmax_backward", "softmax_backward.sum_over_queries"),
+    Variant("sb_dim_ignored", softmax_backward("""\
+    inner = (grad_probs * probs).sum(-1, keepdim=True)
+    return probs * (grad_probs - inner)"""), "softmax_backward", "softmax_backward.dim_ignored"),
+    Variant("sb_weighted_mean", softmax_backward("""\
+    inner = (grad_probs * probs).sum(dim=dim, keepdim=True) / probs.sum(dim=dim, keepdim=True)
+    return probs * (grad_probs - inner)"""), "softmax_backward", "softmax_backward.nan_rows"),
+    Variant("sb_keepdim_lost", softmax_backward("""\
+    inner = (grad_probs * probs).sum(dim=dim)
+    return probs * (grad_probs - inner)"""), "softmax_backward", "keepdim_lost"),
+    # -- attention_backward ---------------------------------------------------------------------
+    Variant("att_nan_rows", attention(probs="    probs = torch.softmax(scores, dim=-1)"),
+            "attention_backward", "attention_backward.nan_rows"),
+    Variant("att_dv_not_transposed", attention(grad_v="    grad_v = probs @ grad_out"),
+            "attention_backward", "attention_backward.dv_not_transposed"),
+    Variant("att_dk_not_transposed", attention(grad_k="    grad_k = grad_scores @ q"),
+            "attention_backward", "attention_backward.dk_not_transposed"),
+    Variant("att_unscaled",
+            attention(grad_scores="    grad_scores = softmax_backward(probs, grad_out @ v.transpose(-2, -1))"),
+            "attention_backward", "attention_backward.unscaled"),
+    Variant("att_scaled_twice", attention(
+        grad_scores="    grad_scores = softmax_backward(probs, grad_out @ v.transpose(-2, -1)) * scale * scale"),
+            "attention_backward", "attention_backward.scaled_by_d"),
+    Variant("att_dv_scaled", attention(grad_v="    grad_v = probs.transpose(-2, -1) @ grad_out * scale"),
+            "attention_backward", "attention_backward.dv_scaled"),
+    Variant("att_mask_ignored", attention(scores="    scores = q @ k.transpose(-2, -1) * scale"),
+            "attention_backward", "attention_backward.mask_ignored"),
+    Variant("att_finite_fill", attention(scores="""\
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -1e9)"""), "attention_backward", "attention_backward.finite_fill"),
+    Variant("att_softmax_over_queries", attention(probs="    probs = torch.softmax(scores, dim=-2).nan_to_num(0.0)"),
+            "attention_backward", "attention_backward.softmax_over_queries"),
+    Variant("att_row_sum_over_queries", attention(grad_scores="""\
+    grad_probs = grad_out @ v.transpose(-2, -1)
+    grad_scores = probs * (grad_probs - (probs * grad_probs).sum(-2, keepdim=True)) * scale"""),
+            "attention_backward", "attention_backward.row_sum_over_queries"),
+    Variant("att_no_row_sum", attention(grad_scores="    grad_scores = probs * (grad_out @ v.transpose(-2, -1)) * scale"),
+            "attention_backward", "attention_backward.no_row_sum"),
+    Variant("att_dq_unscaled", attention(
+        grad_scores="    grad_scores = softmax_backward(probs, grad_out @ v.transpose(-2, -1))",
+        grad_k="    grad_k = grad_scores.transpose(-2, -1) @ q * scale"),
+            "attention_backward", "attention_backward.dq_scale_wrong"),
+    Variant("att_dk_from_prescaled_q", attention(scores="""\
+    q = q * scale  # pre-scaled once for the scores, and reused in dk below
+    scores = q @ k.transpose(-2, -1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)""", grad_k="    grad_k = grad_scores.transpose(-2, -1) @ q"),
+            "attention_backward", "attention_backward.dk_scale_wrong"),
+    Variant("att_dp_from_keys",
+            attention(grad_scores="    grad_scores = softmax_backward(probs, grad_out @ k.transpose(-2, -1)) * scale"),
+            "attention_backward", "attention_backward.dp_from_keys"),
+    Variant("att_dq_from_queries", attention().replace("grad_q = grad_scores @ k", "grad_q = grad_scores @ q"),
+            "attention_backward", "attention_backward.operands_swapped"),
+    Variant("att_gradient_order", attention().replace("return grad_q, grad_k, grad_v", "return grad_q, grad_v, grad_k"),
+            "attention_backward", "attention_backward.gradient_order"),
+    Variant("att_mask_inverted", attention(scores="""\
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(mask, -math.inf)"""), "attention_backward", "attention_backward.mask_inverted"),
+    # -- flash_attention_backward -----------------------------------------------------------------
+    Variant("fab_nan_rows", flash(guard="    pass"), "flash_attention_backward", "flash_attention_backward.nan_rows"),
+    Variant("fab_delta_sign", flash(
+        grad_scores="            grad_scores = probs * (grad_probs + delta[..., i:i + block_q, None]) * scale"),
+            "flash_attention_backward", "flash_attention_backward.delta_sign"),
+    Variant("fab_delta_from_the_tile", flash(
+        grad_scores="            grad_scores = probs * (grad_probs - (probs * grad_probs).sum(-1, keepdim=True)) * scale"),
+            "flash_attention_backward", "flash_attention_backward.delta_from_the_tile"),
+    Variant("fab_delta_over_queries", flash(
+        grad_scores="            grad_scores = probs * (grad_probs - (probs * grad_probs).sum(-2, keepdim=True)) * scale"),
+            "flash_attention_backward", "flash_attention_backward.delta_over_queries"),
+    Variant("fab_unscaled", flash(
+        grad_scores="            grad_scores = probs * (grad_probs - delta[..., i:i + block_q, None])"),
+            "flash_attention_backward", "flash_attention_backward.unscaled"),
+    Variant("fab_scaled_twice", flash(
+        grad_scores="            grad_scores = probs * (grad_probs - delta[..., i:i + block_q, None]) * scale ** 2"),
+            "flash_attention_backward", "flash_attention_backward.scaled_by_d"),
+    Variant("fab_dv_not_transposed", flash(grad_v="            grad_v[..., j:j + block_k, :] += probs @ dob"),
+            "flash_attention_backward", "flash_attention_backward.dv_not_transposed"),
+    Variant("fab_lse_not_unsqueezed", flash(probs="            probs = torch.exp(scores - lse[..., i:i + block_q])"),
+            "flash_attention_backward", "flash_attention_backward.lse_not_unsqueezed"),
+    Variant("fab_mask_forgotten", flash(mask="            pass"),
+            "flash_attention_backward", "flash_attention_backward.mask_forgotten"),
+    Variant("fab_top_left", flash(offset="0"), "flash_attention_backward", "flash_attention_backward.top_left"),
+    Variant("fab_last_block_dropped", flash(keys="range(0, t_k - t_k % block_k, block_k)"),
+            "flash_attention_backward", "flash_attention_backward.last_block_dropped"),
+    Variant("fab_overwritten", flash(
+        grad_v="            grad_v[..., j:j + block_k, :] = probs.transpose(-2, -1) @ dob",
+        grad_k="            grad_k[..., j:j + block_k, :] = grad_scores.transpose(-2, -1) @ qb"),
+            "flash_attention_backward", "flash_attention_backward.overwritten"),
+    Variant("fab_full_score_matrix", """
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = q @ k.transpose(-2, -1) * scale
+    if causal:
+        keep = torch.arange(t_k, device=q.device)[None, :] <= torch.arange(t_k - t_q, t_k, device=q.device)[:, None]
+        scores = scores.masked_fill(~keep, -math.inf)
+    probs = torch.exp(scores - lse.masked_fill(lse == -math.inf, math.inf)[..., None])
+    grad_scores = probs * (grad_out @ v.transpose(-2, -1) - (grad_out * out).sum(-1, keepdim=True)) * scale
+    return grad_scores @ k, grad_scores.transpose(-2, -1) @ q, probs.transpose(-2, -1) @ grad_out
+""", "flash_attention_backward", "flash_attention_backward.full_score_matrix"),
+    Variant("fab_block_sizes_ignored", flash().replace(
+        "def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32):",
+        "def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32):\n"
+        "    block_q = block_k = 32  # tiles of its own"),
+            "flash_attention_backward", "flash_attention_backward.block_sizes_ignored"),
+    Variant("fab_dq_unscaled", flash(
+        grad_scores="            grad_scores = probs * (grad_probs - delta[..., i:i + block_q, None])",
+        grad_k="            grad_k[..., j:j + block_k, :] += grad_scores.transpose(-2, -1) @ qb * scale"),
+            "flash_attention_backward", "flash_attention_backward.dq_scale_wrong"),
+    Variant("fab_dk_scaled_twice", flash(
+        grad_k="            grad_k[..., j:j + block_k, :] += grad_scores.transpose(-2, -1) @ qb * scale"),
+            "flash_attention_backward", "flash_attention_backward.dk_scale_wrong"),
+    Variant("fab_dp_from_keys", flash().replace("grad_probs = dob @ vb.transpose(-2, -1)",
+                                                "grad_probs = dob @ kb.transpose(-2, -1)"),
+            "flash_attention_backward", "flash_attention_backward.dp_from_keys"),
+    Variant("fab_dq_overwritten", flash().replace("grad_q[..., i:i + block_q, :] += grad_scores @ kb",
+                                                  "grad_q[..., i:i + block_q, :] = grad_scores @ kb"),
+            "flash_attention_backward", "flash_attention_backward.dq_overwritten"),
+    Variant("fab_gradient_order", flash().replace("return grad_q, grad_k, grad_v", "return grad_k, grad_q, grad_v"),
+            "flash_attention_backward", "flash_attention_backward.gradient_order"),
+    Variant("fab_diagonal_masked", flash(mask="""\
+            if causal:
+                rows = torch.arange(offset + i, offset + i + qb.shape[-2], device=q.device)[:, None]
+                cols = torch.arange(j, j + kb.shape[-2], device=q.device)[None, :]
+                scores = scores.masked_fill(cols >= rows, -math.inf)"""),
+            "flash_attention_backward", "flash_attention_backward.causal_off_by_one"),
+    Variant("fab_last_query_block_dropped", flash().replace("for i in range(0, t_q, block_q):",
+                                                           "for i in range(0, t_q - t_q % block_q, block_q):"),
+            "flash_attention_backward", "flash_attention_backward.last_query_block_dropped"),
+    # -- FlashAttentionFunction -----------------------------------------------------------------
+    Variant("fn_lse_without_max", function(row_end="""\
+            outs.append(acc / torch.where(l > 0, l, 1.0)[..., None])
+            lses.append(torch.log(l))"""), "FlashAttentionFunction", "FlashAttentionFunction.lse_without_max"),
+    Variant("fn_lse_is_max", function(row_end="""\
+            outs.append(acc / torch.where(l > 0, l, 1.0)[..., None])
+            lses.append(m)"""), "FlashAttentionFunction", "FlashAttentionFunction.lse_is_max"),
+    Variant("fn_nan_rows", function(row_end="""\
+            outs.append(acc / l[..., None])
+            lses.append(m + torch.log(l))"""), "FlashAttentionFunction", "FlashAttentionFunction.nan_rows"),
+    Variant("fn_forward_not_rescaled", function().replace("acc = alpha[..., None] * acc + p @", "acc = acc + p @"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_not_rescaled"),
+    Variant("fn_forward_diagonal_masked", function().replace("scores.masked_fill(cols > rows, -math.inf)",
+                                                             "scores.masked_fill(cols >= rows, -math.inf)"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_diagonal_masked"),
+    Variant("fn_causal_not_saved", function(back="""\
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, block_q=ctx.block_q, block_k=ctx.block_k)
+        return dq, dk, dv, None, None, None"""), "FlashAttentionFunction", "FlashAttentionFunction.causal_not_saved"),
+    Variant("fn_gradient_count", function(back="""\
+        q, k, v, out, lse = ctx.saved_tensors
+        return flash_attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.block_q, ctx.block_k)"""),
+            "FlashAttentionFunction", "FlashAttentionFunction.gradient_count"),
+    Variant("fn_gradient_order", function(back="""\
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.block_q, ctx.block_k)
+        return dk, dq, dv, None, None, None"""), "FlashAttentionFunction", "FlashAttentionFunction.gradient_order"),
+    Variant("fn_forward_returns_lse", function(save="""\
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k
+        return out, lse""").replace("        return out\n\n    @staticmethod", "\n    @staticmethod").replace(
+        "    def backward(ctx, grad_out):", "    def backward(ctx, grad_out, grad_lse=None):"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_returns_lse"),
+    Variant("fn_saved_non_tensors", function(save="""\
+        ctx.save_for_backward(q, k, v, out, lse, causal, block_q, block_k)"""),
+            "FlashAttentionFunction", "FlashAttentionFunction.saved_non_tensors"),
+    Variant("fn_full_score_matrix", function(tiles="range(0, t_q, t_q)").replace(
+        "bq_, bk_ = block_q, block_k", "bq_, bk_ = t_q, t_k  # one tile: the whole matrix"),
+            "FlashAttentionFunction", "FlashAttentionFunction.full_score_matrix"),
+    Variant("fn_block_sizes_ignored", function(tiles="range(0, t_q, 32)").replace(
+        "bq_, bk_ = block_q, block_k", "bq_, bk_ = 32, 32  # tiles of its own"),
+            "FlashAttentionFunction", "FlashAttentionFunction.block_sizes_ignored"),
+]
+
+CORRECT = [
+    Variant("sb_explicit_jacobian", softmax_backward("""\
+    p, g = probs.movedim(dim, -1), grad_probs.movedim(dim, -1)
+    jacobian = torch.diag_embed(p) - p[..., :, None] * p[..., None, :]  # (..., T, T), symmetric
+    return (jacobian @ g[..., None])[..., 0].movedim(-1, dim)""")),
+    Variant("sb_einsum_moved_axis", softmax_backward("""\
+    p, g = probs.movedim(dim, -1), grad_probs.movedim(dim, -1)
+    mean = torch.einsum("...t,...t->...", p, g)
+    return (p * g - p * mean.unsqueeze(-1)).movedim(-1, dim)""")),
+    Variant("att_einsum_inline", """
+def attention_backward(q, k, v, grad_out, mask=None):
+    s = torch.einsum("...qd,...kd->...qk", q, k) / q.shape[-1] ** 0.5
+    if mask is not None:
+        s = torch.where(mask, s, torch.tensor(-math.inf, dtype=s.dtype))
+    top = s.amax(-1, keepdim=True)
+    e = torch.exp(s - torch.where(torch.isinf(top), torch.zeros_like(top), top))
+    total = e.sum(-1, keepdim=True)
+    p = e / torch.where(total == 0, torch.ones_like(total), total)
+    dp = torch.einsum("...qe,...ke->...qk", grad_out, v)
+    ds = p * (dp - (p * dp).sum(-1, keepdim=True)) / q.shape[-1] ** 0.5
+    return (torch.einsum("...qk,...kd->...qd", ds, k), torch.einsum("...qk,...qd->...kd", ds, q),
+            torch.einsum("...qk,...qe->...ke", p, grad_out))
+"""),
+    Variant("fab_queries_outside_delta_in_loop", """
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32):
+    t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for i in range(0, t_q, block_q):
+        qb, ob, dob = (x[..., i:i + block_q, :] for x in (q, out, grad_out))
+        lb = lse[..., i:i + block_q, None]
+        delta = (dob * ob).sum(-1, keepdim=True)  # this block's D, computed here
+        pos = torch.arange(t_k - t_q + i, t_k - t_q + i + qb.shape[-2], device=q.device)[:, None]
+        for j in range(0, t_k, block_k):
+            kb, vb = k[..., j:j + block_k, :], v[..., j:j + block_k, :]
+            s = torch.einsum("...qd,...kd->...qk", qb, kb) / math.sqrt(d)
+            keep = torch.isfinite(lb).expand_as(s)
+            if causal:
+                keep = keep & (torch.arange(j, j + kb.shape[-2], device=q.device)[None, :] <= pos)
+            p = torch.where(keep, torch.exp(s - torch.where(torch.isfinite(lb), lb, torch.zeros_like(lb))), 0.0)
+            dv[..., j:j + block_k, :] += torch.einsum("...qk,...qe->...ke", p, dob)
+            ds = p * (torch.einsum("...qe,...ke->...qk", dob, vb) - delta)
+            dq[..., i:i + block_q, :] += ds @ kb / math.sqrt(d)
+            dk[..., j:j + block_k, :] += ds.mT @ qb / math.sqrt(d)
+    return dq, dk, dv
+"""),
+    Variant("fab_flattened_heads_lists", """
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32):
+    lead, t_q, t_k, d = q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1]
+    qf, kf, vf = q.reshape(-1, t_q, d), k.reshape(-1, t_k, d), v.reshape(-1, t_k, v.shape[-1])
+    of, gf, lf = out.reshape(-1, t_q, out.shape[-1]), grad_out.reshape(-1, t_q, grad_out.shape[-1]), lse.reshape(-1, t_q)
+    delta = (of * gf).sum(-1)
+    lf = torch.where(lf == -math.inf, torch.full_like(lf, math.inf), lf)
+    dqs = [torch.zeros_like(qf[:, i:i + block_q]) for i in range(0, t_q, block_q)]
+    dks, dvs = [], []
+    for j in range(0, t_k, block_k):
+        kb, vb = kf[:, j:j + block_k], vf[:, j:j + block_k]
+        dkb, dvb = torch.zeros_like(kb), torch.zeros_like(vb)
+        for n, i in enumerate(range(0, t_q, block_q)):
+            s = torch.bmm(qf[:, i:i + block_q], kb.transpose(1, 2)) * d ** -0.5
+            if causal:
+                rows = torch.arange(t_k - t_q + i, t_k - t_q + i + s.shape[1], device=q.device)
+                s = s.masked_fill(torch.arange(j, j + s.shape[2], device=q.device) > rows[:, None], -math.inf)
+            p = torch.exp(s - lf[:, i:i + block_q, None])
+            dvb = dvb + torch.bmm(p.transpose(1, 2), gf[:, i:i + block_q])
+            ds = p * (torch.bmm(gf[:, i:i + block_q], vb.transpose(1, 2)) - delta[:, i:i + block_q, None]) * d ** -0.5
+            dqs[n] = dqs[n] + torch.bmm(ds, kb)
+            dkb = dkb + torch.bmm(ds.transpose(1, 2), qf[:, i:i + block_q])
+        dks.append(dkb)
+        dvs.append(dvb)
+    dq = torch.cat(dqs, 1).reshape(*lead, t_q, d)
+    return dq, torch.cat(dks, 1).reshape(*lead, t_k, d), torch.cat(dvs, 1).reshape(*lead, t_k, v.shape[-1])
+"""),
+    Variant("fn_tiles_merged_by_logaddexp", """
+class FlashAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, block_q=32, block_k=32):
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        outs, lses = [], []
+        for i in range(0, t_q, block_q):
+            qb = q[..., i:i + block_q, :] / math.sqrt(q.shape[-1])
+            o = torch.zeros(*qb.shape[:-1], v.shape[-1], dtype=q.dtype, device=q.device)
+            lse = torch.full(qb.shape[:-1], -math.inf, dtype=q.dtype, device=q.device)
+            for j in range(0, t_k, block_k):
+                s = qb @ k[..., j:j + block_k, :].mT
+                if causal:
+                    rows = torch.arange(t_k - t_q + i, t_k - t_q + i + s.shape[-2], device=q.device)[:, None]
+                    s = s.masked_fill(torch.arange(j, j + s.shape[-1], device=q.device) > rows, -math.inf)
+                tile = torch.logsumexp(s, -1)
+                new = torch.logaddexp(lse, tile)
+                safe = torch.where(new == -math.inf, 0.0, new)
+                w = torch.exp(s - safe[..., None])
+                o = torch.exp(lse - safe)[..., None] * o + w @ v[..., j:j + block_k, :]
+                lse = new
+            outs.append(o)
+            lses.append(lse)
+        out, lse = torch.cat(outs, -2), torch.cat(lses, -1)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = (causal, block_q, block_k)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        causal, block_q, block_k = ctx.options
+        grads = flash_attention_backward(q, k, v, out, lse, grad_out.contiguous(), causal=causal, block_q=block_q,
+                                         block_k=block_k)
+        return (*grads, None, None, None)
+"""),
+]
+
+RULES_ONLY = [
+    Variant("sb_softmax_backward_data", softmax_backward("""\
+    return torch._softmax_backward_data(grad_probs, probs, dim, probs.dtype)"""), "softmax_backward",
+            "forbidden_call"),
+    Variant("sb_functional_vjp", softmax_backward("""\
+    scores = torch.log(probs)  # softmax(log p) = p
+    vjp = torch.autograd.functional.vjp(lambda s: torch.softmax(s, dim).nan_to_num(0.0), scores, grad_probs)[1]
+    return vjp.nan_to_num(0.0)"""), "softmax_backward", "forbidden_call"),
+    Variant("att_autograd_grad", """
+def attention_backward(q, k, v, grad_out, mask=None):
+    q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
+    with torch.enable_grad():
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            s = s.masked_fill(~mask, -math.inf)
+        out = torch.softmax(s, -1).nan_to_num(0.0) @ v
+        return torch.autograd.grad(out, (q, k, v), grad_out)
+""", "attention_backward", "forbidden_call"),
+    Variant("att_dot_backward", """
+def attention_backward(q, k, v, grad_out, mask=None):
+    q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
+    with torch.enable_grad():
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if mask is not None:
+            s = s.masked_fill(~mask, -math.inf)
+        (torch.softmax(s, -1).nan_to_num(0.0) @ v * grad_out).sum().backward()
+    return q.grad, k.grad, v.grad
+""", "attention_backward", "forbidden_call"),
+    Variant("fab_tile_softmax", flash(probs="""\
+            row = lse[..., i:i + block_q, None]
+            probs = torch.softmax(scores, -1).nan_to_num(0.0) * torch.exp(torch.logsumexp(scores, -1, keepdim=True) - row)
+            probs = probs.nan_to_num(0.0)"""), "flash_attention_backward", "forbidden_call"),
+    Variant("fn_softmax_forward", """
+class FlashAttentionFunction(FlashAttentionFunction):
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, block_q=32, block_k=32):
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if causal:
+            keep = torch.arange(t_k, device=q.device)[None, :] <= torch.arange(t_k - t_q, t_k, device=q.device)[:, None]
+            s = s.masked_fill(~keep, -math.inf)
+        out, lse = torch.softmax(s, -1).nan_to_num(0.0) @ v, torch.logsumexp(s, -1)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k
+        return out
+""", "FlashAttentionFunction", "forbidden_call"),
+]

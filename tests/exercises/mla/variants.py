@@ -1,0 +1,450 @@
+"""Candidates for `mla` made from the reference by redefining one thing (Python keeps a file's last definition).
+
+BUGGY: one mistake each, with the step that must lose points and the named mistake the
+grader must find. CORRECT: unusual but right ways to write the steps; each must score 100.
+"""
+
+from tests.exercises.mha.variants import Variant
+
+FORWARD = """
+class MultiHeadLatentAttention(MultiHeadLatentAttention):
+    def forward(self, x, cache=None, absorbed=False):
+        B, T, _ = x.shape
+        H, Dn, Dr = self.num_heads, self.nope, self.rope
+        past_len = 0 if cache is None else cache.length
+        positions = torch.arange(past_len, past_len + T, device=x.device)
+        q = self.w_q(x).view(B, T, H, Dn + Dr).transpose(1, 2)
+        q_nope, q_rope = q.split([Dn, Dr], dim=-1)
+        q_rope = apply_rope(q_rope, positions)
+        c_kv, k_rope = compress_kv(x, self.w_dkv.weight, self.w_kr.weight, positions)
+        if cache is not None:
+            c_kv, k_rope = cache.append(c_kv, k_rope)
+        mask = torch.ones(T, past_len + T, dtype=torch.bool, device=x.device).tril(diagonal=past_len)
+        if absorbed:
+            return absorbed_attention(q_nope, q_rope, c_kv, k_rope, self.w_uk.weight, self.w_uv.weight,
+                                      self.w_o.weight, mask)
+        k_nope, v = expand_kv(c_kv, self.w_uk.weight, self.w_uv.weight, H)
+        scores = mla_scores(q_nope, q_rope, k_nope, k_rope).masked_fill(~mask, float("-inf"))
+        y = torch.softmax(scores, dim=-1) @ v
+        return self.w_o(y.transpose(1, 2).reshape(B, T, H * self.v_dim))
+"""
+
+
+def forward_with(old: str, new: str) -> str:
+    """The reference's forward with one piece of it replaced (which must be there)."""
+    assert old in FORWARD, old
+    return FORWARD.replace(old, new)
+
+
+def append_with(body: str) -> str:
+    return f"""
+class LatentCache(LatentCache):
+    def append(self, c_kv_new, k_rope_new):
+        t = c_kv_new.shape[1]
+{body}
+"""
+
+
+def bytes_with(mha: str = "2 * num_heads * head_dim", gqa: str = "2 * num_kv_heads * head_dim",
+               mla: str = "kv_lora_rank + qk_rope_head_dim", item: str = "dtype.itemsize") -> str:
+    return f"""
+def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_heads, kv_lora_rank, qk_rope_head_dim,
+                          dtype):
+    per_layer = {{"mha": {mha}, "gqa": {gqa}, "mla": {mla}}}[attention]
+    return num_layers * per_layer * {item}
+"""
+
+
+def absorbed_with(old: str, new: str) -> str:
+    code = """
+def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
+    H, Dn, Dr = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1]
+    R, D = c_kv.shape[-1], w_o.shape[0]
+    q_latent = q_nope @ w_uk.view(H, Dn, R)
+    latents = c_kv.unsqueeze(1)
+    scores = q_latent @ latents.transpose(-2, -1) + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)
+    scores = scores / math.sqrt(Dn + Dr)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    out_latent = torch.softmax(scores, dim=-1) @ latents
+    y = out_latent @ w_uv.view(H, -1, R).transpose(-2, -1)
+    return y.transpose(1, 2).reshape(*y.shape[:1], y.shape[2], -1) @ w_o.T
+"""
+    assert old in code, old
+    return code.replace(old, new)
+
+
+def scores_with(expression: str) -> str:
+    return f"""
+def mla_scores(q_nope, q_rope, k_nope, k_rope):
+    nope = q_nope @ k_nope.transpose(-2, -1)
+    rope = q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)
+    return {expression}
+"""
+
+
+BUGGY = [
+    # -- compress_kv --------------------------------------------------------------------------
+    Variant("compress_rope_on_latent", """
+def compress_kv(x, w_dkv, w_kr, positions):
+    return apply_rope(x @ w_dkv.T, positions), apply_rope(x @ w_kr.T, positions)
+""", "compress_kv", "compress_kv.rope_on_latent"),
+    Variant("compress_rope_not_applied", """
+def compress_kv(x, w_dkv, w_kr, positions):
+    return x @ w_dkv.T, x @ w_kr.T  # the rotation is left for later
+""", "compress_kv", "compress_kv.rope_not_applied"),
+    Variant("compress_positions_ignored", """
+def compress_kv(x, w_dkv, w_kr, positions):
+    steps = torch.arange(x.shape[1], device=x.device)
+    return x @ w_dkv.T, apply_rope(x @ w_kr.T, steps)
+""", "compress_kv", "compress_kv.positions_ignored"),
+    Variant("compress_weight_not_transposed", """
+def compress_kv(x, w_dkv, w_kr, positions):
+    c_kv = x @ w_dkv
+    return c_kv, apply_rope(x @ w_kr.T, positions)
+""", "compress_kv", "compress_kv.weight_not_transposed"),
+    # -- expand_kv ----------------------------------------------------------------------------
+    Variant("expand_split_no_transpose", """
+def expand_kv(c_kv, w_uk, w_uv, num_heads):
+    B, T, _ = c_kv.shape
+    return (c_kv @ w_uk.T).reshape(B, num_heads, T, -1), (c_kv @ w_uv.T).reshape(B, num_heads, T, -1)
+""", "expand_kv", "expand_kv.split_no_transpose"),
+    Variant("expand_heads_inner", """
+def expand_kv(c_kv, w_uk, w_uv, num_heads):
+    B, T, _ = c_kv.shape
+    k = (c_kv @ w_uk.T).view(B, T, -1, num_heads).permute(0, 3, 1, 2)
+    v = (c_kv @ w_uv.T).view(B, T, -1, num_heads).permute(0, 3, 1, 2)
+    return k, v
+""", "expand_kv", "expand_kv.heads_inner"),
+    Variant("expand_weight_not_transposed", """
+def expand_kv(c_kv, w_uk, w_uv, num_heads):
+    B, T, _ = c_kv.shape
+    k_nope = (c_kv @ w_uk).view(B, T, num_heads, -1).transpose(1, 2)
+    v = (c_kv @ w_uv.T).view(B, T, num_heads, -1).transpose(1, 2)
+    return k_nope, v
+""", "expand_kv", "expand_kv.weight_not_transposed"),
+    Variant("expand_outputs_swapped", """
+def expand_kv(c_kv, w_uk, w_uv, num_heads):
+    B, T, _ = c_kv.shape
+    k_nope = (c_kv @ w_uk.T).view(B, T, num_heads, -1).transpose(1, 2)
+    v = (c_kv @ w_uv.T).view(B, T, num_heads, -1).transpose(1, 2)
+    return v, k_nope
+""", "expand_kv", "expand_kv.outputs_swapped"),
+    Variant("expand_value_from_key_weight", """
+def expand_kv(c_kv, w_uk, w_uv, num_heads):
+    B, T, _ = c_kv.shape
+    k_nope = (c_kv @ w_uk.T).view(B, T, num_heads, -1).transpose(1, 2)
+    v = (c_kv @ w_uk.T).view(B, T, num_heads, -1).transpose(1, 2)
+    return k_nope, v
+""", "expand_kv", "expand_kv.value_from_key_weight"),
+    # -- mla_scores ---------------------------------------------------------------------------
+    Variant("scores_scaled_by_nope", scores_with("(nope + rope) / math.sqrt(q_nope.shape[-1])"),
+            "mla_scores", "mla_scores.scaled_by_nope"),
+    Variant("scores_unscaled", scores_with("nope + rope"), "mla_scores", "mla_scores.unscaled"),
+    Variant("scores_rope_part_unscaled",
+            scores_with("nope / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1]) + rope"),
+            "mla_scores", "mla_scores.rope_part_unscaled"),
+    Variant("scores_rope_part_dropped", scores_with("nope / math.sqrt(q_nope.shape[-1])"),
+            "mla_scores", "mla_scores.rope_part_dropped"),
+    Variant("scores_rope_key_not_shared", """
+def mla_scores(q_nope, q_rope, k_nope, k_rope):
+    scores = q_nope @ k_nope.transpose(-2, -1) + q_rope @ k_rope.transpose(-2, -1)
+    return scores / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
+""", "mla_scores", "mla_scores.rope_key_not_shared"),
+    # -- absorbed_attention -------------------------------------------------------------------
+    Variant("absorbed_scaled_by_latent_width", absorbed_with("math.sqrt(Dn + Dr)", "math.sqrt(q_latent.shape[-1])"),
+            "absorbed_attention", "absorbed_attention.scaled_by_latent_width"),
+    Variant("absorbed_scaled_by_nope", absorbed_with("math.sqrt(Dn + Dr)", "math.sqrt(Dn)"),
+            "absorbed_attention", "absorbed_attention.scaled_by_nope"),
+    Variant("absorbed_scaled_by_v_head_dim",
+            absorbed_with("math.sqrt(Dn + Dr)", "math.sqrt(w_uv.shape[0] // H)"),
+            "absorbed_attention", "absorbed_attention.scaled_by_v_head_dim"),
+    Variant("absorbed_softmax_over_queries",
+            absorbed_with("torch.softmax(scores, dim=-1)", "torch.softmax(scores, dim=-2)"),
+            "absorbed_attention", "absorbed_attention.softmax_over_queries"),
+    Variant("absorbed_output_weight_not_transposed", absorbed_with(
+        "return y.transpose(1, 2).reshape(*y.shape[:1], y.shape[2], -1) @ w_o.T",
+        "return torch.einsum('bhqv,hvd->bqd', y, w_o.reshape(H, -1, D))"),
+        "absorbed_attention", "absorbed_attention.output_weight_not_transposed"),
+    Variant("absorbed_key_weight_viewed_wrong",
+            absorbed_with("w_uk.view(H, Dn, R)", "w_uk.view(H, R, Dn).transpose(1, 2)"),
+            "absorbed_attention", "absorbed_attention.key_weight_cut_wrong"),
+    Variant("absorbed_value_weight_from_transpose",
+            absorbed_with("w_uv.view(H, -1, R).transpose(-2, -1)", "w_uv.T.reshape(H, R, -1)"),
+            "absorbed_attention", "absorbed_attention.value_weight_cut_wrong"),
+    Variant("absorbed_key_transposed", absorbed_with("q_nope @ w_uk.view(H, Dn, R)",
+                                                     "q_nope @ w_uk.view(H, Dn, R).transpose(-2, -1)"),
+            "absorbed_attention", "absorbed_attention.key_absorbed_transposed"),
+    Variant("absorbed_mask_ignored", absorbed_with(
+        """    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+""", ""), "absorbed_attention", "absorbed_attention.mask_ignored"),
+    Variant("absorbed_key_weight_heads_inner",
+            absorbed_with("w_uk.view(H, Dn, R)", "w_uk.view(Dn, H, R).transpose(0, 1)"),
+            "absorbed_attention", "absorbed_attention.key_weight_cut_wrong"),
+    Variant("absorbed_mask_inverted", absorbed_with("masked_fill(~mask,", "masked_fill(mask,"),
+            "absorbed_attention", "absorbed_attention.mask_inverted"),
+    Variant("absorbed_heads_merged_inner", absorbed_with("y.transpose(1, 2).reshape", "y.permute(0, 2, 3, 1).reshape"),
+            "absorbed_attention", "absorbed_attention.heads_merged_inner"),
+    # -- LatentCache --------------------------------------------------------------------------
+    Variant("cache_grown_by_cat", """
+class LatentCache:
+    def __init__(self, batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype=torch.float32, device=None):
+        self.c_kv = torch.empty(batch_size, 0, kv_lora_rank, dtype=dtype, device=device)
+        self.k_rope = torch.empty(batch_size, 0, qk_rope_head_dim, dtype=dtype, device=device)
+        self.max_len, self.length = max_len, 0
+
+    def append(self, c_kv_new, k_rope_new):
+        if self.length + c_kv_new.shape[1] > self.max_len:
+            raise ValueError("the cache is full")
+        self.c_kv = torch.cat([self.c_kv, c_kv_new], dim=1)
+        self.k_rope = torch.cat([self.k_rope, k_rope_new], dim=1)
+        self.length = self.c_kv.shape[1]
+        return self.c_kv, self.k_rope
+""", "LatentCache", "LatentCache.grown_by_cat"),
+    Variant("cache_rope_key_per_head_axis", """
+class LatentCache(LatentCache):
+    def __init__(self, batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype=torch.float32, device=None):
+        super().__init__(batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype, device)
+        # a head axis of 1, to broadcast over the heads later
+        self.k_rope = torch.zeros(batch_size, 1, max_len, qk_rope_head_dim, dtype=dtype, device=device)
+
+    def append(self, c_kv_new, k_rope_new):
+        end = self.length + c_kv_new.shape[1]
+        if end > self.max_len:
+            raise ValueError("the cache is full")
+        self.c_kv[:, self.length:end] = c_kv_new
+        self.k_rope[:, 0, self.length:end] = k_rope_new
+        self.length = end
+        return self.c_kv[:, :end], self.k_rope[:, 0, :end]
+""", "LatentCache", "LatentCache.per_head_buffers"),
+    Variant("cache_length_not_advanced", append_with("""\
+        end = self.length + t
+        if end > self.max_len:
+            raise ValueError("the cache is full")
+        self.c_kv[:, self.length:end] = c_kv_new
+        self.k_rope[:, self.length:end] = k_rope_new
+        return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "LatentCache.length_not_advanced"),
+    Variant("cache_returns_new_only", append_with("""\
+        end = self.length + t
+        if end > self.max_len:
+            raise ValueError("the cache is full")
+        self.c_kv[:, self.length:end] = c_kv_new
+        self.k_rope[:, self.length:end] = k_rope_new
+        self.length = end
+        return c_kv_new, k_rope_new"""), "LatentCache", "LatentCache.returns_new_only"),
+    Variant("cache_returns_whole_buffer", append_with("""\
+        end = self.length + t
+        if end > self.max_len:
+            raise ValueError("the cache is full")
+        self.c_kv[:, self.length:end] = c_kv_new
+        self.k_rope[:, self.length:end] = k_rope_new
+        self.length = end
+        return self.c_kv, self.k_rope"""), "LatentCache", "LatentCache.returns_whole_buffer"),
+    Variant("cache_added_not_written", append_with("""\
+        end = self.length + t
+        if end > self.max_len:
+            raise ValueError("the cache is full")
+        self.c_kv[:, self.length:end] += c_kv_new
+        self.k_rope[:, self.length:end] += k_rope_new
+        self.length = end
+        return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "LatentCache.added_not_written"),
+    Variant("cache_overflow_unchecked", append_with("""\
+        end = self.length + t
+        self.c_kv[:, self.length:end] = c_kv_new  # past max_len the slice is short, and the copy raises RuntimeError
+        self.k_rope[:, self.length:end] = k_rope_new
+        self.length = end
+        return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "LatentCache.overflow_not_refused"),
+    Variant("cache_advanced_before_check", append_with("""\
+        end = self.length + t
+        self.length = end  # advanced first: the refusal below leaves it moved
+        if end > self.max_len:
+            raise ValueError("the cache is full")
+        self.c_kv[:, end - t:end] = c_kv_new
+        self.k_rope[:, end - t:end] = k_rope_new
+        return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "LatentCache.changed_before_raising"),
+    Variant("cache_exact_fill_refused", append_with("""\
+        end = self.length + t
+        if end >= self.max_len:  # off by one: the last slot is never used
+            raise ValueError("the cache is full")
+        self.c_kv[:, self.length:end] = c_kv_new
+        self.k_rope[:, self.length:end] = k_rope_new
+        self.length = end
+        return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "LatentCache.exact_fill_refused"),
+    # -- MultiHeadLatentAttention -------------------------------------------------------------
+    Variant("module_top_left_mask", forward_with(".tril(diagonal=past_len)", ".tril()"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.top_left_mask"),
+    Variant("module_merge_heads_inner", forward_with("y.transpose(1, 2).reshape", "y.permute(0, 2, 3, 1).reshape"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.merge_heads_inner"),
+    Variant("module_mask_inverted", forward_with(".masked_fill(~mask,", ".masked_fill(mask,"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.mask_inverted"),
+    Variant("module_positions_from_zero", forward_with(
+        "torch.arange(past_len, past_len + T, device=x.device)", "torch.arange(T, device=x.device)"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.positions_from_zero"),
+    Variant("module_rope_on_whole_query", forward_with(
+        """        q_nope, q_rope = q.split([Dn, Dr], dim=-1)
+        q_rope = apply_rope(q_rope, positions)""",
+        """        q_nope, q_rope = apply_rope(q, positions).split([Dn, Dr], dim=-1)"""),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.rope_on_whole_query"),
+    Variant("module_query_unrotated", forward_with("        q_rope = apply_rope(q_rope, positions)\n", ""),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.query_unrotated"),
+    Variant("module_query_split_swapped", forward_with(
+        "q_nope, q_rope = q.split([Dn, Dr], dim=-1)", "q_rope, q_nope = q.split([Dr, Dn], dim=-1)"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.query_split_swapped"),
+    Variant("module_merge_no_transpose", forward_with(
+        "y.transpose(1, 2).reshape(B, T, H * self.v_dim)", "y.reshape(B, T, H * self.v_dim)"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.merge_no_transpose"),
+    Variant("module_cache_ignored", forward_with(
+        """            c_kv, k_rope = cache.append(c_kv, k_rope)
+        mask = torch.ones(T, past_len + T, dtype=torch.bool, device=x.device).tril(diagonal=past_len)""",
+        """            cache.append(c_kv, k_rope)  # kept for later; this call's tokens attended
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()"""),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.cache_ignored"),
+    Variant("module_cached_full_keys", forward_with(
+        """        if cache is not None:
+            c_kv, k_rope = cache.append(c_kv, k_rope)""",
+        """        k_nope, v = expand_kv(c_kv, self.w_uk.weight, self.w_uv.weight, H)
+        k = torch.cat([k_nope, k_rope.unsqueeze(1).expand(-1, H, -1, -1)], dim=-1)  # each head's full key
+        if cache is not None:
+            k, v = cache.append(k, v)  # the full keys and values, cached"""),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.cached_full_keys"),
+    Variant("module_per_head_rope_key", """
+class MultiHeadLatentAttention(MultiHeadLatentAttention):
+    def __init__(self, embed_dim, num_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim):
+        super().__init__(embed_dim, num_heads, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim)
+        self.w_kr = nn.Linear(embed_dim, num_heads * qk_rope_head_dim, bias=False)  # one RoPE key per head
+""", "MultiHeadLatentAttention", "MultiHeadLatentAttention.per_head_rope_key"),
+    Variant("module_cached_unrotated_key", forward_with(
+        """        c_kv, k_rope = compress_kv(x, self.w_dkv.weight, self.w_kr.weight, positions)
+        if cache is not None:
+            c_kv, k_rope = cache.append(c_kv, k_rope)""",
+        """        c_kv, k_raw = x @ self.w_dkv.weight.T, x @ self.w_kr.weight.T
+        if cache is not None:
+            c_kv, k_raw = cache.append(c_kv, k_raw)  # rotated when read, every key at its position
+        k_rope = apply_rope(k_raw, torch.arange(past_len + T, device=x.device))"""),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.cached_unrotated_key"),
+    Variant("module_deepseek_names", """
+class MultiHeadLatentAttention(MultiHeadLatentAttention):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.q_proj, self.o_proj = self.w_q, self.w_o  # Hugging Face DeepSeek's names
+        del self.w_q, self.w_o
+
+    def forward(self, x, cache=None, absorbed=False):
+        self.w_q, self.w_o = self.q_proj, self.o_proj
+        return super().forward(x, cache, absorbed)
+""", "MultiHeadLatentAttention", "layer_names"),
+    # -- cache_bytes_per_token ----------------------------------------------------------------
+    Variant("bytes_mla_per_head", bytes_with(mla="num_heads * (kv_lora_rank + qk_rope_head_dim)"),
+            "cache_bytes_per_token", "cache_bytes_per_token.mla_per_head"),
+    Variant("bytes_mla_rope_per_head", bytes_with(mla="kv_lora_rank + num_heads * qk_rope_head_dim"),
+            "cache_bytes_per_token", "cache_bytes_per_token.mla_rope_per_head"),
+    Variant("bytes_mla_factor_two", bytes_with(mla="2 * (kv_lora_rank + qk_rope_head_dim)"),
+            "cache_bytes_per_token", "cache_bytes_per_token.mla_factor_two"),
+    Variant("bytes_gqa_query_heads", bytes_with(gqa="2 * num_heads * head_dim"),
+            "cache_bytes_per_token", "cache_bytes_per_token.gqa_query_heads"),
+    Variant("bytes_no_factor_two", bytes_with(mha="num_heads * head_dim", gqa="num_kv_heads * head_dim"),
+            "cache_bytes_per_token", "cache_bytes_per_token.no_factor_two"),
+    Variant("bytes_in_bits", bytes_with(item="torch.finfo(dtype).bits"),
+            "cache_bytes_per_token", "cache_bytes_per_token.in_bits"),
+    Variant("bytes_fixed_itemsize", bytes_with(item="2  # bf16"),
+            "cache_bytes_per_token", "cache_bytes_per_token.fixed_itemsize"),
+    Variant("bytes_unknown_key_error", """
+def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_heads, kv_lora_rank, qk_rope_head_dim,
+                          dtype):
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if attention == "mla":
+        return num_layers * (kv_lora_rank + qk_rope_head_dim) * itemsize
+    heads = num_heads if attention == "mha" else num_kv_heads  # anything else counted as GQA
+    return num_layers * 2 * heads * head_dim * itemsize
+""", "cache_bytes_per_token", "cache_bytes_per_token.unknown_not_refused"),
+    Variant("bytes_tensor", bytes_with(item="torch.tensor(dtype.itemsize)"),
+            "cache_bytes_per_token", "cache_bytes_per_token.not_int"),
+]
+
+CORRECT = [
+    Variant("compress_linear_and_einsum", """
+import torch.nn.functional as F
+
+def compress_kv(x, w_dkv, w_kr, positions):
+    return torch.einsum("btd,rd->btr", x, w_dkv), apply_rope(F.linear(x, w_kr), positions)
+"""),
+    Variant("expand_einsum_per_head", """
+def expand_kv(c_kv, w_uk, w_uv, num_heads):
+    R = c_kv.shape[-1]
+    k_nope = torch.einsum("btr,hdr->bhtd", c_kv, w_uk.view(num_heads, -1, R))
+    v = torch.einsum("btr,hdr->bhtd", c_kv, w_uv.view(num_heads, -1, R))
+    return k_nope, v
+"""),
+    Variant("scores_concatenated_one_matmul", """
+def mla_scores(q_nope, q_rope, k_nope, k_rope):
+    B, H, Tk, _ = k_nope.shape
+    q = torch.cat([q_nope, q_rope], dim=-1)  # (B, H, Tq, Dn + Dr)
+    k = torch.cat([k_nope, k_rope[:, None].expand(B, H, Tk, -1)], dim=-1)  # the shared key, repeated per head
+    return q @ k.mT * q.shape[-1] ** -0.5
+"""),
+    Variant("absorbed_per_head_not_folded", absorbed_with("scores = scores / math.sqrt(Dn + Dr)",
+                                                           "scores = scores * (Dn + Dr) ** -0.5")),
+    Variant("absorbed_loop_over_heads", """
+def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
+    H, Dn = q_nope.shape[1], q_nope.shape[-1]
+    Dv = w_uv.shape[0] // H
+    outs = []
+    for h in range(H):
+        q_latent = q_nope[:, h] @ w_uk[h * Dn:(h + 1) * Dn]  # (B, Tq, R)
+        s = (q_latent @ c_kv.mT + q_rope[:, h] @ k_rope.mT) / math.sqrt(Dn + q_rope.shape[-1])
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        outs.append(torch.softmax(s, -1) @ c_kv @ w_uv[h * Dv:(h + 1) * Dv].T)  # (B, Tq, Dv)
+    return torch.cat(outs, dim=-1) @ w_o.T
+"""),
+    Variant("cache_narrow_copy_and_property", """
+class LatentCache:
+    def __init__(self, batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype=torch.float32, device=None):
+        self.c_kv = torch.empty(batch_size, max_len, kv_lora_rank, dtype=dtype, device=device)
+        self.k_rope = torch.empty(batch_size, max_len, qk_rope_head_dim, dtype=dtype, device=device)
+        self._filled = 0
+
+    @property
+    def length(self):
+        return self._filled
+
+    def append(self, c_kv_new, k_rope_new):
+        t = c_kv_new.size(1)
+        if self._filled + t > self.c_kv.size(1):
+            raise ValueError(f"no room for {t} more tokens")
+        self.c_kv.narrow(1, self._filled, t).copy_(c_kv_new)
+        self.k_rope.narrow(1, self._filled, t).copy_(k_rope_new)
+        self._filled += t
+        return self.c_kv[:, :self._filled].clone(), self.k_rope[:, :self._filled].clone()
+"""),
+    Variant("module_absorbed_everywhere", forward_with("        if absorbed:\n", "        if True:  # always\n")),
+    Variant("module_naive_full_keys_and_sdpa", forward_with(
+        """        k_nope, v = expand_kv(c_kv, self.w_uk.weight, self.w_uv.weight, H)
+        scores = mla_scores(q_nope, q_rope, k_nope, k_rope).masked_fill(~mask, float("-inf"))
+        y = torch.softmax(scores, dim=-1) @ v""",
+        """        import torch.nn.functional as F
+        k_nope, v = expand_kv(c_kv, self.w_uk.weight, self.w_uv.weight, H)
+        k = torch.cat([k_nope, k_rope.unsqueeze(1).expand(-1, H, -1, -1)], dim=-1)  # full per-head keys
+        y = F.scaled_dot_product_attention(torch.cat([q_nope, q_rope], dim=-1), k, v, attn_mask=mask)""")),
+    Variant("bytes_match_and_itemsize", """
+def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_heads, kv_lora_rank, qk_rope_head_dim,
+                          dtype):
+    match attention:
+        case "mha":
+            elements = 2 * num_heads * head_dim
+        case "gqa":
+            elements = 2 * num_kv_heads * head_dim
+        case "mla":
+            elements = kv_lora_rank + qk_rope_head_dim
+        case _:
+            raise ValueError(attention)
+    return num_layers * elements * dtype.itemsize
+"""),
+]
+
+DEVICE_BUGGY = [
+    Variant("module_mask_on_cpu", forward_with(
+        "torch.ones(T, past_len + T, dtype=torch.bool, device=x.device)", "torch.ones(T, past_len + T, dtype=torch.bool)"),
+            "MultiHeadLatentAttention", "tensor_on_cpu"),
+]

@@ -1,0 +1,409 @@
+"""Candidates for `paged_attention` made from the reference by redefining one thing (Python keeps a file's last
+definition).
+
+BUGGY: one mistake each, with the step that must lose points and the named mistake the
+grader must find (the pool's in pool_variants.py). CORRECT: unusual but right ways to write the steps; each
+must score 100.
+"""
+
+from tests.exercises.mha.variants import Variant
+from tests.exercises.paged_attention.pool_variants import POOL_BUGGY
+
+
+def decode_with(body: str) -> str:
+    """A paged_decode that, for each sequence b (n, blocks, table: its context length, its first ceil(n / bs) table
+    entries, its whole row), runs `body`, which makes k and v, (n, H, Dh); then attends as the reference does."""
+    return f"""
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+    B, H, Dh = q.shape
+    bs = k_cache.shape[1]
+    out = torch.empty_like(q)
+    for b in range(B):
+        n = int(context_lens[b])
+        blocks = block_tables[b, : -(-n // bs)].long()
+        table = block_tables[b].long()
+{body}
+        scores = torch.einsum("hd,nhd->hn", q[b], k) / math.sqrt(Dh)
+        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v)
+    return out
+"""
+
+
+def varlen_with(body: str) -> str:
+    """A varlen_attention whose loop body over the sequences is `body`, with qs, qe, ks, ke the reference's bounds."""
+    return f"""
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
+    out = torch.empty_like(q)
+    scale = 1 / math.sqrt(q.shape[-1])
+    for b in range(len(cu_seqlens_q) - 1):
+        qs, qe = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
+        ks, ke = int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1])
+{body}
+    return out
+"""
+
+
+VARLEN_BODY = """\
+        qb, kb, vb = q[qs:qe].transpose(0, 1), k[ks:ke].transpose(0, 1), v[ks:ke].transpose(0, 1)
+        scores = qb @ kb.transpose(-2, -1) * scale
+        if causal:
+            tq, tk = qe - qs, ke - ks
+            allowed = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        out[qs:qe] = (torch.softmax(scores, dim=-1) @ vb).transpose(0, 1)"""
+
+
+def dense_varlen(mask: str, arange_device: str = ", device=q.device") -> str:
+    """A vectorised varlen_attention: one (total_q, total_k) mask, `mask` written over seq_*, pos_*, len_*."""
+    return f"""
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
+    def where(cu, total):  # each row's sequence, position in it, and that sequence's length
+        rows = torch.arange(total{arange_device})
+        seq = (rows[:, None] >= cu[None, 1:].long()).sum(-1)
+        lengths = (cu[1:] - cu[:-1]).long()
+        return seq, rows - cu.long()[seq], lengths[seq]
+
+    seq_q, pos_q, len_q = where(cu_seqlens_q, q.shape[0])
+    seq_k, pos_k, len_k = where(cu_seqlens_k, k.shape[0])
+    mask = {mask}
+    scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(q.shape[-1])
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    return torch.einsum("hqk,khd->qhd", weights, v)
+"""
+
+
+SAME_SEQUENCE = "seq_q[:, None] == seq_k[None, :]"
+BOTTOM_RIGHT = "pos_k[None, :] <= pos_q[:, None] + (len_k[None, :] - len_q[:, None])"
+
+
+FORWARD_HEAD = """
+class PagedSelfAttention(PagedSelfAttention):
+    def forward(self, x, cache, seq_ids, cu_seqlens):
+        N, D = x.shape
+        q, k, v = (w(x).view(N, self.num_heads, self.head_dim) for w in (self.w_q, self.w_k, self.w_v))
+        starts = cu_seqlens.tolist()
+"""
+APPEND = """\
+        for b, seq_id in enumerate(seq_ids):
+            cache.append(seq_id, k[starts[b]:starts[b + 1]], v[starts[b]:starts[b + 1]])
+        lens = [cache.seq_len(s) for s in seq_ids]
+"""
+GATHER = """\
+        tables = [torch.tensor(cache.block_table(s)) for s in seq_ids]
+        k_all = torch.cat([cache.k_cache[t].flatten(0, 1)[:n] for t, n in zip(tables, lens)])
+        v_all = torch.cat([cache.v_cache[t].flatten(0, 1)[:n] for t, n in zip(tables, lens)])
+        cu_k = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
+"""
+ATTEND = """\
+        y = varlen_attention(q, k_all, v_all, cu_seqlens, cu_k, causal=True)
+        return self.w_o(y.reshape(N, D))
+"""
+
+
+def forward(*parts: str) -> str:
+    """A PagedSelfAttention whose forward is FORWARD_HEAD and `parts`: the gather-and-varlen path for every call."""
+    return FORWARD_HEAD + "".join(parts)
+
+
+BUGGY = [
+    *POOL_BUGGY,  # the pool's mistakes (pool_variants.py)
+    # -- paged_decode -------------------------------------------------------------------------
+    Variant("decode_whole_blocks_read", decode_with("""\
+        k, v = k_cache[blocks].flatten(0, 1), v_cache[blocks].flatten(0, 1)  # every slot of its blocks"""),
+            "paged_decode", "paged_decode.whole_blocks_read"),
+    Variant("decode_padding_read", decode_with("""\
+        k, v = k_cache[table].flatten(0, 1), v_cache[table].flatten(0, 1)  # the whole row"""),
+            "paged_decode", "paged_decode.padding_read"),
+    Variant("decode_logical_block_as_physical", decode_with("""\
+        k, v = k_cache[:len(blocks)].flatten(0, 1)[:n], v_cache[:len(blocks)].flatten(0, 1)[:n]"""),
+            "paged_decode", "paged_decode.logical_block_as_physical"),
+    Variant("decode_block_not_times_block_size", decode_with("""\
+        t = torch.arange(n)
+        flat = table[t // bs] + t % bs  # the slot in the flattened pool
+        k, v = k_cache.flatten(0, 1)[flat], v_cache.flatten(0, 1)[flat]"""),
+            "paged_decode", "paged_decode.block_not_times_block_size"),
+    Variant("decode_partial_block_dropped", decode_with("""\
+        blocks = block_tables[b, : n // bs].long()  # full blocks only
+        k, v = k_cache[blocks].flatten(0, 1)[:n], v_cache[blocks].flatten(0, 1)[:n]"""),
+            "paged_decode", "paged_decode.partial_block_dropped"),
+    Variant("decode_one_key_past_context", decode_with("""\
+        t = torch.arange(n + 1)  # positions 0 … n
+        k, v = k_cache[table[t // bs], t % bs], v_cache[table[t // bs], t % bs]"""),
+            "paged_decode", "paged_decode.one_key_past_context"),
+    Variant("decode_valid_mask_one_past", """
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+    B, H, Dh = q.shape
+    tables = block_tables.long().clamp(min=0)
+    k, v = k_cache[tables].flatten(1, 2), v_cache[tables].flatten(1, 2)  # (B, slots, H, Dh)
+    valid = torch.arange(k.shape[1], device=q.device)[None, :] <= context_lens.long()[:, None]  # <= for <
+    k = torch.where(valid[..., None, None], k, torch.zeros_like(k))
+    v = torch.where(valid[..., None, None], v, torch.zeros_like(v))
+    scores = torch.einsum("bhd,bnhd->bhn", q, k) / math.sqrt(Dh)
+    weights = torch.softmax(scores.masked_fill(~valid[:, None], float("-inf")), dim=-1)
+    return torch.einsum("bhn,bnhd->bhd", weights, v)
+""", "paged_decode", "paged_decode.one_key_past_context"),
+    Variant("decode_one_key_short", decode_with("""\
+        t = torch.arange(n - 1)  # the new token's own key left out
+        k, v = k_cache[table[t // bs], t % bs], v_cache[table[t // bs], t % bs]"""),
+            "paged_decode", "paged_decode.one_key_short"),
+    Variant("decode_unscaled", decode_with("""\
+        k, v = k_cache[blocks].flatten(0, 1)[:n], v_cache[blocks].flatten(0, 1)[:n]
+        k = k * math.sqrt(Dh)  # undoes the scale below"""), "paged_decode", "paged_decode.unscaled"),
+    Variant("decode_heads_reshaped", """
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+    B, H, Dh = q.shape
+    bs = k_cache.shape[1]
+    out = torch.empty_like(q)
+    for b in range(B):
+        n = int(context_lens[b])
+        blocks = block_tables[b, : -(-n // bs)].long()
+        k = k_cache[blocks].flatten(0, 1)[:n].reshape(H, n, Dh)  # heads first, by a reshape
+        v = v_cache[blocks].flatten(0, 1)[:n].reshape(H, n, Dh)
+        weights = torch.softmax((k @ q[b][:, :, None])[..., 0] / math.sqrt(Dh), dim=-1)
+        out[b] = (weights[:, None] @ v)[:, 0]
+    return out
+""", "paged_decode", "paged_decode.heads_reshaped"),
+    Variant("decode_own_blocks_masked_multiplied", decode_with("""\
+        k, v = k_cache[blocks].flatten(0, 1), v_cache[blocks].flatten(0, 1)  # every slot of its own blocks
+        keep = torch.arange(k.shape[0], device=q.device) < n
+        scores = torch.einsum("hd,nhd->hn", q[b], k) / math.sqrt(Dh)
+        weights = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
+        out[b] = torch.einsum("hn,nhd->hd", weights, v)  # 0 · NaN past n
+        continue"""), "paged_decode", "paged_decode.masked_slots_multiplied"),
+    Variant("decode_masked_slots_multiplied", """
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+    B, H, Dh = q.shape
+    bs = k_cache.shape[1]
+    k = k_cache[block_tables.clamp(min=0).long()].flatten(1, 2)  # (B, max_blocks·bs, H, Dh)
+    v = v_cache[block_tables.clamp(min=0).long()].flatten(1, 2)
+    valid = torch.arange(k.shape[1], device=q.device)[None, :] < context_lens[:, None]  # (B, L)
+    scores = torch.einsum("bhd,blhd->bhl", q, k) / math.sqrt(Dh)
+    weights = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1)
+    return torch.einsum("bhl,blhd->bhd", weights, v)  # 0 · NaN where masked
+""", "paged_decode", "paged_decode.masked_slots_multiplied"),
+    Variant("decode_keepdim", decode_with("""\
+        k, v = k_cache[blocks].flatten(0, 1)[:n], v_cache[blocks].flatten(0, 1)[:n]""").replace(
+        "    return out", "    return out[:, :, None]  # (B, H, 1, Dh): one query"), "paged_decode", "axis_extra"),
+    # -- varlen_attention ---------------------------------------------------------------------
+    Variant("varlen_cu_seqlens_as_lengths", """
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
+    out = torch.zeros_like(q)
+    qs = ks = 0
+    for tq, tk in zip(cu_seqlens_q[1:].tolist(), cu_seqlens_k[1:].tolist()):  # the lengths, one a sequence
+        qb, kb, vb = q[qs:qs + tq].transpose(0, 1), k[ks:ks + tk].transpose(0, 1), v[ks:ks + tk].transpose(0, 1)
+        scores = qb @ kb.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if causal:
+            n_q, n_k = qb.shape[1], kb.shape[1]
+            allowed = torch.ones(n_q, n_k, dtype=torch.bool).tril(diagonal=n_k - n_q)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        out[qs:qs + tq] = (torch.softmax(scores, dim=-1) @ vb).transpose(0, 1)
+        qs, ks = qs + tq, ks + tk
+    return out
+""", "varlen_attention", "varlen_attention.cu_seqlens_as_lengths"),
+    Variant("varlen_keys_cut_by_q", varlen_with(VARLEN_BODY.replace("k[ks:ke]", "k[qs:qe]").replace(
+        "v[ks:ke]", "v[qs:qe]").replace("tq, tk = qe - qs, ke - ks", "tq = tk = qe - qs")),
+            "varlen_attention", "varlen_attention.keys_cut_by_q"),
+    Variant("varlen_crosses_boundaries", """
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
+    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # the packed batch as one sequence
+    scores = qh @ kh.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        allowed = torch.ones(q.shape[0], k.shape[0], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ vh).transpose(0, 1)
+""", "varlen_attention", "varlen_attention.crosses_boundaries"),
+    Variant("varlen_causal_global_positions", dense_varlen(
+        f"({SAME_SEQUENCE}) & (~torch.tensor(causal) | (torch.arange(k.shape[0])[None, :] <= "
+        "torch.arange(q.shape[0])[:, None]))"), "varlen_attention", "varlen_attention.causal_global_positions"),
+    Variant("varlen_causal_one_global_offset", dense_varlen(
+        f"({SAME_SEQUENCE}) & (~torch.tensor(causal) | (torch.arange(k.shape[0])[None, :] <= "
+        "torch.arange(q.shape[0])[:, None] + (k.shape[0] - q.shape[0])))"),
+            "varlen_attention", "varlen_attention.causal_global_positions"),
+    Variant("varlen_causal_top_left", varlen_with(VARLEN_BODY.replace(".tril(diagonal=tk - tq)", ".tril()")),
+            "varlen_attention", "varlen_attention.causal_top_left"),
+    Variant("varlen_causal_ignored", varlen_with(VARLEN_BODY.replace("if causal:", "if False:  # causal")),
+            "varlen_attention", "varlen_attention.causal_ignored"),
+    Variant("varlen_unscaled", varlen_with(VARLEN_BODY.replace(" * scale", "")),
+            "varlen_attention", "varlen_attention.unscaled"),
+    Variant("varlen_heads_axis", varlen_with("""\
+        scores = q[qs:qe] @ k[ks:ke].transpose(-2, -1) * scale  # (T, H, H)
+        out[qs:qe] = torch.softmax(scores, dim=-1) @ v[ks:ke]"""),
+            "varlen_attention", "varlen_attention.heads_axis"),
+    Variant("varlen_heads_left_first", varlen_with(VARLEN_BODY).replace(
+        "    return out", "    return out.transpose(0, 1)  # (H, total_q, Dh)"), "varlen_attention", "axes_swapped"),
+    # -- PagedSelfAttention -------------------------------------------------------------------
+    Variant("module_not_causal", forward(APPEND, GATHER, ATTEND.replace("causal=True", "causal=False")),
+            "PagedSelfAttention", "PagedSelfAttention.not_causal"),
+    Variant("module_new_tokens_only", forward(APPEND, ATTEND.replace("k_all, v_all, cu_seqlens, cu_k",
+                                                                     "k, v, cu_seqlens, cu_seqlens")),
+            "PagedSelfAttention", "PagedSelfAttention.new_tokens_only"),
+    Variant("module_lengths_before_append", forward("""\
+        lens = []
+        for s in seq_ids:  # what each sequence holds: 0 if it is new
+            try:
+                lens.append(cache.seq_len(s))
+            except KeyError:
+                lens.append(0)
+""", APPEND.replace("        lens = [cache.seq_len(s) for s in seq_ids]\n", ""), GATHER, ATTEND),
+            "PagedSelfAttention", "PagedSelfAttention.lengths_before_append"),
+    Variant("module_decode_lengths_before_append", forward("""\
+        if N == len(seq_ids):  # one new token each: decode straight from the pool
+            context_lens = torch.tensor([cache.seq_len(s) for s in seq_ids], dtype=torch.int32)  # before the append
+            for b, seq_id in enumerate(seq_ids):
+                cache.append(seq_id, k[b:b + 1], v[b:b + 1])
+            rows = [cache.block_table(s) for s in seq_ids]
+            tables = torch.full((N, max(map(len, rows))), -1, dtype=torch.int32)
+            for b, row in enumerate(rows):
+                tables[b, :len(row)] = torch.tensor(row, dtype=torch.int32)
+            y = paged_decode(q, cache.k_cache, cache.v_cache, tables, context_lens)
+            return self.w_o(y.reshape(N, D))
+""", APPEND, GATHER, ATTEND), "PagedSelfAttention", "PagedSelfAttention.lengths_before_append"),
+    Variant("module_no_output_projection", forward(APPEND, GATHER, ATTEND.replace("self.w_o(y.reshape(N, D))",
+                                                                                  "y.reshape(N, D)")),
+            "PagedSelfAttention", "PagedSelfAttention.no_output_projection"),
+    Variant("module_heads_split_inner", forward(APPEND, GATHER, ATTEND).replace(
+        "w(x).view(N, self.num_heads, self.head_dim)", "w(x).view(N, self.head_dim, self.num_heads).transpose(1, 2)"),
+            "PagedSelfAttention", "PagedSelfAttention.heads_split_inner"),
+    Variant("module_unused_slots_read", forward(APPEND, """\
+        tables = [torch.tensor(cache.block_table(s)) for s in seq_ids]
+        k_all = torch.cat([cache.k_cache[t].flatten(0, 1) for t in tables])  # every slot of its blocks
+        v_all = torch.cat([cache.v_cache[t].flatten(0, 1) for t in tables])
+        cu_k = torch.tensor([0, *(len(t) * cache.k_cache.shape[1] for t in tables)]).cumsum(0).to(torch.int32)
+""", ATTEND), "PagedSelfAttention", "PagedSelfAttention.unused_slots_read"),
+    Variant("module_llama_names", """
+class PagedSelfAttention(PagedSelfAttention):
+    def __init__(self, embed_dim, num_heads, bias=True):
+        super().__init__(embed_dim, num_heads, bias)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = self.w_q, self.w_k, self.w_v, self.w_o
+        del self.w_q, self.w_k, self.w_v, self.w_o
+
+    def forward(self, x, cache, seq_ids, cu_seqlens):
+        self.w_q, self.w_k, self.w_v, self.w_o = self.q_proj, self.k_proj, self.v_proj, self.o_proj
+        return super().forward(x, cache, seq_ids, cu_seqlens)
+""", "PagedSelfAttention", "layer_names"),
+]
+
+CORRECT = [
+    Variant(
+        "pool_fifo_free_list_token_loop_tensor_tables",  # a deque handed out from the front, tokens written one by
+        # one, tables kept and returned as tensors, the free list refilled at the front
+        """
+        import collections
+
+        class PagedKVCache:
+            def __init__(self, num_blocks, block_size, num_heads, head_dim, dtype=torch.float32, device=None):
+                self.k_cache = torch.empty(num_blocks, block_size, num_heads, head_dim, dtype=dtype, device=device)
+                self.v_cache = torch.empty_like(self.k_cache)
+                self.free_list = collections.deque(range(num_blocks))
+                self.seqs = {}
+
+            def append(self, seq_id, k, v):
+                table, n = self.seqs.get(seq_id, (torch.empty(0, dtype=torch.int32), 0))
+                bs = self.k_cache.shape[1]
+                extra = max(0, (n + len(k) + bs - 1) // bs - len(table))
+                if extra > len(self.free_list):
+                    raise RuntimeError(f"need {extra} blocks, {len(self.free_list)} free")
+                taken = [self.free_list.popleft() for _ in range(extra)]
+                table = torch.cat([table, torch.tensor(taken, dtype=torch.int32)])
+                for i in range(len(k)):
+                    block, slot = divmod(n + i, bs)
+                    self.k_cache[table[block]][slot].copy_(k[i])
+                    self.v_cache[table[block]][slot].copy_(v[i])
+                self.seqs[seq_id] = (table, n + len(k))
+
+            def block_table(self, seq_id):
+                return self.seqs[seq_id][0].clone()
+
+            def seq_len(self, seq_id):
+                return self.seqs[seq_id][1]
+
+            def num_free_blocks(self):
+                return len(self.free_list)
+
+            def free(self, seq_id):
+                table, _ = self.seqs.pop(seq_id)
+                self.free_list.extendleft(table.tolist())
+        """,
+    ),
+    Variant(
+        "decode_vectorised_gather_with_masks",  # every table row gathered at once (−1 clamped), masked, values zeroed
+        """
+        def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+            B, H, Dh = q.shape
+            rows = block_tables.clamp(min=0).long()  # (B, max_blocks)
+            k = k_cache[rows].flatten(1, 2)  # (B, max_blocks, bs, H, Dh) -> (B, L, H, Dh)
+            v = v_cache[rows].flatten(1, 2)
+            valid = torch.arange(k.shape[1], device=q.device)[None, :] < context_lens[:, None].long()  # (B, L)
+            k = torch.where(valid[:, :, None, None], k, 0.0)
+            v = torch.where(valid[:, :, None, None], v, 0.0)
+            scores = torch.einsum("bhd,blhd->bhl", q, k) * Dh ** -0.5
+            weights = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1)
+            return torch.einsum("bhl,blhd->bhd", weights, v)
+        """,
+    ),
+    Variant(
+        "decode_sdpa_per_sequence",  # each sequence's keys gathered token by token, then torch's own attention
+        """
+        import torch.nn.functional as F
+
+        def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+            bs = k_cache.shape[1]
+            outs = []
+            for b in range(q.shape[0]):
+                where = [(int(block_tables[b, t // bs]), t % bs) for t in range(int(context_lens[b]))]
+                k = torch.stack([k_cache[blk, s] for blk, s in where]).transpose(0, 1)  # (H, n, Dh)
+                v = torch.stack([v_cache[blk, s] for blk, s in where]).transpose(0, 1)
+                outs.append(F.scaled_dot_product_attention(q[b][:, None], k, v)[:, 0])
+            return torch.stack(outs)
+        """,
+    ),
+    Variant("varlen_vectorised_mask", dense_varlen(f"({SAME_SEQUENCE}) & (~torch.tensor(causal, device=q.device) | "
+                                                   f"({BOTTOM_RIGHT}))")),
+    Variant(
+        "varlen_sdpa_per_sequence",  # torch's attention on each sequence, a bottom-right bool mask, lengths by diff
+        """
+        import torch.nn.functional as F
+
+        def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
+            lens_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
+            lens_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).tolist()
+            outs = []
+            for qb, kb, vb in zip(q.split(lens_q), k.split(lens_k), v.split(lens_k)):
+                mask = None
+                if causal:
+                    mask = torch.ones(len(qb), len(kb), dtype=torch.bool, device=q.device).tril(len(kb) - len(qb))
+                y = F.scaled_dot_product_attention(qb.transpose(0, 1), kb.transpose(0, 1), vb.transpose(0, 1),
+                                                   attn_mask=mask)
+                outs.append(y.transpose(0, 1))
+            return torch.cat(outs)
+        """,
+    ),
+    Variant(
+        "module_gather_and_varlen_always",  # no decoding path: one-token calls go through varlen_attention too
+        forward(APPEND, GATHER, ATTEND),
+    ),
+]
+
+DEVICE_BUGGY = [
+    Variant("pool_on_cpu", """
+class PagedKVCache(PagedKVCache):
+    def __init__(self, num_blocks, block_size, num_heads, head_dim, dtype=torch.float32, device=None):
+        super().__init__(num_blocks, block_size, num_heads, head_dim, dtype)  # device dropped
+""", "PagedKVCache", "result_on_cpu"),
+    Variant("varlen_rows_on_cpu", dense_varlen(f"({SAME_SEQUENCE}) & (~torch.tensor(causal, device=q.device) | "
+                                               f"({BOTTOM_RIGHT}))", arange_device=""),
+            "varlen_attention", "tensor_on_cpu"),
+    Variant("decode_positions_on_cpu", """
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+    B, H, Dh = q.shape
+    rows = block_tables.clamp(min=0).long()
+    k = k_cache[rows].flatten(1, 2)
+    v = v_cache[rows].flatten(1, 2)
+    valid = torch.arange(k.shape[1])[None, :] < context_lens[:, None].long()  # made on the CPU
+    k = torch.where(valid[:, :, None, None], k, 0.0)
+    v = torch.where(valid[:, :, None, None], v, 0.0)
+    scores = torch.einsum("bhd,blhd->bhl", q, k) * Dh ** -0.5
+    weights = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1)
+    return torch.einsum("bhl,blhd->bhd", weights, v)
+""", "paged_decode", "tensor_on_cpu"),
+]

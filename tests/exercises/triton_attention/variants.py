@@ -1,0 +1,205 @@
+"""Candidates for `triton_attention` made from the reference by redefining one kernel or launcher (Python keeps a
+file's last definition, and a launcher finds its kernel by name when it runs).
+
+Each kernel variant is the reference's kernel with one line changed (`changed`), so it differs from the model
+answer by exactly its mistake. BUGGY: one mistake each, with the step that must lose points and the named
+mistake the grader must find. CORRECT: unusual but right ways to write the steps; each must score 100.
+RULES_ONLY: a forbidden call in a launcher.
+"""
+
+import ast
+
+from tests.conftest import ROOT
+from tests.exercises.mha.variants import Variant
+
+REFERENCE = (ROOT / "solutions" / "triton_attention.py").read_text()
+
+
+def _definition(name: str) -> str:
+    """The reference's definition of `name`, decorators included."""
+    node = next(n for n in ast.parse(REFERENCE).body if getattr(n, "name", None) == name)
+    lines = REFERENCE.splitlines()
+    start = (node.decorator_list[0].lineno if node.decorator_list else node.lineno) - 1
+    return "\n".join(lines[start:node.end_lineno]) + "\n"
+
+
+def changed(name: str, *replacements: tuple[str, str]) -> str:
+    """The reference's `name` with each (old, new) replaced: every old must be there, once."""
+    text = _definition(name)
+    for old, new in replacements:
+        assert text.count(old) == 1, f"{name}: {old!r} is not there once"
+        text = text.replace(old, new)
+    return "\n\n" + text
+
+
+SOFTMAX_IN_TORCH = """
+
+def softmax(x):
+    e = (x.float() - x.float().amax(-1, keepdim=True)).exp()
+    return (e / e.sum(-1, keepdim=True)).to(x.dtype)
+"""
+
+FLASH_IN_TORCH = """
+
+def flash_attention(q, k, v, causal=False, block_m=16, block_n=16):
+    t_q, t_k = q.shape[2], k.shape[2]
+    s = (q.float()[:, :, :, None, :] * k.float()[:, :, None, :, :]).sum(-1) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(torch.arange(t_k)[None, :] > torch.arange(t_q)[:, None] + t_k - t_q, -math.inf)
+    m = s.amax(-1, keepdim=True)
+    e = (s - m).exp()
+    out = (e[..., None] * v.float()[:, :, None, :, :]).sum(-2) / e.sum(-1)[..., None]
+    return out.to(q.dtype), (m[..., 0] + e.sum(-1).log())
+"""
+
+DECODE_IN_TORCH = """
+
+def decode_attention(q, k_cache, v_cache, lengths, block_n=16):
+    outs = []
+    for b, n in enumerate(lengths.tolist()):
+        s = (q[b].float()[:, None, :] * k_cache[b, :, :n].float()).sum(-1) / math.sqrt(q.shape[-1])
+        e = (s - s.amax(-1, keepdim=True)).exp()
+        outs.append(((e[..., None] * v_cache[b, :, :n].float()).sum(-2) / e.sum(-1, keepdim=True)).to(q.dtype))
+    return torch.stack(outs)
+"""
+
+SCORES_BUFFER = changed(
+    "flash_attention",
+    ("    grid = (", "    scores = torch.empty((batch, heads, t_q, t_k), dtype=torch.float32, device=q.device)\n"
+                   "    grid = ("),
+)
+
+BUGGY = [
+    # softmax
+    Variant("softmax_unmasked_load", changed(
+        "softmax_kernel",
+        ("x = tl.load(x_ptr + row * stride_xr + cols * stride_xc, mask=inside, other=-float(\"inf\"))",
+         "x = tl.load(x_ptr + row * stride_xr + cols * stride_xc)")), "softmax", "softmax.unmasked_load"),
+    Variant("softmax_other_zero", changed("softmax_kernel", ('other=-float("inf")', "other=0.0")),
+            "softmax", "softmax.other_zero"),
+    Variant("softmax_no_max", changed("softmax_kernel", ("e = tl.exp(x - tl.max(x, axis=0))", "e = tl.exp(x)")),
+            "softmax", "softmax.no_max"),
+    Variant("softmax_block_not_power_of_two", changed(
+        "softmax", ("block = triton.next_power_of_2(n_cols)", "block = n_cols")),
+        "softmax", "softmax.block_not_power_of_two"),
+    Variant("softmax_strides_ignored", changed(
+        "softmax", ("x.stride(0), x.stride(1), y.stride(0), y.stride(1)", "n_cols, 1, n_cols, 1")),
+        "softmax", "softmax.strides_ignored"),
+    Variant("softmax_output_strides", changed("softmax", ("y.stride(0), y.stride(1)", "x.stride(0), x.stride(1)")),
+            "softmax", "softmax.output_strides"),
+    Variant("softmax_in_torch", SOFTMAX_IN_TORCH, "softmax", "softmax.no_kernel"),
+    Variant("softmax_block_too_small", changed(  # rows of 300 in 64 lanes: the wide check
+        "softmax", ("block = triton.next_power_of_2(n_cols)", "block = 64")), "softmax"),
+    Variant("softmax_float32_output", changed(  # the half types' checks: the output's dtype
+        "softmax", ("y = torch.empty((n_rows, n_cols), dtype=x.dtype", "y = torch.empty((n_rows, n_cols), "
+                    "dtype=torch.float32")), "softmax"),
+    # flash_attention
+    Variant("flash_nan_rows", changed(
+        "flash_forward_kernel", ('shift = tl.where(m_new == -float("inf"), 0.0, m_new)', "shift = m_new")),
+        "flash_attention", "flash_attention.nan_rows"),
+    Variant("flash_top_left", changed("flash_forward_kernel", ("offset = t_k - t_q", "offset = 0")),
+            "flash_attention", "flash_attention.top_left"),
+    Variant("flash_keys_past_end", changed("flash_forward_kernel", ("visible = cols[None, :] < t_k",
+                                                                     "visible = cols[None, :] >= 0")),
+            "flash_attention", "flash_attention.keys_past_end"),
+    Variant("flash_no_rescale", changed("flash_forward_kernel", ("alpha = tl.exp(m - shift)", "alpha = tl.full((BLOCK_M,), 1.0, tl.float32)")),
+            "flash_attention", "flash_attention.no_rescale"),
+    Variant("flash_lse_last_block", changed(
+        "flash_forward_kernel",
+        ("        m = m_new\n", "        m = m_new\n"
+         "        block_max = tl.max(s, axis=1)\n"
+         '        block_shift = tl.where(block_max == -float("inf"), 0.0, block_max)\n'
+         "        last_lse = block_max + tl.log(tl.sum(tl.exp(s - block_shift[:, None]), axis=1))\n"),
+        ("    lse = m + tl.log(l)", "    lse = last_lse"),
+        ("    end = t_k\n", "    end = t_k\n    last_lse = tl.zeros((BLOCK_M,), dtype=tl.float32)\n")),
+        "flash_attention", "flash_attention.lse_last_block"),
+    Variant("flash_strides_swapped", changed(
+        "flash_forward_kernel",
+        ("    block = tl.program_id(0)\n",
+         "    block = tl.program_id(0)\n"
+         "    stride_qt, stride_qd = stride_qd, stride_qt\n"
+         "    stride_kt, stride_kd = stride_kd, stride_kt\n"
+         "    stride_vt, stride_vd = stride_vd, stride_vt\n")),
+        "flash_attention", "flash_attention.strides_swapped"),
+    Variant("flash_program_ids_swapped", changed(
+        "flash_forward_kernel", ("    block = tl.program_id(0)\n    bh = tl.program_id(1)",
+                                 "    block = tl.program_id(1)\n    bh = tl.program_id(0)")),
+        "flash_attention", "flash_attention.program_ids_swapped"),
+    Variant("flash_acc_in_half", changed(
+        "flash_forward_kernel",
+        ("acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)", "acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=q.dtype)"),
+        ("acc = alpha[:, None] * acc + tl.dot(p.to(v.dtype), v, input_precision=\"ieee\")",
+         "acc = (alpha[:, None] * acc + tl.dot(p.to(v.dtype), v, input_precision=\"ieee\")).to(q.dtype)")),
+        "flash_attention", "flash_attention.acc_in_half"),
+    Variant("flash_block_not_power_of_two", changed(
+        "flash_attention", ("BLOCK_D=max(16, triton.next_power_of_2(d))", "BLOCK_D=d")),
+        "flash_attention", "flash_attention.block_not_power_of_two"),
+    Variant("flash_acc_not_rescaled", changed("flash_forward_kernel", ("acc = alpha[:, None] * acc +", "acc = acc +")),
+            "flash_attention", "flash_attention.acc_not_rescaled"),
+    Variant("flash_l_not_rescaled", changed("flash_forward_kernel", ("l = alpha * l +", "l = l +")),
+            "flash_attention", "flash_attention.l_not_rescaled"),
+    Variant("flash_scale_from_padded_width", changed(
+        "flash_attention", ("heads, t_q, t_k, d, 1.0 / math.sqrt(d),",
+                            "heads, t_q, t_k, d, 1.0 / math.sqrt(max(16, triton.next_power_of_2(d))),")),
+        "flash_attention", "flash_attention.scale_from_padded_width"),
+    Variant("flash_grid_rounded_down", changed("flash_attention", ("grid = (triton.cdiv(t_q, block_m), batch * heads)",
+                                                                   "grid = (t_q // block_m, batch * heads)")),
+            "flash_attention", "flash_attention.grid_rounded_down"),
+    Variant("flash_rescale_sign_flipped", changed("flash_forward_kernel", ("alpha = tl.exp(m - shift)",
+                                                                           "alpha = tl.exp(shift - m)")),
+            "flash_attention", "flash_attention.rescale_sign_flipped"),
+    Variant("flash_score_matrix", SCORES_BUFFER, "flash_attention", "flash_attention.score_matrix"),
+    Variant("flash_in_torch", FLASH_IN_TORCH, "flash_attention", "flash_attention.no_kernel"),
+    Variant("flash_block_m_ignored", changed(  # the grid by block_m, the kernel's tiles of 16: block_sizes
+        "flash_attention", ("BLOCK_M=block_m", "BLOCK_M=16")), "flash_attention"),
+    Variant("flash_contiguous_assumed", changed(  # the strided check
+        "flash_attention", ("*q.stride(), *k.stride(), *v.stride()",
+                            "*q.contiguous().stride(), *k.contiguous().stride(), *v.contiguous().stride()")),
+        "flash_attention"),
+    Variant("flash_no_diagonal", changed(  # causal with Tq = Tk
+        "flash_forward_kernel", ("cols[None, :] <= offset + rows[:, None]", "cols[None, :] < offset + rows[:, None]")),
+        "flash_attention"),
+    # decode_attention
+    Variant("decode_past_length", changed(
+        "decode_attention", ("q, k_cache, v_cache, out, lengths,", "q, k_cache, v_cache, out, torch.full_like(lengths, k_cache.shape[2]),")),
+        "decode_attention", "decode_attention.past_length"),
+    Variant("decode_first_length", changed("decode_kernel", ("n = tl.load(len_ptr + b)", "n = tl.load(len_ptr)")),
+            "decode_attention", "decode_attention.first_length"),
+    Variant("decode_in_torch", DECODE_IN_TORCH, "decode_attention", "decode_attention.no_kernel"),
+    Variant("decode_keys_past_length", changed("decode_kernel", ('s = tl.where(cols < n, s, -float("inf"))', "")),
+            "decode_attention", "decode_attention.keys_past_length"),
+    Variant("decode_rescale_sign_flipped", changed("decode_kernel", ("alpha = tl.exp(m - m_new)",
+                                                                     "alpha = tl.exp(m_new - m)")),
+            "decode_attention", "decode_attention.rescale_sign_flipped"),
+    Variant("decode_contiguous_assumed", changed(  # the strided check
+        "decode_attention", ("*q.stride(), *k_cache.stride(), *v_cache.stride()",
+                             "*q.contiguous().stride(), *k_cache.contiguous().stride(), "
+                             "*v_cache.contiguous().stride()")),
+        "decode_attention"),
+    Variant("decode_float32_output", changed(  # the float16 check: the output's dtype
+        "decode_attention", ("out = torch.empty((batch, heads, d), dtype=q.dtype", "out = torch.empty((batch, "
+                             "heads, d), dtype=torch.float32")), "decode_attention"),
+]
+
+CORRECT = [
+    Variant("softmax_exp2", changed(  # e^x as 2^(x·log2 e), as fast kernels write it
+        "softmax_kernel", ("e = tl.exp(x - tl.max(x, axis=0))", "e = tl.exp2((x - tl.max(x, axis=0)) * 1.4426950408889634)"))),
+    Variant("flash_blocks_32", changed(  # other default tiles
+        "flash_attention", ("causal: bool = False, block_m: int = 16, block_n: int = 16",
+                            "causal: bool = False, block_m: int = 32, block_n: int = 32"))),
+    Variant("decode_block_32", changed("decode_attention", ("lengths: torch.Tensor, block_n: int = 16",
+                                                            "lengths: torch.Tensor, block_n: int = 32"))),
+]
+
+RULES_ONLY = [
+    Variant("softmax_checks_with_torch", changed(
+        "softmax", ("    return y\n", "    assert torch.allclose(y.float(), torch.softmax(x.float(), -1), atol=1e-3)\n"
+                                     "    return y\n")), "softmax"),
+    Variant("flash_checks_with_sdpa", changed(
+        "flash_attention", ("    return out, lse\n",
+                            "    torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"
+                            "    return out, lse\n")), "flash_attention"),
+    Variant("decode_checks_with_matmul", changed(
+        "decode_attention", ("    return out\n", "    torch.matmul(q[:, :, None, :], k_cache.transpose(-1, -2))\n"
+                                               "    return out\n")), "decode_attention"),
+]

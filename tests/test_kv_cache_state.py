@@ -1,0 +1,140 @@
+"""kv_cache's checks of state (issues 17 and 19), each graded on a candidate for its exact score.
+
+- a cache made on its first append (the LLMs-from-scratch book's) or grown by torch.cat behind padding
+  properties loses `preallocated` and nothing else: the grader's NaN fill tolerates a cache with no buffer
+  yet, and preallocation is read from where the buffers are stored, not from what the cache says of itself;
+- a module that never reads its cache (its own copy of the keys) loses `reads_cache` and nothing else;
+- buffers of the wrong shape (1-D, widened) cost the cache points, and never crash a check.
+"""
+
+import pytest
+import torch
+
+from grader.course.kv_cache import spec
+from grader.course.kv_cache.stand_ins import BufferProbe
+from solutions import kv_cache as ref
+from tests.conftest import ROOT, explain, lost, mistakes
+from tests.exercises.kv_cache.state_variants import BOOK_CACHE, KEEPS_OWN_KEYS, PADDED_CACHE
+
+KV_REFERENCE = (ROOT / "solutions" / "kv_cache.py").read_text()
+
+
+def grade_kv(grade_source, code):
+    return grade_source(code, base=KV_REFERENCE, name="kv_cache.py")
+
+
+def failed(result) -> set[str]:
+    return {c.name for s in result.steps for c in s.checks if c.points < c.max_points}
+
+
+@pytest.mark.parametrize("code, mistake", [(BOOK_CACHE, "KVCache.grown_by_cat"),
+                                           (PADDED_CACHE, "KVCache.not_in_place")], ids=["book", "padded"])
+def test_a_cache_grown_by_cat_loses_only_the_points_of_preallocated(grade_source, code, mistake):
+    result = grade_kv(grade_source, code)
+    assert lost(result) == {"KVCache": 3} and failed(result) == {"cache_preallocated"}, explain(result)
+    assert mistakes(result, "KVCache") == {mistake}, explain(result)
+
+
+def test_a_module_that_never_reads_its_cache_loses_reads_cache(grade_source):
+    result = grade_kv(grade_source, KEEPS_OWN_KEYS)
+    assert lost(result) == {"CachedSelfAttention": 4} and failed(result) == {"module_reads_cache"}, explain(result)
+    assert mistakes(result, "CachedSelfAttention") == {"CachedSelfAttention.cache_not_read"}, explain(result)
+
+
+FLAT = """
+class KVCache(KVCache):  # one flat buffer per tensor, viewed as (B, H, max_len, Dh) only inside append
+    def __init__(self, batch_size, num_heads, head_dim, max_len, dtype=torch.float32, device=None):
+        super().__init__(batch_size, num_heads, head_dim, max_len, dtype, device)
+        self.shape = self.k.shape
+        self.k, self.v = self.k.flatten(), self.v.flatten()
+
+    def append(self, k_new, v_new):
+        k, v = self.k.view(self.shape), self.v.view(self.shape)
+        t = k_new.shape[2]
+        if self.length + t > self.shape[2]:
+            raise ValueError("the cache is full")
+        k[:, :, self.length:self.length + t], v[:, :, self.length:self.length + t] = k_new, v_new
+        self.length += t
+        return k[:, :, :self.length], v[:, :, :self.length]
+"""
+
+WIDENED = """
+class KVCache(KVCache):  # the buffers one head width too wide: (B, H, max_len, 2 Dh), the new keys in the first half
+    def __init__(self, batch_size, num_heads, head_dim, max_len, dtype=torch.float32, device=None):
+        super().__init__(batch_size, num_heads, 2 * head_dim, max_len, dtype, device)
+
+    def append(self, k_new, v_new):
+        t, dh = k_new.shape[2], k_new.shape[3]
+        if self.length + t > self.max_len:
+            raise ValueError("the cache is full")
+        self.k[:, :, self.length:self.length + t, :dh], self.v[:, :, self.length:self.length + t, :dh] = k_new, v_new
+        self.length += t
+        return self.k[:, :, :self.length, :dh], self.v[:, :, :self.length, :dh]
+"""
+
+
+@pytest.mark.parametrize("code", [FLAT, WIDENED], ids=["1-D", "widened"])
+def test_a_cache_whose_buffers_have_the_wrong_shape_loses_points_in_its_checks(grade_source, code):
+    result = grade_kv(grade_source, code)  # a check that indexed them blindly would be a grader bug, raised here
+    assert "KVCache" in lost(result) and set(lost(result)) <= {"KVCache", "CachedSelfAttention"}, explain(result)
+    assert {"cache_preallocated", "cache_contents"} <= failed(result), explain(result)
+    module = [c for s in result.steps if s.id == "CachedSelfAttention" for c in s.checks if c.points < c.max_points]
+    assert all(c.end_to_end for c in module), explain(result)
+
+
+def test_the_probe_finds_one_storage_for_a_preallocated_cache_and_none_behind_a_property():
+    scope = {"torch": torch}
+    exec(PADDED_CACHE, scope)  # the variant's own class, run here as plain Python
+    for cls, kept in ((ref.KVCache, True), (scope["KVCache"], False)):
+        cache, probe = cls(2, 3, 4, 8), BufferProbe()
+        first = probe.storages(cache)
+        for t in (3, 1, 2):
+            cache.append(torch.randn(2, 3, t, 4), torch.randn(2, 3, t, 4))
+            now = probe.storages(cache)
+            assert (now == first and None not in now) if kept else now == [None, None]
+
+
+def test_the_answer_over_the_graders_values_is_what_the_reference_module_gives_over_them():
+    torch.manual_seed(0)
+    module = ref.CachedSelfAttention(spec.D, spec.H).double().eval()
+    state = {name: p.detach() for name, p in module.state_dict().items()}
+    x = torch.randn(spec.B, 7, spec.D, dtype=torch.float64)
+    cache = ref.KVCache(spec.B, spec.H, spec.DH, spec.MAX_LEN, dtype=torch.float64)
+    with torch.no_grad():
+        module(x[:, :4], cache)
+        cache.k.fill_(spec.K_FILL)
+        cache.v.fill_(spec.V_FILL)
+        got = torch.cat([module(x[:, 4:5], cache), module(x[:, 5:], cache)], dim=1)
+    torch.testing.assert_close(got, spec._over_filled(state, x, 4))
+
+
+COPIED_INTO_A_FIXED_BUFFER = """
+class KVCache(KVCache):  # grows by torch.cat; its k and v are properties that copy into one fixed buffer
+    def __init__(self, batch_size, num_heads, head_dim, max_len, dtype=torch.float32, device=None):
+        shape = (batch_size, num_heads, max_len, head_dim)
+        self._grown = {n: torch.zeros((batch_size, num_heads, 0, head_dim), dtype=dtype, device=device)
+                       for n in "kv"}
+        self._shown = {n: torch.zeros(shape, dtype=dtype, device=device) for n in "kv"}
+        self.max_len, self.length = max_len, 0
+
+    def _view(self, name):
+        self._shown[name][:, :, : self.length] = self._grown[name]
+        return self._shown[name]
+
+    k = property(lambda self: self._view("k"))
+    v = property(lambda self: self._view("v"))
+
+    def append(self, k_new, v_new):
+        t = k_new.shape[2]
+        if self.length + t > self.max_len:
+            raise ValueError("full")
+        self._grown = {"k": torch.cat([self._grown["k"], k_new], dim=2), "v": torch.cat([self._grown["v"], v_new], 2)}
+        self.length += t
+        return self._grown["k"], self._grown["v"]
+"""
+
+
+def test_buffers_a_property_makes_on_the_way_are_not_where_the_cache_keeps_them(grade_source):
+    """A hostile review's cache (issue 17): the probe reads the cache's own attributes, never a property."""
+    result = grade_kv(grade_source, COPIED_INTO_A_FIXED_BUFFER)
+    assert "cache_preallocated" in failed(result) and result.score <= 97, explain(result)

@@ -1,0 +1,457 @@
+"""The worker's record of a call's torch functions holds against a candidate who reads the worker's code.
+
+Each case is an attack from the threat model (docs/sandbox.md, "The record"): a way to make a forbidden
+torch call (softmax in the softmax step) without the record seeing it, by reaching the record through
+the interpreter's back doors or by running the call where the record cannot see. Each must fail: the
+back door is refused (the step's own code then falls back to the forbidden call, which is seen), or the
+worker says the record may be incomplete. Either way the step keeps no rule points, and every other
+step keeps its full marks (but for rule points, where the file names a back door the source scan knows).
+"""
+
+import ctypes
+import importlib.util
+import os
+import platform
+import textwrap
+import threading
+
+import pytest
+
+from tests.conftest import PORTABLE, ROOT, explain
+
+FALLBACK = """
+def softmax(scores, dim=-1):
+    try:
+        return attack(scores, dim)
+    except Exception as error:
+        print("attack refused:", type(error).__name__, error)
+        return torch.softmax(scores, dim).nan_to_num(0.0)
+"""
+
+ATTACKS = {
+    "a thread": """
+        import threading
+        def attack(scores, dim):
+            out = {}
+            thread = threading.Thread(target=lambda: out.update(v=torch.softmax(scores, dim).nan_to_num(0.0)))
+            thread.start()
+            thread.join()
+            return out["v"]
+    """,
+    "_thread directly": """
+        import _thread, time
+        def attack(scores, dim):
+            out = {}
+            _thread.start_new_thread(lambda: out.update(v=torch.softmax(scores, dim).nan_to_num(0.0)), ())
+            while "v" not in out:
+                time.sleep(0.001)
+            return out["v"]
+    """,
+    "the worker's modules": """
+        import sys
+        def attack(scores, dim):
+            worker = [m for name, m in list(sys.modules.items()) if "attn_grade" in name or "sandbox" in name]
+            main = [v for v in vars(sys.modules["__main__"]).values() if hasattr(v, "_handle") or hasattr(v, "serve")]
+            if not worker and not main:
+                raise LookupError("no worker module in reach")
+            for module in worker + main:
+                for name in dir(module):
+                    if hasattr(getattr(module, name), "seen"):
+                        getattr(module, name).seen = set()
+            return torch.softmax(scores, dim).nan_to_num(0.0)
+    """,
+    "the frames below": """
+        import sys
+        def attack(scores, dim):
+            frame = sys._getframe(1)
+            while frame is not None:
+                for value in list(frame.f_locals.values()):
+                    if hasattr(value, "paused"):
+                        with value.paused():
+                            return torch.softmax(scores, dim).nan_to_num(0.0)
+                frame = frame.f_back
+            raise LookupError("no record found")
+    """,
+    "a traceback's frames": """
+        def attack(scores, dim):
+            try:
+                raise ValueError
+            except ValueError as error:
+                frame = error.__traceback__.tb_frame.f_back
+            for value in list(frame.f_locals.values()):
+                if hasattr(value, "paused"):
+                    with value.paused():
+                        return torch.softmax(scores, dim).nan_to_num(0.0)
+            raise LookupError("no record found")
+    """,
+    "the object graph": """
+        import gc
+        def attack(scores, dim):
+            modes = [o for o in gc.get_objects() if hasattr(o, "paused") and hasattr(o, "seen")]
+            with modes[0].paused():
+                return torch.softmax(scores, dim).nan_to_num(0.0)
+    """,
+    "the mode stack, by a name built at run time": """
+        def attack(scores, dim):
+            pop = getattr(torch._C, "_pop_torch_" + "function_stack")
+            mode = pop()
+            try:
+                return torch.softmax(scores, dim).nan_to_num(0.0)
+            finally:
+                getattr(torch._C, "_push_on_torch_" + "function_stack")(mode)
+    """,
+    "torch's own helper that pops the stack": """
+        def attack(scores, dim):
+            with getattr(torch.overrides, "_pop_mode_" + "temporarily")():
+                return torch.softmax(scores, dim).nan_to_num(0.0)
+    """,
+    "switching torch functions off": """
+        def attack(scores, dim):
+            with getattr(torch._C, "Disable" + "TorchFunction")():
+                return torch.softmax(scores, dim).nan_to_num(0.0)
+    """,
+    "a function run as a torch function": """
+        import torch.nn.functional as F
+        def attack(scores, dim):
+            inner = lambda s: torch.softmax(s, dim).nan_to_num(0.0)
+            return getattr(F, "handle_torch_" + "function")(inner, (scores,), scores)
+    """,
+    "a tensor subclass of its own": """
+        class Sly(torch.Tensor):
+            @classmethod
+            def __torch_function__(cls, func, types, args=(), kwargs=None):
+                if getattr(func, "__name__", "") == "clone":
+                    return torch.softmax(args[0].as_subclass(torch.Tensor), -1).nan_to_num(0.0)
+                return super().__torch_function__(func, types, args, kwargs or {})
+        def attack(scores, dim):
+            if dim not in (-1, scores.dim() - 1):
+                raise ValueError("only the last axis")
+            return scores.as_subclass(Sly).clone().as_subclass(torch.Tensor)
+    """,
+    "a mode's exit called on the record": """
+        def attack(scores, dim):
+            torch.overrides.TorchFunctionMode.__exit__(None, None, None, None)
+            return torch.softmax(scores, dim).nan_to_num(0.0)
+    """,
+    "a fresh copy of torch._C": """
+        import importlib, sys
+        def attack(scores, dim):
+            saved = sys.modules.pop("torch._C")
+            try:
+                fresh = importlib.import_module("torch._C")
+            finally:
+                sys.modules["torch._C"] = saved
+            mode = fresh._pop_torch_function_stack()
+            try:
+                return torch.softmax(scores, dim).nan_to_num(0.0)
+            finally:
+                fresh._push_on_torch_function_stack(mode)
+    """,
+    "a fresh copy of torch.overrides": """
+        import importlib, sys
+        def attack(scores, dim):
+            saved = sys.modules.pop("torch.overrides")
+            try:
+                fresh = importlib.import_module("torch.overrides")
+            finally:
+                sys.modules["torch.overrides"] = saved
+            with fresh._pop_mode_temporarily():
+                return torch.softmax(scores, dim).nan_to_num(0.0)
+    """,
+    "a tracing hook": """
+        import sys
+        def attack(scores, dim):
+            found = []
+            sys.settrace(lambda frame, event, arg: found.append(frame) or None)
+            sys.settrace(None)
+            raise LookupError("no frame traced")
+    """,
+    "a signal handler's frame": """
+        import os, signal
+        def attack(scores, dim):
+            frames = []
+            signal.signal(signal.SIGUSR1, lambda number, frame: frames.append(frame))
+            os.kill(os.getpid(), signal.SIGUSR1)
+            raise LookupError("no frame")
+    """,
+    "ctypes": """
+        import ctypes
+        def attack(scores, dim):
+            ctypes.pythonapi.PyEval_GetFrame.restype = ctypes.py_object
+            frame = ctypes.pythonapi.PyEval_GetFrame()
+            raise LookupError(f"got {frame}")
+    """,
+    "a reloaded _thread": """
+        import _thread, importlib, time
+        def attack(scores, dim):
+            fresh = importlib.reload(_thread)
+            out = {}
+            fresh.start_new_thread(lambda: out.update(v=torch.softmax(scores, dim).nan_to_num(0.0)), ())
+            while "v" not in out:
+                time.sleep(0.001)
+            return out["v"]
+    """,
+    "torch's wrapper around a function of its own": """
+        def _rows(scores, dim=-1):
+            return (scores,)
+        def attack(scores, dim):
+            wrapped = getattr(torch.overrides, "wrap_torch_function")(_rows)(
+                lambda s, dim=-1: torch.softmax(s, dim).nan_to_num(0.0))
+            return wrapped(scores, dim)
+    """,
+    "a hook that backward runs": """
+        def attack(scores, dim):
+            box = []
+            with torch.enable_grad():
+                x = torch.zeros((), requires_grad=True)
+                x.register_hook(lambda g: box.append(torch.softmax(scores, dim).nan_to_num(0.0)))
+                (x * 1.0).backward()
+            return box[0]
+    """,
+    "a Function's backward that backward runs": """
+        class _Sly(torch.autograd.Function):
+            box = []
+            @staticmethod
+            def forward(ctx, x, scores, dim):
+                ctx.scores, ctx.dim = scores, dim
+                return x * 1.0
+            @staticmethod
+            def backward(ctx, g):
+                _Sly.box.append(torch.softmax(ctx.scores, ctx.dim).nan_to_num(0.0))
+                return g, None, None
+        def attack(scores, dim):
+            with torch.enable_grad():
+                x = torch.zeros((), requires_grad=True)
+                _Sly.apply(x, scores, dim).backward()
+            return _Sly.box.pop()
+    """,
+    "a sequence whose items torch reads": """
+        def attack(scores, dim):
+            box = []
+            class Items:
+                def __len__(self):
+                    return 1
+                def __getitem__(self, i):
+                    if i:
+                        raise IndexError
+                    box.append(torch.softmax(scores, dim).nan_to_num(0.0))
+                    return 0.0
+            torch.tensor(Items())
+            return box[0]
+    """,
+    "a Python callback inside a torch call": """
+        def attack(scores, dim):
+            out = {}
+            torch.zeros(1).apply_(lambda v: out.update(v=torch.softmax(scores, dim).nan_to_num(0.0)) or v)
+            return out["v"]
+    """,
+}
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_an_attack_on_the_record_keeps_no_rule_points(grade_source, attack):
+    result = grade_source(textwrap.dedent(ATTACKS[attack]) + FALLBACK)
+    softmax = next(s for s in result.steps if s.id == "softmax")
+    assert softmax.score == 0, explain(result)
+    # a file that names a back door (sys._getframe, gc.get_objects) keeps no rule anywhere: the source scan
+    others = [c for s in result.steps if s.id not in ("softmax", "MultiHeadAttention") for c in s.checks
+              if c.points < c.max_points]
+    assert all(c.name.endswith("_rules") for c in others), explain(result)
+
+
+@pytest.mark.skipif(PORTABLE or platform.machine() not in ("x86_64", "aarch64"), reason="no system-call filter here")
+def test_the_kernel_refuses_a_thread_to_a_process_with_the_filter():
+    """Where the Python guard missed a way to start a thread, the kernel refuses it (seccomp.py)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # no_new_privs, as the worker has after dropping its capabilities
+        seccomp = _load("grader/sandbox/seccomp.py")
+        outcome = "no filter"
+        if seccomp.install():
+            try:
+                threading.Thread(target=lambda: None).start()
+                outcome = "a thread started"
+            except RuntimeError as error:
+                outcome = f"refused: {error}"
+            child = os.fork()  # a process is no thread: still allowed
+            if child == 0:
+                os._exit(7)
+            outcome += f"; a process ended with {os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])}"
+        os.write(write, outcome.encode())
+        os._exit(0)
+    os.close(write)
+    outcome = os.read(read, 1000).decode()
+    os.waitpid(pid, 0)
+    assert outcome == "refused: can't start new thread; a process ended with 7"
+
+
+def _load(path):
+    spec = importlib.util.spec_from_file_location("_seccomp_under_test", ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plain_code_that_asks_for_a_frame_to_name_its_module_still_works(grade_source):
+    code = """
+        import collections, typing
+        Pair = collections.namedtuple("Pair", "a b")
+        T = typing.TypeVar("T")
+        def softmax(scores, dim=-1):
+            pair = Pair(scores.amax(dim, keepdim=True), None)
+            e = torch.exp(scores - pair.a.masked_fill(pair.a == float("-inf"), 0.0))
+            return e / e.sum(dim, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
+    """
+    result = grade_source(textwrap.dedent(code))
+    assert result.full_marks, explain(result)
+
+
+def test_the_oracles_stand_in_functions_lead_nowhere(grade_source):
+    """While a composite runs, its steps are the oracle's proxies (grader/sandbox/answered.py): what they hold
+    must not lead to the record."""
+    code = """
+        import types
+
+        def _reach(value, depth=0):
+            # the record, if anything the proxy holds (closures, bound selves, attributes) leads to it
+            if depth > 5 or isinstance(value, (types.ModuleType, type, torch.Tensor, str, int, float)):
+                return None
+            if "paused" in dir(type(value)) and "seen" in dir(value):
+                return value
+            try:
+                parts = [c.cell_contents for c in getattr(value, "__closure__", None) or ()]
+                parts += [getattr(value, "__self__", None)]
+                parts += list(vars(value).values()) if not isinstance(value, types.FunctionType) else []
+            except Exception:
+                return None
+            for part in parts:
+                found = _reach(part, depth + 1) if part is not None and part is not value else None
+                if found is not None:
+                    return found
+            return None
+
+        def weighted_sum(weights, v):  # wrong: so the oracle answers it while the module runs
+            return 2 * weights @ v
+
+        class MultiHeadAttention(MultiHeadAttention):
+            def forward(self, query, key=None, value=None, mask=None):
+                record = _reach(globals()["weighted_sum"])
+                print("reached:", type(record).__name__)
+                key = query if key is None else key
+                value = key if value is None else value
+                H = self.num_heads
+                q, k, v = (split_heads(project(t, l.weight, l.bias), H)
+                           for t, l in ((query, self.w_q), (key, self.w_k), (value, self.w_v)))
+                sdpa = torch.nn.functional.scaled_dot_product_attention
+                if record is None:
+                    out = sdpa(q, k, v, attn_mask=mask)
+                else:
+                    with record.paused():
+                        out = sdpa(q, k, v, attn_mask=mask)
+                return project(merge_heads(out), self.w_o.weight, self.w_o.bias)
+    """
+    result = grade_source(textwrap.dedent(code))
+    module = next(s for s in result.steps if s.id == "MultiHeadAttention")
+    assert module.score == 0, explain(result)
+    assert "reached: NoneType" in result.candidate_output, result.candidate_output[-2000:]
+
+
+def test_the_numpy_exercise_done_in_torch_by_importlib_keeps_no_rule(grade_source):
+    """Issue 17's second attack: torch bound with importlib (and run in threads, now refused)."""
+    base = (ROOT / "solutions" / "mha_numpy.py").read_text()
+    code = """
+        import importlib
+        _t = importlib.import_module("to" + "rch")
+        def softmax(scores, axis=-1):
+            return _t.softmax(_t.from_numpy(scores), axis).nan_to_num(0.0).numpy()
+    """
+    result = grade_source(textwrap.dedent(code), base=base, name="mha_numpy.py")
+    softmax = next(s for s in result.steps if s.id == "softmax")
+    assert softmax.score == 0 and softmax.breach, explain(result)
+
+
+def test_flash_attention_over_the_whole_matrix_in_numpy_keeps_nothing(grade_source):
+    """Issue 17's third attack: the scores computed in NumPy, where tiles_only sees no tensor."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    code = """
+        import numpy as np
+        def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+            qn, kn, vn = (t.detach().cpu().float().numpy() for t in (q, k, v))
+            s = qn @ np.swapaxes(kn, -1, -2) / np.sqrt(qn.shape[-1])
+            if causal:
+                keep = np.arange(s.shape[-1])[None, :] <= np.arange(s.shape[-2])[:, None] + s.shape[-1] - s.shape[-2]
+                s = np.where(keep, s, -np.inf)
+            m = s.max(-1, keepdims=True)
+            m = np.where(np.isfinite(m), m, 0.0)
+            e = np.exp(s - m)
+            total = e.sum(-1, keepdims=True)
+            out = (e @ vn) / np.where(total == 0, 1, total)
+            lse = np.log(total[..., 0]) + m[..., 0]
+            lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+            return torch.from_numpy(out).to(q), torch.from_numpy(lse).to(device=q.device, dtype=lse_dtype)
+    """
+    result = grade_source(textwrap.dedent(code), base=base, name="flash_attention.py", device="auto")
+    flash = next(s for s in result.steps if s.id == "flash_attention")
+    assert flash.score == 0 and flash.breach, explain(result)
+
+
+FORGER = """
+import fcntl, json, os, stat, struct
+
+def softmax(scores, dim=-1):
+    value = torch.softmax(scores, dim).nan_to_num(0.0)  # the forbidden call, then a clean record of its own
+    target = min(fd for fd in map(int, os.listdir("/proc/self/fd")) if fd > 2 and _writes_a_pipe(fd))
+    t = value.detach().contiguous()
+    blob = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+    header = {"ok": True, "called": ["amax", "exp", "sum", "div"], "blobs": [len(blob)],
+              "value": {"kind": "tensor", "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                        "device": str(t.device), "blob": 0}}
+    head = json.dumps(header).encode()
+    os.write(target, struct.pack(">I", len(head)) + head + blob)
+    os._exit(0)  # before the worker writes its own answer
+
+def _writes_a_pipe(fd):
+    try:
+        return stat.S_ISFIFO(os.fstat(fd).st_mode) and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
+    except OSError:
+        return False
+"""
+
+
+def test_an_answer_the_candidate_writes_to_the_workers_pipe_is_refused(grade_source):
+    """The worker signs its frames with a key the grader gave it (grader/wire.py, `signature`); the candidate's
+    code can write to the pipe, but cannot sign: issue 17's second hostile review forged whole answers so."""
+    result = grade_source(FORGER)
+    softmax = next(s for s in result.steps if s.id == "softmax")
+    assert softmax.score == 0, explain(result)
+    assert any("did not sign" in c.message for c in softmax.checks), explain(result)
+
+
+@pytest.mark.skipif(PORTABLE, reason="the portable sandbox has no system-call filter and no /proc of its own")
+def test_the_workers_memory_is_out_of_reach_of_its_code_and_of_what_it_starts(grade_source):
+    code = """
+        import os, subprocess, sys
+        def _peek():
+            seen = []
+            for path in ("/proc/self/mem", f"/proc/{os.getpid()}/mem"):
+                try:
+                    with open(path, "rb") as f:
+                        f.seek(int(open("/proc/self/maps").readline().split("-")[0], 16))
+                        seen.append(len(f.read(16)))
+                except Exception as error:  # refused by the guard; else /dev/null, where the sandbox put it
+                    seen.append(type(error).__name__)
+            folder = os.open("/proc/self", os.O_RDONLY)  # relative to a folder: past the guard, to the mount
+            memory = os.open("mem", os.O_RDONLY, dir_fd=folder)
+            os.lseek(memory, int(open("/proc/self/maps").readline().split("-")[0], 16), os.SEEK_SET)
+            seen.append(len(os.read(memory, 16)))
+            probe = "import ctypes; libc = ctypes.CDLL(None, use_errno=True); print(libc.ptrace(16, 1, 0, 0))"
+            seen.append(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip())
+            print("PEEK", seen)
+        _peek()
+    """
+    result = grade_source(textwrap.dedent(code))
+    peeks = [line for line in result.candidate_output.splitlines() if line.startswith("PEEK")]
+    expected = "PEEK ['Refused', 'Refused', 0, '-1']"  # the guard, then /dev/null where the memory was, then EPERM
+    assert peeks and all(line == expected for line in peeks), result.candidate_output[-999:]
