@@ -352,8 +352,10 @@ class Candidate:
         self._pool.check_zygote(child)  # killed by this call's code: say so here, not at the next step
         try:
             called = answer.get("called")
-            called = (frozenset(errors.printable(n) for n in called if isinstance(n, str))
-                      if isinstance(called, list) else frozenset())
+            if not isinstance(called, list) or len(called) > 100_000 or not all(type(n) is str for n in called):
+                self._pool.drop_live()  # every answer records its calls: without a list of names, none is kept
+                raise CandidateError("protocol", f"{MALFORMED}: the record of torch calls is no list of names")
+            called = frozenset(errors.printable(n) for n in called)
             if answer.get("hidden") is not None:  # the record may lack calls: see grader/sandbox/recorder.py
                 called |= {HIDDEN + errors.printable(str(answer["hidden"]))[:200]}
             if answer.get("ok") is not True:

@@ -239,6 +239,125 @@ ATTACKS = {
             torch.tensor(Items())
             return box[0]
     """,
+    "a float of the file's own type that torch compares": """
+        import torch.nn.functional as F
+        def attack(scores, dim):
+            box = []
+            class P(float):
+                def __lt__(self, other):
+                    box.append(torch.softmax(scores, dim).nan_to_num(0.0))
+                    return False
+            F.dropout(scores, p=P(0.0), training=False)
+            return box[0]
+    """,
+    "a warnings hook torch's C code calls": """
+        import warnings
+        def attack(scores, dim):
+            box = []
+            with warnings.catch_warnings():
+                warnings.simplefilter("always")
+                warnings.showwarning = lambda *a, **k: box.append(torch.softmax(scores, dim).nan_to_num(0.0))
+                torch.tensor(scores)
+            return box[0]
+    """,
+    "a garbage-collector callback": """
+        import gc
+        def attack(scores, dim):
+            box = []
+            def callback(phase, info):
+                if not box and phase == "start":
+                    box.append(None)
+                    box[0] = torch.softmax(scores, dim).nan_to_num(0.0)
+            gc.callbacks.append(callback)
+            threshold = gc.get_threshold()
+            gc.set_threshold(1, 1, 1)
+            try:
+                for _ in range(50):
+                    torch.nn.functional.dropout(scores, 0.0, False)
+                    if box:
+                        break
+            finally:
+                gc.set_threshold(*threshold)
+                gc.callbacks.remove(callback)
+            return box[0]
+    """,
+    "an audit hook of its own": """
+        import sys
+        def attack(scores, dim):
+            box = []
+            sys.addaudithook(lambda event, args: None if box else box.append(torch.softmax(scores, dim)))
+            torch.nn.functional.dropout(scores, 0.0, False)
+            return box[0].nan_to_num(0.0)
+    """,
+    "saved-tensor hooks": """
+        def attack(scores, dim):
+            box = []
+            def pack(t):
+                if not box:
+                    box.append(None)
+                    with torch.enable_grad():
+                        box[0] = torch.softmax(scores, dim).nan_to_num(0.0)
+                return t
+            x = torch.ones(1, requires_grad=True)
+            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                x * x
+            return box[0]
+    """,
+    "inspect.signature replaced": """
+        import inspect
+        def attack(scores, dim):
+            box, signature = [], inspect.signature
+            def spy(*a, **k):
+                if not box:
+                    box.append(torch.softmax(scores, dim).nan_to_num(0.0))
+                return signature(*a, **k)
+            inspect.signature = spy
+            try:
+                with torch.enable_grad():
+                    x = torch.ones(1, requires_grad=True)
+                    (x * 2).sum().backward()
+            finally:
+                inspect.signature = signature
+            return box[0]
+    """,
+    "isinstance replaced": """
+        import builtins
+        def attack(scores, dim):
+            box, real = [], builtins.isinstance
+            class P:
+                def __lt__(self, other):
+                    box.append(torch.softmax(scores, dim).nan_to_num(0.0))
+                    raise LookupError
+                __gt__ = __lt__
+            p = P()
+            builtins.isinstance = lambda obj, types: True if obj is p else real(obj, types)
+            try:
+                torch.nn.functional.dropout(scores, p=p, training=False)
+            except LookupError:
+                pass
+            finally:
+                builtins.isinstance = real
+            return box[0]
+    """,
+    "the record's names stripped by json.dumps": """
+        import json
+        _dumps = json.dumps
+        def _clean(obj, *args, **kwargs):
+            if isinstance(obj, dict) and "called" in obj:
+                obj = {k: v for k, v in obj.items() if k != "hidden"}
+                obj["called"] = [n for n in obj["called"] if "softmax" not in n]
+            return _dumps(obj, *args, **kwargs)
+        json.dumps = _clean
+        def attack(scores, dim):
+            return torch.softmax(scores, dim).nan_to_num(0.0)
+    """,
+    "the record's names stripped by sorted": """
+        import builtins
+        _sorted = builtins.sorted
+        builtins.sorted = lambda items, **k: [n for n in _sorted(items, **k) if "softmax" not in str(n)]
+        def attack(scores, dim):
+            return torch.softmax(scores, dim).nan_to_num(0.0)
+    """,
     "a Python callback inside a torch call": """
         def attack(scores, dim):
             out = {}
@@ -306,6 +425,22 @@ def test_plain_code_that_asks_for_a_frame_to_name_its_module_still_works(grade_s
     """
     result = grade_source(textwrap.dedent(code))
     assert result.full_marks, explain(result)
+
+
+def test_the_oracles_proxies_lead_nowhere_through_their_globals(grade_source):
+    """A third hostile review replaced Answered.ask through a proxy's __globals__ to get the worker's objects."""
+    code = """
+        def weighted_sum(weights, v):  # wrong: so the oracle answers it while the module runs
+            return 2 * weights @ v
+
+        class MultiHeadAttention(MultiHeadAttention):
+            def forward(self, query, key=None, value=None, mask=None):
+                reached = [k for k in globals()["weighted_sum"].__globals__ if k in ("Answered", "serve", "wire")]
+                print("reached:", reached)
+                return super().forward(query, key, value, mask)
+    """
+    result = grade_source(textwrap.dedent(code))
+    assert "reached: []" in result.candidate_output and "reached: ['" not in result.candidate_output, explain(result)
 
 
 def test_the_oracles_stand_in_functions_lead_nowhere(grade_source):

@@ -10,6 +10,7 @@ Loaded by path by worker.py (never as part of the grader package); torch and the
 handed in.
 """
 
+import builtins
 import inspect
 
 QUESTIONS = ("answer", "answer_grad")
@@ -57,54 +58,22 @@ class Answered:
 
     def _channel(self):
         """The questions' way to `ask`: a generator, whose frame (the only thing that holds this object) the
-        candidate's code may not read (guard.py refuses gi_frame). The proxies in the candidate's module
-        hold its `send` and nothing else of the worker's, so nothing they hold leads to the record."""
-        reply = None
+        candidate's code may not read (guard.py refuses gi_frame). `ask` is bound here, before any candidate code
+        runs, so replacing Answered.ask later changes nothing."""
+        ask, reply = self.ask, None
         while True:
             header = yield reply
             try:
-                reply = (True, self.ask(header))
+                reply = (True, ask(header))
             except Exception as error:  # handed to the proxy to raise: a generator that raised would be done
                 reply = (False, error)
 
     def _proxy(self, name):
-        torch = self.torch
+        """The proxy for the step `name`, made in a namespace of its own (PROXIES): what the candidate's code can
+        reach from it (its globals, its closure) holds only the channel's `send`, never this module or the worker."""
         channel = self._channel()
         next(channel)
-        send = channel.send
-
-        def ask(header):
-            ok, value = send(header)
-            if not ok:
-                raise value
-            return value
-
-        class Answer(torch.autograd.Function):
-            @staticmethod
-            def forward(ctx, args, kwargs, *tensors):
-                value, ctx.index = ask({"op": "answer", "name": name, "args": args, "kwargs": kwargs, "grad": True})
-                return placed(torch, value, target(torch, tensors, {}))
-
-            @staticmethod
-            def backward(ctx, *grads):
-                value, _ = ask({"op": "answer_grad", "index": ctx.index, "grads": grads})
-                return (None, None, *placed(torch, tuple(value), target(torch, grads, {})))
-
-        signature = inspect.signature(self.saved[name])
-
-        def proxy(*args, **kwargs):
-            # Bound by the candidate's own parameter names, sent by position: the grader binds them to the contract's.
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            args, kwargs = tuple(bound.args), dict(bound.kwargs)
-            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-            if not any(t.requires_grad for t in tensors):  # nothing to differentiate (NumPy, or no grad wanted)
-                question = {"op": "answer", "name": name, "args": args, "kwargs": kwargs, "grad": False}
-                return placed(torch, ask(question)[0], target(torch, tensors, bound.arguments))
-            return Answer.apply(args, kwargs, *tensors)
-
-        proxy.__name__ = name
-        return proxy
+        return PROXIES["make_proxy"](self.torch, channel.send, name, inspect.signature(self.saved[name]))
 
     def _plain(self, value):
         """nn.Parameter and other tensor subclasses as plain tensors: only those cross."""
@@ -120,8 +89,45 @@ class Answered:
 
 
 
-def target(torch, tensors, arguments) -> object:
-    """Where an answer belongs: the device a `device` argument asks for, else the inputs' device."""
+
+# The proxies' own namespace: functions defined here have it as their globals, with a copy of the builtins, so
+# a proxy's __globals__ leads to this and nothing else (the answering, the record and the key stay out of reach).
+PROXY_SOURCE = """
+def make_proxy(torch, send, name, signature):
+    def ask(header):
+        ok, value = send(header)
+        if not ok:
+            raise value
+        return value
+
+    class Answer(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, args, kwargs, *tensors):
+            value, ctx.index = ask({"op": "answer", "name": name, "args": args, "kwargs": kwargs, "grad": True})
+            return placed(torch, value, target(torch, tensors, {}))
+
+        @staticmethod
+        def backward(ctx, *grads):
+            value, _ = ask({"op": "answer_grad", "index": ctx.index, "grads": grads})
+            return (None, None, *placed(torch, tuple(value), target(torch, grads, {})))
+
+    def proxy(*args, **kwargs):
+        # Bound by the candidate's own parameter names, sent by position: the grader binds them to the contract's.
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        args, kwargs = tuple(bound.args), dict(bound.kwargs)
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if not any(t.requires_grad for t in tensors):  # nothing to differentiate (NumPy, or no grad wanted)
+            question = {"op": "answer", "name": name, "args": args, "kwargs": kwargs, "grad": False}
+            return placed(torch, ask(question)[0], target(torch, tensors, bound.arguments))
+        return Answer.apply(args, kwargs, *tensors)
+
+    proxy.__name__ = name
+    return proxy
+
+
+def target(torch, tensors, arguments):
+    # Where an answer belongs: the device a `device` argument asks for, else the inputs' device.
     asked = arguments.get("device")
     if isinstance(asked, (str, torch.device)):
         return torch.device(asked)
@@ -129,9 +135,12 @@ def target(torch, tensors, arguments) -> object:
 
 
 def placed(torch, value, device):
-    """Tensors of an answer moved to `device` (the grader answers on the CPU; a meta answer comes as meta)."""
+    # Tensors of an answer moved to `device` (the grader answers on the CPU; a meta answer comes as meta).
     if device is None or device.type == "cpu":
         return value
     if isinstance(value, tuple):
         return tuple(v.to(device) if isinstance(v, torch.Tensor) else v for v in value)
     return value.to(device) if isinstance(value, torch.Tensor) else value
+"""
+PROXIES = {"__builtins__": dict(builtins.__dict__), "__name__": "answered_proxies"}
+exec(compile(PROXY_SOURCE, "<the oracle's proxies>", "exec"), PROXIES)

@@ -30,7 +30,7 @@ import sys
 
 FRAME_ATTRIBUTES = ("tb_frame", "gi_frame", "cr_frame", "ag_frame")
 REFUSED_EVENTS = ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "sys.settrace",
-                  "sys.setprofile", "sys._getframemodulename")
+                  "sys.setprofile", "sys._getframemodulename", "sys.addaudithook")
 # The standard library's ways to a stack: they see none in a worker (torch asks for one only to keep it as
 # text, in case a lazy CUDA call fails later; anything that patched their helpers would be handed frames).
 FRAMELESS = ("format_stack", "extract_stack", "print_stack", "walk_stack")
@@ -38,6 +38,7 @@ FRAMELESS = ("format_stack", "extract_stack", "print_stack", "walk_stack")
 # caller's as though it were a torch function (so with the record stashed), by where torch defines them.
 MODE_STACK = {
     "torch._C": ("DisableTorchFunction", "_EnableTorchFunction", "_get_function_stack_at", "_pop_torch_function_stack",
+                 "_len_torch_function_stack",
                  "_set_torch_function_state", "_set_skip_next_torch_function", "_skip_one_hop_torch_function",
                  "_maybe_call_torch_function_for_op_packet"),
     "torch.overrides": ("_get_current_function_mode", "_get_current_function_mode_stack", "_pop_mode",

@@ -11,7 +11,6 @@ this file costs nothing before the zygote imports torch.
 
 import contextlib
 import functools
-import inspect
 import os
 
 MAX_SHAPES = 256  # distinct shapes one request records
@@ -20,6 +19,16 @@ CALLBACKS = ("apply_", "map_", "map2_")
 # Autograd's entry points: they run the caller's code inside themselves (a hook, a Function's backward), where
 # the record would be stashed; the worker runs autograd's engine itself, with the record on the stack
 REENTERED = ("backward", "grad")
+# Their parameters and defaults (torch 2.x), bound here by hand: the record's own code calls nothing the file could
+# have replaced (inspect.signature is Python, and the record is stashed while it runs)
+AUTOGRAD_PARAMETERS = {
+    "Tensor": (("self", None), ("gradient", None), ("retain_graph", None), ("create_graph", False), ("inputs", None)),
+    "backward": (("tensors", None), ("grad_tensors", None), ("retain_graph", None), ("create_graph", False),
+                 ("grad_variables", None), ("inputs", None)),
+    "grad": (("outputs", None), ("inputs", None), ("grad_outputs", None), ("retain_graph", None),
+             ("create_graph", False), ("only_inputs", True), ("allow_unused", None), ("is_grads_batched", False),
+             ("materialize_grads", False)),
+}
 PLAIN = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis), range)  # arguments that run no code
 
 
@@ -33,7 +42,10 @@ def make_recorder(torch, lifted):
 
     own_types = _subclasses(torch.Tensor)  # torch's own tensor types, all loaded before any candidate code
     torch_folder = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-    plain = (*PLAIN, torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Generator, numpy.generic)
+    # exact types (a subclass of float of the file's own runs its code when torch compares it), numpy's scalars
+    plain = frozenset((*PLAIN, torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Generator,
+                       *_subclasses(numpy.generic)))
+    hooks = _Hooks(torch)
 
     class Recorder(TorchFunctionMode):
         """Records the name of every torch function called while it is active.
@@ -54,7 +66,7 @@ def make_recorder(torch, lifted):
             self.seen.add(name)
             kwargs = kwargs or {}
             if not self.hidden:
-                self.hidden = (_hiding(func, name, types, own_types, torch_folder)
+                self.hidden = (_hiding(func, name, types, own_types, torch_folder) or hooks.set()
                                or _foreign_argument(torch, numpy, name, (args, kwargs), own_types, plain, torch_folder))
             if self.device == "meta":
                 args, kwargs = _scalars_to_meta(torch, args, kwargs)
@@ -85,9 +97,11 @@ def make_recorder(torch, lifted):
             from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
             from torch.autograd.graph import _engine_run_backward
 
-            bound = inspect.signature(func).bind(*args, **kwargs)
-            bound.apply_defaults()
-            given = bound.arguments
+            given = _bound(AUTOGRAD_PARAMETERS[func.__name__ if func is not torch.Tensor.backward else "Tensor"],
+                           args, kwargs)
+            if given is None:
+                self.hidden = self.hidden or f"torch.autograd.{func.__name__} with arguments the worker does not follow"
+                return func(*args, **kwargs)
             if func is torch.Tensor.backward:
                 outputs, grads, inputs = (given["self"],), given["gradient"], given["inputs"]
             else:
@@ -180,6 +194,43 @@ def _hiding(func, name: str, types, own_types, torch_folder: str) -> str:
     return ""
 
 
+def _bound(parameters, args, kwargs) -> dict | None:
+    """The arguments by name, defaults filled in; None for a call these parameters cannot take."""
+    names = [name for name, _ in parameters]
+    if len(args) > len(names) or any(k not in names for k in kwargs) or any(n in kwargs for n in names[:len(args)]):
+        return None
+    return {**dict(parameters), **dict(zip(names[: len(args)], args, strict=True)), **kwargs}
+
+
+class _Hooks:
+    """The process-wide hooks through which Python of the file's own could run inside a torch call, where the record
+    is stashed: warnings' display, unraisable exceptions, the garbage collector's callbacks, autograd's saved-tensor
+    hooks. As the worker found them when armed; `set()` says which one the file has set since, or ""."""
+
+    def __init__(self, torch):
+        import gc
+        import sys
+        import warnings
+
+        self.sys, self.warnings = sys, warnings
+        self.callbacks = gc.callbacks  # the list the collector itself holds
+        self.top_hooks = torch._C._autograd._top_saved_tensors_default_hooks  # bound now: no file can replace it
+        self.kept = self._now()
+
+    def _now(self):
+        return (self.warnings.showwarning, self.warnings._showwarnmsg, self.warnings.formatwarning,
+                self.sys.unraisablehook, self.sys.excepthook)
+
+    def set(self) -> str:
+        if self.callbacks:
+            return "a garbage-collector callback of the file's own, which may run inside a torch call"
+        if any(a is not b for a, b in zip(self._now(), self.kept, strict=True)):
+            return "a warnings or exception hook of the file's own, which torch may call inside a call"
+        if self.top_hooks(True) is not None:
+            return "saved-tensor hooks of the file's own, which autograd runs inside a torch call"
+        return ""
+
+
 def _foreign_argument(torch, numpy, name: str, arguments, own_types, plain, torch_folder: str) -> str:
     """Why an argument of this call could run the file's own code inside it, or "": an object of a type of the
     file's own (torch reads a sequence's items, calls a hook), or a function of the file's own."""
@@ -194,7 +245,7 @@ def _foreign_argument(torch, numpy, name: str, arguments, own_types, plain, torc
             stack.extend(value.values())
         elif kind is slice:
             stack.extend((value.start, value.stop, value.step))
-        elif kind in own_types or isinstance(value, plain):
+        elif kind in own_types or kind in plain:
             continue
         elif kind is numpy.ndarray:
             if value.dtype == object:
@@ -222,11 +273,15 @@ class Shapes:
         self.more = 0
 
     def add(self, torch, value) -> None:
+        BASE_OF, NUMEL, SHAPE_OF = (torch._C.TensorBase._base.__get__, torch._C.TensorBase.numel,  # noqa: N806
+                                    torch._C.TensorBase.shape.__get__)
         for t in value if isinstance(value, (tuple, list)) else (value,):
             if not isinstance(t, torch.Tensor):
                 continue
-            base = t._base if t._base is not None and t._base.numel() < t.numel() else t  # an expand: its memory
-            key = tuple(int(n) for n in base.shape)
+            # through torch's C type, whose attributes no file can replace (torch.Tensor's it can)
+            view_of = BASE_OF(t)
+            base = view_of if view_of is not None and NUMEL(view_of) < NUMEL(t) else t  # an expand: its memory
+            key = tuple(int(n) for n in SHAPE_OF(base))
             if key in self.seen:
                 continue
             if len(self.seen) >= MAX_SHAPES:

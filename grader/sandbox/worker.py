@@ -36,6 +36,7 @@ loaded by path under private names (`_load_siblings`), all before any child's sa
 grader/ from it.
 """
 
+import builtins
 import gc
 import importlib.util
 import json
@@ -64,6 +65,7 @@ PORTABLE_LINGER = 10.0  # seconds a portable child whose grader hung up waits fo
 def _load_by_path(name, path):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    module.__builtins__ = dict(builtins.__dict__)  # as the siblings' (`_load_siblings`)
     spec.loader.exec_module(module)
     return module
 
@@ -80,6 +82,7 @@ def _load_siblings() -> dict:
     for name in SIBLINGS:
         spec = importlib.util.spec_from_file_location(PRIVATE_PREFIX + name, os.path.join(folder, f"{name}.py"))
         module = importlib.util.module_from_spec(spec)
+        module.__builtins__ = dict(builtins.__dict__)  # its own: a file that replaces a builtin changes none of these
         sys.modules[spec.name] = module
         loaded.append((spec, module))
     for spec, module in loaded:
