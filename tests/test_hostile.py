@@ -287,8 +287,10 @@ def test_9_patching_comparisons_and_builtins_earns_nothing(grade_source):
         return torch.zeros(1)
     """
     result = grade_source(code)
-    # The patches may break the candidate's own correct steps too (Tensor.__eq__ does): never the verdicts.
-    assert step(result, "scale_scores").score == 0 and step(result, "weighted_sum").score == 0, explain(result)
+    # The patches may break the candidate's own correct steps too (Tensor.__eq__ does): never the verdicts. The
+    # worker's own builtins are its own, so `scores * 0` keeps only its shape check: the shape is right.
+    kept = {c.name for c in step(result, "scale_scores").checks if c.points == c.max_points}
+    assert kept <= {"scale_scores_shape"} and step(result, "weighted_sum").score == 0, explain(result)
     assert {"project", "split_heads", "merge_heads"}.isdisjoint(lost(result)), explain(result)
 
 
