@@ -15,7 +15,9 @@ step does not hide your work on the others. Grade your work with:
 Hints come from the grader, not from this file. Masks are bool, True = may
 attend. Queries are the last t_q of the t_k positions (bottom-right, as after a
 KV cache): query i sits at position p = t_k - t_q + i. Every function returns
-its result on the device of its inputs (sliding_window_mask: on `device`).
+its result on the device of its inputs (sliding_window_mask: on `device`), in its
+inputs' dtype and computed in it: a float64 input taken through .float() loses the
+precision the checks ask of it (the half types may be computed in float32).
 """
 import math
 

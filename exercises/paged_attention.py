@@ -20,8 +20,10 @@ Hints come from the grader, not from this file. Shapes are token first with the
 heads next: (T, H, Dh) for one sequence's tokens, (B, H, Dh) for one token of each
 of B sequences, (num_blocks, block_size, H, Dh) for the pool. Block tables and
 cu_seqlens are int32. Every tensor keeps the dtype and device of its inputs (the
-pool's: those asked for). `python exercises/paged_attention.py` prints what paging
-saves on a batch of sequences of different lengths.
+pool's: those asked for), and float32 and float64 are computed in their own dtype: a
+float64 input taken through .float() loses the precision the checks ask of it (the
+half types may be computed in float32). `python exercises/paged_attention.py` prints
+what paging saves on a batch of sequences of different lengths.
 """
 
 import math

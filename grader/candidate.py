@@ -57,9 +57,12 @@ class Answer:
 
 @dataclass(frozen=True)
 class Strided:
-    """An input the worker hands to the candidate as a non-contiguous tensor."""
+    """An input the worker hands to the candidate as a non-contiguous tensor: the same values, with two axes
+    transposed in memory (the last two by default; (1, 2) gives a (B, H, T, D) tensor the layout of a
+    (B, T, H, D) one's transpose, as heads split from a projection have)."""
 
     tensor: object
+    axes: tuple[int, int] = (-1, -2)
 
 
 @dataclass(frozen=True)
@@ -403,7 +406,7 @@ class Candidate:
 
 def _encode_arg(value, blobs: list[bytes]):
     if isinstance(value, Strided):
-        return dict(wire.encode(value.tensor, blobs), strided=True)
+        return dict(wire.encode(value.tensor, blobs), strided=[int(a) for a in value.axes])
     if isinstance(value, Seeded):
         return {"kind": "generator", "seed": int(value.seed)}
     return wire.encode(value, blobs)

@@ -364,6 +364,140 @@ ATTACKS = {
             torch.zeros(1).apply_(lambda v: out.update(v=torch.softmax(scores, dim).nan_to_num(0.0)) or v)
             return out["v"]
     """,
+    # A fourth hostile review (2026-11-25): the worker's own code called shared modules while the guard was lifted,
+    # and the record read attributes of the file's objects while it was stashed.
+    "contextlib's exit while the guard is lifted": """
+        import contextlib, sys
+        _exit = contextlib._GeneratorContextManager.__exit__
+        def _scrub(self, *exc):
+            try:
+                frame = getattr(sys, "_get" + "frame")(1)
+            except Exception:
+                frame = None
+            while frame is not None:
+                record = getattr(frame, "f_" + "locals").get("self")
+                if type(record).__name__ == "Recorder":
+                    record.seen = {n for n in record.seen if "softmax" not in n}
+                    record.hidden = ""
+                frame = getattr(frame, "f_" + "back")
+            return _exit(self, *exc)
+        contextlib._GeneratorContextManager.__exit__ = _scrub
+        def attack(scores, dim):
+            return torch.softmax(scores, dim).nan_to_num(0.0)
+    """,
+    "linecache while a traceback is read": """
+        import linecache, sys
+        _check, _raised = linecache.checkcache, []
+        def _reach(*a, **k):
+            frame = getattr(sys, "_get" + "frame")(1)
+            while frame is not None:
+                wire = getattr(frame, "f_" + "locals").get("wire")
+                if wire is not None and hasattr(wire, "write_frame"):
+                    write = wire.write_frame
+                    def stripped(fd, header, *rest, **kw):
+                        if isinstance(header, dict) and "called" in header:
+                            header = {k: v for k, v in header.items() if k != "hidden"}
+                            header["called"] = [n for n in header["called"] if "softmax" not in n]
+                        return write(fd, header, *rest, **kw)
+                    wire.write_frame = stripped
+                    break
+                frame = getattr(frame, "f_" + "back")
+            return _check(*a, **k)
+        linecache.checkcache = _reach
+        class Out(BaseException):
+            pass
+        def attack(scores, dim):
+            if not _raised:  # out of the step, past the fallback, so that the worker describes it
+                _raised.append(1)
+                raise Out("described by the worker, with linecache")
+            return torch.softmax(scores, dim).nan_to_num(0.0)
+    """,
+    "a warning's source line read inside a torch call": """
+        import linecache, sys, warnings
+        def attack(scores, dim):
+            box, real = [], linecache.getline
+            def getline(*a, **k):
+                box.append(torch.softmax(scores, dim).nan_to_num(0.0))
+                return real(*a, **k)
+            with warnings.catch_warnings():
+                warnings.simplefilter("always")
+                linecache.getline = getline
+                try:
+                    torch.tensor(scores)
+                finally:
+                    linecache.getline = real
+            return box[0]
+    """,
+    "a float whose class claims torch's code": """
+        def attack(scores, dim):
+            box = []
+            class P(float):
+                __code__ = torch.nn.functional.dropout.__code__
+                def __lt__(self, other):
+                    box.append(torch.softmax(scores, dim).nan_to_num(0.0))
+                    return False
+                __gt__ = __lt__
+            torch.nn.functional.dropout(scores, p=P(0.0), training=False)
+            return box[0]
+    """,
+    "a __code__ property the record reads": """
+        def attack(scores, dim):
+            box = []
+            class P:
+                @property
+                def __code__(self):
+                    box.append(torch.softmax(scores, dim).nan_to_num(0.0))
+                    return torch.nn.functional.dropout.__code__
+            try:
+                torch.nn.functional.dropout(scores, p=P(), training=False)
+            except TypeError:
+                pass
+            return box[0]
+    """,
+    "a metaclass whose == the record calls": """
+        def attack(scores, dim):
+            box = []
+            class Meta(type):
+                def __eq__(cls, other):
+                    box.append(torch.softmax(scores, dim).nan_to_num(0.0))
+                    return other is tuple or other is cls
+                def __hash__(cls):
+                    return 1
+            class Items(metaclass=Meta):
+                def __iter__(self):
+                    return iter(())
+            try:
+                torch.nn.functional.dropout(scores, p=Items(), training=False)
+            except TypeError:
+                pass
+            return box[0]
+    """,
+    "code compiled under a file name of torch's": """
+        import os
+        def attack(scores, dim):
+            folder = os.path.dirname(torch.__file__)
+            space = {"torch": torch, "box": []}
+            text = chr(10).join(["def inner(x, **k):", "    box.append(torch.softmax(x, -1).nan_to_num(0.0))",
+                                 "    return x"])
+            exec(compile(text, os.path.join(folder, "functional.py"), "exec"), space)
+            wrapped = torch.overrides.wrap_torch_function(lambda x, **k: (x,))(space["inner"])
+            wrapped(scores)
+            return space["box"][0]
+    """,
+    "torch's code run with globals of the file's own": """
+        import types
+        def attack(scores, dim):
+            box = []
+            class Fake:
+                def __getattr__(self, name):
+                    box.append(torch.softmax(scores, dim).nan_to_num(0.0))
+                    return getattr(torch, name)
+            source = torch.nn.functional.relu
+            space = dict(source.__globals__, torch=Fake(), has_torch_function_unary=lambda x: False)
+            inner = types.FunctionType(source.__code__, space, "relu", source.__defaults__)
+            torch.overrides.wrap_torch_function(lambda x, **k: (x,))(inner)(scores)
+            return box[0]
+    """,
 }
 
 
@@ -530,6 +664,43 @@ def test_flash_attention_over_the_whole_matrix_in_numpy_keeps_nothing(grade_sour
     result = grade_source(textwrap.dedent(code), base=base, name="flash_attention.py", device="auto")
     flash = next(s for s in result.steps if s.id == "flash_attention")
     assert flash.score == 0 and flash.breach, explain(result)
+
+
+def test_flash_attention_over_the_whole_matrix_in_python_floats_keeps_nothing(grade_source):
+    """A fourth hostile review read the inputs' bytes out of their storage and held the scores in Python's
+    floats: no NumPy, no tensor tiles_only could see. Leaving torch so is forbidden in the tiled steps."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    code = """
+        import struct
+        def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+            def rows(t):
+                t = t.detach().to("cpu", torch.float64).contiguous()
+                raw = bytes(t.untyped_storage())
+                flat = struct.unpack(f"{len(raw) // 8}d", raw)
+                width = t.shape[-1]
+                return [flat[i:i + width] for i in range(0, len(flat), width)], t.shape
+            (qs, shape), (ks, kshape), (vs, _) = rows(q), rows(k), rows(v)
+            t_q, t_k, d = shape[-2], kshape[-2], shape[-1]
+            outs, lses = [], []
+            for g in range(len(qs) // t_q):
+                for i in range(t_q):
+                    qi = qs[g * t_q + i]
+                    s = [sum(a * b for a, b in zip(qi, ks[g * t_k + j])) / math.sqrt(d) for j in range(t_k)]
+                    s = [x if not causal or j <= i + t_k - t_q else -math.inf for j, x in enumerate(s)]
+                    m = max(s)
+                    m = 0.0 if m == -math.inf else m
+                    e = [math.exp(x - m) for x in s]
+                    total = sum(e)
+                    outs.append([sum(e[j] * vs[g * t_k + j][c] for j in range(t_k)) / (total or 1.0)
+                                 for c in range(len(vs[0]))])
+                    lses.append(math.log(total) + m if total else -math.inf)
+            out = torch.tensor(outs, dtype=q.dtype, device=q.device).reshape(*shape[:-1], -1)
+            lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+            return out, torch.tensor(lses, dtype=lse_dtype, device=q.device).reshape(shape[:-1])
+    """
+    result = grade_source(textwrap.dedent(code), base=base, name="flash_attention.py", device="auto")
+    flash = next(s for s in result.steps if s.id == "flash_attention")
+    assert flash.breach and any("storage" in c.message for c in flash.checks), explain(result)
 
 
 FORGER = """

@@ -26,7 +26,8 @@ def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: st
     """The call used none of the step's forbidden torch functions, under any alias: a breach costs the step.
 
     A name matches when it contains a forbidden one, so `_safe_softmax`, `special_softmax`
-    and `_softmax.default` (reached through torch.ops) all count as `softmax`.
+    and `_softmax.default` (reached through torch.ops) all count as `softmax`; a forbidden name
+    written as a call, `item()`, matches that name exactly (`item` would match `__getitem__`).
     """
     hidden = sorted(n[len(HIDDEN):] for n in called if n.startswith(HIDDEN))
     if hidden and forbidden:  # the worker's record may lack calls: no rule can be said to be kept
@@ -37,8 +38,9 @@ def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: st
         in_step = tampering[0] in _with_helpers(source, step_source)
         raise CheckFailed(f"the file uses {tampering[0]}, which hides torch calls from the rules check", FORBIDDEN_CALL,
                           details={"tampering": tampering[0]}, breach=in_step)
-    wanted = {f.lstrip("_") for f in forbidden}
-    used = sorted(n for n in called if any(f in n.split(".")[0] for f in wanted))
+    exact = {f[:-2] for f in forbidden if f.endswith("()")}
+    wanted = {f.lstrip("_") for f in forbidden if not f.endswith("()")}
+    used = sorted(n for n in called if n.split(".")[0] in exact or any(f in n.split(".")[0] for f in wanted))
     if used:
         raise CheckFailed(f"called {', '.join(used)}, which this step must not use: write it with basic tensor ops",
                           FORBIDDEN_CALL, details={"forbidden_calls": used}, breach=True)

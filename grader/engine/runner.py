@@ -203,7 +203,10 @@ class Run:
         the answer also holds the shapes of the tensors the call created (Answer.shapes).
         """
         step = self.step
-        args = tuple(Strided(a) if i in strided else a for i, a in enumerate(call.args))
+        # strided: argument positions, or (position, axis, axis) for another pair of axes than the last two
+        layouts = {item[0]: tuple(item[1:]) for item in strided if isinstance(item, tuple)}
+        layouts.update({item: (-1, -2) for item in strided if not isinstance(item, tuple)})
+        args = tuple(Strided(a, layouts[i]) if i in layouts else a for i, a in enumerate(call.args))
         candidate = self.ctx.candidate
         try:
             if step.module:

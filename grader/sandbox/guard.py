@@ -23,7 +23,6 @@ Threads are refused by the kernel (seccomp.py). What this does not defend is in 
 Loaded by path by worker.py (never as part of the grader package).
 """
 
-import contextlib
 import importlib
 import os
 import sys
@@ -52,6 +51,11 @@ REFUSED_CALLS = ("signal.signal", "_signal.signal", "_thread.start_new_thread", 
                  "threading._start_new_thread")
 
 
+# The ways to a new code object: the record trusts code from torch's own files (it runs inside a torch call), so a
+# code object may claim one of them only as that file's own compiled text (a lazy import of torch's)
+CODE_EVENTS = ("compile", "code.__new__", "marshal.loads")
+
+
 class Refused(AttributeError, ValueError):
     """What the sandbox refuses the candidate's code."""
 
@@ -68,6 +72,7 @@ def install(torch):
     """
     torch_folder = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
     loaded = set()
+    torch_globals = set()  # ids of torch's modules' namespaces, once armed
     lifted_now = [True]
     originals = {}
     guard_code = _guarded("").__code__
@@ -79,7 +84,11 @@ def install(torch):
                 lifted_now[0] = True
                 try:
                     frame = sys._getframe(1)  # the guarded function's, which called sys.audit
-                    given = frame.f_code is guard_code and frame.f_back is not None and _in(frame.f_back, torch_folder)
+                    caller = frame.f_back
+                    # torch's code, run with torch's own globals (a function built from torch's code object and
+                    # globals of the file's own would call whatever those globals name)
+                    given = (frame.f_code is guard_code and caller is not None and _in(caller, torch_folder)
+                             and id(caller.f_globals) in torch_globals)
                 finally:
                     lifted_now[0] = False
             if given and isinstance(args[1], list):
@@ -103,6 +112,8 @@ def install(torch):
             raise Refused("the sandbox refuses replacing a function's code")
         if event == "open" and isinstance(args[0], (str, bytes)) and _memory_file(args[0]):
             raise Refused("the sandbox refuses reading the process's memory")
+        if event in CODE_EVENTS and not _own_code(event, args, torch_folder, lifted_now):
+            raise Refused("the sandbox refuses code that claims to be one of torch's own files")
         if event == "import" and (args[0] in loaded or args[0].startswith("_test")):
             raise ImportError(f"the sandbox refuses importing {args[0]} again")  # one the import system passes on
 
@@ -135,17 +146,79 @@ def install(torch):
 
     def arm():
         loaded.update(sys.modules)
+        torch_globals.update(id(vars(m)) for n, m in list(sys.modules.items())
+                             if (n == "torch" or n.startswith("torch.")) and hasattr(m, "__dict__"))
         lifted_now[0] = False
 
-    @contextlib.contextmanager
-    def lifted():
-        lifted_now[0] = True
-        try:
-            yield
-        finally:
+    class Lifted:
+        """`with lifted():` the worker's own code may read frames and the mode stack. A class of this file's, not
+        contextlib's: what runs on entering and leaving must be nothing the candidate's code could have replaced
+        (contextlib is a module it shares)."""
+
+        __slots__ = ()
+
+        def __enter__(self):
+            lifted_now[0] = True
+
+        def __exit__(self, *exc):
             lifted_now[0] = False
+            return False
+
+    lifted_once = Lifted()
+
+    def lifted():
+        return lifted_once
 
     return arm, lifted
+
+
+def _own_code(event, args, torch_folder: str, lifted_now) -> bool:
+    """Whether new code that may claim a file of torch's is that file's own: compiled from the file's exact text,
+    or unmarshalled from its own cached bytecode. code.__new__ (types.CodeType, code.replace) never may."""
+    if event == "compile":
+        filename, source = args[1], args[0]
+        if not _claims(filename, torch_folder):
+            return True
+        return (type(source) is bytes or type(source) is str) and _read(filename, type(source)) == source
+    if event == "code.__new__":
+        return not _claims(args[1], torch_folder)
+    data = args[0]
+    if type(data) is not bytes or torch_folder.encode() not in data:
+        return True  # marshalled code names its file in its bytes: this data claims none of torch's
+    lifted_now[0] = True  # the marshal.loads below raises this event again
+    try:
+        import importlib.util
+        import marshal
+
+        code = marshal.loads(data)
+        filename = getattr(code, "co_filename", "")
+        if type(filename) is not str or not _claims(filename, torch_folder):
+            return False  # a torch path in the data that is not the file's name
+        cached = _read(importlib.util.cache_from_source(filename), bytes)
+        return cached is not None and cached[16:] == data
+    except Exception:
+        return False
+    finally:
+        lifted_now[0] = False
+
+
+def _claims(filename, torch_folder: str) -> bool:
+    try:  # a subclass of str or bytes read as its plain value, without running any method of its own
+        kind = type(filename)
+        name = (str.__str__(filename) if issubclass(kind, str) else
+                os.fsdecode(bytes.__bytes__(filename)) if issubclass(kind, bytes) else "")
+    except Exception:
+        return True
+    return name.startswith(torch_folder) or os.path.realpath(name).startswith(torch_folder)
+
+
+def _read(path: str, kind):
+    try:
+        with open(path, "rb") as file:
+            data = file.read()
+    except OSError:
+        return None
+    return data if kind is bytes else data.decode("utf-8", "surrogateescape")
 
 
 def _frameless(function):

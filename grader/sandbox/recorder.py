@@ -9,9 +9,9 @@ Loaded by path by worker.py (never as part of the grader package); torch is hand
 this file costs nothing before the zygote imports torch.
 """
 
-import contextlib
 import functools
-import os
+import sys
+import types
 
 MAX_SHAPES = 256  # distinct shapes one request records
 # Tensor methods that run a Python callable of the caller's inside the call, where the record is stashed
@@ -30,6 +30,14 @@ AUTOGRAD_PARAMETERS = {
              ("materialize_grads", False)),
 }
 PLAIN = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis), range)  # arguments that run no code
+# Callables of C types: their attributes are C getters, which run no Python code
+C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
+               types.MethodWrapperType, types.GetSetDescriptorType, types.MemberDescriptorType,
+               types.ClassMethodDescriptorType)
+FUNCTION_GLOBALS, FUNCTION_DICT, FUNCTION_NAME = (types.FunctionType.__dict__[a].__get__
+                                                  for a in ("__globals__", "__dict__", "__name__"))
+METHOD_FUNCTION = types.MethodType.__dict__["__func__"].__get__
+TYPE_NAME = type.__dict__["__name__"].__get__
 
 
 def make_recorder(torch, lifted):
@@ -40,12 +48,23 @@ def make_recorder(torch, lifted):
     import numpy
     from torch.overrides import TorchFunctionMode
 
-    own_types = _subclasses(torch.Tensor)  # torch's own tensor types, all loaded before any candidate code
-    torch_folder = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    # Everything below is compared by identity (id), never by == or hashing, which a type of the file's own (a
+    # metaclass) could answer with its own code while the record is stashed.
+    own_types = {id(t) for t in _subclasses(torch.Tensor)}  # torch's own tensor types, loaded before any candidate
     # exact types (a subclass of float of the file's own runs its code when torch compares it), numpy's scalars
-    plain = frozenset((*PLAIN, torch.dtype, torch.device, torch.layout, torch.memory_format, torch.Generator,
-                       *_subclasses(numpy.generic)))
+    plain = {id(t) for t in (*PLAIN, torch.Size, torch.dtype, torch.device, torch.layout, torch.memory_format,
+                             torch.Generator, *_subclasses(numpy.generic))}
+    # torch's modules' namespaces: a Python function is torch's own when its globals are one of them (its code's
+    # file name the file can choose; guard.py refuses code that claims torch's files, not torch's code with other
+    # globals)
+    torch_globals = {id(vars(m)) for n, m in list(sys.modules.items())
+                     if (n == "torch" or n.startswith("torch.")) and hasattr(m, "__dict__")}
+    # torch's own classes whose instances torch dispatches as functions (torch.ops' overloads)
+    torch_callables = {id(t) for m in (torch._ops,) for t in vars(m).values() if isinstance(t, type)}
     hooks = _Hooks(torch)
+    modules = sys.modules  # the interpreter's own dict, as the worker found it
+    quiet = _quiet_warnings()
+    autograd_entries = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
 
     class Recorder(TorchFunctionMode):
         """Records the name of every torch function called while it is active.
@@ -62,18 +81,25 @@ def make_recorder(torch, lifted):
         changed: list = []  # the arguments a call changed in place
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            name = str(getattr(func, "__name__", "?"))
+            name, why = _name(func, torch_globals, torch_callables)
             self.seen.add(name)
             kwargs = kwargs or {}
             if not self.hidden:
-                self.hidden = (_hiding(func, name, types, own_types, torch_folder) or hooks.set()
-                               or _foreign_argument(torch, numpy, name, (args, kwargs), own_types, plain, torch_folder))
+                self.hidden = (why or _hiding(func, name, types, own_types, torch_globals) or hooks.set()
+                               or _foreign_argument(numpy, name, (args, kwargs), own_types, plain, torch_globals))
             if self.device == "meta":
                 args, kwargs = _scalars_to_meta(torch, args, kwargs)
-            if name in REENTERED and func in (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad):
+            if name in REENTERED and any(func is entry for entry in autograd_entries):
                 value = self._autograd(func, args, kwargs)
             else:
-                value = func(*args, **kwargs)
+                # Warnings raised inside the call are dropped, by a warnings module of the worker's own: the
+                # shared one calls filters, hooks and sys.stderr the file may have replaced, with the record stashed
+                shared = modules.get("warnings")
+                modules["warnings"] = quiet
+                try:
+                    value = func(*args, **kwargs)
+                finally:
+                    modules["warnings"] = shared
             if self.shapes is not None:
                 self.shapes.add(torch, value)
             return value
@@ -127,35 +153,80 @@ def make_recorder(torch, lifted):
                     result = tuple(torch.zeros_like(i) if r is None else r for r, i in zip(result, inputs, strict=True))
                 return result
 
-        @contextlib.contextmanager
         def _reentered(self):
             """This mode on the stack again while a call runs that torch made with it stashed."""
-            with lifted():
-                torch._C._push_on_torch_function_stack(self)
-            try:
-                yield
-            finally:
-                with lifted():
-                    if torch._C._len_torch_function_stack() and torch._C._get_function_stack_at(
-                            torch._C._len_torch_function_stack() - 1) is self:
-                        torch._C._pop_torch_function_stack()
-                    else:
-                        self.hidden = self.hidden or "the torch-function mode stack was changed"
+            return Reentered(self)
 
-        @contextlib.contextmanager
         def paused(self):
             """While the grader's own code runs: its torch calls, and the tensors they create, go unrecorded."""
-            seen, self.seen = self.seen, set()
-            shapes, self.shapes = self.shapes, None
-            hidden = self.hidden
-            try:
-                yield
-            finally:
-                self.seen = seen
-                self.shapes = shapes
-                self.hidden = hidden
+            return Paused(self)
+
+    # Context managers of this file's own, not contextlib's (a module the candidate shares): their entering and
+    # leaving run nothing the file could have replaced.
+    class Reentered:
+        __slots__ = ("record",)
+
+        def __init__(self, record):
+            self.record = record
+
+        def __enter__(self):
+            with lifted():
+                torch._C._push_on_torch_function_stack(self.record)
+
+        def __exit__(self, *exc):
+            with lifted():
+                depth = torch._C._len_torch_function_stack()
+                if depth and torch._C._get_function_stack_at(depth - 1) is self.record:
+                    torch._C._pop_torch_function_stack()
+                else:
+                    self.record.hidden = self.record.hidden or "the torch-function mode stack was changed"
+            return False
+
+    class Paused:
+        __slots__ = ("record", "kept")
+
+        def __init__(self, record):
+            self.record = record
+
+        def __enter__(self):
+            record = self.record
+            self.kept = (record.seen, record.shapes, record.hidden)
+            record.seen, record.shapes = set(), None
+
+        def __exit__(self, *exc):
+            self.record.seen, self.record.shapes, self.record.hidden = self.kept
+            return False
 
     return Recorder()
+
+
+def _quiet_warnings():
+    """A warnings module of the worker's own that ignores every warning: Python's C warnings code reads its
+    filters from whatever sys.modules["warnings"] is, and an "ignore" filter ends there."""
+    quiet = types.ModuleType("warnings")
+    quiet.filters = [("ignore", None, Warning, None, 0)]
+    quiet.defaultaction = quiet._defaultaction = "ignore"
+    quiet.onceregistry = quiet._onceregistry = {}
+    quiet._filters_mutated = lambda: None
+    return quiet
+
+
+def _name(func, torch_globals, torch_callables) -> tuple[str, str]:
+    """The name a call is recorded by, read without running code of the file's own; and why it could not be, or
+    "". A function's name is a plain copy (a subclass of str of the file's own would answer for itself)."""
+    kind = type(func)
+    if kind is types.MethodType:
+        func = METHOD_FUNCTION(func)
+        kind = type(func)
+    if kind is types.FunctionType:
+        raw = FUNCTION_NAME(func)
+    elif any(kind is c for c in C_CALLABLES):
+        raw = func.__name__
+    elif id(kind) in torch_callables or kind is functools.partial:
+        raw = func.__name__ if kind is not functools.partial else "partial"
+    else:
+        return "?", f"a callable of the file's own type ({TYPE_NAME(kind)}), run as a torch function"
+    return (str.__str__(raw) if issubclass(type(raw), str) else "?"), ""
 
 
 def _subclasses(cls) -> frozenset:
@@ -168,30 +239,32 @@ def _subclasses(cls) -> frozenset:
     return frozenset(found)
 
 
-def _hiding(func, name: str, types, own_types, torch_folder: str) -> str:
+def _hiding(func, name: str, kinds, own_types, torch_globals) -> str:
     """Why this call lets code of the candidate's run where the record cannot see it, or "".
 
     While the mode handles a call, the mode is stashed: whatever the call runs goes unrecorded.
     That is torch's own code, unless the call hands control back to the candidate's: a tensor
     subclass of its own (its __torch_function__ runs), a function of its own passed off as a
     torch function (torch.overrides.handle_torch_function), or a Python callback (Tensor.apply_).
+    Read through C getters only: nothing of the file's own runs here.
     """
-    foreign = [t.__name__ for t in types if t not in own_types]
-    if foreign:
-        return f"a tensor subclass of the file's own ({foreign[0]})"
+    for t in kinds if type(kinds) is tuple else ():
+        if id(t) not in own_types:
+            return "a tensor subclass of the file's own, which runs its own code inside torch calls"
     if name in CALLBACKS:
         return f"Tensor.{name}, which runs a Python callable inside the call"
-    layer = func
-    for _ in range(8):  # a torch wrapper (torch.overrides.wrap_torch_function) around a function of the file's
-        code = getattr(layer, "__code__", None)
-        if code is not None and not code.co_filename.startswith(torch_folder):
-            return f"{name}, a function of the file's own, run as a torch function"
-        layer = getattr(layer, "__wrapped__", None)
-        if layer is None:
-            break
-    if isinstance(func, functools.partial):
+    if type(func) is functools.partial:
         return f"{name}, a partial function of the file's own, run as a torch function"
-    return ""
+    layer = METHOD_FUNCTION(func) if type(func) is types.MethodType else func
+    for _ in range(8):  # a torch wrapper (torch.overrides.wrap_torch_function) around a function of the file's
+        if type(layer) is not types.FunctionType:
+            return ""
+        if id(FUNCTION_GLOBALS(layer)) not in torch_globals:
+            return f"{name}, a function of the file's own, run as a torch function"
+        layer = dict.get(FUNCTION_DICT(layer), "__wrapped__")
+        if layer is None:
+            return ""
+    return f"{name}, wrapped too deep to follow, run as a torch function"
 
 
 def _bound(parameters, args, kwargs) -> dict | None:
@@ -231,30 +304,29 @@ class _Hooks:
         return ""
 
 
-def _foreign_argument(torch, numpy, name: str, arguments, own_types, plain, torch_folder: str) -> str:
+def _foreign_argument(numpy, name: str, arguments, own_types, plain, torch_globals) -> str:
     """Why an argument of this call could run the file's own code inside it, or "": an object of a type of the
-    file's own (torch reads a sequence's items, calls a hook), or a function of the file's own."""
-    stack, seen = [arguments], 0
+    file's own (torch reads a sequence's items, calls a hook), or a function of the file's own. Types are compared
+    by identity and functions read through C getters: nothing of the file's own runs here."""
+    stack = [arguments]
     while stack:
         value = stack.pop()
-        seen += 1
         kind = type(value)
-        if kind in (tuple, list, torch.Size):
+        if kind is tuple or kind is list:
             stack.extend(value)
         elif kind is dict:
-            stack.extend(value.values())
+            stack.extend(dict.values(value))
         elif kind is slice:
             stack.extend((value.start, value.stop, value.step))
-        elif kind in own_types or kind in plain:
+        elif id(kind) in own_types or id(kind) in plain:
             continue
         elif kind is numpy.ndarray:
-            if value.dtype == object:
+            if value.dtype.hasobject:
                 return f"an array of Python objects passed to {name}"
+        elif kind is types.FunctionType and id(FUNCTION_GLOBALS(value)) in torch_globals:
+            continue
         else:
-            code = getattr(value, "__code__", None)
-            if code is not None and code.co_filename.startswith(torch_folder):
-                continue
-            return f"an object of the file's own ({kind.__name__}) passed to {name}, which may run its code"
+            return f"an object of the file's own passed to {name}, which may run its code"
     return ""
 
 
@@ -275,8 +347,8 @@ class Shapes:
     def add(self, torch, value) -> None:
         BASE_OF, NUMEL, SHAPE_OF = (torch._C.TensorBase._base.__get__, torch._C.TensorBase.numel,  # noqa: N806
                                     torch._C.TensorBase.shape.__get__)
-        for t in value if isinstance(value, (tuple, list)) else (value,):
-            if not isinstance(t, torch.Tensor):
+        for t in value if type(value) is tuple or type(value) is list else (value,):
+            if not issubclass(type(t), torch.Tensor):  # the type's own MRO: no __class__ of the file's is asked
                 continue
             # through torch's C type, whose attributes no file can replace (torch.Tensor's it can)
             view_of = BASE_OF(t)

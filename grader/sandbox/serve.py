@@ -26,7 +26,6 @@ Loaded by path by worker.py (never as part of the grader package), as are the si
 
 import importlib.util
 import sys
-import traceback
 import types
 
 import _attn_grade_sandbox_answered as answered  # this folder's modules, loaded by path by worker.py
@@ -35,6 +34,8 @@ import _attn_grade_sandbox_scripts as scripts
 
 BLOCKED_PACKAGES = ("grader", "solutions")
 MAX_MESSAGE = 500
+MAX_FRAMES = 1000  # a traceback's entries read for the candidate's line
+TRACEBACK_OF = BaseException.__dict__["__traceback__"].__get__  # not the exception's own (a property of the file's)
 
 
 def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins, arm, lifted, key) -> None:
@@ -192,8 +193,9 @@ def to_device(torch, value, device, description):
     if type(value) is not torch.Tensor:
         return value
     value = value.to(device)
-    if isinstance(description, dict) and description.get("strided") and value.dim() >= 2:
-        value = value.transpose(-1, -2).contiguous().transpose(-1, -2)
+    axes = description.get("strided") if isinstance(description, dict) else None
+    if type(axes) is list and len(axes) == 2 and all(type(a) is int and -value.dim() <= a < value.dim() for a in axes):
+        value = value.transpose(*axes).contiguous().transpose(*axes)
     return value
 
 
@@ -217,11 +219,16 @@ def _import_candidate(path, lifted):
 def describe(exc, candidate_path, lifted):
     """Type, message and the candidate's line for an exception the candidate's code raised."""
     line = None
-    with lifted():  # frames, which the candidate may not read; no candidate code runs here
-        entries = traceback.extract_tb(exc.__traceback__) if isinstance(exc.__traceback__, types.TracebackType) else []
-    for frame in entries:
-        if frame.filename == candidate_path:
-            line = frame.lineno
+    tb = TRACEBACK_OF(exc) if issubclass(type(exc), BaseException) else None  # BaseException's own getter
+    places = []
+    with lifted():  # frames, which the candidate may not read: walked by hand, through C getters only
+        # (traceback and linecache are modules the candidate shares, and could have replaced)
+        while type(tb) is types.TracebackType and len(places) < MAX_FRAMES:
+            places.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+            tb = tb.tb_next
+    for filename, lineno in places:
+        if type(filename) is str and filename == candidate_path and type(lineno) is int:
+            line = lineno
     try:
         text = str(exc)
     except BaseException:

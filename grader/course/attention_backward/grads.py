@@ -12,12 +12,17 @@ import torch
 INF = math.inf
 
 
-def softmax_backward(probs, grad_probs, dim=-1, *, row_sum="p_dp", sign=-1, outer_p=True, normalise=False):
+def softmax_backward(probs, grad_probs, dim=-1, *, row_sum="p_dp", sign=-1, outer_p=True, normalise=False,
+                     probs_on_first=False, diagonal_only=False):
     """probs ∘ (grad_probs − Σ_dim probs ∘ grad_probs); the knobs after * make the named wrong variants.
 
     row_sum: "p_dp" (right), "dp" (Σ grad_probs, without probs), "all" (over every axis), "none" (nothing
-    subtracted), "queries" (over the axis before `dim`'s, the query axis of attention).
+    subtracted), "queries" (over the axis before `dim`'s, the query axis of attention). probs_on_first: probs
+    multiplies grad_probs only, probs ∘ grad_probs − Σ probs ∘ grad_probs. diagonal_only: the Jacobian's diagonal
+    alone, probs ∘ (1 − probs) ∘ grad_probs.
     """
+    if diagonal_only:
+        return probs * (1 - probs) * grad_probs
     product = probs * grad_probs
     axis = dim if dim >= 0 else probs.dim() + dim
     sums = {
@@ -30,6 +35,8 @@ def softmax_backward(probs, grad_probs, dim=-1, *, row_sum="p_dp", sign=-1, oute
     inner = sums[row_sum]()
     if normalise:  # divided by Σ probs: 1, but 0 / 0 on a row with no key
         inner = inner / probs.sum(axis, keepdim=True)
+    if probs_on_first:
+        return probs * grad_probs + sign * inner
     return (probs if outer_p else 1.0) * (grad_probs + sign * inner)
 
 
@@ -78,10 +85,12 @@ def causal_mask(t_q, t_k, top_left=False):
 
 def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, top_left=False, use_mask=True,
           delta="rows", delta_sign=-1, ds_scale="sqrt", last_block=True, accumulate=True, dv_transposed=True,
-          causal_shift=0, dq_scale=None, dk_scale=None, accumulate_q=True, last_q_block=True):
+          causal_shift=0, dq_scale=None, dk_scale=None, accumulate_q=True, last_q_block=True,
+          skip_from_first_row=False):
     """flash_attention_backward tile by tile, queries outside, keys inside (another order than the model answer's);
     the keyword arguments after * make the named wrong variants. delta: "rows" (rowsum(dO ∘ O)), "tile" (the tile's
-    own Σ P ∘ dP), "tile_queries" (the tile's Σ P ∘ dP over its queries)."""
+    own Σ P ∘ dP), "tile_queries" (the tile's Σ P ∘ dP over its queries). skip_from_first_row: causal, the key
+    tiles past the block's first query's position skipped, though its later queries see some of them."""
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     factors = {"sqrt": d**-0.5, "none": 1.0, "d": 1.0 / d}
     q_factor, k_factor = (factors[x or ds_scale] for x in (dq_scale, dk_scale))  # dS's 1/√D, for dq and for dk
@@ -93,6 +102,8 @@ def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, 
     for i in range(0, t_q if last_q_block else t_q - t_q % block_q, block_q):
         qb, dob, lb = q[..., i:i + block_q, :], grad_out[..., i:i + block_q, :], lse[..., i:i + block_q]
         for j in range(0, stop, block_k):
+            if causal and skip_from_first_row and j > offset + i:
+                break
             kb, vb = k[..., j:j + block_k, :], v[..., j:j + block_k, :]
             scores = qb @ kb.transpose(-2, -1) / math.sqrt(d)
             if causal and use_mask:
@@ -121,24 +132,31 @@ def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, 
     return grad_q, grad_k, grad_v
 
 
-def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal_shift=0):
+def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal_shift=0, rescale_sum=True,
+                  scale="d", top_left=False, last_block=True, normalise=True, lse_base_two=False, local_keys=False):
     """(out, lse) by the online softmax over key blocks, in float64; the keyword arguments after * make the named
-    wrong variants (causal_shift=-1: the diagonal key masked too). A row with no key: out 0, lse -inf."""
+    wrong variants (causal_shift=-1: the diagonal key masked too; scale: "d" (1/√D, right), "v" (1/√Dv), "none",
+    "twice" (1/D); last_block=False: the last, shorter key block dropped; normalise=False: acc not divided by l;
+    lse_base_two: lse in bits, an exp2 loop's; local_keys: the causal mask compares the tile's own key indices,
+    0 to block_k - 1). A row with no key: out 0, lse -inf."""
     q64, k64, v64 = q.double(), k.double(), v.double()
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    rows = torch.arange(t_k - t_q, t_k)[:, None] + causal_shift
+    rows = torch.arange(0 if top_left else t_k - t_q, t_q if top_left else t_k)[:, None] + causal_shift
+    factor = {"d": d**-0.5, "v": v.shape[-1] ** -0.5, "none": 1.0, "twice": 1.0 / d}[scale]
     m = torch.full(q.shape[:-1], -INF, dtype=torch.float64)
     total = torch.zeros_like(m)
     acc = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float64)
-    for j in range(0, t_k, block_k):
-        scores = q64 @ k64[..., j:j + block_k, :].transpose(-2, -1) / math.sqrt(d)
+    for j in range(0, t_k if last_block else t_k - t_k % block_k, block_k):
+        scores = q64 @ k64[..., j:j + block_k, :].transpose(-2, -1) * factor
         if causal:
-            scores = scores.masked_fill(torch.arange(j, j + scores.shape[-1])[None, :] > rows, -INF)
+            first = 0 if local_keys else j
+            scores = scores.masked_fill(torch.arange(first, first + scores.shape[-1])[None, :] > rows, -INF)
         m_new = torch.maximum(m, scores.amax(-1))
         shift = torch.where(m_new == -INF, 0.0, m_new)
         alpha, p = torch.exp(m - shift), torch.exp(scores - shift[..., None])
-        total = alpha * total + p.sum(-1)
+        total = (alpha if rescale_sum else 1.0) * total + p.sum(-1)
         acc = (alpha[..., None] if rescale_acc else 1.0) * acc + p @ v64[..., j:j + block_k, :]
         m = m_new
-    out = acc / torch.where(total > 0, total, 1.0)[..., None]
-    return out.to(q.dtype), (m + torch.log(total)).to(q.dtype)
+    out = acc / torch.where(total > 0, total, 1.0)[..., None] if normalise else acc
+    lse = m + torch.log(total)
+    return out.to(q.dtype), (lse * math.log2(math.e) if lse_base_two else lse).to(q.dtype)

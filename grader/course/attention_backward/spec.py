@@ -137,6 +137,14 @@ SOFTMAX = StepSpec(
                 "Σ probs ∘ grad_probs", _sb_variant(row_sum="dp")),
         Mistake("softmax_backward.probs_outside_dropped", "returned grad_probs - Σ probs ∘ grad_probs: multiply by "
                 "probs, probs ∘ (grad_probs - Σ probs ∘ grad_probs)", _sb_variant(outer_p=False)),
+        Mistake("softmax_backward.sum_not_weighted", "returned probs ∘ grad_probs - Σ probs ∘ grad_probs: the row sum "
+                "is weighted by probs too, probs ∘ (grad_probs - Σ probs ∘ grad_probs)",
+                _sb_variant(probs_on_first=True),
+                why="-p pᵀ g gives each entry p_i times the row's sum, not the sum alone."),
+        Mistake("softmax_backward.diagonal_only", "returned probs ∘ (1 - probs) ∘ grad_probs, the Jacobian's diagonal "
+                "alone: each probability depends on every score of its slice, probs ∘ (grad_probs - Σ probs ∘ "
+                "grad_probs)", _sb_variant(diagonal_only=True),
+                why="∂p_i/∂s_j = p_i (δ_ij - p_j): the off-diagonal terms -p_i p_j are what the row sum gathers."),
         Mistake("softmax_backward.sum_over_everything", "summed probs ∘ grad_probs over every axis: sum along dim "
                 "only, with keepdim=True", _sb_variant(row_sum="all")),
         Mistake("softmax_backward.sum_over_queries", "summed probs ∘ grad_probs over the axis before dim (the "
@@ -239,7 +247,9 @@ ATTENTION = StepSpec(
                 "and give rows with no key zero gradients", _att_variant(fill=-1e9),
                 why="A row blocked entirely then spreads its weight evenly over every key."),
         Mistake("attention_backward.softmax_over_queries", "the recomputed softmax normalised the query axis "
-                "(dim=-2): each query's weights sum to 1 over the keys, dim=-1", _att_variant(softmax_dim=-2)),
+                "(dim=-2): each query's weights sum to 1 over the keys, dim=-1",
+                lambda *a, **k: [_att_variant(softmax_dim=-2)(*a, **k),
+                                 _att_variant(softmax_dim=-2, row_sum="queries")(*a, **k)]),
         Mistake("attention_backward.row_sum_over_queries", "dS subtracts Σ P ∘ dP over the queries (dim=-2): the "
                 "softmax normalised each query's row, so sum over the keys, dim=-1", _att_variant(row_sum="queries")),
         Mistake("attention_backward.no_row_sum", "dS = P ∘ dP: subtract the row sum, dS = P ∘ (dP - Σ P ∘ dP), as "
@@ -333,6 +343,10 @@ FLASH = StepSpec(
         Mistake("flash_attention_backward.mask_forgotten", "the recomputed tile's scores were not masked: mask the "
                 "future keys (causal) as the forward did, or P of a future key is not 0",
                 _flash_variant(use_mask=False)),
+        Mistake("flash_attention_backward.tiles_skipped_from_first_row", "causal: key tiles past the block's first "
+                "query were skipped, though its later queries see some of them: skip a key tile only when it "
+                "starts past the block's last query's position, Tk - Tq + i + block_q - 1",
+                _flash_variant(skip_from_first_row=True)),
         Mistake("flash_attention_backward.top_left", "causal tiles aligned to the top-left (query i at position i): "
                 "mask key j when j > Tk - Tq + i", _flash_variant(top_left=True)),
         Mistake("flash_attention_backward.last_block_dropped", "the last, shorter key block was dropped: loop over "
@@ -473,6 +487,25 @@ FUNCTION = StepSpec(
                 "key: mask key j only when j > Tk - Tq + i (>, not >=)", _forward_variant(causal_shift=-1),
                 why="Query i sits at position Tk - Tq + i and sees itself; its own key is the one a decoder most "
                     "needs."),
+        Mistake("FlashAttentionFunction.forward_sum_not_rescaled", "the forward's online softmax did not rescale "
+                "the running sum l when the running max rose: l = alpha * l + rowsum(p), alpha = e^(m - m_new)",
+                _forward_variant(rescale_sum=False),
+                why="l must sum e^(s - m) under the current max; its old terms keep the old max's scale."),
+        Mistake("FlashAttentionFunction.forward_scale_wrong", "the forward's scores were not scaled by 1/√D, D q's "
+                "width (not scaled, scaled twice, or by v's width): s = q kᵀ / √D",
+                lambda *a, **k: [_forward_variant(scale=wrong)(*a, **k) for wrong in ("none", "twice", "v")]),
+        Mistake("FlashAttentionFunction.forward_top_left", "the forward's causal tiles were aligned to the top-left "
+                "(query i at position i): mask key j when j > Tk - Tq + i", _forward_variant(top_left=True)),
+        Mistake("FlashAttentionFunction.forward_last_block_dropped", "the forward dropped the last, shorter key "
+                "block: loop over range(0, Tk, block_k)", _forward_variant(last_block=False)),
+        Mistake("FlashAttentionFunction.forward_not_normalised", "the forward returned acc without dividing by l: "
+                "out = acc / l, where l > 0", _forward_variant(normalise=False)),
+        Mistake("FlashAttentionFunction.lse_in_base_two", "the forward saved lse in base 2 (an exp2 loop's m·log2(e) "
+                "+ log2(l)): convert it back, multiplying by ln(2)", _forward_variant(lse_base_two=True),
+                why="exp2 of scores pre-scaled by log2(e) is the same softmax; its log-sum-exp comes out in bits."),
+        Mistake("FlashAttentionFunction.forward_tile_key_index", "the forward's causal mask compared the queries' "
+                "positions with the tile's own key indices (0 to block_k - 1): use the keys' positions, j + the "
+                "tile's start", _forward_variant(local_keys=True)),
         Mistake("FlashAttentionFunction.causal_not_saved", "the backward ran without the causal mask: keep causal "
                 "(and the block sizes) on ctx in forward and pass them to flash_attention_backward", _causal_not_saved),
         Mistake("FlashAttentionFunction.gradient_count", "backward returned fewer gradients than forward has "

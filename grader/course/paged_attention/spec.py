@@ -15,6 +15,7 @@ functions.
 """
 
 import math
+import re
 
 import torch
 
@@ -128,9 +129,9 @@ class ServeScript:
     """The module built with the grader's weights and a pool (the candidate's, or the stand-in), then the calls of
     `schedule`: each one the new tokens of some sequences, packed."""
 
-    def __init__(self, run: Run, schedule=PREFILL_DECODE, nan: bool = False):
+    def __init__(self, run: Run, schedule=PREFILL_DECODE, nan: bool = False, bias: bool = True):
         self.run, self.schedule = run, schedule
-        self.call = run.inputs()
+        self.call = run.inputs(bias=bias)
         streams = self.call.args[0]
         own = run.check.end_to_end or run.ctx.passed("PagedKVCache")  # a pool that lost points is the stand-in's
         script = Script()
@@ -173,7 +174,18 @@ class ServeScript:
 
 
 def _serve_check(**options):
-    return lambda run: ServeScript(run, **options).expect_right()
+    def check(run: Run) -> None:
+        try:
+            ServeScript(run, **options).expect_right()
+        except CheckFailed as failure:
+            # the worker's build said which parameters the grader's weights left at their random start
+            unfilled = re.search(r"did not fill ([\w.]+(?:, [\w.]+)*)", failure.message)
+            if unfilled is None or failure.mistake is not None:
+                raise
+            raise CheckFailed(failure.message, diagnose.unloaded(unfilled.group(1).split(", ")), failure.details,
+                              failure.outcome) from None
+
+    return check
 
 
 def module_end_to_end(run: Run) -> None:
@@ -192,7 +204,8 @@ MODULE = StepSpec(
     answered=("paged_decode", "varlen_attention"),
     checks=(
         prop("structure", 2, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, H), "an nn.Linear")),
-        prop("prefill_then_decode", 5, _serve_check()), prop("joining", 5, _serve_check(schedule=JOINING)),
+        prop("prefill_then_decode", 4, _serve_check()), prop("joining", 4, _serve_check(schedule=JOINING)),
+        prop("without_bias", 2, _serve_check(bias=False)),
         prop("unused_slots_nan", 5, _serve_check(nan=True)),
         prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),

@@ -7,7 +7,10 @@ own kinds would call on the CPU, which a compiled kernel cannot read.
 
 Sizes never divide the blocks (rows of 37 in 64 lanes, a head width of 20 in 32, 21 queries in
 blocks of 16), so a load or store without its mask shows; inputs are also handed over
-non-contiguous (strides), in float16 and bfloat16 (the low-precision rule), causal with Tq < Tk
+non-contiguous (strides: transposed last axes, and `layouts`, some in the layout heads split from a
+projection have, (B, T, H, D) transposed, others not, so one tensor's strides taken for another's,
+or the batch and head strides folded into one, show), in float16 and bfloat16 (the low-precision rule),
+causal with Tq < Tk
 and Tq > Tk (rows with no key: out 0, lse -inf), and decode caches hold NaN past each sequence's
 length. The work must be a Triton kernel's: the launcher's torch calls may create no tensor the size
 of the score matrix (`no_score_matrix`), may call no softmax, matmul or attention (exercise.toml's
@@ -37,8 +40,11 @@ from grader.engine import (
 
 from .wrong import (
     all_nan,
+    decode_ids_swapped,
     decode_keys_unmasked,
     decode_reference,
+    decode_variant,
+    empty_sequence_nan,
     first_length,
     flash_reference,
     flash_variant,
@@ -46,6 +52,7 @@ from .wrong import (
     has_nan,
     keys_past_end,
     program_ids_swapped,
+    softmax_column_stride_ignored,
     softmax_no_max,
     softmax_output_strides,
     softmax_padded,
@@ -58,9 +65,10 @@ from .wrong import (
 
 ROWS, COLS = 5, 37  # the softmax's rows: 37 lanes of a 64-lane block
 B, H, TQ, TK, D = 1, 3, 21, 37, 20  # 3 batch·heads, 2 query blocks of 16 (not 3: swapped program ids show), D in 32
-# The decode cache: three sequences, NaN past each one's length; the last fills it, so a kernel that reads past a
-# length still gets that one right (a NaN there is another mistake's)
-T_MAX, LENGTHS = 40, (29, 6, 40)
+# The decode cache: three sequences of two heads (B ≠ H: a program id split the other way shows), NaN past each one's
+# length; the last fills it, so a kernel that reads past a length still gets that one right (a NaN there is another
+# mistake's)
+T_MAX, LENGTHS, DECODE_HEADS = 40, (29, 6, 40), 2
 # The speed check's size (float16, causal) and tiles (CUDA only): the launcher's defaults of 16 suit the interpreter,
 # a GPU wants larger ones. Within SPEED_FACTOR of SDPA's time earns its points (not yet calibrated on a GPU).
 SPEED = {"batch": 4, "heads": 16, "t": 2048, "d": 64, "block_m": 64, "block_n": 64}
@@ -160,6 +168,9 @@ SOFTMAX = StepSpec(
         Mistake("softmax.strides_ignored", "the kernel assumed a contiguous x: address element (row, col) as "
                 "x_ptr + row * stride_xr + col * stride_xc with both strides passed", softmax_transposed_memory,
                 why="A transposed or sliced view keeps its data where it was; only its strides say where."),
+        Mistake("softmax.column_stride_ignored", "the kernel stepped through a row by 1: address column c as "
+                "x_ptr + row * stride_xr + c * stride_xc, with the column stride too", softmax_column_stride_ignored,
+                why="A transposed view's columns are stride_xc elements apart; only a contiguous row's are 1."),
         Mistake("softmax.output_strides", "the output was written with x's strides: pass y.stride(0) and "
                 "y.stride(1) for the store, as the load takes x's", softmax_output_strides,
                 why="y is a new contiguous tensor; x may be a transposed view, whose strides put each row's "
@@ -249,7 +260,8 @@ FLASH = StepSpec(
     "flash_attention", flash_inputs, flash_reference, outputs=("out", "lse"),
     checks=(
         checked("values", 6), checked("causal", 6, causal=True), checked("causal_square", 3, t_q=TK, causal=True),
-        checked("fully_masked", 4, t_q=TK + 9, t_k=TQ, causal=True), checked("strided", 4, strided=(0, 1, 2)),
+        checked("fully_masked", 4, t_q=TK + 9, t_k=TQ, causal=True), checked("strided", 2, strided=(0, 1, 2)),
+        checked("layouts", 2, strided=((0, 1, 2), (2, 1, 2))),
         prop("block_sizes", 4, block_sizes), checked("float16", 3, torch.float16, causal=True),
         checked("bfloat16", 3, torch.bfloat16, compiled_only=INTERPRETER_BFLOAT16, causal=True),
         checked("long_float16", 3, torch.float16, t_q=16, t_k=512, q_scale=0.1, v_offset=250.0),
@@ -270,6 +282,10 @@ FLASH = StepSpec(
         Mistake("flash_attention.top_left", "causal masking aligned to the top-left (query i at position i): "
                 "mask key j when j > Tk - Tq + i", top_left,
                 why="The queries are the last Tq of the Tk positions: query i sits at Tk - Tq + i."),
+        Mistake("flash_attention.diagonal_masked", "causal masking hid each query's own key: mask key j only when "
+                "j > Tk - Tq + i (keep j <= it, not j < it)", flash_variant(diagonal=False),
+                why="Query i sits at position Tk - Tq + i and sees itself; its own key is the one a decoder most "
+                    "needs."),
         Mistake("flash_attention.keys_past_end", "keys past Tk were loaded as 0 and scored: set the scores of "
                 "keys j >= Tk to -inf with tl.where before the softmax", keys_past_end,
                 why="A masked load gives 0 for them (other=0), a score of 0 that still counts e^(0 - m) in the sum."),
@@ -287,6 +303,12 @@ FLASH = StepSpec(
                     "change no dot product, only a scale taken from them."),
         Mistake("flash_attention.lse_last_block", "lse came from the last key block alone: it is m + log(l) of the "
                 "running max and sum after the last block", flash_variant(lse_last_block=True)),
+        Mistake("flash_attention.lse_without_max", "lse was stored as log(l): l is summed relative to the running "
+                "max, so lse = m + log(l)", flash_variant(lse_form="no_max"),
+                why="out is right either way; a backward pass that recomputes e^(s - lse) is not."),
+        Mistake("flash_attention.lse_in_base_two", "lse was stored in base 2 (an exp2 kernel's m·log2(e) + "
+                "log2(l)): convert it back, multiplying by ln(2)", flash_variant(lse_form="base_two"),
+                why="exp2 of scores pre-scaled by log2(e) is the same softmax; its log-sum-exp comes out in bits."),
         Mistake("flash_attention.strides_swapped", "the token and width strides were swapped: the token's "
                 "stride is x.stride(2), the width's x.stride(3)", strides_swapped),
         Mistake("flash_attention.program_ids_swapped", "the kernel reads its program ids the other way from the "
@@ -307,8 +329,8 @@ FLASH = StepSpec(
 
 
 def decode_inputs(gen, dtype, lengths=LENGTHS, t_max=T_MAX, d=D, scale=1.0):
-    q = gen.randn(len(lengths), H, d, dtype=dtype, scale=scale)
-    k_cache, v_cache = (gen.randn(len(lengths), H, t_max, d, dtype=dtype) for _ in range(2))
+    q = gen.randn(len(lengths), DECODE_HEADS, d, dtype=dtype, scale=scale)
+    k_cache, v_cache = (gen.randn(len(lengths), DECODE_HEADS, t_max, d, dtype=dtype) for _ in range(2))
     for b, n in enumerate(lengths):  # unused slots: a kernel that reads them shows it
         k_cache[b, :, n:] = math.nan
         v_cache[b, :, n:] = math.nan
@@ -320,12 +342,16 @@ DECODE_NO_KERNEL = Mistake("decode_attention.no_kernel", "the launcher computed 
 DECODE = StepSpec(
     "decode_attention", decode_inputs, decode_reference,
     checks=(
-        checked("values", 6), checked("strided", 3, strided=(0, 1, 2)), checked("float16", 3, torch.float16),
+        checked("values", 3), checked("strided", 2, strided=(0, 1, 2)),
+        checked("layouts", 2, strided=((1, 1, 2), (2, 1, 2))), checked("float16", 3, torch.float16),
         checked("one_block", 2, lengths=(3, 11, 16), t_max=16),
-        checked("long", 2, lengths=(97, 128), t_max=128, scale=8.0),
+        checked("long", 2, lengths=(97, 128), t_max=128, scale=8.0), checked("empty", 2, lengths=(0, 11, 40)),
         launched_kernel(2, DECODE_NO_KERNEL), kept_rules(2),
     ),
     mistakes=(
+        Mistake("decode_attention.empty_nan", "a sequence of length 0 gave NaN: its l is 0, so divide by l only "
+                "where l > 0 (tl.where(l > 0, l, 1.0)) and give it 0", test=empty_sequence_nan,
+                why="With no key the loop never runs: acc and l stay 0, and 0 / 0 is NaN."),
         Mistake("decode_attention.rescale_sign_flipped", "every output was NaN: the rescale factor is "
                 "alpha = e^(m - m_new), old max minus new, not e^(m_new - m)", test=all_nan,
                 why="With m = -inf before the first block, e^(m_new - m) is inf, and inf · 0 is NaN; a sequence "
@@ -333,9 +359,21 @@ DECODE = StepSpec(
         Mistake("decode_attention.keys_past_length", "the last block's slots past lengths[b] were scored as keys of "
                 "score 0: set s to -inf where the key's index j >= lengths[b]", decode_keys_unmasked,
                 why="A masked load gives those slots 0 (other=0), a score of 0 whose e^(0 - m) still joins the sum."),
+        Mistake("decode_attention.program_ids_swapped", "the program id was split the other way: with a grid of "
+                "B·H programs, b = pid // H and h = pid % H", test=decode_ids_swapped,
+                why="b = pid % H, h = pid // H names every pair only when B = H; otherwise some sequences are "
+                    "read with another's length, or never computed."),
         Mistake("decode_attention.past_length", "the kernel read the cache past the sequence's length (NaN "
                 "there): loop over range(0, lengths[b], BLOCK_N) and mask keys j >= lengths[b]", test=has_nan,
                 why="The cache is allocated for T_max positions; only the first lengths[b] hold keys."),
+        Mistake("decode_attention.acc_not_rescaled", "acc was not rescaled when the running max rose: multiply it "
+                "by alpha = e^(m - m_new) before adding the block's weighted values, as l is",
+                decode_variant(rescale_acc=False)),
+        Mistake("decode_attention.l_not_rescaled", "l was not rescaled when the running max rose: update it as "
+                "l = alpha * l + sum(p), with alpha = e^(m - m_new), as acc is", decode_variant(rescale_l=False),
+                why="l must be the sum of e^(s - m) under the current max; the old terms keep the old max's scale."),
+        Mistake("decode_attention.scale_from_padded_width", "the scores were scaled by 1/sqrt(BLOCK_D), the padded "
+                "width: scale by 1/sqrt(d), the head's real width", decode_variant(padded_scale=True)),
         Mistake("decode_attention.first_length", "every sequence used lengths[0]: load lengths[b] for the "
                 "program's own batch b = program_id // H", first_length),
         DECODE_NO_KERNEL,

@@ -55,6 +55,15 @@ def softmax_transposed_memory(x):
     return softmax_reference(x.t().contiguous().view(x.shape))
 
 
+def softmax_column_stride_ignored(x):
+    """A kernel that steps through a row by 1, not by stride_xc, on the non-contiguous x the worker hands over (its
+    last two axes transposed in memory): element (r, c) read from that memory at r · stride_xr + c."""
+    rows, cols = x.shape
+    memory = x.t().contiguous().reshape(-1)  # stride_xr = 1, stride_xc = rows
+    read = memory[(torch.arange(rows)[:, None] + torch.arange(cols)[None, :]).clamp_max(memory.numel() - 1)]
+    return softmax_reference(read)
+
+
 def unmasked_rows(value, x):
     """Does the answer show a load with no mask: each row but the last the softmax of BLOCK contiguous elements
     from the row's start, the next row's first ones among them (the last row's read garbage past the end)?"""
@@ -117,9 +126,11 @@ def keys_past_end(q, k, v, causal=False, block_m=16, block_n=16):
 
 
 def tiled(q, k, v, causal=False, block_m=16, block_n=16, *, rescale=True, lse_last_block=False, acc_dtype=None,
-          guard=True, rescale_acc=True, rescale_l=True, padded_scale=False):
+          guard=True, rescale_acc=True, rescale_l=True, padded_scale=False, lse_form="natural", diagonal=True):
     """The forward kernel's loop, one query block at a time; the keyword arguments after * make the named wrong
-    variants. The key loop ends where the reference kernel's does (causal: past the block's last query)."""
+    variants. The key loop ends where the reference kernel's does (causal: past the block's last query). lse_form:
+    "natural" (m + log l), "no_max" (log l, relative to the running max) or "base_two" (log2 of the sum, as an exp2
+    kernel has it before converting back). diagonal=False: causal masks each query's own key too (< for <=)."""
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale_width = max(16, next_power_of_two(d)) if padded_scale else d  # the kernel's BLOCK_D, or d
     work = _work(q.dtype)
@@ -139,7 +150,7 @@ def tiled(q, k, v, causal=False, block_m=16, block_n=16, *, rescale=True, lse_la
             s = qb @ kb.transpose(-2, -1) / math.sqrt(scale_width)
             if causal:
                 rows = torch.arange(offset + i, offset + i + bq)[:, None]
-                s = s.masked_fill(torch.arange(j, j + kb.shape[-2])[None, :] > rows, -INF)
+                s = s.masked_fill(torch.arange(j, j + kb.shape[-2])[None, :] > rows - (0 if diagonal else 1), -INF)
             m_new = torch.maximum(m, s.amax(-1))
             shift = torch.where(m_new == -INF, 0.0, m_new) if guard else m_new
             alpha = torch.exp(m - shift) if rescale else torch.ones_like(m)
@@ -152,7 +163,8 @@ def tiled(q, k, v, causal=False, block_m=16, block_n=16, *, rescale=True, lse_la
             last = (block_max, torch.exp(s - torch.where(block_max == -INF, 0.0, block_max)[..., None]).sum(-1))
         out = acc.to(work) / (torch.where(l > 0, l, 1.0) if guard else l)[..., None]
         outs.append(out)
-        lses.append(last[0] + torch.log(last[1]) if lse_last_block else m + torch.log(l))
+        lse = last[0] + torch.log(last[1]) if lse_last_block else m + torch.log(l)
+        lses.append({"natural": lse, "no_max": torch.log(l), "base_two": lse * math.log2(math.e)}[lse_form])
     return torch.cat(outs, -2).to(q.dtype), torch.cat(lses, -1)
 
 
@@ -236,3 +248,68 @@ def decode_keys_unmasked(q, k_cache, v_cache, lengths, block_n=16):
         v = torch.nn.functional.pad(v_cache[b, :, :n], (0, 0, 0, padded - n))
         outs.append(attention.attend(q[b][:, None], k, v, None)[:, 0] if n else torch.zeros_like(q[b]))
     return torch.stack(outs)
+
+
+def decode_tiled(q, k_cache, v_cache, lengths, block_n=16, *, rescale_l=True, rescale_acc=True, padded_scale=False):
+    """The decode kernel's loop over key blocks, per sequence; the keyword arguments after * make the named wrong
+    variants. A sequence of length 0 gives 0."""
+    work = _work(q.dtype)
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(max(16, next_power_of_two(d)) if padded_scale else d)
+    outs = []
+    for b, n in enumerate(lengths.tolist()):
+        qb = q[b].to(work)  # (H, D)
+        m = torch.full(qb.shape[:-1], -INF, dtype=work)
+        l = torch.zeros_like(m)
+        acc = torch.zeros_like(qb)
+        for j in range(0, n, block_n):
+            kb, vb = (x[b, :, j:min(n, j + block_n)].to(work) for x in (k_cache, v_cache))
+            s = (kb @ qb[..., None])[..., 0] * scale  # (H, n_block)
+            m_new = torch.maximum(m, s.amax(-1))
+            alpha, p = torch.exp(m - m_new), torch.exp(s - m_new[..., None])
+            l = (alpha if rescale_l else 1.0) * l + p.sum(-1)
+            acc = (alpha[..., None] if rescale_acc else 1.0) * acc + (p[:, None, :] @ vb)[:, 0]
+            m = m_new
+        outs.append(acc / torch.where(l > 0, l, 1.0)[..., None])
+    return torch.stack(outs).to(q.dtype)
+
+
+def decode_variant(**wrong):
+    return lambda q, k_cache, v_cache, lengths, block_n=16: decode_tiled(q, k_cache, v_cache, lengths, block_n,
+                                                                         **wrong)
+
+
+def empty_sequence_nan(value, q, k_cache, v_cache, lengths, block_n=16):
+    """Is the answer NaN in the sequences of length 0, and only there: acc / l with l = 0, unguarded?"""
+    if not isinstance(value, torch.Tensor) or value.shape != q.shape or not value.is_floating_point():
+        return False
+    empty = lengths.to("cpu") == 0
+    nan = torch.isnan(value).flatten(1).any(-1).to("cpu")
+    return bool(empty.any()) and bool(nan[empty].all()) and not bool(nan[~empty].any())
+
+
+def decode_ids_swapped(value, q, k_cache, v_cache, lengths, block_n=16):
+    """Does the answer show a decode kernel that split its program id the other way, b = pid % H and h = pid // H
+    (right only when B = H)? Modelled on contiguous memory, as the grader's inputs are handed over in its plain
+    checks: program pid reads and writes the flat batch·head row b·H + h, with lengths[b]; every row the programs
+    write holds one of their answers, and the whole is not the right answer."""
+    if not isinstance(value, torch.Tensor) or value.shape != q.shape or q.shape[0] == q.shape[1]:
+        return False
+    batch, heads, d = q.shape
+    if heads > batch:  # lengths[pid % H] would be read past its end
+        return False
+    flat = value.reshape(batch * heads, d).to(torch.float64)
+    rows = {}
+    for pid in range(batch * heads):
+        b, h = pid % heads, pid // heads
+        r = b * heads + h
+        q_row = q.reshape(batch * heads, d)[r][None, None]
+        n = int(lengths[b])
+        keys, values = (x.reshape(batch * heads, -1, d)[r, :n][None] for x in (k_cache, v_cache))
+        answer = attention.attend(q_row, keys, values, None)[0, 0] if n else torch.zeros(d, dtype=q.dtype)
+        rows.setdefault(r, []).append(answer.to(torch.float64))
+    for r, answers in rows.items():
+        if not any(torch.allclose(flat[r], a, rtol=1e-2, atol=1e-2, equal_nan=True) for a in answers):
+            return False
+    right = decode_reference(q, k_cache, v_cache, lengths).reshape(batch * heads, d).to(torch.float64)
+    return not torch.allclose(flat, right, rtol=1e-2, atol=1e-2, equal_nan=True)

@@ -136,6 +136,10 @@ BUGGY = [
     # -- softmax_backward -----------------------------------------------------------------------
     Variant("sb_no_row_sum", softmax_backward("    return probs * grad_probs"),
             "softmax_backward", "softmax_backward.no_row_sum"),
+    Variant("sb_sum_not_weighted", softmax_backward(RIGHT_INNER + "\n    return probs * grad_probs - inner"),
+            "softmax_backward", "softmax_backward.sum_not_weighted"),
+    Variant("sb_diagonal_only", softmax_backward("    return probs * (1 - probs) * grad_probs"),
+            "softmax_backward", "softmax_backward.diagonal_only"),
     Variant("sb_sign", softmax_backward(RIGHT_INNER + "\n    return probs * (grad_probs + inner)"),
             "softmax_backward", "softmax_backward.sign"),
     Variant("sb_sum_without_probs", softmax_backward("""\
@@ -276,6 +280,14 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
                 cols = torch.arange(j, j + kb.shape[-2], device=q.device)[None, :]
                 scores = scores.masked_fill(cols >= rows, -math.inf)"""),
             "flash_attention_backward", "flash_attention_backward.causal_off_by_one"),
+    Variant("fab_tiles_skipped_from_first_row", flash(mask="""\
+            if causal and j > offset + i:
+                continue
+            if causal:
+                rows = torch.arange(offset + i, offset + i + qb.shape[-2], device=q.device)[:, None]
+                cols = torch.arange(j, j + kb.shape[-2], device=q.device)[None, :]
+                scores = scores.masked_fill(cols > rows, -math.inf)"""),
+            "flash_attention_backward", "flash_attention_backward.tiles_skipped_from_first_row"),
     Variant("fab_last_query_block_dropped", flash().replace("for i in range(0, t_q, block_q):",
                                                            "for i in range(0, t_q - t_q % block_q, block_q):"),
             "flash_attention_backward", "flash_attention_backward.last_query_block_dropped"),
@@ -294,6 +306,28 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
     Variant("fn_forward_diagonal_masked", function().replace("scores.masked_fill(cols > rows, -math.inf)",
                                                              "scores.masked_fill(cols >= rows, -math.inf)"),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_diagonal_masked"),
+    Variant("fn_forward_sum_not_rescaled", function().replace("l = alpha * l + p.sum", "l = l + p.sum"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_sum_not_rescaled"),
+    Variant("fn_forward_scale_by_dv", function().replace("scale = q.shape[-2], k.shape[-2], 1.0 / math.sqrt(q.shape[-1])",
+                                                         "scale = q.shape[-2], k.shape[-2], 1.0 / math.sqrt(v.shape[-1])"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_scale_wrong"),
+    Variant("fn_forward_top_left", function().replace("rows = torch.arange(t_k - t_q + i, t_k - t_q + i + qb.shape[-2]",
+                                                      "rows = torch.arange(i, i + qb.shape[-2]"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_top_left"),
+    Variant("fn_forward_last_block_dropped", function().replace("for j in range(0, t_k, bk_):",
+                                                                "for j in range(0, t_k - t_k % bk_, bk_):"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_last_block_dropped"),
+    Variant("fn_forward_not_normalised", function(row_end="""\
+            outs.append(acc)
+            lses.append(m + torch.log(l))"""), "FlashAttentionFunction", "FlashAttentionFunction.forward_not_normalised"),
+    Variant("fn_lse_in_base_two", function(row_end="""\
+            outs.append(acc / torch.where(l > 0, l, 1.0)[..., None])
+            lses.append((m + torch.log(l)) / math.log(2))"""), "FlashAttentionFunction",
+            "FlashAttentionFunction.lse_in_base_two"),
+    Variant("fn_forward_tile_key_index", function().replace(
+        "cols = torch.arange(j, j + scores.shape[-1], device=q.device)[None, :]",
+        "cols = torch.arange(0, scores.shape[-1], device=q.device)[None, :]"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_tile_key_index"),
     Variant("fn_causal_not_saved", function(back="""\
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, block_q=ctx.block_q, block_k=ctx.block_k)

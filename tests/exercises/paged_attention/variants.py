@@ -264,6 +264,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
     Variant("module_heads_split_inner", forward(APPEND, GATHER, ATTEND).replace(
         "w(x).view(N, self.num_heads, self.head_dim)", "w(x).view(N, self.head_dim, self.num_heads).transpose(1, 2)"),
             "PagedSelfAttention", "PagedSelfAttention.heads_split_inner"),
+    Variant("module_bias_ignored", """
+class PagedSelfAttention(PagedSelfAttention):
+    def __init__(self, embed_dim, num_heads, bias=True):
+        super().__init__(embed_dim, num_heads, bias=True)  # the caller's bias=False never reaches the layers
+""", "PagedSelfAttention", "parameters_not_loaded"),
     Variant("module_unused_slots_read", forward(APPEND, """\
         tables = [torch.tensor(cache.block_table(s)) for s in seq_ids]
         k_all = torch.cat([cache.k_cache[t].flatten(0, 1) for t in tables])  # every slot of its blocks

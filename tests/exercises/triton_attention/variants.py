@@ -85,6 +85,9 @@ BUGGY = [
     Variant("softmax_strides_ignored", changed(
         "softmax", ("x.stride(0), x.stride(1), y.stride(0), y.stride(1)", "n_cols, 1, n_cols, 1")),
         "softmax", "softmax.strides_ignored"),
+    Variant("softmax_column_stride_ignored", changed(
+        "softmax_kernel", ("x_ptr + row * stride_xr + cols * stride_xc", "x_ptr + row * stride_xr + cols")),
+        "softmax", "softmax.column_stride_ignored"),
     Variant("softmax_output_strides", changed("softmax", ("y.stride(0), y.stride(1)", "x.stride(0), x.stride(1)")),
             "softmax", "softmax.output_strides"),
     Variant("softmax_in_torch", SOFTMAX_IN_TORCH, "softmax", "softmax.no_kernel"),
@@ -113,6 +116,11 @@ BUGGY = [
         ("    lse = m + tl.log(l)", "    lse = last_lse"),
         ("    end = t_k\n", "    end = t_k\n    last_lse = tl.zeros((BLOCK_M,), dtype=tl.float32)\n")),
         "flash_attention", "flash_attention.lse_last_block"),
+    Variant("flash_lse_without_max", changed("flash_forward_kernel", ("lse = m + tl.log(l)", "lse = tl.log(l)")),
+            "flash_attention", "flash_attention.lse_without_max"),
+    Variant("flash_lse_in_base_two", changed("flash_forward_kernel", ("lse = m + tl.log(l)",
+                                                                      "lse = (m + tl.log(l)) * 1.4426950408889634")),
+            "flash_attention", "flash_attention.lse_in_base_two"),
     Variant("flash_strides_swapped", changed(
         "flash_forward_kernel",
         ("    block = tl.program_id(0)\n",
@@ -156,9 +164,12 @@ BUGGY = [
         "flash_attention", ("*q.stride(), *k.stride(), *v.stride()",
                             "*q.contiguous().stride(), *k.contiguous().stride(), *v.contiguous().stride()")),
         "flash_attention"),
+    Variant("flash_v_with_k_strides", changed(  # the layouts check: k contiguous, v as split heads
+        "flash_forward_kernel", ("v = tl.load(v_ptr + b * stride_vb + h * stride_vh",
+                                 "v = tl.load(v_ptr + b * stride_kb + h * stride_kh")), "flash_attention"),
     Variant("flash_no_diagonal", changed(  # causal with Tq = Tk
         "flash_forward_kernel", ("cols[None, :] <= offset + rows[:, None]", "cols[None, :] < offset + rows[:, None]")),
-        "flash_attention"),
+        "flash_attention", "flash_attention.diagonal_masked"),
     # decode_attention
     Variant("decode_past_length", changed(
         "decode_attention", ("q, k_cache, v_cache, out, lengths,", "q, k_cache, v_cache, out, torch.full_like(lengths, k_cache.shape[2]),")),
@@ -171,10 +182,25 @@ BUGGY = [
     Variant("decode_rescale_sign_flipped", changed("decode_kernel", ("alpha = tl.exp(m - m_new)",
                                                                      "alpha = tl.exp(m_new - m)")),
             "decode_attention", "decode_attention.rescale_sign_flipped"),
+    Variant("decode_empty_nan", changed("decode_kernel", ("out = acc / tl.where(l > 0, l, 1.0)", "out = acc / l")),
+            "decode_attention", "decode_attention.empty_nan"),
+    Variant("decode_program_ids_swapped", changed("decode_kernel", ("b, h = bh // n_heads, bh % n_heads",
+                                                                    "b, h = bh % n_heads, bh // n_heads")),
+            "decode_attention", "decode_attention.program_ids_swapped"),
+    Variant("decode_acc_not_rescaled", changed("decode_kernel", ("acc = alpha * acc +", "acc = acc +")),
+            "decode_attention", "decode_attention.acc_not_rescaled"),
+    Variant("decode_l_not_rescaled", changed("decode_kernel", ("l = alpha * l +", "l = l +")),
+            "decode_attention", "decode_attention.l_not_rescaled"),
+    Variant("decode_scale_from_padded_width", changed(
+        "decode_attention", ("heads, d, 1.0 / math.sqrt(d),", "heads, d, 1.0 / math.sqrt(triton.next_power_of_2(d)),")),
+        "decode_attention", "decode_attention.scale_from_padded_width"),
     Variant("decode_contiguous_assumed", changed(  # the strided check
         "decode_attention", ("*q.stride(), *k_cache.stride(), *v_cache.stride()",
                              "*q.contiguous().stride(), *k_cache.contiguous().stride(), "
                              "*v_cache.contiguous().stride()")),
+        "decode_attention"),
+    Variant("decode_batch_head_folded", changed(  # the layouts check: right only where stride_kb = H·stride_kh
+        "decode_kernel", ("k = tl.load(k_ptr + b * stride_kb + h * stride_kh", "k = tl.load(k_ptr + bh * stride_kh")),
         "decode_attention"),
     Variant("decode_float32_output", changed(  # the float16 check: the output's dtype
         "decode_attention", ("out = torch.empty((batch, heads, d), dtype=q.dtype", "out = torch.empty((batch, "
