@@ -498,6 +498,93 @@ ATTACKS = {
             torch.overrides.wrap_torch_function(lambda x, **k: (x,))(inner)(scores)
             return box[0]
     """,
+    # A fifth hostile review (2026-11-25): the audit hook itself lifted the guard and then called a method of the
+    # file's own; and torch's own Python code reads builtins, its modules and its classes, which the file can change.
+    "a code file name of a str subclass of its own": """
+        import sys, types
+        class Name(str):
+            def startswith(self, *a):
+                frame = getattr(sys, "_get" + "frame")(1)
+                while frame is not None:
+                    record = getattr(frame, "f_" + "locals").get("record")
+                    if type(record).__name__ == "Recorder":
+                        record.seen = {n for n in record.seen if "softmax" not in n}
+                        record.hidden = ""
+                    frame = getattr(frame, "f_" + "back")
+                return False
+        def _probe():
+            return getattr(sys, "_get" + "frame")(0)
+        probe = types.FunctionType(_probe.__code__.replace(co_filename=Name("probe.py")), globals())
+        def attack(scores, dim):
+            value = torch.softmax(scores, dim).nan_to_num(0.0)
+            try:
+                probe()
+            except Exception:
+                pass
+            return value
+    """,
+    "a builtin torch's code calls": """
+        import builtins
+        _len, _jobs = builtins.len, []
+        def _spy(x):
+            if _jobs and not torch._C._is_torch_function_mode_enabled():
+                _jobs.pop()()
+            return _len(x)
+        builtins.len = _spy
+        def attack(scores, dim):
+            out = []
+            _jobs.append(lambda: out.append(torch.softmax(scores, dim).nan_to_num(0.0)))
+            torch.einsum("...->...", torch.zeros(1))
+            _jobs.clear()
+            return out[0]
+    """,
+    "a method of torch.Tensor torch's code calls": """
+        _jobs = []
+        def _expand_as(self, other):
+            if _jobs and not torch._C._is_torch_function_mode_enabled():
+                _jobs.pop()()
+            return torch._C.TensorBase.expand_as(self, other)
+        torch.Tensor.expand_as = _expand_as
+        def attack(scores, dim):
+            out = []
+            _jobs.append(lambda: out.append(torch.softmax(scores, dim).nan_to_num(0.0)))
+            torch.nn.functional.normalize(torch.ones(2, 2))
+            _jobs.clear()
+            return out[0]
+    """,
+    "a finalizer a collection runs inside a torch call": """
+        import gc
+        _out = []
+        class Cycle:
+            def __init__(self, job):
+                self.job, self.me = job, self
+            def __del__(self):
+                if _out:
+                    return
+                if torch._C._is_torch_function_mode_enabled():
+                    Cycle(self.job)
+                else:
+                    _out.append(self.job())
+        def attack(scores, dim):
+            _out.clear()
+            Cycle(lambda: torch.softmax(scores, dim).nan_to_num(0.0))
+            gc.set_threshold(1)
+            for _ in range(100):
+                torch.einsum("...->...", torch.zeros(1))
+                if _out:
+                    break
+            _out.append(None)
+            return _out[0]
+    """,
+    "an operator library of its own": """
+        _job = []
+        def attack(scores, dim):
+            lib = torch.library.Library("attack", "DEF")
+            lib.define("run(Tensor x) -> Tensor")
+            lib.impl("run", lambda x: _job.pop()() if _job else x.clone(), "CPU")
+            _job.append(lambda: torch.softmax(scores, dim).nan_to_num(0.0))
+            return getattr(getattr(torch, "o" + "ps"), "attack").run(torch.zeros(1))
+    """,
 }
 
 

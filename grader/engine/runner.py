@@ -25,6 +25,7 @@ import functools
 import importlib
 import inspect
 import math
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # script.py builds on this module
     from grader.engine.script import Script
 
 VALUE_DRAWS = 2  # a step's values check (the one run on several dtypes) runs on this many draws of its inputs
+UNFILLED = re.compile(r"the grader's weights did not fill ([\w.]+(?:, [\w.]+)*)")  # the worker's scripts.py says so
 
 
 def is_spec(module) -> bool:
@@ -238,7 +240,11 @@ class Run:
             what, call = script.describe(error.action)
             failure = self.error_failure(error, call, device)
             where = f" (in action {error.action + 1} of the script: {what})" if error.action is not None else ""
-            raise CheckFailed(failure.message + where, failure.mistake, failure.details, failure.outcome) from None
+            mistake = failure.mistake
+            unfilled = UNFILLED.search(error.message) if error.type == "LookupError" else None
+            if mistake is None and unfilled:  # a build the grader's weights left parameters of at their random start
+                mistake = diagnose.unloaded(unfilled.group(1).split(", "))
+            raise CheckFailed(failure.message + where, mistake, failure.details, failure.outcome) from None
 
     def output(self, answer):
         return answer.value["output"] if self.step.module else answer.value

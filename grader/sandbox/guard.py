@@ -24,8 +24,10 @@ Loaded by path by worker.py (never as part of the grader package).
 """
 
 import importlib
+import marshal
 import os
 import sys
+import types
 
 FRAME_ATTRIBUTES = ("tb_frame", "gi_frame", "cr_frame", "ag_frame")
 REFUSED_EVENTS = ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "sys.settrace",
@@ -47,13 +49,16 @@ ORIGINAL = "attn_grade.original"  # the audit event by which a guarded function 
 # Refused once armed, to torch's code too: a signal handler gets the interrupted frame, and a thread runs where
 # the record (per thread) cannot see. The kernel refuses threads too (seccomp.py); these say so on every system.
 # signal.signal calls _signal.signal, and threading holds its own name for _thread's: each is guarded.
+# A library of operators of the file's own (torch.library.Library) runs its Python kernels inside torch's dispatch,
+# where the record is stashed; an automatic garbage collection could start there too (serve.py turns it off).
 REFUSED_CALLS = ("signal.signal", "_signal.signal", "_thread.start_new_thread", "_thread.start_new",
-                 "threading._start_new_thread")
+                 "threading._start_new_thread", "torch._C._dispatch_library", "gc.enable")
 
 
 # The ways to a new code object: the record trusts code from torch's own files (it runs inside a torch call), so a
 # code object may claim one of them only as that file's own compiled text (a lazy import of torch's)
 CODE_EVENTS = ("compile", "code.__new__", "marshal.loads")
+CACHE_TAG = sys.implementation.cache_tag
 
 
 class Refused(AttributeError, ValueError):
@@ -74,6 +79,7 @@ def install(torch):
     loaded = set()
     torch_globals = set()  # ids of torch's modules' namespaces, once armed
     lifted_now = [True]
+    unmarshalling = [False]  # the hook's own marshal.loads, which raises its event again
     originals = {}
     guard_code = _guarded("").__code__
 
@@ -94,8 +100,11 @@ def install(torch):
             if given and isinstance(args[1], list):
                 args[1].append(originals.get(args[0]))
             return
-        if lifted_now[0]:
+        if lifted_now[0] or (event == "marshal.loads" and unmarshalling[0]):
             return
+        # A name the event hands over may be a subclass of str of the file's own, whose == and startswith would
+        # answer for themselves: read as its plain value, by str's own methods
+        args = tuple(_plain(a) for a in args)
         if event in REFUSED_EVENTS or event.startswith("ctypes."):
             raise Refused(f"the sandbox refuses {event}")
         if event == "sys._getframe":  # torch's own code may ask (to name a caller); no one else
@@ -112,7 +121,7 @@ def install(torch):
             raise Refused("the sandbox refuses replacing a function's code")
         if event == "open" and isinstance(args[0], (str, bytes)) and _memory_file(args[0]):
             raise Refused("the sandbox refuses reading the process's memory")
-        if event in CODE_EVENTS and not _own_code(event, args, torch_folder, lifted_now):
+        if event in CODE_EVENTS and not _own_code(event, args, torch_folder, unmarshalling):
             raise Refused("the sandbox refuses code that claims to be one of torch's own files")
         if event == "import" and (args[0] in loaded or args[0].startswith("_test")):
             raise ImportError(f"the sandbox refuses importing {args[0]} again")  # one the import system passes on
@@ -172,44 +181,47 @@ def install(torch):
     return arm, lifted
 
 
-def _own_code(event, args, torch_folder: str, lifted_now) -> bool:
+def _own_code(event, args, torch_folder: str, unmarshalling) -> bool:
     """Whether new code that may claim a file of torch's is that file's own: compiled from the file's exact text,
-    or unmarshalled from its own cached bytecode. code.__new__ (types.CodeType, code.replace) never may."""
-    if event == "compile":
-        filename, source = args[1], args[0]
-        if not _claims(filename, torch_folder):
-            return True
-        return (type(source) is bytes or type(source) is str) and _read(filename, type(source)) == source
-    if event == "code.__new__":
-        return not _claims(args[1], torch_folder)
-    data = args[0]
-    if type(data) is not bytes or torch_folder.encode() not in data:
-        return True  # marshalled code names its file in its bytes: this data claims none of torch's
-    lifted_now[0] = True  # the marshal.loads below raises this event again
-    try:
-        import importlib.util
-        import marshal
-
-        code = marshal.loads(data)
-        filename = getattr(code, "co_filename", "")
-        if type(filename) is not str or not _claims(filename, torch_folder):
+    or unmarshalled from its own cached bytecode. code.__new__ (types.CodeType, code.replace) never may. Runs with
+    the guard on, and calls nothing the file could have replaced (no os.path, no importlib)."""
+    if event == "marshal.loads":
+        data = args[0]
+        if type(data) is not bytes or torch_folder.encode() not in data:
+            return True  # marshalled code names its file in its bytes: this data claims none of torch's
+        unmarshalling[0] = True
+        try:
+            code = marshal.loads(data)
+        except Exception:
+            return False
+        finally:
+            unmarshalling[0] = False
+        filename = code.co_filename if type(code) is types.CodeType else None
+        if type(filename) is not str or not filename.startswith(torch_folder):
             return False  # a torch path in the data that is not the file's name
-        cached = _read(importlib.util.cache_from_source(filename), bytes)
+        folder, _, name = filename.rpartition(os.sep)
+        cached = _read(f"{folder}{os.sep}__pycache__{os.sep}{name.rpartition('.')[0]}.{CACHE_TAG}.pyc", bytes)
         return cached is not None and cached[16:] == data
-    except Exception:
-        return False
-    finally:
-        lifted_now[0] = False
+    filename, kind = args[1], type(args[1])
+    if kind is not str and kind is not bytes:
+        return True  # none (ast's own compile): no claim; a subclass of str arrives here as its plain value
+    name = filename if kind is str else filename.decode("utf-8", "surrogateescape")
+    if not name.startswith(torch_folder) or event == "code.__new__":
+        return not name.startswith(torch_folder)
+    source = args[0]
+    return (type(source) is bytes or type(source) is str) and _read(name, type(source)) == source
 
 
-def _claims(filename, torch_folder: str) -> bool:
-    try:  # a subclass of str or bytes read as its plain value, without running any method of its own
-        kind = type(filename)
-        name = (str.__str__(filename) if issubclass(kind, str) else
-                os.fsdecode(bytes.__bytes__(filename)) if issubclass(kind, bytes) else "")
-    except Exception:
-        return True
-    return name.startswith(torch_folder) or os.path.realpath(name).startswith(torch_folder)
+def _plain(value):
+    """A subclass of str or bytes as its plain value, read by str's and bytes' own methods; anything else as it is."""
+    kind = type(value)
+    if kind is str or kind is bytes:
+        return value
+    if issubclass(kind, str):
+        return str.__str__(value)
+    if issubclass(kind, bytes):
+        return bytes.__bytes__(value)
+    return value
 
 
 def _read(path: str, kind):
@@ -237,7 +249,8 @@ def _memory_file(path) -> bool:
 
 
 def _in(frame, folder: str) -> bool:
-    return frame.f_code.co_filename.startswith(folder)
+    name = frame.f_code.co_filename
+    return type(name) is str and name.startswith(folder)  # an exact str: its startswith is str's own
 
 
 def _guarded(name: str):

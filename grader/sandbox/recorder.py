@@ -62,6 +62,7 @@ def make_recorder(torch, lifted):
     # torch's own classes whose instances torch dispatches as functions (torch.ops' overloads)
     torch_callables = {id(t) for m in (torch._ops,) for t in vars(m).values() if isinstance(t, type)}
     hooks = _Hooks(torch)
+    kept = _Namespaces(torch)
     modules = sys.modules  # the interpreter's own dict, as the worker found it
     quiet = _quiet_warnings()
     autograd_entries = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
@@ -86,6 +87,7 @@ def make_recorder(torch, lifted):
             kwargs = kwargs or {}
             if not self.hidden:
                 self.hidden = (why or _hiding(func, name, types, own_types, torch_globals) or hooks.set()
+                               or kept.changed(func)
                                or _foreign_argument(numpy, name, (args, kwargs), own_types, plain, torch_globals))
             if self.device == "meta":
                 args, kwargs = _scalars_to_meta(torch, args, kwargs)
@@ -198,6 +200,57 @@ def make_recorder(torch, lifted):
             return False
 
     return Recorder()
+
+
+class _Namespaces:
+    """What torch's Python code reads inside a torch call, where the record is stashed, as the worker found it: the
+    builtins, torch's own namespace, and the namespace of each of torch's modules. `changed(func)` says whether the
+    file has changed one since that a call of `func`, a Python function of torch's, reads (the builtins, torch's
+    namespace, its own module's, the tensor's classes'): submodules added since (a lazy import) are not changes;
+    any other name added or replaced is."""
+
+    def __init__(self, torch):
+        import builtins
+
+        self.spaces = {id(vars(m)): vars(m) for n, m in list(sys.modules.items())
+                       if (n == "torch" or n.startswith("torch.")) and hasattr(m, "__dict__")}
+        self.kept = {key: _ids(space) for key, space in self.spaces.items()}
+        # and the tensor's classes, whose methods torch's Python code calls on its arguments (a class's namespace
+        # is a live view, made afresh by each vars(): kept by name)
+        named = {"builtins": vars(builtins), "torch": vars(torch), "Tensor": vars(torch.Tensor),
+                 "TensorBase": vars(torch._C.TensorBase)}
+        for key, space in named.items():
+            self.spaces[key] = space
+            self.kept[key] = _ids(space)
+        self.always = tuple(named)
+
+    def changed(self, func) -> str:
+        if type(func) is types.MethodType:
+            func = METHOD_FUNCTION(func)
+        if type(func) is not types.FunctionType:
+            return ""  # torch's C code reads no Python namespace (its classes' attributes the guard keeps)
+        for key in (*self.always, id(FUNCTION_GLOBALS(func))):
+            kept = self.kept.get(key)
+            if kept is None:
+                continue
+            space = self.spaces[key]
+            now = tuple(map(id, space.values()))
+            if now == kept[1]:
+                continue
+            added = list(space.values())[len(kept[1]):]
+            if now[:len(kept[1])] == kept[1] and all(type(v) is types.ModuleType for v in added):
+                self.kept[key] = _ids(space)  # a lazy import's submodules, added after them
+                continue
+            # a name replaced, or one added that is not a module: it may shadow a builtin, or a class's inherited
+            # method (torch.Tensor.expand_as set on the subclass)
+            return ("a builtin, or a name in one of torch's modules or tensor classes, replaced or added: torch's "
+                    "code reads it inside a call")
+        return ""
+
+
+
+def _ids(space) -> tuple:
+    return tuple(space), tuple(map(id, space.values()))
 
 
 def _quiet_warnings():

@@ -40,10 +40,14 @@ def softmax_backward(probs, grad_probs, dim=-1, *, row_sum="p_dp", sign=-1, oute
     return (probs if outer_p else 1.0) * (grad_probs + sign * inner)
 
 
-def probabilities(q, k, mask=None, *, lse=None, fill=-INF, use_mask=True, softmax_dim=-1, invert_mask=False):
-    """P = softmax(q kᵀ / √D, masked), or e^(S − lse) from a given lse."""
+def probabilities(q, k, mask=None, *, lse=None, fill=-INF, use_mask=True, softmax_dim=-1, invert_mask=False,
+                  mask_added=False):
+    """P = softmax(q kᵀ / √D, masked), or e^(S − lse) from a given lse. mask_added: the bool mask added to the
+    scores (+1 where allowed), as an additive mask would be."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if mask is not None and use_mask:
+    if mask is not None and mask_added:
+        scores = scores + mask.to(scores.dtype)
+    elif mask is not None and use_mask:
         scores = scores.masked_fill(mask if invert_mask else ~mask, fill)
     if lse is not None:  # a row with no key: lse -inf becomes +inf, so e^(S - lse) = 0
         return torch.exp(scores - lse.masked_fill(lse == -INF, INF)[..., None])
@@ -52,14 +56,14 @@ def probabilities(q, k, mask=None, *, lse=None, fill=-INF, use_mask=True, softma
 
 def plain(q, k, v, grad_out, mask=None, *, out=None, lse=None, fill=-INF, use_mask=True, softmax_dim=-1,
           delta_sign=-1, ds_scale="sqrt", dv_transposed=True, dk_transposed=True, row_sum="p_dp", scale_dv=False,
-          dq_scale=None, dk_scale=None, invert_mask=False, operands_swapped=""):
+          dq_scale=None, dk_scale=None, invert_mask=False, operands_swapped="", mask_added=False):
     """(dq, dk, dv), computed whole; with `out` and `lse`, P from lse and D = rowsum(dO ∘ O) (the flash way).
 
     The keyword arguments after * make the named wrong variants.
     """
     d = q.shape[-1]
     probs = probabilities(q, k, mask, lse=lse, fill=fill, use_mask=use_mask, softmax_dim=softmax_dim,
-                          invert_mask=invert_mask)
+                          invert_mask=invert_mask, mask_added=mask_added)
     grad_v = (probs.transpose(-2, -1) if dv_transposed else probs) @ grad_out
     if scale_dv:
         grad_v = grad_v / math.sqrt(d)
@@ -86,11 +90,12 @@ def causal_mask(t_q, t_k, top_left=False):
 def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, top_left=False, use_mask=True,
           delta="rows", delta_sign=-1, ds_scale="sqrt", last_block=True, accumulate=True, dv_transposed=True,
           causal_shift=0, dq_scale=None, dk_scale=None, accumulate_q=True, last_q_block=True,
-          skip_from_first_row=False):
+          skip_from_first_row=False, scores_unscaled=False):
     """flash_attention_backward tile by tile, queries outside, keys inside (another order than the model answer's);
     the keyword arguments after * make the named wrong variants. delta: "rows" (rowsum(dO ∘ O)), "tile" (the tile's
     own Σ P ∘ dP), "tile_queries" (the tile's Σ P ∘ dP over its queries). skip_from_first_row: causal, the key
-    tiles past the block's first query's position skipped, though its later queries see some of them."""
+    tiles past the block's first query's position skipped, though its later queries see some of them.
+    scores_unscaled: the recomputed tile's scores without 1/√D before e^(S − lse)."""
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     factors = {"sqrt": d**-0.5, "none": 1.0, "d": 1.0 / d}
     q_factor, k_factor = (factors[x or ds_scale] for x in (dq_scale, dk_scale))  # dS's 1/√D, for dq and for dk
@@ -105,7 +110,7 @@ def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, 
             if causal and skip_from_first_row and j > offset + i:
                 break
             kb, vb = k[..., j:j + block_k, :], v[..., j:j + block_k, :]
-            scores = qb @ kb.transpose(-2, -1) / math.sqrt(d)
+            scores = qb @ kb.transpose(-2, -1) / (1.0 if scores_unscaled else math.sqrt(d))
             if causal and use_mask:
                 rows = torch.arange(offset + i, offset + i + qb.shape[-2])[:, None] + causal_shift
                 scores = scores.masked_fill(torch.arange(j, j + kb.shape[-2])[None, :] > rows, -INF)
@@ -133,12 +138,14 @@ def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, 
 
 
 def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal_shift=0, rescale_sum=True,
-                  scale="d", top_left=False, last_block=True, normalise=True, lse_base_two=False, local_keys=False):
+                  scale="d", top_left=False, last_block=True, normalise=True, lse_base_two=False, local_keys=False,
+                  running_max=True):
     """(out, lse) by the online softmax over key blocks, in float64; the keyword arguments after * make the named
     wrong variants (causal_shift=-1: the diagonal key masked too; scale: "d" (1/√D, right), "v" (1/√Dv), "none",
     "twice" (1/D); last_block=False: the last, shorter key block dropped; normalise=False: acc not divided by l;
     lse_base_two: lse in bits, an exp2 loop's; local_keys: the causal mask compares the tile's own key indices,
-    0 to block_k - 1). A row with no key: out 0, lse -inf."""
+    0 to block_k - 1; running_max=False: the max is the tile's own, not the larger of it and the running one).
+    A row with no key: out 0, lse -inf."""
     q64, k64, v64 = q.double(), k.double(), v.double()
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     rows = torch.arange(0 if top_left else t_k - t_q, t_q if top_left else t_k)[:, None] + causal_shift
@@ -151,7 +158,7 @@ def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal
         if causal:
             first = 0 if local_keys else j
             scores = scores.masked_fill(torch.arange(first, first + scores.shape[-1])[None, :] > rows, -INF)
-        m_new = torch.maximum(m, scores.amax(-1))
+        m_new = torch.maximum(m, scores.amax(-1)) if running_max else scores.amax(-1)
         shift = torch.where(m_new == -INF, 0.0, m_new)
         alpha, p = torch.exp(m - shift), torch.exp(scores - shift[..., None])
         total = (alpha if rescale_sum else 1.0) * total + p.sum(-1)

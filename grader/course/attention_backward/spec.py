@@ -30,6 +30,7 @@ torch.autograd.grad and every torch.func transform record (a forbidden name matc
 name, and `grad` is a part of `_set_grad_enabled`, which torch.no_grad() records).
 """
 
+import math
 import re
 
 import torch
@@ -240,6 +241,9 @@ ATTENTION = StepSpec(
                 "may attend, so fill where it is False, masked_fill(~mask, -inf)", _att_variant(invert_mask=True)),
         Mistake("attention_backward.dv_scaled", "dv was divided by √D: the scale is inside the scores, not the "
                 "values; dv = Pᵀ dO", _att_variant(scale_dv=True)),
+        Mistake("attention_backward.mask_added", "the bool mask was added to the scores (+1 where allowed, +0 where "
+                "blocked): fill the blocked scores with -inf, masked_fill(~mask, -inf)", _att_variant(mask_added=True),
+                why="A bool mask says which keys may be seen; adding it shifts scores by 1 and blocks nothing."),
         Mistake("attention_backward.mask_ignored", "the recomputed scores were not masked: mask them as the forward "
                 "did, -inf where the mask is False", _att_variant(use_mask=False),
                 why="Recomputing P must give the forward's P exactly, blocked keys at 0."),
@@ -347,6 +351,9 @@ FLASH = StepSpec(
                 "query were skipped, though its later queries see some of them: skip a key tile only when it "
                 "starts past the block's last query's position, Tk - Tq + i + block_q - 1",
                 _flash_variant(skip_from_first_row=True)),
+        Mistake("flash_attention_backward.scores_unscaled", "the recomputed tile's scores were not scaled by 1/√D "
+                "before e^(S - lse): lse was taken of the scaled scores, so P = exp(q kᵀ / √D - lse)",
+                _flash_variant(scores_unscaled=True)),
         Mistake("flash_attention_backward.top_left", "causal tiles aligned to the top-left (query i at position i): "
                 "mask key j when j > Tk - Tq + i", _flash_variant(top_left=True)),
         Mistake("flash_attention_backward.last_block_dropped", "the last, shorter key block was dropped: loop over "
@@ -400,6 +407,19 @@ def _causal_not_saved(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
     """The backward ran without the causal mask (ctx.causal never kept, or not passed on)."""
     out, lse = forward(q, k, v, causal)
     return (out, *grads.plain(q, k, v, grad_out, None, out=out, lse=lse))
+
+
+def _saved_scaled_q(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+    """The backward given q / √D, with the forward's right out and lse: dk from the scaled q, dq as dS k / √D."""
+    out, lse = forward(q, k, v, causal)
+    mask = causal_mask(q.shape[-2], k.shape[-2]) if causal else None
+    return (out, *grads.plain(q / math.sqrt(q.shape[-1]), k, v, grad_out, mask, out=out, lse=lse))
+
+
+def _out_grad_swapped(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+    out, lse = forward(q, k, v, causal)
+    mask = causal_mask(q.shape[-2], k.shape[-2]) if causal else None
+    return (out, *grads.plain(q, k, v, out, mask, out=grad_out, lse=lse))
 
 
 def _forward_variant(**wrong):
@@ -506,6 +526,16 @@ FUNCTION = StepSpec(
         Mistake("FlashAttentionFunction.forward_tile_key_index", "the forward's causal mask compared the queries' "
                 "positions with the tile's own key indices (0 to block_k - 1): use the keys' positions, j + the "
                 "tile's start", _forward_variant(local_keys=True)),
+        Mistake("FlashAttentionFunction.forward_max_not_running", "the forward's max was the tile's own: the "
+                "running max is the larger of the old one and the tile's, m_new = max(m, rowmax(S))",
+                _forward_variant(running_max=False),
+                why="A tile whose scores are all lower (or masked, -inf) would otherwise lower m below what the sum "
+                    "and acc are relative to."),
+        Mistake("FlashAttentionFunction.saved_scaled_q", "the forward saved q already divided by √D: save the q it was "
+                "given (the backward scales again), or unscale it", _saved_scaled_q,
+                why="out is right either way; the backward's recomputed scores and dk take q as given."),
+        Mistake("FlashAttentionFunction.out_and_grad_swapped", "backward passed out and grad_out to "
+                "flash_attention_backward in each other's places: (q, k, v, out, lse, grad_out)", _out_grad_swapped),
         Mistake("FlashAttentionFunction.causal_not_saved", "the backward ran without the causal mask: keep causal "
                 "(and the block sizes) on ctx in forward and pass them to flash_attention_backward", _causal_not_saved),
         Mistake("FlashAttentionFunction.gradient_count", "backward returned fewer gradients than forward has "

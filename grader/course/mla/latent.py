@@ -130,9 +130,10 @@ def preallocated(script: CacheScript) -> None:
         try:
             expect_form(buffer, torch.empty(B, MAX_LEN, width, dtype=script.dtype))
         except CheckFailed as failure:
+            ignored = _dtype_ignored(script)
             raise CheckFailed(f"LatentCache({B}, max_len={MAX_LEN}, {R}, {DR}).{name}, just built: {failure.message}; "
                               f"preallocate (B, max_len, {'kv_lora_rank' if width == R else 'qk_rope_head_dim'}), no "
-                              "head axis") from None
+                              "head axis", DTYPE_IGNORED if ignored else None) from None
     if length != 0 or type(length) is not int:
         raise CheckFailed(f"a new cache's length is {length!r}; expected 0")
     for a in script.appends():
@@ -200,12 +201,31 @@ def half(run: Run) -> None:
 
 
 def cache_on_device(run: Run) -> None:
+    placed(run, run.ctx.device)  # before any append: one onto a buffer left behind may not run on the meta device
     script = CacheScript(run, device=run.ctx.device)
     expect_each(run, script, script.call, lambda seen: appends(seen, run.ctx.device))
 
 
+def placed(run: Run, where: str) -> None:
+    """The buffers, just built on `where`, are there."""
+    script = Script()
+    cache = script.build("LatentCache", B, MAX_LEN, R, DR, device=where)
+    for name in ("c_kv", "k_rope"):
+        script.get(cache, name)
+    buffers = run.script(script, device=where).value[1:]
+    for name, buffer in zip(("c_kv", "k_rope"), buffers, strict=True):
+        if isinstance(buffer, torch.Tensor) and buffer.device.type != torch.device(where).type:
+            raise CheckFailed(f"LatentCache(..., device={where!r}).{name}, just built, is on {buffer.device.type}: "
+                              "make the buffers with device=device", DEVICE_IGNORED)
+
+
 def _grown(seen: CacheScript, *_) -> bool:
     return any(_shape(c)[1:2] != (MAX_LEN,) for c in (seen.initial[0], *(a.c_kv for a in seen.appends())))
+
+
+def _dtype_ignored(seen: CacheScript, *_) -> bool:
+    buffers = [x for x in seen.initial[:2] if isinstance(x, torch.Tensor)]
+    return seen.dtype != torch.float32 and any(x.dtype == torch.float32 for x in buffers)
 
 
 def _nan_written(seen: CacheScript, *_) -> bool:
@@ -214,6 +234,15 @@ def _nan_written(seen: CacheScript, *_) -> bool:
     return seen.nan and any(bool(torch.isnan(x).any()) for x in found)
 
 
+DTYPE_IGNORED = Mistake(
+    "LatentCache.dtype_ignored", "a buffer was made in float32 whatever dtype was asked for: "
+    "torch.zeros(..., dtype=dtype, device=device)", test=_dtype_ignored,
+    why="torch.zeros without dtype= is float32; a float16 or bfloat16 model's cache then takes twice the memory MLA "
+        "saves, and its appends are cast.")
+DEVICE_IGNORED = Mistake(
+    "LatentCache.device_ignored", "a buffer was made on the CPU whatever device was asked for: "
+    "torch.zeros(..., dtype=dtype, device=device)",
+    why="The module runs where its weights are; a cache left on the CPU is copied to and fro at every step.")
 OVERFLOW_NOT_REFUSED = Mistake(
     "LatentCache.overflow_not_refused", "an append past max_len was not refused with ValueError: check "
     "length + T > max_len first and raise ValueError")
@@ -245,7 +274,7 @@ CACHE_MISTAKES = (
     Mistake("LatentCache.added_not_written", "the new latents were added to what the slots held (+=): assign them "
             "(c_kv[:, a:b] = c_kv_new)", test=_nan_written,
             why="Adding is right only while the slots hold zeros: the grader fills the unused slots with NaN."),
-    OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, EXACT_FILL_REFUSED,
+    DTYPE_IGNORED, DEVICE_IGNORED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, EXACT_FILL_REFUSED,
 )
 
 CACHE = StepSpec(
@@ -296,7 +325,8 @@ def latent_attention(state, x, absorbed=False, splits=None, *, bug: str | None =
         mask = torch.ones(t, seen + t, dtype=torch.bool).tril() if top_left else bottom_right(t, seen + t)
         k_rope = torch.cat(keys, dim=1)[:, past - seen:]
         scores = ref.mla_scores(q_nope, q_rope, k_nope, k_rope)
-        scores = scores.masked_fill(mask if bug == MASK_INVERTED.id else ~mask, float("-inf"))
+        if not (absorbed and bug == ABSORBED_UNMASKED.id):
+            scores = scores.masked_fill(mask if bug == MASK_INVERTED.id else ~mask, float("-inf"))
         y = torch.softmax(scores, dim=-1) @ v  # (B, H, t, Dv)
         merged = {MERGE_NO_TRANSPOSE.id: y, MERGE_HEADS_INNER.id: y.permute(0, 2, 3, 1)}.get(bug, y.transpose(1, 2))
         merged = merged.reshape(B, t, H * DV)
@@ -308,7 +338,7 @@ def latent_attention(state, x, absorbed=False, splits=None, *, bug: str | None =
 def _mistake(name: str, message: str, **recognisers) -> Mistake:
     mistake_id = f"MultiHeadLatentAttention.{name}"
     return Mistake(mistake_id, message, lambda state, x, absorbed=False, splits=None: latent_attention(
-        state, x, splits=splits, bug=mistake_id), **recognisers)
+        state, x, absorbed, splits=splits, bug=mistake_id), **recognisers)
 
 
 class ModuleScript:
@@ -412,6 +442,9 @@ MERGE_HEADS_INNER = _mistake(
 MASK_INVERTED = _mistake(
     "mask_inverted", "the causal mask was applied inverted (-inf where it is True): True means may attend, so "
     "masked_fill(~mask, -inf)")
+ABSORBED_UNMASKED = _mistake(
+    "absorbed_unmasked", "the absorbed path attended without the causal mask: a call of several new tokens must mask "
+    "the future ones there too, as the plain path does")
 CACHE_IGNORED = _mistake(
     "cache_ignored", "attended over this call's tokens only: append c_kv and k_rope to the cache and attend over "
     "every position it returns")
@@ -445,6 +478,6 @@ MODULE = StepSpec(
         prop("end_to_end", 2, module_end_to_end, end_to_end=True),
     ),
     mistakes=(TOP_LEFT_MASK, POSITIONS_FROM_ZERO, ROPE_ON_WHOLE_QUERY, QUERY_UNROTATED, QUERY_SPLIT_SWAPPED,
-              MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, CACHE_IGNORED, CACHED_FULL_KEYS,
+              MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, ABSORBED_UNMASKED, CACHE_IGNORED, CACHED_FULL_KEYS,
               PER_HEAD_ROPE_KEY, CACHED_UNROTATED_KEY),
 )

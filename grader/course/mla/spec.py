@@ -133,10 +133,12 @@ def scores_inputs(gen, dtype, tq=3, tk=5):
     return Call((q_nope, q_rope, k_nope, k_rope), names=("q_nope", "q_rope", "k_nope", "k_rope"))
 
 
-def _scores(q_nope, q_rope, k_nope, k_rope, *, width=None, rope_scaled=True, rope=True):
+def _scores(q_nope, q_rope, k_nope, k_rope, *, width=None, rope_scaled=True, rope=True, per_part=False):
     scale = math.sqrt(width or (q_nope.shape[-1] + q_rope.shape[-1]))
     nope = q_nope @ k_nope.transpose(-2, -1)
     part = q_rope @ k_rope.unsqueeze(1).transpose(-2, -1) if rope else 0
+    if per_part:  # each part by the square root of its own width
+        return nope / math.sqrt(q_nope.shape[-1]) + part / math.sqrt(q_rope.shape[-1])
     return (nope + part) / scale if rope_scaled else nope / scale + part
 
 
@@ -151,6 +153,9 @@ SCORES = StepSpec(
                 lambda *a: _scores(*a, width=1)),
         Mistake("mla_scores.rope_part_unscaled", "only the no-position part was scaled: divide the sum of both parts "
                 "by √(qk_nope_head_dim + qk_rope_head_dim)", lambda *a: _scores(*a, rope_scaled=False)),
+        Mistake("mla_scores.scaled_per_part", "each part was scaled by the square root of its own width: the query "
+                "and key are one [nope, rope] vector, so divide their sum by √(qk_nope_head_dim + qk_rope_head_dim)",
+                lambda *a: _scores(*a, per_part=True)),
         Mistake("mla_scores.rope_part_dropped", "the RoPE part is missing: add q_rope @ k_ropeᵀ, the shared key "
                 "broadcast over the heads", lambda *a: [_scores(*a, rope=False), _scores(*a, rope=False, width=DN)],
                 why="Without it the scores carry no position at all."),
@@ -176,7 +181,8 @@ def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True):
 
 
 def _absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None, *, width=None, uk="right", uv="right",
-              mask_ignored=False, mask_inverted=False, merge_heads_inner=False, softmax_dim=-1, wo_untransposed=False):
+              mask_ignored=False, mask_inverted=False, merge_heads_inner=False, softmax_dim=-1, wo_untransposed=False,
+              fill=float("-inf"), rope=True):
     """The absorbed path, per head, with the knobs of its mistakes: how w_uk and w_uv are cut into heads."""
     h, dn, dr, r = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1], c_kv.shape[-1]
     dv = w_uv.shape[0] // h
@@ -185,9 +191,9 @@ def _absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None, *, width
         "transposed": lambda w, n: w.T.reshape(h, n, r), "transposed_viewed": lambda w, n: w.T.reshape(h, r, n).mT,
         "heads_inner": lambda w, n: w.reshape(n, h, r).transpose(0, 1)}
     scores = (q_nope @ cut[uk](w_uk, dn)) @ c_kv.unsqueeze(1).transpose(-2, -1)
-    scores = (scores + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)) / math.sqrt(width or dn + dr)
+    scores = (scores + (q_rope @ k_rope.unsqueeze(1).transpose(-2, -1) if rope else 0)) / math.sqrt(width or dn + dr)
     if mask is not None and not mask_ignored:
-        scores = scores.masked_fill(mask if mask_inverted else ~mask, float("-inf"))
+        scores = scores.masked_fill(mask if mask_inverted else ~mask, fill)
     weights = torch.softmax(scores, dim=softmax_dim)
     y = (weights @ c_kv.unsqueeze(1)) @ cut[uv](w_uv, dv).transpose(-2, -1)  # (B, H, Tq, Dv)
     if wo_untransposed:  # w_o (D, H·Dv) reshaped straight to (H, Dv, D): its numbers scrambled into that shape
@@ -211,9 +217,9 @@ ABSORBED = StepSpec(
     checks=(shape(1), values("values", 3, FLOATS), values("unmasked", 2, masked=False), values("one_query", 2, tq=1),
             values("many_keys", 3, tq=4, tk=11), device(1)),
     mistakes=(
-        Mistake("absorbed_attention.scaled_by_latent_width", "scaled by √kv_lora_rank, the absorbed query's width: "
-                "the scores are still the keys' [nope, rope] dot products; scale by √(Dn + Dr)",
-                _absorbed_variant(width=R)),
+        Mistake("absorbed_attention.scaled_by_latent_width", "scaled by √kv_lora_rank (or √(kv_lora_rank + Dr)), the "
+                "absorbed query's width: the scores are still the keys' [nope, rope] dot products; scale by √(Dn + Dr)",
+                lambda *a, **k: [_absorbed(*a, **k, width=w) for w in (R, R + DR)]),
         Mistake("absorbed_attention.scaled_by_nope", "scaled by √qk_nope_head_dim: scale by √(qk_nope_head_dim + "
                 "qk_rope_head_dim)", _absorbed_variant(width=DN)),
         Mistake("absorbed_attention.scaled_by_v_head_dim", "scaled by √v_head_dim: the scores are the keys' "
@@ -228,8 +234,15 @@ ABSORBED = StepSpec(
         Mistake("absorbed_attention.key_absorbed_transposed", "w_uk folded into the query with the wrong transpose: "
                 "q_nope (…, Dn) times head h's w_uk (Dn, R) gives the latent-space query (…, R)",
                 raises=Raises(message=r"must match the size|Expected size|cannot be multiplied|shape", line=r"w_uk")),
+        Mistake("absorbed_attention.rope_part_dropped", "the scores lack the RoPE part: add q_rope @ k_ropeᵀ (the "
+                "shared key, broadcast over the heads) to the absorbed part before scaling",
+                lambda *a, **k: [_absorbed(*a, **k, rope=False, width=w) for w in (None, DN, R)]),
         Mistake("absorbed_attention.mask_ignored", "the mask was not applied: fill the scores with -inf where the "
                 "mask is False, before the softmax", _absorbed_variant(mask_ignored=True)),
+        Mistake("absorbed_attention.masked_with_a_number", "the blocked scores were set to a number (0, or a "
+                "finite negative): fill them with -inf, so that the softmax gives them no weight",
+                lambda *a, **k: [_absorbed(*a, **k, fill=f) for f in (0.0, -1e4, -1e9)],
+                why="A score of 0 still weighs e^0 in the softmax: a blocked key keeps a share of the attention."),
         Mistake("absorbed_attention.mask_inverted", "the mask was applied inverted (-inf where it is True): True "
                 "means may attend, so fill where it is False, masked_fill(~mask, -inf)",
                 _absorbed_variant(mask_inverted=True),

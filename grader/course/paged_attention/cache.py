@@ -401,6 +401,39 @@ def free_returns_blocks(run: Run) -> None:
     _expect_held(read, {1: (k4, 5, "table1"), 2: (k2, 8, "table2"), 3: (k3, 13, "table3")}, reuse)
 
 
+def tables_in_order(run: Run) -> None:
+    """A full pool of 4 blocks, one for each of sequences 1 to 4 (4 tokens each); 1 and 4 are freed, then 2 and 3
+    take 2 more tokens each: each takes one of the freed blocks, which for one of them (whatever order blocks are
+    handed out in) lies below its first. Its block table lists its blocks in the order of its tokens."""
+    (k1, k2, k3, k4, k2b, k3b), (v1, v2, v3, v4, v2b, v3b) = run.inputs(
+        schedule=((1, 4), (2, 4), (3, 4), (4, 4), (2, 2), (3, 2))).args
+    script = Script()
+    pool = script.build("PagedKVCache", 4, BLOCK, H, DH)
+    for seq_id, k, v in ((1, k1, v1), (2, k2, v2), (3, k3, v3), (4, k4, v4)):
+        script.call(pool, "append", seq_id, k, v, names=KV)
+    script.call(pool, "free", 1, names=("seq_id",))
+    script.call(pool, "free", 4, names=("seq_id",))
+    script.call(pool, "append", 2, k2b, v2b, names=KV)
+    script.call(pool, "append", 3, k3b, v3b, names=KV)
+    read = {"k_cache": script.get(pool, "k_cache"), "table2": script.call(pool, "block_table", 2),
+            "table3": script.call(pool, "block_table", 3)}
+    results = run.script(script).value
+    read = {name: results[i] for name, i in read.items()}
+    when = "after sequences 1 and 4 of a full pool were freed and 2 and 3 grew into their blocks"
+    try:
+        _expect_held(read, {2: (torch.cat([k2, k2b]), 6, "table2"), 3: (torch.cat([k3, k3b]), 6, "table3")}, when)
+    except CheckFailed as failure:
+        # the right blocks, listed in another order than the tokens': by their physical index
+        reordered = any(_held(read["k_cache"], (_table(read[name]) or [])[::-1], keys)
+                        for name, keys in (("table2", torch.cat([k2, k2b])), ("table3", torch.cat([k3, k3b]))))
+        raise CheckFailed(failure.message, TABLE_SORTED if reordered else failure.mistake, failure.details) from None
+
+
+def _held(cache, table, keys) -> bool:
+    got = _gathered(cache, table, keys.shape[0])
+    return isinstance(got, torch.Tensor) and got.shape == keys.shape and bool(torch.allclose(got, keys))
+
+
 GROWN_BY_CAT = Mistake(
     "PagedKVCache.grown_by_cat", "the pool grows (torch.cat onto it, or a new tensor per append): make k_cache and "
     "v_cache once, (num_blocks, block_size, H, Dh), and write into their blocks",
@@ -457,6 +490,11 @@ FREE_KEEPS_SEQUENCE = Mistake(
     "the sequence too, so a reused id starts empty with fresh blocks",
     why="Ids are reused by servers. A kept table points at blocks now on the free list, so the reused sequence "
         "writes over whoever took them next.")
+TABLE_SORTED = Mistake(
+    "PagedKVCache.table_not_in_token_order", "block_table listed the sequence's blocks in another order than its "
+    "tokens' (sorted by physical index): entry i is the block that holds tokens i·block_size onwards, in the order "
+    "they were taken",
+    why="After a free, a growing sequence may take a block below its first: its table maps logical blocks, in order.")
 DTYPE_IGNORED = Mistake(
     "PagedKVCache.dtype_ignored", "the pool ignores the dtype argument (torch.zeros(shape) is "
     "float32): pass dtype= and device= when you make k_cache and v_cache")
@@ -465,7 +503,8 @@ CACHE = StepSpec(
     "PagedKVCache", pool_inputs, lambda ks, vs: None, prefix="pool",
     checks=(
         prop("storage", 2, _cache_check(pool_storage)), prop("dtype", 1, pool_dtype),
-        prop("contents", 5, _cache_check(pool_contents)), prop("block_tables", 3, _cache_check(block_tables)),
+        prop("contents", 4, _cache_check(pool_contents)), prop("block_tables", 2, _cache_check(block_tables)),
+        prop("tables_in_order", 2, tables_in_order),
         prop("seq_len", 2, _cache_check(seq_lens)), prop("free_blocks", 2, _cache_check(free_counts)),
         prop("tokens_stay", 3, _cache_check(tokens_stay)), prop("in_place", 2, _cache_check(in_place)),
         prop("out_of_blocks", 3, out_of_blocks),
@@ -474,5 +513,5 @@ CACHE = StepSpec(
     ),
     mistakes=(GROWN_BY_CAT, STORAGE_REPLACED, EXTRA_BLOCK, LAST_BLOCK_MISSING, CROSSES_BLOCK, LOGICAL_WRITTEN,
               TOKENS_MOVED, SLOTS_COUNTED, OUT_OF_BLOCKS_NOT_REFUSED, CHANGED_BEFORE_RAISING, EXACT_FIT_REFUSED,
-              FREE_KEEPS_BLOCKS, FREE_KEEPS_SEQUENCE, DTYPE_IGNORED),
+              FREE_KEEPS_BLOCKS, FREE_KEEPS_SEQUENCE, DTYPE_IGNORED, TABLE_SORTED),
 )

@@ -51,11 +51,13 @@ from .wrong import (
     grid_rounded_down,
     has_nan,
     keys_past_end,
+    masked_row_not_nan,
     program_ids_swapped,
     softmax_column_stride_ignored,
     softmax_no_max,
     softmax_output_strides,
     softmax_padded,
+    softmax_padding_in_max,
     softmax_reference,
     softmax_transposed_memory,
     strides_swapped,
@@ -139,8 +141,13 @@ def launched_kernel(points: int, mistake: Mistake, **params):
 # -- softmax ----------------------------------------------------------------------------
 
 
-def softmax_inputs(gen, dtype, rows=ROWS, cols=COLS, scale=1.0):
-    return Call((gen.randn(rows, cols, dtype=dtype, scale=scale),), {}, ("x",))
+def softmax_inputs(gen, dtype, rows=ROWS, cols=COLS, scale=1.0, offset=0.0, masked_row=False):
+    """x; `offset` moves every entry (far below 0: e^(x - max) is still 1 at the max, e^x is 0), `masked_row` makes
+    row 1 all -inf (its softmax is NaN, as torch.softmax gives)."""
+    x = (gen.randn(rows, cols, dtype=torch.float64, scale=scale) + offset).to(dtype)
+    if masked_row:
+        x[1] = -math.inf
+    return Call((x,), {}, ("x",))
 
 
 NOT_POWER_OF_TWO = Raises(message=r"power of 2")
@@ -149,7 +156,8 @@ SOFTMAX_NO_KERNEL = Mistake("softmax.no_kernel", "the launcher computed the soft
 SOFTMAX = StepSpec(
     "softmax", softmax_inputs, softmax_reference,
     checks=(
-        checked("values", 6), checked("strided", 4, strided=(0,)), checked("float16", 2, torch.float16),
+        checked("values", 5), checked("strided", 3, strided=(0,)), checked("float16", 2, torch.float16),
+        checked("masked_row", 1, masked_row=True), checked("very_negative", 1, offset=-200.0),
         checked("bfloat16", 2, torch.bfloat16), checked("wide", 3, cols=300, rows=3), checked("large", 4, scale=100.0),
         launched_kernel(2, SOFTMAX_NO_KERNEL), kept_rules(2),
     ),
@@ -161,6 +169,12 @@ SOFTMAX = StepSpec(
         Mistake("softmax.other_zero", "the masked lanes were loaded as 0 (other=0): load them as -inf, so that "
                 "e^(x - max) adds nothing for them", lambda x: softmax_padded(x, 0.0),
                 why="Each lane past the row's end then adds e^(0 - max) to the sum, and 0 may become the max."),
+        Mistake("softmax.masked_row_not_nan", "a row of -inf only did not give NaN: leave the max and the sum "
+                "unguarded, as torch.softmax does (attention kernels guard them: a row of no key gives 0 there)",
+                test=masked_row_not_nan),
+        Mistake("softmax.padding_in_max", "the padded lanes entered the max (loaded as 0): a row far below 0 then has "
+                "e^(x - 0) = 0 everywhere and gives 0 / 0; load them as -inf, or mask them out of the max too",
+                softmax_padding_in_max),
         Mistake("softmax.no_max", "e^x without subtracting the row's max overflows for scores of a hundred: "
                 "subtract tl.max(x, axis=0) first", softmax_no_max,
                 why="float32's e^x is inf past x = 88, and inf / inf is NaN; softmax(x - max) is the same "

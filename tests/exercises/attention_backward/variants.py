@@ -165,6 +165,10 @@ BUGGY = [
     # -- attention_backward ---------------------------------------------------------------------
     Variant("att_nan_rows", attention(probs="    probs = torch.softmax(scores, dim=-1)"),
             "attention_backward", "attention_backward.nan_rows"),
+    Variant("att_mask_added", attention(scores="""\
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores + mask"""), "attention_backward", "attention_backward.mask_added"),
     Variant("att_dv_not_transposed", attention(grad_v="    grad_v = probs @ grad_out"),
             "attention_backward", "attention_backward.dv_not_transposed"),
     Variant("att_dk_not_transposed", attention(grad_k="    grad_k = grad_scores @ q"),
@@ -288,6 +292,9 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
                 cols = torch.arange(j, j + kb.shape[-2], device=q.device)[None, :]
                 scores = scores.masked_fill(cols > rows, -math.inf)"""),
             "flash_attention_backward", "flash_attention_backward.tiles_skipped_from_first_row"),
+    Variant("fab_scores_unscaled", flash().replace("scores = qb @ kb.transpose(-2, -1) * scale",
+                                                   "scores = qb @ kb.transpose(-2, -1)"),
+            "flash_attention_backward", "flash_attention_backward.scores_unscaled"),
     Variant("fab_last_query_block_dropped", flash().replace("for i in range(0, t_q, block_q):",
                                                            "for i in range(0, t_q - t_q % block_q, block_q):"),
             "flash_attention_backward", "flash_attention_backward.last_query_block_dropped"),
@@ -328,6 +335,17 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
         "cols = torch.arange(j, j + scores.shape[-1], device=q.device)[None, :]",
         "cols = torch.arange(0, scores.shape[-1], device=q.device)[None, :]"),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_tile_key_index"),
+    Variant("fn_forward_max_not_running", function().replace("m_new = torch.maximum(m, scores.amax(dim=-1))",
+                                                             "m_new = scores.amax(dim=-1)"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_max_not_running"),
+    Variant("fn_saved_scaled_q", function(save="""\
+        ctx.save_for_backward(q * scale, k, v, out, lse)
+        ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k"""),
+            "FlashAttentionFunction", "FlashAttentionFunction.saved_scaled_q"),
+    Variant("fn_out_and_grad_swapped", function(back="""\
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, grad_out, lse, out, ctx.causal, ctx.block_q, ctx.block_k)
+        return dq, dk, dv, None, None, None"""), "FlashAttentionFunction", "FlashAttentionFunction.out_and_grad_swapped"),
     Variant("fn_causal_not_saved", function(back="""\
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, block_q=ctx.block_q, block_k=ctx.block_k)

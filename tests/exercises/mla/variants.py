@@ -144,6 +144,8 @@ def expand_kv(c_kv, w_uk, w_uv, num_heads):
     Variant("scores_rope_part_unscaled",
             scores_with("nope / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1]) + rope"),
             "mla_scores", "mla_scores.rope_part_unscaled"),
+    Variant("scores_scaled_per_part", scores_with("nope / math.sqrt(q_nope.shape[-1]) + rope / math.sqrt(q_rope.shape[-1])"),
+            "mla_scores", "mla_scores.scaled_per_part"),
     Variant("scores_rope_part_dropped", scores_with("nope / math.sqrt(q_nope.shape[-1])"),
             "mla_scores", "mla_scores.rope_part_dropped"),
     Variant("scores_rope_key_not_shared", """
@@ -182,6 +184,12 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
     Variant("absorbed_key_weight_heads_inner",
             absorbed_with("w_uk.view(H, Dn, R)", "w_uk.view(Dn, H, R).transpose(0, 1)"),
             "absorbed_attention", "absorbed_attention.key_weight_cut_wrong"),
+    Variant("absorbed_masked_with_zero", absorbed_with("masked_fill(~mask, float(\"-inf\"))", "masked_fill(~mask, 0.0)"),
+            "absorbed_attention", "absorbed_attention.masked_with_a_number"),
+    Variant("absorbed_scaled_by_latent_and_rope", absorbed_with("math.sqrt(Dn + Dr)", "math.sqrt(R + Dr)"),
+            "absorbed_attention", "absorbed_attention.scaled_by_latent_width"),
+    Variant("absorbed_rope_part_dropped", absorbed_with(
+        " + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)", ""), "absorbed_attention", "absorbed_attention.rope_part_dropped"),
     Variant("absorbed_mask_inverted", absorbed_with("masked_fill(~mask,", "masked_fill(mask,"),
             "absorbed_attention", "absorbed_attention.mask_inverted"),
     Variant("absorbed_heads_merged_inner", absorbed_with("y.transpose(1, 2).reshape", "y.permute(0, 2, 3, 1).reshape"),
@@ -202,6 +210,12 @@ class LatentCache:
         self.length = self.c_kv.shape[1]
         return self.c_kv, self.k_rope
 """, "LatentCache", "LatentCache.grown_by_cat"),
+    Variant("cache_dtype_ignored", """
+class LatentCache(LatentCache):
+    def __init__(self, batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype=torch.float32, device=None):
+        super().__init__(batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype, device)
+        self.c_kv = torch.zeros(batch_size, max_len, kv_lora_rank, device=device)  # float32, whatever dtype says
+""", "LatentCache", "LatentCache.dtype_ignored"),
     Variant("cache_rope_key_per_head_axis", """
 class LatentCache(LatentCache):
     def __init__(self, batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype=torch.float32, device=None):
@@ -294,6 +308,8 @@ class LatentCache(LatentCache):
     Variant("module_merge_no_transpose", forward_with(
         "y.transpose(1, 2).reshape(B, T, H * self.v_dim)", "y.reshape(B, T, H * self.v_dim)"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.merge_no_transpose"),
+    Variant("module_absorbed_unmasked", forward_with("self.w_o.weight, mask)", "self.w_o.weight)"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.absorbed_unmasked"),
     Variant("module_cache_ignored", forward_with(
         """            c_kv, k_rope = cache.append(c_kv, k_rope)
         mask = torch.ones(T, past_len + T, dtype=torch.bool, device=x.device).tril(diagonal=past_len)""",
@@ -447,4 +463,10 @@ DEVICE_BUGGY = [
     Variant("module_mask_on_cpu", forward_with(
         "torch.ones(T, past_len + T, dtype=torch.bool, device=x.device)", "torch.ones(T, past_len + T, dtype=torch.bool)"),
             "MultiHeadLatentAttention", "tensor_on_cpu"),
+    Variant("cache_device_ignored", """
+class LatentCache(LatentCache):
+    def __init__(self, batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype=torch.float32, device=None):
+        super().__init__(batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype, device)
+        self.c_kv = torch.zeros(batch_size, max_len, kv_lora_rank, dtype=dtype)  # on the CPU, whatever device says
+""", "LatentCache", "LatentCache.device_ignored"),
 ]

@@ -264,6 +264,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
     Variant("module_heads_split_inner", forward(APPEND, GATHER, ATTEND).replace(
         "w(x).view(N, self.num_heads, self.head_dim)", "w(x).view(N, self.head_dim, self.num_heads).transpose(1, 2)"),
             "PagedSelfAttention", "PagedSelfAttention.heads_split_inner"),
+    Variant("cache_table_sorted", """
+class PagedKVCache(PagedKVCache):
+    def block_table(self, seq_id):
+        return sorted(super().block_table(seq_id))  # by physical index, not by the tokens' order
+""", "PagedKVCache", "PagedKVCache.table_not_in_token_order"),
     Variant("module_bias_ignored", """
 class PagedSelfAttention(PagedSelfAttention):
     def __init__(self, embed_dim, num_heads, bias=True):

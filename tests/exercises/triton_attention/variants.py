@@ -88,6 +88,15 @@ BUGGY = [
     Variant("softmax_column_stride_ignored", changed(
         "softmax_kernel", ("x_ptr + row * stride_xr + cols * stride_xc", "x_ptr + row * stride_xr + cols")),
         "softmax", "softmax.column_stride_ignored"),
+    Variant("softmax_masked_row_zero", changed(  # a guard of attention's kernels, where torch.softmax gives NaN
+        "softmax_kernel", ("e = tl.exp(x - tl.max(x, axis=0))",
+                           "top = tl.max(x, axis=0)\n    e = tl.exp(x - tl.where(top == -float(\"inf\"), 0.0, top))"),
+        ("/ tl.sum(e, axis=0)", "/ tl.maximum(tl.sum(e, axis=0), 1e-30)")),
+        "softmax", "softmax.masked_row_not_nan"),
+    Variant("softmax_padding_in_max", changed(
+        "softmax_kernel", ("e = tl.exp(x - tl.max(x, axis=0))",
+                           "e = tl.where(inside, tl.exp(x - tl.max(tl.where(inside, x, 0.0), axis=0)), 0.0)")),
+        "softmax", "softmax.padding_in_max"),
     Variant("softmax_output_strides", changed("softmax", ("y.stride(0), y.stride(1)", "x.stride(0), x.stride(1)")),
             "softmax", "softmax.output_strides"),
     Variant("softmax_in_torch", SOFTMAX_IN_TORCH, "softmax", "softmax.no_kernel"),
@@ -218,6 +227,10 @@ CORRECT = [
 ]
 
 RULES_ONLY = [
+    Variant("softmax_in_torch_beside_a_kernel", SOFTMAX_IN_TORCH.replace(
+        "    return (e / e.sum(-1, keepdim=True)).to(x.dtype)",
+        "    y = torch.empty_like(x)\n    softmax_kernel[(1,)](x, y, 0, 1, 1, 1, 1, BLOCK=16)  # launched, does nothing\n"
+        "    return (e / e.sum(-1, keepdim=True)).to(x.dtype)"), "softmax"),
     Variant("softmax_checks_with_torch", changed(
         "softmax", ("    return y\n", "    assert torch.allclose(y.float(), torch.softmax(x.float(), -1), atol=1e-3)\n"
                                      "    return y\n")), "softmax"),
