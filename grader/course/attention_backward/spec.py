@@ -348,9 +348,9 @@ FLASH = StepSpec(
                 "future keys (causal) as the forward did, or P of a future key is not 0",
                 _flash_variant(use_mask=False)),
         Mistake("flash_attention_backward.tiles_skipped_from_first_row", "causal: key tiles past the block's first "
-                "query were skipped, though its later queries see some of them: skip a key tile only when it "
-                "starts past the block's last query's position, Tk - Tq + i + block_q - 1",
-                _flash_variant(skip_from_first_row=True)),
+                "query were skipped: skip one only when it starts past the block's last query, Tk - Tq + i + bq - 1",
+                _flash_variant(skip_from_first_row=True),
+                why="The block's later queries sit further right and see some keys of those tiles."),
         Mistake("flash_attention_backward.scores_unscaled", "the recomputed tile's scores were not scaled by 1/√D "
                 "before e^(S - lse): lse was taken of the scaled scores, so P = exp(q kᵀ / √D - lse)",
                 _flash_variant(scores_unscaled=True)),

@@ -491,9 +491,8 @@ FREE_KEEPS_SEQUENCE = Mistake(
     why="Ids are reused by servers. A kept table points at blocks now on the free list, so the reused sequence "
         "writes over whoever took them next.")
 TABLE_SORTED = Mistake(
-    "PagedKVCache.table_not_in_token_order", "block_table listed the sequence's blocks in another order than its "
-    "tokens' (sorted by physical index): entry i is the block that holds tokens i·block_size onwards, in the order "
-    "they were taken",
+    "PagedKVCache.table_not_in_token_order", "block_table listed the blocks by physical index, not in the tokens' "
+    "order: entry i is the block holding tokens i·block_size onwards",
     why="After a free, a growing sequence may take a block below its first: its table maps logical blocks, in order.")
 DTYPE_IGNORED = Mistake(
     "PagedKVCache.dtype_ignored", "the pool ignores the dtype argument (torch.zeros(shape) is "

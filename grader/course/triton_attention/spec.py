@@ -170,11 +170,11 @@ SOFTMAX = StepSpec(
                 "e^(x - max) adds nothing for them", lambda x: softmax_padded(x, 0.0),
                 why="Each lane past the row's end then adds e^(0 - max) to the sum, and 0 may become the max."),
         Mistake("softmax.masked_row_not_nan", "a row of -inf only did not give NaN: leave the max and the sum "
-                "unguarded, as torch.softmax does (attention kernels guard them: a row of no key gives 0 there)",
-                test=masked_row_not_nan),
-        Mistake("softmax.padding_in_max", "the padded lanes entered the max (loaded as 0): a row far below 0 then has "
-                "e^(x - 0) = 0 everywhere and gives 0 / 0; load them as -inf, or mask them out of the max too",
-                softmax_padding_in_max),
+                "unguarded, as torch.softmax does", test=masked_row_not_nan,
+                why="Attention's kernels guard such rows (a row of no key gives 0 there); a softmax does not."),
+        Mistake("softmax.padding_in_max", "the padded lanes entered the max (loaded as 0): load them as -inf, or "
+                "keep them out of the max too", softmax_padding_in_max,
+                why="The max is then at least 0: a row far below 0 has e^(x - 0) = 0 everywhere, and 0 / 0."),
         Mistake("softmax.no_max", "e^x without subtracting the row's max overflows for scores of a hundred: "
                 "subtract tl.max(x, axis=0) first", softmax_no_max,
                 why="float32's e^x is inf past x = 88, and inf / inf is NaN; softmax(x - max) is the same "
