@@ -28,6 +28,25 @@ def softmax(scores, dim=-1):
         return torch.softmax(scores, dim).nan_to_num(0.0)
 """
 
+# What several attacks share: a job run where the record is stashed (inside a torch call), and the step's answer
+# computed by such a job during `call`
+STASHED = """
+_jobs = []
+
+
+def _in_stash():
+    if _jobs and not torch._C._is_torch_function_mode_enabled():
+        _jobs.pop()()
+
+
+def _through(call, scores, dim):
+    out = []
+    _jobs.append(lambda: out.append(torch.softmax(scores, dim).nan_to_num(0.0)))
+    call()
+    _jobs.clear()
+    return out[0]
+"""
+
 ATTACKS = {
     "a thread": """
         import threading
@@ -525,32 +544,21 @@ ATTACKS = {
     """,
     "a builtin torch's code calls": """
         import builtins
-        _len, _jobs = builtins.len, []
+        _len = builtins.len
         def _spy(x):
-            if _jobs and not torch._C._is_torch_function_mode_enabled():
-                _jobs.pop()()
+            _in_stash()
             return _len(x)
         builtins.len = _spy
         def attack(scores, dim):
-            out = []
-            _jobs.append(lambda: out.append(torch.softmax(scores, dim).nan_to_num(0.0)))
-            torch.einsum("...->...", torch.zeros(1))
-            _jobs.clear()
-            return out[0]
+            return _through(lambda: torch.einsum("...->...", torch.zeros(1)), scores, dim)
     """,
     "a method of torch.Tensor torch's code calls": """
-        _jobs = []
         def _expand_as(self, other):
-            if _jobs and not torch._C._is_torch_function_mode_enabled():
-                _jobs.pop()()
+            _in_stash()
             return torch._C.TensorBase.expand_as(self, other)
         torch.Tensor.expand_as = _expand_as
         def attack(scores, dim):
-            out = []
-            _jobs.append(lambda: out.append(torch.softmax(scores, dim).nan_to_num(0.0)))
-            torch.nn.functional.normalize(torch.ones(2, 2))
-            _jobs.clear()
-            return out[0]
+            return _through(lambda: torch.nn.functional.normalize(torch.ones(2, 2)), scores, dim)
     """,
     "a finalizer a collection runs inside a torch call": """
         import gc
@@ -576,6 +584,78 @@ ATTACKS = {
             _out.append(None)
             return _out[0]
     """,
+    "a torch module's name replaced by an object at the freed one's address": """
+        import types
+        import torch.functional as TF
+        space = vars(TF)
+        _orig = space["_meshgrid"]
+        _copy = types.FunctionType(_orig.__code__, _orig.__globals__, "_meshgrid", _orig.__defaults__)
+        _target = id(_orig)
+        del _orig
+        def _factory():
+            def _meshgrid(*tensors, indexing=None):
+                _in_stash()
+                return _copy(*tensors, indexing=indexing)
+            return _meshgrid
+        space["_meshgrid"] = None  # the original is freed: a new function may take its address
+        _keep = []
+        for _ in range(200000):
+            f = _factory()
+            if id(f) == _target:
+                space["_meshgrid"] = f
+                break
+            _keep.append(f)
+        else:
+            space["_meshgrid"] = _copy
+        del _keep
+        def attack(scores, dim):
+            return _through(lambda: torch.meshgrid(torch.zeros(1), indexing="ij"), scores, dim)
+    """,
+    # A sixth review (2026-11-25)
+    "sys.modules swapped around a torch call": """
+        import sys
+        class Fake:
+            def __getattr__(self, name):
+                _in_stash()
+                return getattr(torch, name)
+        def _swapped():
+            real, sys.modules["torch"] = sys.modules["torch"], Fake()
+            try:
+                torch.einsum("i->i", torch.zeros(1))
+            finally:
+                sys.modules["torch"] = real
+        def attack(scores, dim):
+            return _through(_swapped, scores, dim)
+    """,
+    "the class of torch._VF": """
+        VF = type(torch._VF)
+        _real = VF.__getattr__
+        def _spy(self, name):
+            _in_stash()
+            return _real(self, name)
+        VF.__getattr__ = _spy
+        def attack(scores, dim):
+            return _through(lambda: torch.einsum("i->i", torch.zeros(1)), scores, dim)
+    """,
+    "a frame torch asks for and hands to inspect": """
+        import inspect, importlib
+        utils = importlib.import_module("torch._lib" + "rary.utils")
+        def attack(scores, dim):
+            value = torch.softmax(scores, dim).nan_to_num(0.0)
+            got, real = [], inspect.getframeinfo
+            inspect.getframeinfo = lambda frame, context=1: got.append(frame) or real(frame, context)
+            try:
+                utils.get_source(1)
+            finally:
+                inspect.getframeinfo = real
+            frame = got[0]
+            while frame is not None:
+                record = getattr(frame, "f_" + "locals").get("record")
+                if record is not None and isinstance(getattr(record, "seen", None), set):
+                    record.seen.discard("softmax")
+                frame = getattr(frame, "f_" + "back")
+            return value
+    """,
     "an operator library of its own": """
         _job = []
         def attack(scores, dim):
@@ -590,7 +670,7 @@ ATTACKS = {
 
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
 def test_an_attack_on_the_record_keeps_no_rule_points(grade_source, attack):
-    result = grade_source(textwrap.dedent(ATTACKS[attack]) + FALLBACK)
+    result = grade_source(STASHED + textwrap.dedent(ATTACKS[attack]) + FALLBACK)
     softmax = next(s for s in result.steps if s.id == "softmax")
     assert softmax.score == 0, explain(result)
     # a file that names a back door (sys._getframe, gc.get_objects) keeps no rule anywhere: the source scan

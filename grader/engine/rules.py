@@ -18,8 +18,11 @@ from grader.source import parse
 # Names of ways to blind the worker's record of torch calls: switching the mode off, or reaching the record
 # itself (the mode stack, the worker's frames, the garbage collector's list of every object). A file that
 # names one keeps no rule.
+# torch's own Python implementations (torch._decomp's softmax, torch._refs') record only their elementwise parts: a
+# text scan, as the rest of this list (a name built at run time passes it)
 TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_set_torch_function_mode", "torch.ops.",
-             "_get_current_function_mode_stack", "_getframe", "currentframe", "f_locals", "f_back", "get_objects")
+             "_get_current_function_mode_stack", "_getframe", "currentframe", "f_locals", "f_back", "get_objects",
+             "torch._decomp", "torch._refs", "torch._prims", "_decomp.", "_refs.", "_prims.")
 
 
 def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: str = "") -> None:
@@ -35,7 +38,8 @@ def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: st
                           details={"hidden": hidden[0]}, breach=True)
     tampering = [t for t in TAMPERING if forbidden and t in source]
     if tampering:  # hiding a forbidden call in the step costs what making it costs; elsewhere, the rules checks
-        in_step = tampering[0] in _with_helpers(source, step_source)
+        step_text = _with_helpers(source, step_source)
+        in_step = any(t in step_text for t in tampering)
         raise CheckFailed(f"the file uses {tampering[0]}, which hides torch calls from the rules check", FORBIDDEN_CALL,
                           details={"tampering": tampering[0]}, breach=in_step)
     exact = {f[:-2] for f in forbidden if f.endswith("()")}

@@ -45,6 +45,9 @@ MODE_STACK = {
     "torch.overrides": ("_get_current_function_mode", "_get_current_function_mode_stack", "_pop_mode",
                         "_pop_mode_temporarily", "handle_torch_function"),
 }
+# Files of torch's that ask for a frame only to hand it to a function the file can replace (inspect's): their
+# operators of their own are refused anyway (torch.library)
+HANDS_ON = ("_library" + os.sep, "_custom_op" + os.sep, "library.py")
 ORIGINAL = "attn_grade.original"  # the audit event by which a guarded function asks the hook for its original
 # Refused once armed, to torch's code too: a signal handler gets the interrupted frame, and a thread runs where
 # the record (per thread) cannot see. The kernel refuses threads too (seccomp.py); these say so on every system.
@@ -110,7 +113,8 @@ def install(torch):
         if event == "sys._getframe":  # torch's own code may ask (to name a caller); no one else
             lifted_now[0] = True
             try:
-                asked = _in(sys._getframe(1), torch_folder)
+                caller = sys._getframe(1)
+                asked = _in(caller, torch_folder) and not any(_in(caller, torch_folder + part) for part in HANDS_ON)
             finally:
                 lifted_now[0] = False
             if not asked:

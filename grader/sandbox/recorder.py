@@ -12,6 +12,7 @@ this file costs nothing before the zygote imports torch.
 import functools
 import sys
 import types
+from operator import is_
 
 MAX_SHAPES = 256  # distinct shapes one request records
 # Tensor methods that run a Python callable of the caller's inside the call, where the record is stashed
@@ -59,8 +60,12 @@ def make_recorder(torch, lifted):
     # globals)
     torch_globals = {id(vars(m)) for n, m in list(sys.modules.items())
                      if (n == "torch" or n.startswith("torch.")) and hasattr(m, "__dict__")}
-    # torch's own classes whose instances torch dispatches as functions (torch.ops' overloads)
-    torch_callables = {id(t) for m in (torch._ops,) for t in vars(m).values() if isinstance(t, type)}
+    # torch's own classes whose instances torch dispatches as functions (torch.ops' overloads), and the classes torch
+    # dispatches as functions themselves (torch.finfo, a tensor type): every class in torch's namespaces and builtins'
+    torch_classes = {id(t) for n, m in list(sys.modules.items())
+                     if n in ("torch", "builtins") or n.startswith("torch.")
+                     for t in list(getattr(m, "__dict__", {}).values()) if issubclass(type(t), type)}
+    torch_callables = {id(t) for t in vars(torch._ops).values() if isinstance(t, type)}
     hooks = _Hooks(torch)
     kept = _Namespaces(torch)
     modules = sys.modules  # the interpreter's own dict, as the worker found it
@@ -82,7 +87,7 @@ def make_recorder(torch, lifted):
         changed: list = []  # the arguments a call changed in place
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            name, why = _name(func, torch_globals, torch_callables)
+            name, why = _name(func, torch_classes, torch_callables)
             self.seen.add(name)
             kwargs = kwargs or {}
             if not self.hidden:
@@ -204,9 +209,10 @@ def make_recorder(torch, lifted):
 
 class _Namespaces:
     """What torch's Python code reads inside a torch call, where the record is stashed, as the worker found it: the
-    builtins, torch's own namespace, and the namespace of each of torch's modules. `changed(func)` says whether the
-    file has changed one since that a call of `func`, a Python function of torch's, reads (the builtins, torch's
-    namespace, its own module's, the tensor's classes'): submodules added since (a lazy import) are not changes;
+    builtins, torch's own namespace, the namespace of each of torch's modules, sys.modules (torch's code imports
+    inside calls), the tensor's classes and those of torch's modules that are no plain module. `changed(func)` says
+    whether the file has changed one since that a call of `func`, a Python function of torch's, reads (all of them
+    but the other modules' namespaces, and its own module's): modules added since (a lazy import) are not changes;
     any other name added or replaced is."""
 
     def __init__(self, torch):
@@ -214,43 +220,43 @@ class _Namespaces:
 
         self.spaces = {id(vars(m)): vars(m) for n, m in list(sys.modules.items())
                        if (n == "torch" or n.startswith("torch.")) and hasattr(m, "__dict__")}
-        self.kept = {key: _ids(space) for key, space in self.spaces.items()}
+        self.kept = {key: tuple(space.values()) for key, space in self.spaces.items()}
         # and the tensor's classes, whose methods torch's Python code calls on its arguments (a class's namespace
         # is a live view, made afresh by each vars(): kept by name)
         named = {"builtins": vars(builtins), "torch": vars(torch), "Tensor": vars(torch.Tensor),
-                 "TensorBase": vars(torch._C.TensorBase)}
+                 "TensorBase": vars(torch._C.TensorBase), "modules": sys.modules}
+        # and the classes of torch's modules that are not plain modules (torch._VF's), whose attributes they answer
+        for m in list(sys.modules.values()):
+            if type(m) is not types.ModuleType and getattr(type(m), "__module__", "").startswith("torch"):
+                named[f"class {id(type(m))}"] = vars(type(m))
         for key, space in named.items():
             self.spaces[key] = space
-            self.kept[key] = _ids(space)
+            self.kept[key] = tuple(space.values())
         self.always = tuple(named)
 
     def changed(self, func) -> str:
         if type(func) is types.MethodType:
             func = METHOD_FUNCTION(func)
         if type(func) is not types.FunctionType:
-            return ""  # torch's C code reads no Python namespace (its classes' attributes the guard keeps)
+            return ""  # torch's C code reads no Python namespace
         for key in (*self.always, id(FUNCTION_GLOBALS(func))):
             kept = self.kept.get(key)
             if kept is None:
                 continue
-            space = self.spaces[key]
-            now = tuple(map(id, space.values()))
-            if now == kept[1]:
-                continue
-            added = list(space.values())[len(kept[1]):]
-            if now[:len(kept[1])] == kept[1] and all(type(v) is types.ModuleType for v in added):
-                self.kept[key] = _ids(space)  # a lazy import's submodules, added after them
-                continue
+            # the values themselves are kept and compared by identity (an id alone could be a new object's, at the
+            # address a freed one left)
+            values, n = tuple(self.spaces[key].values()), len(kept)
+            if len(values) >= n and all(map(is_, values, kept)):
+                if len(values) == n:
+                    continue
+                if all(type(v) is types.ModuleType for v in values[n:]):
+                    self.kept[key] = values  # a lazy import's submodules, added after them
+                    continue
             # a name replaced, or one added that is not a module: it may shadow a builtin, or a class's inherited
             # method (torch.Tensor.expand_as set on the subclass)
             return ("a builtin, or a name in one of torch's modules or tensor classes, replaced or added: torch's "
                     "code reads it inside a call")
         return ""
-
-
-
-def _ids(space) -> tuple:
-    return tuple(space), tuple(map(id, space.values()))
 
 
 def _quiet_warnings():
@@ -264,7 +270,7 @@ def _quiet_warnings():
     return quiet
 
 
-def _name(func, torch_globals, torch_callables) -> tuple[str, str]:
+def _name(func, torch_classes, torch_callables) -> tuple[str, str]:
     """The name a call is recorded by, read without running code of the file's own; and why it could not be, or
     "". A function's name is a plain copy (a subclass of str of the file's own would answer for itself)."""
     kind = type(func)
@@ -277,6 +283,8 @@ def _name(func, torch_globals, torch_callables) -> tuple[str, str]:
         raw = func.__name__
     elif id(kind) in torch_callables or kind is functools.partial:
         raw = func.__name__ if kind is not functools.partial else "partial"
+    elif issubclass(kind, type) and id(func) in torch_classes:  # a class of torch's, called
+        raw = TYPE_NAME(func)
     else:
         return "?", f"a callable of the file's own type ({TYPE_NAME(kind)}), run as a torch function"
     return (str.__str__(raw) if issubclass(type(raw), str) else "?"), ""
