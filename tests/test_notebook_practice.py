@@ -1,8 +1,9 @@
 """The practice notebooks (`attn-grade init --notebook`), executed headless as a learner runs them.
 
 For every exercise the course lists: its notebook with the model answer in the step cells scores full
-marks at every check cell and 100 at the last; the notebook as written (the stubs) scores 0 at each;
-and the workspace records the grades the check cells made, as it records watch's.
+marks at every check cell and 100 at the last, and the workspace records the grades the check cells made,
+as it records watch's. The notebook as written (the stubs) scores 0 at each check: shown for one exercise
+of each kind (functions and a module, a stateful one, Triton's), since every stub's 0 is tested as a file.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def test_the_practice_notebook_holding_the_model_answer_scores_100_at_every_chec
     assert all(progress.full_marks(name, s.id) for s in exercise.steps)
 
 
-@pytest.mark.parametrize("name", EXERCISES)
+@pytest.mark.parametrize("name", ["mha", "kv_cache", "triton_attention"])
 def test_the_practice_notebook_as_written_scores_0_at_every_check(name, tmp_path):
     exercise = load_course()[name]
     results = checks(execute(practice(exercise), tmp_path))

@@ -35,6 +35,7 @@ PLAIN = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis), rang
 C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
                types.MethodWrapperType, types.GetSetDescriptorType, types.MemberDescriptorType,
                types.ClassMethodDescriptorType)
+C_CALLABLE_IDS = frozenset(map(id, C_CALLABLES))
 FUNCTION_GLOBALS, FUNCTION_DICT, FUNCTION_NAME = (types.FunctionType.__dict__[a].__get__
                                                   for a in ("__globals__", "__dict__", "__name__"))
 METHOD_FUNCTION = types.MethodType.__dict__["__func__"].__get__
@@ -279,7 +280,7 @@ def _name(func, torch_classes, torch_callables) -> tuple[str, str]:
         kind = type(func)
     if kind is types.FunctionType:
         raw = FUNCTION_NAME(func)
-    elif any(kind is c for c in C_CALLABLES):
+    elif id(kind) in C_CALLABLE_IDS:
         raw = func.__name__
     elif id(kind) in torch_callables or kind is functools.partial:
         raw = func.__name__ if kind is not functools.partial else "partial"
