@@ -665,6 +665,74 @@ ATTACKS = {
             _job.append(lambda: torch.softmax(scores, dim).nan_to_num(0.0))
             return getattr(getattr(torch, "o" + "ps"), "attack").run(torch.zeros(1))
     """,
+    # round 7: a module of the file's own where torch's code imports lazily, torch's code rebuilt to find a frame,
+    # a default that torch's function reads inside the call (replaced, or changed in place)
+    "a module of its own where torch imports lazily": """
+        import sys, types
+        def attack(scores, dim):
+            name = "torch.autograd._functions"  # Tensor.resize imports it inside the call
+            fake = types.ModuleType(name)
+            class Resize:
+                @staticmethod
+                def apply(tensor, sizes):
+                    return torch.softmax(scores, dim).nan_to_num(0.0)
+            fake.Resize = Resize
+            sys.modules[name] = fake
+            return scores.resize(*scores.shape)
+    """,
+    "torch's frame walker rebuilt from its text": """
+        import os, sys, types
+        def attack(scores, dim):
+            value = torch.softmax(scores, dim).nan_to_num(0.0)
+            path = os.path.join(os.path.dirname(torch.__file__), "_dynamo", "bytecode_debugger.py")
+            with open(path, "rb") as file:
+                code = compile(file.read(), path, "exec")
+            walk = [c for c in code.co_consts if type(c) is types.CodeType]
+            while walk and walk[0].co_name != "_find_frame_for_code":
+                walk = walk[1:] + [c for c in walk[0].co_consts if type(c) is types.CodeType]
+            frame = types.FunctionType(walk[0], {"sys": sys})(None, attack.__code__)
+            while frame is not None:
+                record = getattr(frame, "f_" + "locals").get("record")
+                if record is not None and isinstance(getattr(record, "seen", None), set):
+                    record.seen.discard("softmax")
+                frame = getattr(frame, "f_" + "back")
+            return value
+    """,
+    "a default replaced": """
+        def attack(scores, dim):
+            box = []
+            class Formats(list):
+                def __iter__(self):
+                    box.append(torch.softmax(scores, dim).nan_to_num(0.0))
+                    raise LookupError("done")
+            function = torch.Tensor.dim_order
+            kept = function.__kwdefaults__
+            function.__kwdefaults__ = {"ambiguity_check": Formats()}
+            try:
+                scores.dim_order()
+            except LookupError:
+                pass
+            finally:
+                function.__kwdefaults__ = kept
+            return box[0]
+    """,
+    "a default changed in place": """
+        def attack(scores, dim):
+            box = []
+            class Formats(list):
+                def __iter__(self):
+                    box.append(torch.softmax(scores, dim).nan_to_num(0.0))
+                    raise LookupError("done")
+            defaults = torch.Tensor.dim_order.__kwdefaults__
+            defaults["ambiguity_check"] = Formats()
+            try:
+                scores.dim_order()
+            except LookupError:
+                pass
+            finally:
+                defaults["ambiguity_check"] = False
+            return box[0]
+    """,
 }
 
 

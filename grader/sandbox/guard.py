@@ -8,7 +8,7 @@ C level (ctypes), tracing hooks, the mode stack itself, or a second copy of a mo
 Once armed, for the rest of a child's life, before the candidate's file is imported:
 
 - an audit hook (PEP 578: once added it cannot be removed) refuses frames, the object graph, ctypes,
-  tracing and profiling hooks, code objects swapped into functions, and importing again a module the
+  tracing and profiling hooks, code objects or defaults swapped into torch's functions, and importing again a module the
   child has loaded (a fresh copy of torch._C would carry the original mode-stack functions);
 - the functions that pop, peek at or switch off the torch-function mode stack, or run a callable as
   though it were a torch function (in torch._C and torch.overrides, under every name a torch module
@@ -45,9 +45,6 @@ MODE_STACK = {
     "torch.overrides": ("_get_current_function_mode", "_get_current_function_mode_stack", "_pop_mode",
                         "_pop_mode_temporarily", "handle_torch_function"),
 }
-# Files of torch's that ask for a frame only to hand it to a function the file can replace (inspect's): their
-# operators of their own are refused anyway (torch.library)
-HANDS_ON = ("_library" + os.sep, "_custom_op" + os.sep, "library.py")
 ORIGINAL = "attn_grade.original"  # the audit event by which a guarded function asks the hook for its original
 # Refused once armed, to torch's code too: a signal handler gets the interrupted frame, and a thread runs where
 # the record (per thread) cannot see. The kernel refuses threads too (seccomp.py); these say so on every system.
@@ -61,6 +58,7 @@ REFUSED_CALLS = ("signal.signal", "_signal.signal", "_thread.start_new_thread", 
 # The ways to a new code object: the record trusts code from torch's own files (it runs inside a torch call), so a
 # code object may claim one of them only as that file's own compiled text (a lazy import of torch's)
 CODE_EVENTS = ("compile", "code.__new__", "marshal.loads")
+FUNCTION_GLOBALS = types.FunctionType.__dict__["__globals__"].__get__  # a C getter: runs none of the file's code
 CACHE_TAG = sys.implementation.cache_tag
 
 
@@ -110,19 +108,18 @@ def install(torch):
         args = tuple(_plain(a) for a in args)
         if event in REFUSED_EVENTS or event.startswith("ctypes."):
             raise Refused(f"the sandbox refuses {event}")
-        if event == "sys._getframe":  # torch's own code may ask (to name a caller); no one else
-            lifted_now[0] = True
-            try:
-                caller = sys._getframe(1)
-                asked = _in(caller, torch_folder) and not any(_in(caller, torch_folder + part) for part in HANDS_ON)
-            finally:
-                lifted_now[0] = False
-            if not asked:
-                raise Refused("the sandbox refuses sys._getframe")
+        # No one gets a frame, torch's code included: what asks for one in torch (torch.library, torch._dynamo) is
+        # never needed to grade, and any of its functions can be rebuilt by the file from torch's own compiled text
+        if event == "sys._getframe":
+            raise Refused("the sandbox refuses sys._getframe")
         if event == "object.__getattr__" and args[1] in FRAME_ATTRIBUTES:
             raise Refused(f"the sandbox refuses {args[1]}")
         if event == "object.__setattr__" and args[1] == "__code__":
             raise Refused("the sandbox refuses replacing a function's code")
+        # a default of torch's function is read inside the call, where the record is stashed
+        if (event == "object.__setattr__" and args[1] in ("__defaults__", "__kwdefaults__")
+                and type(args[0]) is types.FunctionType and id(FUNCTION_GLOBALS(args[0])) in torch_globals):
+            raise Refused("the sandbox refuses replacing the defaults of torch's functions")
         if event == "open" and isinstance(args[0], (str, bytes)) and _memory_file(args[0]):
             raise Refused("the sandbox refuses reading the process's memory")
         if event in CODE_EVENTS and not _own_code(event, args, torch_folder, unmarshalling):

@@ -10,6 +10,7 @@ this file costs nothing before the zygote imports torch.
 """
 
 import functools
+import os
 import sys
 import types
 from operator import is_
@@ -36,8 +37,11 @@ C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType, types.Wrap
                types.MethodWrapperType, types.GetSetDescriptorType, types.MemberDescriptorType,
                types.ClassMethodDescriptorType)
 C_CALLABLE_IDS = frozenset(map(id, C_CALLABLES))
-FUNCTION_GLOBALS, FUNCTION_DICT, FUNCTION_NAME = (types.FunctionType.__dict__[a].__get__
-                                                  for a in ("__globals__", "__dict__", "__name__"))
+FUNCTION_GLOBALS, FUNCTION_DICT, FUNCTION_NAME, FUNCTION_CODE, FUNCTION_DEFAULTS, FUNCTION_KWDEFAULTS = (
+    types.FunctionType.__dict__[a].__get__
+    for a in ("__globals__", "__dict__", "__name__", "__code__", "__defaults__", "__kwdefaults__"))
+MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
+CLASS_DICT, PROXY_VALUES = type.__dict__["__dict__"].__get__, types.MappingProxyType.values
 METHOD_FUNCTION = types.MethodType.__dict__["__func__"].__get__
 TYPE_NAME = type.__dict__["__name__"].__get__
 
@@ -68,7 +72,7 @@ def make_recorder(torch, lifted):
                      for t in list(getattr(m, "__dict__", {}).values()) if issubclass(type(t), type)}
     torch_callables = {id(t) for t in vars(torch._ops).values() if isinstance(t, type)}
     hooks = _Hooks(torch)
-    kept = _Namespaces(torch)
+    kept = _Namespaces(torch, torch_globals, torch_classes, plain)
     modules = sys.modules  # the interpreter's own dict, as the worker found it
     quiet = _quiet_warnings()
     autograd_entries = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
@@ -216,9 +220,13 @@ class _Namespaces:
     but the other modules' namespaces, and its own module's): modules added since (a lazy import) are not changes;
     any other name added or replaced is."""
 
-    def __init__(self, torch):
+    def __init__(self, torch, torch_globals, torch_classes, plain):
         import builtins
 
+        self.torch_globals, self.torch_classes, self.plain = torch_globals, torch_classes, plain
+        self.known = _every_class()  # every class there is before the file runs (kept: an id is not reused)
+        self.known_types = {id(t) for t in self.known}
+        self.torch_folder = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
         self.spaces = {id(vars(m)): vars(m) for n, m in list(sys.modules.items())
                        if (n == "torch" or n.startswith("torch.")) and hasattr(m, "__dict__")}
         self.kept = {key: tuple(space.values()) for key, space in self.spaces.items()}
@@ -240,6 +248,8 @@ class _Namespaces:
             func = METHOD_FUNCTION(func)
         if type(func) is not types.FunctionType:
             return ""  # torch's C code reads no Python namespace
+        if not self._plain_defaults(func):
+            return "a default of one of torch's functions replaced: torch's code reads it inside a call"
         for key in (*self.always, id(FUNCTION_GLOBALS(func))):
             kept = self.kept.get(key)
             if kept is None:
@@ -250,7 +260,9 @@ class _Namespaces:
             if len(values) >= n and all(map(is_, values, kept)):
                 if len(values) == n:
                     continue
-                if all(type(v) is types.ModuleType for v in values[n:]):
+                added = (tuple(self.spaces[key].items())[n:] if key == "modules" else
+                         tuple((None, v) for v in values[n:]))
+                if all(type(v) is types.ModuleType and self._genuine(name, v) for name, v in added):
                     self.kept[key] = values  # a lazy import's submodules, added after them
                     continue
             # a name replaced, or one added that is not a module: it may shadow a builtin, or a class's inherited
@@ -258,6 +270,67 @@ class _Namespaces:
             return ("a builtin, or a name in one of torch's modules or tensor classes, replaced or added: torch's "
                     "code reads it inside a call")
         return ""
+
+
+    def _plain_defaults(self, func) -> bool:
+        """Are func's defaults, which its body reads inside the call, values that run none of the file's code?"""
+        defaults = FUNCTION_DEFAULTS(func) or ()
+        keyword = FUNCTION_KWDEFAULTS(func)
+        values = (*defaults, *(dict.values(keyword) if type(keyword) is dict else ()))
+        return all(self._runs_nothing(v, 3) for v in values)
+
+    def _runs_nothing(self, value, depth: int) -> bool:
+        kind = type(value)
+        if id(kind) in self.plain:
+            return True
+        if kind is types.FunctionType:
+            return id(FUNCTION_GLOBALS(value)) in self.torch_globals
+        if id(kind) in C_CALLABLE_IDS:
+            return True
+        if issubclass(kind, type):
+            return id(value) in self.torch_classes
+        if kind is tuple or kind is list or kind is frozenset or kind is set:
+            return depth > 0 and len(value) <= 64 and all(self._runs_nothing(v, depth - 1) for v in value)
+        if kind is dict:
+            return depth > 0 and len(value) <= 64 and all(
+                self._runs_nothing(k, depth - 1) and self._runs_nothing(v, depth - 1) for k, v in dict.items(value))
+        return id(kind) in self.torch_classes  # an instance of torch's or builtins' (a sentinel, an enum)
+
+    def _genuine(self, name, module) -> bool:
+        """A module added to sys.modules (or to a torch module's namespace) since: torch's own lazy import? Under a
+        name outside torch it is not judged (the file's own imports). Under torch's, its file is one of torch's,
+        its functions and its classes' are torch's code with torch's globals, and every other value is an instance
+        of a class that existed before the file ran (a module of the file's own, put where torch's code imports
+        from inside a call, would run the file's code there)."""
+        if name is not None and not (type(name) is str and (name == "torch" or str.startswith(name, "torch."))):
+            return True
+        space = MODULE_DICT(module)
+        where = dict.get(space, "__file__")
+        if type(where) is not str or not str.startswith(where, self.torch_folder):
+            return False
+        return all(self._torch_value(v, space, 2) for v in tuple(dict.values(space)))
+
+    def _torch_value(self, value, space, depth: int) -> bool:
+        kind = type(value)
+        if kind is types.FunctionType:
+            file = FUNCTION_CODE(value).co_filename
+            return (type(file) is str and str.startswith(file, self.torch_folder)
+                    and (FUNCTION_GLOBALS(value) is space or id(FUNCTION_GLOBALS(value)) in self.torch_globals))
+        if kind is types.ModuleType or id(kind) in self.plain or id(kind) in C_CALLABLE_IDS:
+            return True
+        if kind is functools.partial or kind is types.MethodType:
+            return False  # a callable that wraps another: torch's modules hold none that a lazy import makes
+        if issubclass(kind, type):
+            return depth > 0 and all(self._torch_value(v, space, depth - 1) for v in PROXY_VALUES(CLASS_DICT(value))
+                                     if type(v) is types.FunctionType)
+        if id(kind) not in self.known_types:
+            return False
+        try:  # an instance's own attributes (a SimpleNamespace holding a callable), through its known class's getter
+            own = object.__getattribute__(value, "__dict__")
+        except AttributeError:
+            return True
+        return type(own) is dict and depth > 0 and all(self._torch_value(v, space, depth - 1)
+                                                        for v in tuple(dict.values(own)))
 
 
 def _quiet_warnings():
@@ -289,6 +362,18 @@ def _name(func, torch_classes, torch_callables) -> tuple[str, str]:
     else:
         return "?", f"a callable of the file's own type ({TYPE_NAME(kind)}), run as a torch function"
     return (str.__str__(raw) if issubclass(type(raw), str) else "?"), ""
+
+
+def _every_class() -> list:
+    found, frontier = [object], [object]
+    seen = {id(object)}
+    while frontier:
+        for sub in type.__subclasses__(frontier.pop()):
+            if id(sub) not in seen:
+                seen.add(id(sub))
+                found.append(sub)
+                frontier.append(sub)
+    return found
 
 
 def _subclasses(cls) -> frozenset:
