@@ -31,10 +31,14 @@ def exercise_mistakes(exercise: str) -> list[Entry]:
     spec = importlib.import_module(f"grader.course.{exercise}.spec").SPEC
     entries, seen = [], set()
     for step in spec.steps:
-        for m in step.mistakes:
+        situations = {c.situation.id: c.name for c in step.checks if c.situation is not None}
+        for m in step.named:
             if m.id not in seen:
                 seen.add(m.id)
-                entries.append(Entry(exercise, step.id, m.id, m.message, m.recognised_by, m.why))
+                way = m.recognised_by
+                if m.id in situations and way == "its own check":
+                    way = f"its check {situations[m.id]} failing while the plain case passes"
+                entries.append(Entry(exercise, step.id, m.id, m.message, way, m.why))
     return entries
 
 

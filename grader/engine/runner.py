@@ -105,7 +105,21 @@ class SpecItem(pytest.Item):
 
     def runtest(self) -> None:
         context = self.parent.context
-        Run(context, self.spec, self.step, self.check, self.dtype, self.name).run()
+        try:
+            Run(context, self.spec, self.step, self.check, self.dtype, self.name).run()
+        except CheckFailed as failure:
+            if failure.mistake is None and failure.outcome != "skipped" and self.situated(context):
+                raise replace_mistake(failure, self.check.situation) from None
+            raise
+
+    def situated(self, context: Context) -> bool:
+        """Does this check's failure name its situation: it has one, and the step's plain check ran and passed?"""
+        plain = self.step.plain_check()
+        if self.check.situation is None or plain is None:
+            return False
+        name = item_name(self.step, plain, None).split("[")[0]
+        mine = [o for o in context.outcomes if o.step == self.step.id and o.name.split("[")[0] == name]
+        return bool(mine) and all(o.outcome == "passed" for o in mine)
 
     def reportinfo(self):
         return self.path, None, self.name

@@ -91,6 +91,11 @@ class Check:
     The check's name is `<step prefix>_<name>` (with `[dtype]` for each dtype listed).
     `params` go to the step's input maker; `strided` lists the arguments handed over
     non-contiguous; `run` is the property check's own function, `run(ctx)`.
+
+    `situation` is the mistake of the one thing this check adds to the step's plain case (a causal
+    mask, rows with no key, a size the blocks do not divide): when the check fails, no mistake of the
+    step explains the answer, and the step's plain check (StepSpec.plain) passed, the failure is
+    named by it. It localises a bug nobody listed: wrong only when causal is a causal bug.
     """
 
     name: str
@@ -101,6 +106,8 @@ class Check:
     strided: tuple[int, ...] = ()
     run: Callable | None = None
     end_to_end: bool = False  # a composite run with the candidate's own steps, not the grader's
+    situation: Mistake | None = None  # what this check's failure says when nothing names it and the plain case passed
+
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -113,8 +120,9 @@ def shape(points: int = 1, name: str = "shape", **params) -> Check:
     return Check(name, points, "shape", params)
 
 
-def values(name: str, points: int, dtypes: tuple = (), strided: tuple[int, ...] = (), **params) -> Check:
-    return Check(name, points, "values", params, dtypes, strided)
+def values(name: str, points: int, dtypes: tuple = (), strided: tuple[int, ...] = (), situation: Mistake | None = None,
+           **params) -> Check:
+    return Check(name, points, "values", params, dtypes, strided, situation=situation)
 
 
 def rules(points: int = 1, **params) -> Check:
@@ -125,8 +133,8 @@ def device(points: int = 1, **params) -> Check:
     return Check("device", points, "device", params)
 
 
-def prop(name: str, points: int, run: Callable, end_to_end: bool = False) -> Check:
-    return Check(name, points, "property", run=run, end_to_end=end_to_end)
+def prop(name: str, points: int, run: Callable, end_to_end: bool = False, situation: Mistake | None = None) -> Check:
+    return Check(name, points, "property", run=run, end_to_end=end_to_end, situation=situation)
 
 
 @dataclass(frozen=True)
@@ -156,6 +164,8 @@ class StepSpec:
     answered: for a composite step, the exercise's step functions the grader answers while
     it runs, those of them that lost points (so a bug in them is charged to them, not here);
     see grader/engine/runner.py.
+    plain: the name of the check of the step's plain case, which a check's situation is told against
+    (by default its first values check, else its check named "values").
     """
 
     id: str
@@ -168,10 +178,33 @@ class StepSpec:
     prefix: str = ""
     module: bool = False
     answered: tuple[str, ...] = ()
+    plain: str = ""
+
+    def __post_init__(self):
+        situated = [c.name for c in self.checks if c.situation is not None]
+        if situated and self.plain_check() is None:
+            raise ValueError(f"step {self.id}: checks {situated} name a situation, but the step has no plain check")
+        if self.plain_check() is not None and self.plain_check().situation is not None:
+            raise ValueError(f"step {self.id}: the plain check cannot name a situation of its own")
 
     @property
     def check_prefix(self) -> str:
         return self.prefix or self.id
+
+    def plain_check(self) -> Check | None:
+        """The check of the step's plain case (see `plain`), if it has one."""
+        if self.plain:
+            return next((c for c in self.checks if c.name == self.plain), None)
+        return next((c for c in self.checks if c.kind == "values"), None) or \
+            next((c for c in self.checks if c.name == "values"), None)
+
+    @property
+    def named(self) -> tuple[Mistake, ...]:
+        """Every mistake the step can name, each once: its own list, then its checks' situations."""
+        found = {}
+        for mistake in (*self.mistakes, *(c.situation for c in self.checks if c.situation is not None)):
+            found.setdefault(mistake.id, mistake)
+        return tuple(found.values())
 
 
 @dataclass(frozen=True)

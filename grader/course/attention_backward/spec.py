@@ -121,10 +121,18 @@ def _sb_variant(**wrong):
     return lambda probs, grad_probs, dim=-1: grads.softmax_backward(probs, grad_probs, dim, **wrong)
 
 
+# What a check's failure says when the plain case passed and no listed mistake explains it (spec.Check.situation).
+SB_DIM = Mistake("softmax_backward.dim_ignored", "right along the last axis, wrong along dim=1: every sum and "
+                 "broadcast runs along `dim`, (grad_probs * probs).sum(dim=dim, keepdim=True)")
+SB_ZEROS = Mistake("softmax_backward.zeros_mishandled", "right for dense probabilities, wrong where some are 0 "
+                   "(masked entries, rows masked entirely): use products with probs only, never divide by it or "
+                   "take its log")
+
 SOFTMAX = StepSpec(
     "softmax_backward", softmax_inputs, ref.softmax_backward,
     checks=(
-        shape(2), values("values", 3, FLOATS), values("other_dim", 5, dim=1), values("masked", 3, masked=True),
+        shape(2), values("values", 3, FLOATS), values("other_dim", 5, situation=SB_DIM, dim=1),
+        values("masked", 3, situation=SB_ZEROS, masked=True),
         rules(2), device(2),
     ),
     mistakes=(
@@ -185,7 +193,9 @@ def autograd(q, k, v, grad_out, mask=None):
     with torch.enable_grad():
         leaves = [x.detach().requires_grad_(True) for x in (q, k, v)]
         out = attention.attend(*leaves, mask)
-        return (out.detach(), *torch.autograd.grad(out, leaves, grad_out))
+        # through the scalar <out, grad_out>: the same gradients, and no grad_outputs, whose shape check imports
+        # torch.fx's symbolic shapes (0.6 s of a cold grade)
+        return (out.detach(), *torch.autograd.grad((out * grad_out).sum(), leaves))
 
 
 def attention_reference(q, k, v, grad_out, mask=None):
@@ -197,13 +207,23 @@ def _att_variant(**wrong):
     return lambda q, k, v, grad_out, mask=None: grads.plain(q, k, v, grad_out, mask, **wrong)
 
 
+AB_MASK = Mistake("attention_backward.mask_mishandled", "right without a mask, wrong with one: fill blocked scores "
+                  "with -inf before the softmax (masked_fill(~mask, -inf)); True means the key is seen, and the mask "
+                  "broadcasts")
+AB_ROWS = Mistake("attention_backward.masked_rows_mishandled", "wrong for rows the mask blocks entirely: their "
+                  "probabilities are 0, so their dq is 0 and they add nothing to dk and dv")
+AB_SQUARE = Mistake("attention_backward.square_mishandled", "right for Tq ≠ Tk, wrong for Tq = Tk: a product "
+                    "transposed the wrong way runs only when square; check dq (Tq, D), dk (Tk, D), dv (Tk, Dv)")
+
 ATTENTION = StepSpec(
     "attention_backward", attention_inputs, attention_reference, outputs=("dq", "dk", "dv"),
     answered=("softmax_backward",),
     checks=(
-        shape(2), values("values", 3, FLOATS), values("padding_mask", 4, mask="padding"),
-        values("causal", 4, mask="causal"), values("fully_masked_rows", 4, mask="rows"),
-        values("square", 6, t_q=TK, mask="causal"), rules(2, mask="padding"), device(2, mask="causal"),
+        shape(2), values("values", 3, FLOATS), values("padding_mask", 4, situation=AB_MASK, mask="padding"),
+        values("causal", 4, situation=AB_MASK, mask="causal"),
+        values("fully_masked_rows", 4, situation=AB_ROWS, mask="rows"),
+        values("square", 6, situation=AB_SQUARE, t_q=TK, mask="causal"), rules(2, mask="padding"),
+        device(2, mask="causal"),
     ),
     mistakes=(
         Mistake("attention_backward.nan_rows", "a row the mask blocks entirely gave NaN: its probabilities are 0, so "
@@ -295,14 +315,24 @@ def _flash_variant(**wrong):
 
 
 FLASH_TILES = tiles_only_check("flash_attention_backward", flash_inputs, forward_only=False)
+FB_CAUSAL = Mistake("flash_attention_backward.causal_mishandled", "right without causal, wrong with it: in every "
+                    "tile mask key j > i + Tk - Tq (bottom-right), and skip only tiles wholly past that diagonal")
+FB_NO_KEY = Mistake("flash_attention_backward.no_key_rows_mishandled", "wrong for rows with no key to see (causal, "
+                    "Tq > Tk, lse = -inf): their P is 0, so dq is 0 and they add nothing to dk, dv")
+FB_SQUARE = Mistake("flash_attention_backward.square_tiles_mishandled", "wrong with block_q = block_k: a tile's "
+                    "bounds mix block_q with block_k, or lse and D lack their [..., None]; check each slice")
+FB_BLOCKS = Mistake("flash_attention_backward.block_sizes_mishandled", "right with the default blocks, wrong with "
+                    "others: walk queries by block_q and keys by block_k, and end each tile at min(start + block, T)")
+FB_DECODE = Mistake("flash_attention_backward.one_query_mishandled", "wrong for one query (Tq = 1, causal): it sees "
+                    "every key (its position is Tk - 1); check the causal offset and any squeeze of an axis of 1")
 FLASH = StepSpec(
     "flash_attention_backward", flash_inputs, flash_reference, outputs=("dq", "dk", "dv"),
     checks=(
-        shape(2), values("values", 3, FLOATS), values("causal", 4, causal=True),
-        values("rows_with_no_key", 3, t_q=FTK + 4, t_k=FTQ, causal=True),
-        values("square_tiles", 3, t_q=12, t_k=18, causal=True, block_q=6, block_k=6),
-        prop("block_sizes", 4, block_sizes),
-        prop("tiles_only", 6, FLASH_TILES.check), values("decode", 2, t_q=1, causal=True),
+        shape(2), values("values", 3, FLOATS), values("causal", 4, situation=FB_CAUSAL, causal=True),
+        values("rows_with_no_key", 3, situation=FB_NO_KEY, t_q=FTK + 4, t_k=FTQ, causal=True),
+        values("square_tiles", 3, situation=FB_SQUARE, t_q=12, t_k=18, causal=True, block_q=6, block_k=6),
+        prop("block_sizes", 4, block_sizes, situation=FB_BLOCKS),
+        prop("tiles_only", 6, FLASH_TILES.check), values("decode", 2, situation=FB_DECODE, t_q=1, causal=True),
         rules(3, causal=True), device(2, causal=True),
     ),
     mistakes=(
@@ -403,6 +433,15 @@ def _lse_is_max(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
     return (out, *grads.plain(q, k, v, grad_out, mask, out=out, lse=top))
 
 
+def _lse_unscaled_max(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+    """The forward kept raw scores, the scale inside the exponent, and saved m + log(l) with m the raw max."""
+    out, lse = forward(q, k, v, causal)
+    mask = causal_mask(q.shape[-2], k.shape[-2]) if causal else None
+    top = attention.scores(q, k, mask).amax(-1)  # scaled
+    wrong = torch.where(top == -INF, lse, lse - top + top * math.sqrt(q.shape[-1]))
+    return (out, *grads.plain(q, k, v, grad_out, mask, out=out, lse=wrong))
+
+
 def _causal_not_saved(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
     """The backward ran without the causal mask (ctx.causal never kept, or not passed on)."""
     out, lse = forward(q, k, v, causal)
@@ -479,14 +518,19 @@ def function_end_to_end(run):
 
 
 FUNCTION_TILES = tiles_only_check("FlashAttentionFunction", function_inputs, forward_only=True, answer=function_answer)
+FN_CAUSAL = Mistake("FlashAttentionFunction.causal_mishandled", "right without causal, wrong with it: the forward "
+                    "masks key j > i + Tk - Tq in each tile, saves causal in ctx and passes it to the backward")
+FN_FLOAT64 = Mistake("FlashAttentionFunction.float64_blocks_mishandled", "right in float32 with the default blocks, "
+                     "wrong in float64 with blocks of 7 × 5: keep q's dtype in m, l, acc and lse, and honour "
+                     "block_q and block_k")
 FUNCTION = StepSpec(
     "FlashAttentionFunction", function_inputs, function_reference, outputs=("out", "dq", "dk", "dv"),
-    answered=("flash_attention_backward",),
+    answered=("flash_attention_backward",), plain="non_causal",
     checks=(
         prop("non_causal", 3, function_case(causal=False, t_q=FTK + 3, t_k=FTQ)),
-        prop("causal", 4, function_case()),
+        prop("causal", 4, function_case(), situation=FN_CAUSAL),
         prop("float64", 3, function_case(dtype=torch.float64, t_q=FTK + 3, t_k=FTQ, block_q=7,
-                                         block_k=5)),
+                                         block_k=5), situation=FN_FLOAT64),
         prop("tiles_only", 2, FUNCTION_TILES.check), prop("rules", 1, function_rules),
         prop("end_to_end", 2, function_end_to_end, end_to_end=True),
     ),
@@ -499,6 +543,9 @@ FUNCTION = StepSpec(
         Mistake("FlashAttentionFunction.lse_is_max", "the forward saved the running max m as lse: add the log of "
                 "the sum relative to it, lse = m + log(l)", _lse_is_max,
                 why="m alone is the largest score, not the log of the row's sum: e^(S - m) are not probabilities."),
+        Mistake("FlashAttentionFunction.lse_unscaled_max", "the forward saved the max of the unscaled scores in lse: "
+                "with the scale inside the exponent, e^(scale·(s - m)), lse = scale·m + log(l)", _lse_unscaled_max,
+                why="out is right either way: the max cancels in acc / l, but not in the lse the backward reads."),
         Mistake("FlashAttentionFunction.forward_not_rescaled", "the forward's online softmax did not rescale the "
                 "output accumulator when the running max rose: acc = alpha * acc + p @ v, alpha = e^(m - m_new)",
                 _forward_variant(rescale_acc=False),

@@ -277,12 +277,20 @@ CACHE_MISTAKES = (
     DTYPE_IGNORED, DEVICE_IGNORED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, EXACT_FILL_REFUSED,
 )
 
+# What a check's failure says when the appends are right and no listed mistake explains it.
+CACHE_NAN = Mistake("LatentCache.unused_slots_mishandled", "right while the unused slots hold zeros, wrong when they "
+                    "hold NaN: write new entries by assignment (c_kv[:, a:b] = new) and return only the first length")
+CACHE_HALF = Mistake("LatentCache.half_mishandled", "right in float32, wrong in float16: make both buffers in the "
+                     "dtype asked for and store the appended values as they are")
+
 CACHE = StepSpec(
-    "LatentCache", cache_inputs, lambda cs, ks: None, prefix="cache",
+    "LatentCache", cache_inputs, lambda cs, ks: None, prefix="cache", plain="appends",
     checks=(
         prop("preallocated", 3, _cache_check(preallocated)), prop("appends", 3, _cache_check(appends)),
-        prop("contents", 3, _cache_check(contents)), prop("unused_slots_nan", 2, _cache_check(appends, nan=True)),
-        prop("overflow_refused", 2, overflow_refused), prop("half", 1, half), prop("device", 1, cache_on_device),
+        prop("contents", 3, _cache_check(contents)),
+        prop("unused_slots_nan", 2, _cache_check(appends, nan=True), situation=CACHE_NAN),
+        prop("overflow_refused", 2, overflow_refused),
+        prop("half", 1, half, situation=CACHE_HALF), prop("device", 1, cache_on_device),
     ),
     mistakes=CACHE_MISTAKES,
 )
@@ -463,17 +471,29 @@ CACHED_UNROTATED_KEY = Mistake(
     "compress_kv gives it, so a cached key is never rotated again",
     why="A key rotated once, at its own position, stays right for every later query.")
 
+# What a check's failure says when the module is right without a cache and no listed mistake explains it.
+MODULE_CACHED = Mistake("MultiHeadLatentAttention.cache_mishandled", "right without a cache, wrong with one: new "
+                        "tokens sit at positions past_len onwards (RoPE, the causal mask's offset) and attend to every "
+                        "cached latent too")
+MODULE_ABSORBED = Mistake("MultiHeadLatentAttention.absorbed_mishandled", "right on the plain path, wrong with "
+                          "absorbed=True: fold w_uk into the query and w_uv into the output, per head, keeping the "
+                          "RoPE part and the mask")
+MODULE_CACHE_CONTENTS = Mistake("MultiHeadLatentAttention.cache_contents_mishandled", "the cache holds other values "
+                                "than each token's latent and rotated RoPE key: append c_kv and k_rope as "
+                                "compress_kv gives them")
+
 MODULE_CALLS = ("compress_kv", "expand_kv", "mla_scores", "absorbed_attention")
 MODULE = StepSpec(
     "MultiHeadLatentAttention", module_inputs, latent_attention, module=True, prefix="module", answered=MODULE_CALLS,
     checks=(
         prop("structure", 2, linear_layers(tuple(LAYERS), INIT, "an nn.Linear")),
-        values("no_cache", 3, FLOATS), values("no_cache_absorbed", 2, absorbed=True),
-        prop("decode", 3, _module_check(splits=(4, 1, 1, 1))),
-        prop("every_split", 3, _module_check(splits=EVERY_SPLIT)),
-        prop("chunked", 4, _module_check(splits=(3, 2, 2))),
-        prop("absorbed", 4, _module_check(splits=[(4, 1, 1, 1), (3, 2, 2)], absorbed=True, nan=True)),
-        prop("cache_contents", 3, cache_contents),
+        values("no_cache", 3, FLOATS), values("no_cache_absorbed", 2, situation=MODULE_ABSORBED, absorbed=True),
+        prop("decode", 3, _module_check(splits=(4, 1, 1, 1)), situation=MODULE_CACHED),
+        prop("every_split", 3, _module_check(splits=EVERY_SPLIT), situation=MODULE_CACHED),
+        prop("chunked", 4, _module_check(splits=(3, 2, 2)), situation=MODULE_CACHED),
+        prop("absorbed", 4, _module_check(splits=[(4, 1, 1, 1), (3, 2, 2)], absorbed=True, nan=True),
+             situation=MODULE_ABSORBED),
+        prop("cache_contents", 3, cache_contents, situation=MODULE_CACHE_CONTENTS),
         prop("device", 1, lambda run: ModuleScript(run, device=run.ctx.device).expect_right()),
         prop("end_to_end", 2, module_end_to_end, end_to_end=True),
     ),

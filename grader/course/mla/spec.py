@@ -63,9 +63,12 @@ def _unless_one_token(**knobs):
 
 UNTRANSPOSED = r"cannot be multiplied|size mismatch|shape mismatch|must match the size"
 
+ONE_TOKEN = Mistake("compress_kv.one_token_mishandled", "right for several tokens, wrong for one: an axis of size "
+                    "1 was squeezed or indexed away; keep (B, 1, kv_lora_rank) and (B, 1, qk_rope_head_dim)")
+
 COMPRESS = StepSpec(
     "compress_kv", compress_inputs, ref.compress_kv, outputs=("c_kv", "k_rope"),
-    checks=(shape(1), values("values", 3, FLOATS), values("one_token", 2, t=1), device(1)),
+    checks=(shape(1), values("values", 3, FLOATS), values("one_token", 2, situation=ONE_TOKEN, t=1), device(1)),
     mistakes=(
         Mistake("compress_kv.rope_on_latent", "RoPE was applied to c_kv: the latent carries no position; rotate only "
                 "k_rope = RoPE(x @ w_krᵀ)", lambda *a: _compress(*a, rope_latent=True),
@@ -142,10 +145,15 @@ def _scores(q_nope, q_rope, k_nope, k_rope, *, width=None, rope_scaled=True, rop
     return (nope + part) / scale if rope_scaled else nope / scale + part
 
 
+SCORES_ONE = Mistake("mla_scores.one_query_mishandled", "right for several queries, wrong for one: keep the query "
+                     "axis of size 1 (no squeeze), and broadcast k_rope over the heads with k_rope.unsqueeze(1)")
+SCORES_SIZES = Mistake("mla_scores.sizes_mishandled", "wrong for 2 queries and 11 keys: a size was taken from the "
+                       "wrong tensor or fixed; the scores are (B, H, Tq, Tk), Tq from queries, Tk from keys")
+
 SCORES = StepSpec(
     "mla_scores", scores_inputs, ref.mla_scores,
-    checks=(shape(1), values("values", 3, FLOATS), values("one_query", 2, tq=1), values("many_keys", 2, tq=2, tk=11),
-            device(1)),
+    checks=(shape(1), values("values", 3, FLOATS), values("one_query", 2, situation=SCORES_ONE, tq=1),
+            values("many_keys", 2, situation=SCORES_SIZES, tq=2, tk=11), device(1)),
     mistakes=(
         Mistake("mla_scores.scaled_by_nope", "scaled by √qk_nope_head_dim: each head's query and key are [nope, rope], "
                 "so scale by √(qk_nope_head_dim + qk_rope_head_dim)", lambda qn, *a: _scores(qn, *a, width=DN)),
@@ -212,10 +220,18 @@ def _cut_wrong(weight: str):
     return lambda *a, **k: [_absorbed(*a, **k, **{weight: form}) for form in forms]
 
 
+ABSORBED_NO_MASK = Mistake("absorbed_attention.no_mask_mishandled", "right with a mask, wrong without one: "
+                           "mask=None means every key is seen; apply the mask only when it is given")
+ABSORBED_ONE = Mistake("absorbed_attention.one_query_mishandled", "right for several queries, wrong for one: keep the "
+                       "query axis of size 1 (no squeeze) through the folded query, the softmax and the output")
+ABSORBED_SIZES = Mistake("absorbed_attention.sizes_mishandled", "wrong for 4 queries and 11 keys: a size was taken "
+                         "from the wrong tensor or fixed; Tq comes from the queries, Tk from c_kv and k_rope")
+
 ABSORBED = StepSpec(
     "absorbed_attention", absorbed_inputs, ref.absorbed_attention,
-    checks=(shape(1), values("values", 3, FLOATS), values("unmasked", 2, masked=False), values("one_query", 2, tq=1),
-            values("many_keys", 3, tq=4, tk=11), device(1)),
+    checks=(shape(1), values("values", 3, FLOATS), values("unmasked", 2, situation=ABSORBED_NO_MASK, masked=False),
+            values("one_query", 2, situation=ABSORBED_ONE, tq=1),
+            values("many_keys", 3, situation=ABSORBED_SIZES, tq=4, tk=11), device(1)),
     mistakes=(
         Mistake("absorbed_attention.scaled_by_latent_width", "scaled by √kv_lora_rank (or √(kv_lora_rank + Dr)), the "
                 "absorbed query's width: the scores are still the keys' [nope, rope] dot products; scale by √(Dn + Dr)",

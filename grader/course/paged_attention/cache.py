@@ -34,8 +34,10 @@ from grader.engine import (
 FLOATS = (torch.float32, torch.float64)
 H, DH, BLOCK = 2, 3, 4  # heads, head width, tokens a block: three sizes no axis can pass for another
 NUM_BLOCKS = 10  # the main script's pool: 7 blocks used, 3 free
-SCHEDULE = ((5, 3), (2, 4), (5, 1), (9, 6), (5, 2), (2, 5))  # (seq_id, new tokens): lengths at, before and past a
-# block boundary, an append of exactly one block, appends across one and two boundaries, interleaved sequences
+SCHEDULE = ((5, 3), (2, 4), (5, 2), (9, 6), (5, 1), (2, 5))  # (seq_id, new tokens): lengths at, before and past a
+# block boundary, an append of exactly one block, appends across one and two boundaries (one from inside a block: a
+# token's block is table[(length + i) // block_size], not table[length // block_size + i // block_size]),
+# interleaved sequences
 KV = ("seq_id", "k", "v")
 
 
@@ -498,13 +500,22 @@ DTYPE_IGNORED = Mistake(
     "PagedKVCache.dtype_ignored", "the pool ignores the dtype argument (torch.zeros(shape) is "
     "float32): pass dtype= and device= when you make k_cache and v_cache")
 
+# What a check's failure says when the pool's contents are right and no listed mistake explains it (the other checks
+# name each of their failures).
+TABLES_WRONG = Mistake("PagedKVCache.tables_mishandled", "right contents, wrong block tables: row b lists sequence "
+                       "b's physical blocks in token order, then -1; a new block is taken only when the last fills")
+COUNTS_WRONG = Mistake("PagedKVCache.counts_mishandled", "right contents, wrong counts: seq_len is the tokens "
+                       "appended to that sequence, num_free_blocks the blocks no sequence holds")
+
 CACHE = StepSpec(
-    "PagedKVCache", pool_inputs, lambda ks, vs: None, prefix="pool",
+    "PagedKVCache", pool_inputs, lambda ks, vs: None, prefix="pool", plain="contents",
     checks=(
         prop("storage", 2, _cache_check(pool_storage)), prop("dtype", 1, pool_dtype),
-        prop("contents", 4, _cache_check(pool_contents)), prop("block_tables", 2, _cache_check(block_tables)),
-        prop("tables_in_order", 2, tables_in_order),
-        prop("seq_len", 2, _cache_check(seq_lens)), prop("free_blocks", 2, _cache_check(free_counts)),
+        prop("contents", 4, _cache_check(pool_contents)),
+        prop("block_tables", 2, _cache_check(block_tables), situation=TABLES_WRONG),
+        prop("tables_in_order", 2, tables_in_order, situation=TABLES_WRONG),
+        prop("seq_len", 2, _cache_check(seq_lens), situation=COUNTS_WRONG),
+        prop("free_blocks", 2, _cache_check(free_counts), situation=COUNTS_WRONG),
         prop("tokens_stay", 3, _cache_check(tokens_stay)), prop("in_place", 2, _cache_check(in_place)),
         prop("out_of_blocks", 3, out_of_blocks),
         prop("unchanged_after_refusal", 3, unchanged_after_refusal), prop("free", 2, free_returns_blocks),

@@ -134,11 +134,20 @@ TIMES_NAN = Mistake(
     why="The grader fills every slot no sequence holds with NaN: a slot must not be read at all.",
     variant=masked_multiplied)
 
+# What a check's failure says when the plain case passed and no listed mistake explains it.
+NAN_SLOTS = Mistake("paged_decode.unused_slots_read", "right while unused slots hold numbers, wrong when they hold "
+                    "NaN: read no slot past a sequence's length and no block of -1, not even to multiply it by 0")
+BOUNDARIES = Mistake("paged_decode.boundaries_mishandled", "wrong when a length is a multiple of block_size: a "
+                     "sequence holds ceil(len / block_size) blocks, and its last block's slots end at len")
+HALF = Mistake("paged_decode.half_mishandled", "right in float32, wrong in float16: compute in float32 if you like, "
+               "return q's dtype, and fill masked scores with -inf rather than a large number")
+
 DECODE = StepSpec(
     "paged_decode", decode_inputs, ref.paged_decode,
     checks=(
-        shape(3), values("mixed_lengths", 4, FLOATS), values("unused_nan", 6, nan=True),
-        values("at_boundaries", 4, lengths=(4, 8, 12), extra=1, nan=True), values("half", 2, (torch.float16,)),
+        shape(3), values("mixed_lengths", 4, FLOATS), values("unused_nan", 6, situation=NAN_SLOTS, nan=True),
+        values("at_boundaries", 4, situation=BOUNDARIES, lengths=(4, 8, 12), extra=1, nan=True),
+        values("half", 2, (torch.float16,), situation=HALF),
         device(2),
     ),
     # first: an answer all NaN in a NaN check looks like several of the others', and only this one is right elsewhere
@@ -241,13 +250,22 @@ HEADS_AXIS = _varlen_mistake(
     "heads_axis", "attended across the heads of each token (q @ k.mT on (T, H, Dh) is (T, H, H)): move the heads "
     "first, (H, T, Dh)", why="Then q @ k.mT is (H, Tq, Tk): every query against every key, head by head.")
 
+VARLEN_CAUSAL = Mistake("varlen_attention.causal_mishandled", "right without causal, wrong with it: mask within each "
+                        "sequence, key j hidden from query i when j > i + Tk - Tq, its own lengths' offset")
+VARLEN_LENGTHS = Mistake("varlen_attention.lengths_mishandled", "wrong when a sequence has fewer queries than keys: "
+                         "cut q by cu_seqlens_q and k, v by cu_seqlens_k, each sequence by its own offsets")
+VARLEN_HALF = Mistake("varlen_attention.half_mishandled", "right in float32, wrong in float16: return q's dtype, and "
+                      "fill masked scores with -inf rather than a large number")
+
 VARLEN = StepSpec(
     "varlen_attention", varlen_inputs, ref.varlen_attention,
     checks=(
-        shape(3), values("packed", 3, FLOATS), values("causal_chunks", 3, FLOATS, q_lens=CHUNK_Q, k_lens=CHUNK_K,
-                                                      causal=True),
-        values("causal_prefill", 3, causal=True), values("fewer_queries", 3, q_lens=CHUNK_Q, k_lens=CHUNK_K),
-        values("half", 2, (torch.float16,), q_lens=CHUNK_Q, k_lens=CHUNK_K, causal=True), device(2, causal=True),
+        shape(3), values("packed", 3, FLOATS),
+        values("causal_chunks", 3, FLOATS, situation=VARLEN_CAUSAL, q_lens=CHUNK_Q, k_lens=CHUNK_K, causal=True),
+        values("causal_prefill", 3, situation=VARLEN_CAUSAL, causal=True),
+        values("fewer_queries", 3, situation=VARLEN_LENGTHS, q_lens=CHUNK_Q, k_lens=CHUNK_K),
+        values("half", 2, (torch.float16,), situation=VARLEN_HALF, q_lens=CHUNK_Q, k_lens=CHUNK_K, causal=True),
+        device(2, causal=True),
     ),
     mistakes=(CU_AS_LENGTHS, KEYS_CUT_BY_Q, CROSSES, GLOBAL_POSITIONS, TOP_LEFT, CAUSAL_IGNORED, VARLEN_UNSCALED,
               HEADS_AXIS),

@@ -43,8 +43,9 @@ STREAMS = (9, 8, 10)  # each sequence's tokens in all
 SEQ_IDS = (11, 4, 7)  # the ids the module is given for them
 POOL_BLOCKS = 10  # room for all three, two blocks to spare
 PREFILL_DECODE = ({0: 5, 1: 3, 2: 8}, {0: 1, 1: 1, 2: 1}, {0: 1, 1: 1, 2: 1})  # a batch prefilled, decoded twice
-JOINING = ({0: 4}, {0: 1}, {1: 6, 0: 1}, {0: 2, 1: 1}, {2: 3}, {0: 1, 1: 1, 2: 1})  # sequences joining, chunks
-# mixed with single tokens, a batch whose order is not the ids', decoding all three at the end
+JOINING = ({0: 4}, {0: 1}, {1: 6, 0: 1}, {1: 1, 0: 2}, {2: 3}, {0: 1, 1: 1, 2: 1})  # sequences joining, chunks
+# mixed with single tokens (a batch whose first sequence brings one token is no decode), a batch whose order is not
+# the ids', decoding all three at the end
 X = ("x",)
 
 
@@ -187,14 +188,24 @@ def module_end_to_end(run: Run) -> None:
         raise CheckFailed(failure.message, mistake, {**failure.details, "calls": calls}, failure.outcome) from None
 
 
+# What a check's failure says when prefill then decode is served right and no listed mistake explains it.
+JOINING_WRONG = Mistake("PagedSelfAttention.joining_mishandled", "wrong when a sequence joins while others decode: "
+                        "each sequence's positions, table and length are its own; prefill it alone, then decode it "
+                        "with the batch")
+BIAS_WRONG = Mistake("PagedSelfAttention.bias_mishandled", "wrong with bias=False: pass the bias argument on to "
+                     "every nn.Linear the module makes")
+NAN_SLOTS = Mistake("PagedSelfAttention.unused_slots_read", "right while the pool's free slots hold numbers, wrong "
+                    "when they hold NaN: read only each sequence's own slots, through its table and length")
+
 MODULE = StepSpec(
     "PagedSelfAttention", module_inputs, served, module=True, prefix="module",
-    answered=("paged_decode", "varlen_attention"),
+    answered=("paged_decode", "varlen_attention"), plain="prefill_then_decode",
     checks=(
         prop("structure", 2, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, H), "an nn.Linear")),
-        prop("prefill_then_decode", 4, _serve_check()), prop("joining", 4, _serve_check(schedule=JOINING)),
-        prop("without_bias", 2, _serve_check(bias=False)),
-        prop("unused_slots_nan", 5, _serve_check(nan=True)),
+        prop("prefill_then_decode", 4, _serve_check()),
+        prop("joining", 4, _serve_check(schedule=JOINING), situation=JOINING_WRONG),
+        prop("without_bias", 2, _serve_check(bias=False), situation=BIAS_WRONG),
+        prop("unused_slots_nan", 5, _serve_check(nan=True), situation=NAN_SLOTS),
         prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),
     mistakes=(NOT_CAUSAL, NEW_ONLY, LENGTHS_BEFORE, NO_OUTPUT_PROJECTION, HEADS_SPLIT_INNER, NAN_READ),

@@ -90,7 +90,7 @@ INTERPRETER_BFLOAT16 = ("Triton ran in its interpreter (no CUDA), whose tl.dot o
 
 
 def checked(name: str, points: int, dtype=torch.float32, strided: tuple[int, ...] = (), compiled_only: str = "",
-            **params):
+            situation: Mistake | None = None, **params):
     """A values check on Triton's device: the answer to the step's inputs with `params` against the reference.
     `compiled_only`: why the interpreter cannot check it (then it is skipped without CUDA)."""
     def check(run):
@@ -102,7 +102,7 @@ def checked(name: str, points: int, dtype=torch.float32, strided: tuple[int, ...
         run.expect_right(run.output(answer), call, device)
 
     check.__doc__ = f"{name}: the answer on Triton's device matches the reference ({params or 'the plain inputs'})."
-    return prop(name, points, check)
+    return prop(name, points, check, situation=situation)
 
 
 def kept_rules(points: int, **params):
@@ -153,12 +153,28 @@ def softmax_inputs(gen, dtype, rows=ROWS, cols=COLS, scale=1.0, offset=0.0, mask
 NOT_POWER_OF_TWO = Raises(message=r"power of 2")
 SOFTMAX_NO_KERNEL = Mistake("softmax.no_kernel", "the launcher computed the softmax without launching a Triton "
                             "kernel: do the work in softmax_kernel, launched over a grid of n_rows programs")
+# What a check's failure says when the plain case passed and no listed mistake explains it.
+STRIDES = "right for contiguous inputs, wrong for transposed views: pass each tensor's own strides and address "
+HALF = ("right in float32, wrong in float16 or bfloat16: load, compute in float32 (x.to(tl.float32)) and store in "
+        "the output's dtype")
+SOFTMAX_STRIDES = Mistake("softmax.strides_mishandled", STRIDES + "(row, col) as row * stride_r + col * stride_c")
+SOFTMAX_HALF = Mistake("softmax.half_mishandled", HALF)
+SOFTMAX_EDGES = Mistake("softmax.extreme_rows_mishandled", "wrong for rows of -inf only or far below 0: load padding "
+                        "as -inf, subtract the real lanes' max, and let 0 / 0 give NaN as torch does")
+SOFTMAX_WIDE = Mistake("softmax.wide_rows_mishandled", "wrong for rows of 257 columns: BLOCK is "
+                       "triton.next_power_of_2(n_cols), from the columns, and every lane past n_cols is masked")
+SOFTMAX_LARGE = Mistake("softmax.large_scores_mishandled", "wrong for scores of a hundred: subtract the row's max "
+                        "before tl.exp, over the real lanes only")
 SOFTMAX = StepSpec(
     "softmax", softmax_inputs, softmax_reference,
     checks=(
-        checked("values", 5), checked("strided", 3, strided=(0,)), checked("float16", 2, torch.float16),
-        checked("masked_row", 1, masked_row=True), checked("very_negative", 1, offset=-200.0),
-        checked("bfloat16", 2, torch.bfloat16), checked("wide", 3, cols=300, rows=3), checked("large", 4, scale=100.0),
+        checked("values", 5), checked("strided", 3, strided=(0,), situation=SOFTMAX_STRIDES),
+        checked("float16", 2, torch.float16, situation=SOFTMAX_HALF),
+        checked("masked_row", 1, masked_row=True, situation=SOFTMAX_EDGES),
+        checked("very_negative", 1, offset=-200.0, situation=SOFTMAX_EDGES),
+        checked("bfloat16", 2, torch.bfloat16, situation=SOFTMAX_HALF),
+        checked("wide", 3, cols=257, rows=3, situation=SOFTMAX_WIDE),
+        checked("large", 4, scale=100.0, situation=SOFTMAX_LARGE),
         launched_kernel(2, SOFTMAX_NO_KERNEL), kept_rules(2),
     ),
     mistakes=(
@@ -270,15 +286,30 @@ SCORE_MATRIX = Mistake("flash_attention.score_matrix", "the launcher built a ten
                        "with torch: compute each block_m × block_n tile in the kernel and keep it there")
 FLASH_NO_KERNEL = Mistake("flash_attention.no_kernel", "the launcher computed attention without launching a Triton "
                           "kernel: do the work in flash_forward_kernel, launched over its grid of programs")
+FLASH_CAUSAL = Mistake("flash_attention.causal_mishandled", "right without causal, wrong with it: mask key j > i + "
+                       "Tk - Tq (bottom-right) with tl.where, and end each query block's key loop at its last query's "
+                       "diagonal")
+FLASH_NO_KEY = Mistake("flash_attention.no_key_rows_mishandled", "wrong for rows with no key to see (causal, Tq > Tk): "
+                       "give them out 0 and lse -inf, guarding m = -inf and l = 0")
+FLASH_STRIDES = Mistake("flash_attention.strides_mishandled", STRIDES + "each of q, k, v, out by its four "
+                        "strides, batch and head apart")
+FLASH_BLOCKS = Mistake("flash_attention.block_sizes_mishandled", "right with square blocks, wrong with block_m ≠ "
+                       "block_n: queries step by block_m, keys by block_n, and the causal loop's end counts both")
+FLASH_HALF = Mistake("flash_attention.half_mishandled", "right in float32, wrong in a half type: keep m, l and acc in "
+                     "float32, give tl.dot its inputs' dtype, and cast only what you store")
 FLASH = StepSpec(
     "flash_attention", flash_inputs, flash_reference, outputs=("out", "lse"),
     checks=(
-        checked("values", 6), checked("causal", 6, causal=True), checked("causal_square", 3, t_q=TK, causal=True),
-        checked("fully_masked", 4, t_q=TK + 9, t_k=TQ, causal=True), checked("strided", 2, strided=(0, 1, 2)),
-        checked("layouts", 2, strided=((0, 1, 2), (2, 1, 2))),
-        prop("block_sizes", 4, block_sizes), checked("float16", 3, torch.float16, causal=True),
-        checked("bfloat16", 3, torch.bfloat16, compiled_only=INTERPRETER_BFLOAT16, causal=True),
-        checked("long_float16", 3, torch.float16, t_q=16, t_k=512, q_scale=0.1, v_offset=250.0),
+        checked("values", 6), checked("causal", 6, causal=True, situation=FLASH_CAUSAL),
+        checked("causal_square", 3, t_q=TK, causal=True, situation=FLASH_CAUSAL),
+        checked("fully_masked", 4, t_q=TK + 9, t_k=TQ, causal=True, situation=FLASH_NO_KEY),
+        checked("strided", 2, strided=(0, 1, 2), situation=FLASH_STRIDES),
+        checked("layouts", 2, strided=((0, 1, 2), (2, 1, 2)), situation=FLASH_STRIDES),
+        prop("block_sizes", 4, block_sizes, situation=FLASH_BLOCKS),
+        checked("float16", 3, torch.float16, causal=True, situation=FLASH_HALF),
+        checked("bfloat16", 3, torch.bfloat16, compiled_only=INTERPRETER_BFLOAT16, causal=True, situation=FLASH_HALF),
+        checked("long_float16", 3, torch.float16, t_q=16, t_k=512, q_scale=0.1, v_offset=250.0,
+                situation=FLASH_HALF),
         prop("no_score_matrix", 4, no_score_matrix), launched_kernel(3, FLASH_NO_KERNEL, causal=True),
         kept_rules(3, causal=True), prop("speed", 9, speed),
     ),
@@ -320,6 +351,10 @@ FLASH = StepSpec(
         Mistake("flash_attention.lse_without_max", "lse was stored as log(l): l is summed relative to the running "
                 "max, so lse = m + log(l)", flash_variant(lse_form="no_max"),
                 why="out is right either way; a backward pass that recomputes e^(s - lse) is not."),
+        Mistake("flash_attention.lse_unscaled_max", "lse used the max of the unscaled scores: with the scale inside "
+                "the exponent, e^(scale·(s - m)), the log-sum-exp is scale·m + log(l)",
+                flash_variant(lse_form="unscaled_max"),
+                why="out is right either way: the max cancels in acc / l, but not in lse."),
         Mistake("flash_attention.lse_in_base_two", "lse was stored in base 2 (an exp2 kernel's m·log2(e) + "
                 "log2(l)): convert it back, multiplying by ln(2)", flash_variant(lse_form="base_two"),
                 why="exp2 of scores pre-scaled by log2(e) is the same softmax; its log-sum-exp comes out in bits."),
@@ -353,13 +388,23 @@ def decode_inputs(gen, dtype, lengths=LENGTHS, t_max=T_MAX, d=D, scale=1.0):
 
 DECODE_NO_KERNEL = Mistake("decode_attention.no_kernel", "the launcher computed attention without launching a "
                            "Triton kernel: do the work in decode_kernel, launched over a grid of B·H programs")
+DECODE_STRIDES = Mistake("decode_attention.strides_mishandled", STRIDES + "q, k_cache, v_cache and out each by its "
+                         "own strides")
+DECODE_HALF = Mistake("decode_attention.half_mishandled", HALF)
+DECODE_LENGTHS = Mistake("decode_attention.lengths_mishandled", "wrong for some lengths (0, or one block or less): "
+                         "loop over range(0, lengths[b], BLOCK_N), mask keys j >= lengths[b], and give a length of 0 "
+                         "output 0")
+DECODE_LONG = Mistake("decode_attention.long_sequences_mishandled", "wrong over many key blocks with large scores: "
+                      "keep a running max, and rescale acc and l by e^(m - m_new) whenever it rises")
 DECODE = StepSpec(
     "decode_attention", decode_inputs, decode_reference,
     checks=(
-        checked("values", 3), checked("strided", 2, strided=(0, 1, 2)),
-        checked("layouts", 2, strided=((1, 1, 2), (2, 1, 2))), checked("float16", 3, torch.float16),
-        checked("one_block", 2, lengths=(3, 11, 16), t_max=16),
-        checked("long", 2, lengths=(97, 128), t_max=128, scale=8.0), checked("empty", 2, lengths=(0, 11, 40)),
+        checked("values", 3), checked("strided", 2, strided=(0, 1, 2), situation=DECODE_STRIDES),
+        checked("layouts", 2, strided=((1, 1, 2), (2, 1, 2)), situation=DECODE_STRIDES),
+        checked("float16", 3, torch.float16, situation=DECODE_HALF),
+        checked("one_block", 2, lengths=(3, 11, 13), t_max=13, situation=DECODE_LENGTHS),
+        checked("long", 2, lengths=(97, 128), t_max=128, scale=8.0, situation=DECODE_LONG),
+        checked("empty", 2, lengths=(0, 11, 40), situation=DECODE_LENGTHS),
         launched_kernel(2, DECODE_NO_KERNEL), kept_rules(2),
     ),
     mistakes=(
@@ -380,6 +425,10 @@ DECODE = StepSpec(
         Mistake("decode_attention.past_length", "the kernel read the cache past the sequence's length (NaN "
                 "there): loop over range(0, lengths[b], BLOCK_N) and mask keys j >= lengths[b]", test=has_nan,
                 why="The cache is allocated for T_max positions; only the first lengths[b] hold keys."),
+        Mistake("decode_attention.no_rescale", "acc and l were not rescaled when the running max rose: alpha = "
+                "e^(m - m_new) from the old max, before m = m_new, multiplies both",
+                decode_variant(rescale_acc=False, rescale_l=False),
+                why="alpha computed after m is updated is e^0 = 1: every earlier block keeps its old scale."),
         Mistake("decode_attention.acc_not_rescaled", "acc was not rescaled when the running max rose: multiply it "
                 "by alpha = e^(m - m_new) before adding the block's weighted values, as l is",
                 decode_variant(rescale_acc=False)),

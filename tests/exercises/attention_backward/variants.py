@@ -305,6 +305,10 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
     Variant("fn_lse_is_max", function(row_end="""\
             outs.append(acc / torch.where(l > 0, l, 1.0)[..., None])
             lses.append(m)"""), "FlashAttentionFunction", "FlashAttentionFunction.lse_is_max"),
+    Variant("fn_lse_unscaled_max", function(row_end="""\
+            outs.append(acc / torch.where(l > 0, l, 1.0)[..., None])
+            lses.append(m / scale + torch.log(l))"""), "FlashAttentionFunction",
+            "FlashAttentionFunction.lse_unscaled_max"),
     Variant("fn_nan_rows", function(row_end="""\
             outs.append(acc / l[..., None])
             lses.append(m + torch.log(l))"""), "FlashAttentionFunction", "FlashAttentionFunction.nan_rows"),
@@ -531,4 +535,45 @@ class FlashAttentionFunction(FlashAttentionFunction):
         ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k
         return out
 """, "FlashAttentionFunction", "forbidden_call"),
+]
+
+# Bugs of the situations a step's checks add (spec.Check.situation): right in the plain case, wrong in each of the
+# others in a way no listed mistake explains; each check names its situation.
+BUGGY += [
+    Variant("sb_situations", """
+_softmax_backward = softmax_backward
+
+def softmax_backward(probs, grad_probs, dim=-1):
+    grad = _softmax_backward(probs, grad_probs, dim)
+    return grad + 0.25 if dim not in (-1, probs.dim() - 1) or bool((probs == 0).any()) else grad
+""", "softmax_backward", situations=("softmax_backward.dim_ignored", "softmax_backward.zeros_mishandled")),
+    Variant("att_situations", """
+_attention_backward = attention_backward
+
+def attention_backward(q, k, v, grad_out, mask=None):
+    dq, dk, dv = _attention_backward(q, k, v, grad_out, mask)
+    return (dq + 0.25, dk, dv) if mask is not None else (dq, dk, dv)
+""", "attention_backward", situations=("attention_backward.mask_mishandled",
+                                      "attention_backward.masked_rows_mishandled",
+                                      "attention_backward.square_mishandled")),
+    Variant("fab_situations", """
+_flash_attention_backward = flash_attention_backward
+
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32):
+    dq, dk, dv = _flash_attention_backward(q, k, v, out, lse, grad_out, causal, block_q, block_k)
+    return (dq + 0.25, dk, dv) if causal else (dq, dk, dv)
+""", "flash_attention_backward", situations=(
+        "flash_attention_backward.causal_mishandled", "flash_attention_backward.no_key_rows_mishandled",
+        "flash_attention_backward.square_tiles_mishandled", "flash_attention_backward.block_sizes_mishandled",
+        "flash_attention_backward.one_query_mishandled")),
+    Variant("fn_situations", """
+_Function = FlashAttentionFunction
+
+class FlashAttentionFunction(_Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, block_q=32, block_k=32):
+        out = _Function.forward(ctx, q, k, v, causal, block_q, block_k)
+        return out + 0.25 if causal or q.dtype == torch.float64 else out
+""", "FlashAttentionFunction", situations=("FlashAttentionFunction.causal_mishandled",
+                                          "FlashAttentionFunction.float64_blocks_mishandled")),
 ]

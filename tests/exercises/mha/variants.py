@@ -15,6 +15,12 @@ class Variant:
     code: str
     step: str | None = None  # the step that must lose points (buggy variants)
     mistake: str | None = None  # the named mistake it must show
+    # more it must show in the same step, each in its own check: a bug of several situations (spec.Check.situation)
+    situations: tuple[str, ...] = ()
+
+    @property
+    def shows(self) -> tuple[str, ...]:
+        return ((self.mistake,) if self.mistake else ()) + self.situations
 
     def __str__(self) -> str:
         return self.name

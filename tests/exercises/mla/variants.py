@@ -294,7 +294,8 @@ class LatentCache(LatentCache):
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.mask_inverted"),
     Variant("module_positions_from_zero", forward_with(
         "torch.arange(past_len, past_len + T, device=x.device)", "torch.arange(T, device=x.device)"),
-            "MultiHeadLatentAttention", "MultiHeadLatentAttention.positions_from_zero"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.positions_from_zero",
+            situations=("MultiHeadLatentAttention.cache_contents_mishandled",)),
     Variant("module_rope_on_whole_query", forward_with(
         """        q_nope, q_rope = q.split([Dn, Dr], dim=-1)
         q_rope = apply_rope(q_rope, positions)""",
@@ -469,4 +470,52 @@ class LatentCache(LatentCache):
         super().__init__(batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype, device)
         self.c_kv = torch.zeros(batch_size, max_len, kv_lora_rank, dtype=dtype)  # on the CPU, whatever device says
 """, "LatentCache", "LatentCache.device_ignored"),
+]
+
+# Bugs of the situations a step's checks add (spec.Check.situation): right in the plain case, wrong in each of the
+# others in a way no listed mistake explains; each check names its situation.
+BUGGY += [
+    Variant("compress_situations", """
+_compress_kv = compress_kv
+
+def compress_kv(*args, **kwargs):
+    c_kv, k_rope = _compress_kv(*args, **kwargs)
+    return (c_kv + 0.25, k_rope) if c_kv.shape[-2] == 1 else (c_kv, k_rope)
+""", "compress_kv", situations=("compress_kv.one_token_mishandled",)),
+    Variant("scores_situations", """
+_mla_scores = mla_scores
+
+def mla_scores(q_nope, q_rope, k_nope, k_rope):
+    scores = _mla_scores(q_nope, q_rope, k_nope, k_rope)
+    return scores + 0.25 if q_nope.shape[-2] == 1 or k_nope.shape[-2] == 11 else scores
+""", "mla_scores", situations=("mla_scores.one_query_mishandled", "mla_scores.sizes_mishandled")),
+    Variant("absorbed_situations", """
+_absorbed_attention = absorbed_attention
+
+def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
+    out = _absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask)
+    return out + 0.25 if mask is None or q_nope.shape[-2] != 3 else out
+""", "absorbed_attention", situations=("absorbed_attention.no_mask_mishandled",
+                                      "absorbed_attention.one_query_mishandled",
+                                      "absorbed_attention.sizes_mishandled")),
+    Variant("cache_situations", """
+_LatentCache = LatentCache
+
+class LatentCache(_LatentCache):
+    def append(self, c_kv_new, k_rope_new):
+        c_kv, k_rope = super().append(c_kv_new, k_rope_new)
+        if c_kv.dtype == torch.float16 or bool(self.c_kv[:, self.length:].isnan().any()):
+            c_kv = c_kv + 0.25
+        return c_kv, k_rope
+""", "LatentCache", situations=("LatentCache.half_mishandled", "LatentCache.unused_slots_mishandled")),
+    Variant("module_situations", """
+_MultiHeadLatentAttention = MultiHeadLatentAttention
+
+class MultiHeadLatentAttention(_MultiHeadLatentAttention):
+    def forward(self, x, cache=None, absorbed=False):
+        past = cache.length if cache is not None else 0
+        out = super().forward(x, cache, absorbed)
+        return out + 0.25 if absorbed or past > 0 else out
+""", "MultiHeadLatentAttention", situations=("MultiHeadLatentAttention.cache_mishandled",
+                                            "MultiHeadLatentAttention.absorbed_mishandled")),
 ]

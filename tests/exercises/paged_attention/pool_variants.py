@@ -73,7 +73,7 @@ class PagedKVCache(PagedKVCache):
         if needed > len(self.free_blocks):
             raise RuntimeError("out of blocks")
         table = table + [self.free_blocks.pop() for _ in range(needed)]
-""" + WRITE), "PagedKVCache", "PagedKVCache.extra_block_at_boundary"),
+""" + WRITE), "PagedKVCache", "PagedKVCache.extra_block_at_boundary", situations=("PagedKVCache.tables_mishandled",)),
     Variant("pool_last_block_not_allocated", append_with("""\
         needed = end // bs - len(table)  # full blocks only
         if needed > len(self.free_blocks):

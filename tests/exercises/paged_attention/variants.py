@@ -417,3 +417,47 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
     return torch.einsum("bhl,blhd->bhd", weights, v)
 """, "paged_decode", "tensor_on_cpu"),
 ]
+
+# Bugs of the situations a step's checks add (spec.Check.situation): right in the plain case, wrong in each of the
+# others in a way no listed mistake explains; each check names its situation.
+BUGGY += [
+    Variant("pool_situations", """
+_PagedKVCache = PagedKVCache
+
+class PagedKVCache(_PagedKVCache):
+    def seq_len(self, seq_id):
+        n = super().seq_len(seq_id)
+        return n + 1 if n > 8 else n
+
+    def num_free_blocks(self):
+        return max(super().num_free_blocks() - 1, 0)
+""", "PagedKVCache", situations=("PagedKVCache.counts_mishandled",)),
+    Variant("decode_situations", """
+_paged_decode = paged_decode
+
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+    out = _paged_decode(q, k_cache, v_cache, block_tables, context_lens)
+    odd = bool(k_cache.isnan().any()) or q.dtype == torch.float16 or bool((context_lens % 4 == 0).all())
+    return out + 0.25 if odd else out
+""", "paged_decode", situations=("paged_decode.unused_slots_read", "paged_decode.boundaries_mishandled",
+                                "paged_decode.half_mishandled")),
+    Variant("varlen_situations", """
+_varlen_attention = varlen_attention
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
+    out = _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
+    odd = causal or q.dtype == torch.float16 or q.shape[0] != k.shape[0]
+    return out + 0.25 if odd else out
+""", "varlen_attention", situations=("varlen_attention.causal_mishandled", "varlen_attention.lengths_mishandled",
+                                    "varlen_attention.half_mishandled")),
+    Variant("module_situations", """
+_PagedSelfAttention = PagedSelfAttention
+
+class PagedSelfAttention(_PagedSelfAttention):
+    def forward(self, x, cache, seq_ids, cu_seqlens):
+        out = super().forward(x, cache, seq_ids, cu_seqlens)
+        odd = self.w_q.bias is None or len(seq_ids) == 1
+        return out + 0.25 if odd else out
+""", "PagedSelfAttention", situations=("PagedSelfAttention.joining_mishandled",
+                                      "PagedSelfAttention.bias_mishandled")),
+]

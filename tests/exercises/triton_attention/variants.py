@@ -151,6 +151,9 @@ BUGGY = [
     Variant("flash_block_not_power_of_two", changed(
         "flash_attention", ("BLOCK_D=max(16, triton.next_power_of_2(d))", "BLOCK_D=d")),
         "flash_attention", "flash_attention.block_not_power_of_two"),
+    Variant("flash_lse_unscaled_max", changed("flash_forward_kernel", ("lse = m + tl.log(l)",
+                                                                       "lse = m / scale + tl.log(l)")),
+            "flash_attention", "flash_attention.lse_unscaled_max"),
     Variant("flash_acc_not_rescaled", changed("flash_forward_kernel", ("acc = alpha[:, None] * acc +", "acc = acc +")),
             "flash_attention", "flash_attention.acc_not_rescaled"),
     Variant("flash_l_not_rescaled", changed("flash_forward_kernel", ("l = alpha * l +", "l = l +")),
@@ -196,6 +199,9 @@ BUGGY = [
     Variant("decode_program_ids_swapped", changed("decode_kernel", ("b, h = bh // n_heads, bh % n_heads",
                                                                     "b, h = bh % n_heads, bh // n_heads")),
             "decode_attention", "decode_attention.program_ids_swapped"),
+    Variant("decode_no_rescale", changed("decode_kernel", ("acc = alpha * acc +", "acc = acc +"),
+                                         ("l = alpha * l +", "l = l +")),
+            "decode_attention", "decode_attention.no_rescale"),
     Variant("decode_acc_not_rescaled", changed("decode_kernel", ("acc = alpha * acc +", "acc = acc +")),
             "decode_attention", "decode_attention.acc_not_rescaled"),
     Variant("decode_l_not_rescaled", changed("decode_kernel", ("l = alpha * l +", "l = l +")),
@@ -241,4 +247,43 @@ RULES_ONLY = [
     Variant("decode_checks_with_matmul", changed(
         "decode_attention", ("    return out\n", "    torch.matmul(q[:, :, None, :], k_cache.transpose(-1, -2))\n"
                                                "    return out\n")), "decode_attention"),
+]
+
+# Bugs of the situations a step's checks add (spec.Check.situation): right in the plain case, wrong in each of the
+# others in a way no listed mistake explains; each check names its situation.
+ODD_SOFTMAX = changed(
+    "softmax_kernel",
+    ("stride_yc, BLOCK: tl.constexpr):", "stride_yc, BLOCK: tl.constexpr, ODD: tl.constexpr):"),
+    ("    y = e / tl.sum(e, axis=0)\n",
+     "    y = e / tl.sum(e, axis=0)\n"
+     "    extreme = (tl.max(x, axis=0) < -50.0) | (tl.max(x, axis=0) > 50.0)\n"
+     "    y = tl.where(extreme | (ODD == 1), y * 1.1, y)\n"),
+) + changed(
+    "softmax",
+    ("BLOCK=block)", "BLOCK=block,\n                                 ODD=int(x.dtype != torch.float32 or x.stride(1) != 1 "
+                     "or n_cols > 64))"),
+)
+ODD_FLASH = changed(
+    "flash_attention",
+    ("heads, t_q, t_k, d, 1.0 / math.sqrt(d),",
+     "heads, t_q, t_k, d, (1.1 if causal or q.dtype != torch.float32 or not q.is_contiguous() else 1.0) / "
+     "math.sqrt(d),"),
+)
+ODD_DECODE = changed(
+    "decode_attention",
+    ("heads, d, 1.0 / math.sqrt(d),",
+     "heads, d, (1.1 if q.dtype != torch.float32 or not (q.is_contiguous() and k_cache.is_contiguous()) "
+     "or k_cache.shape[2] in (13, 128) else 1.0) / math.sqrt(d),"),
+)
+BUGGY += [
+    Variant("softmax_situations", ODD_SOFTMAX, "softmax", situations=(
+        "softmax.strides_mishandled", "softmax.half_mishandled", "softmax.extreme_rows_mishandled",
+        "softmax.wide_rows_mishandled", "softmax.large_scores_mishandled")),
+    Variant("flash_situations", ODD_FLASH, "flash_attention", situations=(
+        "flash_attention.causal_mishandled", "flash_attention.no_key_rows_mishandled",
+        "flash_attention.strides_mishandled", "flash_attention.block_sizes_mishandled",
+        "flash_attention.half_mishandled")),
+    Variant("decode_situations", ODD_DECODE, "decode_attention", situations=(
+        "decode_attention.strides_mishandled", "decode_attention.half_mishandled",
+        "decode_attention.lengths_mishandled", "decode_attention.long_sequences_mishandled")),
 ]
