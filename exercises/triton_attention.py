@@ -35,9 +35,10 @@ Triton's model, for a PyTorch user:
 
 The launchers allocate the outputs with torch.empty and launch the kernel; the work is the
 kernel's. The grader checks that each launcher launched a @triton.jit function, that it
-calls no softmax, matmul or attention of torch's, and that no tensor its torch calls create
-holds the score matrix. Every launcher returns its results on the device of its inputs
-(CUDA, or the CPU under the interpreter).
+calls no softmax, matmul, attention or arithmetic of torch's and moves no tensor out of torch
+(NumPy, .tolist(), .item()), and that no tensor its torch calls create holds the score matrix.
+Every launcher returns its results on the device of its inputs (CUDA, or the CPU under the
+interpreter).
 """
 
 import math

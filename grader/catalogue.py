@@ -31,13 +31,17 @@ def exercise_mistakes(exercise: str) -> list[Entry]:
     spec = importlib.import_module(f"grader.course.{exercise}.spec").SPEC
     entries, seen = [], set()
     for step in spec.steps:
-        situations = {c.situation.id: c.name for c in step.checks if c.situation is not None}
+        located = {c.situation.id: f"its check {c.name} failing while the plain case passes"
+                   for c in step.checks if c.situation is not None}
+        located.update({m.id: f"the parts {', '.join(right)} right, the others wrong" for right, m in step.parts})
+        located.update({p.mistake.id: f"the simpler case {p.params} right while the plain case fails"
+                        for p in step.probes})
         for m in step.named:
             if m.id not in seen:
                 seen.add(m.id)
                 way = m.recognised_by
-                if m.id in situations and way == "its own check":
-                    way = f"its check {situations[m.id]} failing while the plain case passes"
+                if m.id in located and way == "its own check":
+                    way = located[m.id]
                 entries.append(Entry(exercise, step.id, m.id, m.message, way, m.why))
     return entries
 

@@ -154,7 +154,10 @@ def run(folder: Path, exercise: str, minutes: float, candidate: str, options: di
                 # saved while the last grade ran, after time up: the final score is the last grade's
                 note = f"a save at {_when(saved)}, after time up, is not counted"
             else:
+                watcher.cache = {}  # the scorecard's grade is whole (Watcher.regrade_whole)
                 watcher.regrade()  # the scorecard grades the file as it is now
+        else:
+            watcher.regrade_whole()
     # the hash of the content graded (read before grading it), not of whatever the file holds by now
     sha256 = watcher.graded_stamp if watcher.result is not None else _sha256(session.path)
     now = clock()

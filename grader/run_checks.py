@@ -224,6 +224,12 @@ class _Plugin:
         if isinstance(error, CandidateError):
             return CheckResult(step_id, name, "error", points, error.message, end_to_end=_end_to_end(item),
                                error_kind=error.kind)
+        failed = error.__context__
+        if isinstance(failed, CheckFailed) and not excinfo.errisinstance(pytest.fail.Exception):
+            # the check had failed, and naming its mistake met an answer the diagnosis could not read (a buffer of
+            # another shape): the failure stands, unnamed, rather than ending the grade as the grader's fault
+            return CheckResult(step_id, name, failed.outcome, points, failed.message, details=failed.details,
+                               end_to_end=_end_to_end(item))
         if excinfo.errisinstance(pytest.fail.Exception) and "Timeout" in str(error):
             return CheckResult(step_id, name, "error", points, "the check ran past the grader's last-resort time limit",
                                error_kind="timeout")

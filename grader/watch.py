@@ -232,6 +232,16 @@ class Watcher:
         self.show(self._screen(result, edited, progress, time.monotonic() - started))
         return result
 
+    def regrade_whole(self) -> Grade | None:
+        """The last grade's content graded again without the cache, recording nothing new: the cache keeps the checks
+        of a step whose text did not change, and a file can change what a step does without changing its text (it
+        may read its own comments). What a scorecard reports."""
+        try:
+            self.result = grade(self.path, zygote=self.zygote, cache=None, **self.options)
+        except UsageError as error:
+            self.say(f"attn-grade: {error}")
+        return self.result
+
     def press(self, key: str) -> bool:
         """Act on one key; False for q."""
         if key == "q":

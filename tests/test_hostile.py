@@ -1181,3 +1181,41 @@ def test_14b_an_integer_size_past_the_bounds_is_refused_before_the_mask_is_built
     result = grade_source(code, base=(ROOT / "solutions" / "local_attention.py").read_text(), name="local_attention.py")
     assert "HUGE: sliding_window_mask (answered by the grader): inputs too large to answer" in result.candidate_output
     assert "HUGE: answered" not in result.candidate_output
+
+
+def test_a_cache_buffer_of_another_width_costs_its_checks_and_crashes_nothing(grade_source):
+    """Round 8: the module swaps the cache's k for one a head wider after each call; naming the mistake compared it
+    with the grader's keys and raised (exit 3). The failure stands, unnamed, and the grade ends."""
+    code = """
+_Base = CachedSelfAttention
+
+class CachedSelfAttention(_Base):
+    def forward(self, x, cache=None):
+        real = cache.__dict__.get("_real_k") if cache is not None else None
+        if real is not None:
+            cache.k = real
+        out = super().forward(x, cache)
+        if cache is not None:
+            real = cache.k
+            cache.__dict__["_real_k"] = real
+            cache.k = torch.zeros(*real.shape[:3], real.shape[3] + 1, dtype=real.dtype, device=real.device)
+        return out
+"""
+    result = grade_kv(grade_source, code)
+    failed = {c.name for s in result.steps for c in s.checks if c.points < c.max_points}
+    assert "module_cache_contents" in failed and result.score < 100, explain(result)
+
+
+def test_a_forbidden_call_on_one_edge_case_only_is_a_breach(grade_source):
+    """Round 8: a softmax written by hand that calls torch.softmax only for large logits kept every rule, as the
+    rules check's own call never saw it. Every call of a step's checks is held to the rules."""
+    code = """
+def softmax(scores, dim=-1):
+    if bool(scores.abs().amax() > 50):
+        return torch.softmax(scores, dim).nan_to_num(0.0)
+    e = torch.exp(scores - scores.amax(dim, keepdim=True).clamp_min(-1e30))
+    return (e / e.sum(dim, keepdim=True)).nan_to_num(0.0)
+"""
+    result = grade_source(code)
+    softmax = next(s for s in result.steps if s.id == "softmax")
+    assert softmax.score == 0 and softmax.breach, explain(result)

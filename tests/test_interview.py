@@ -278,3 +278,22 @@ def test_a_folder_with_work_or_someone_elses_interview_is_refused(tmp_path, cloc
     interview.start(tmp_path / "iv", "mha", 5, "Ada", clock)
     other = invoke("interview", "mha", tmp_path / "iv", "--minutes", "5", "--candidate", "Grace")
     assert other.exit_code == 2 and "holds Ada's interview on mha" in other.stderr
+
+
+def test_the_scorecard_grades_whole_what_the_live_table_took_from_its_cache(tmp_path, zygote, clock):
+    """Round 8: a step that reads its own file's comments changes what it does without changing its text, so the
+    watcher's cache kept its pass; the scorecard's grade takes nothing from the cache."""
+    folder = tmp_path / "iv"
+    path = folder / "mha.py"
+    line = "    m = scores.amax(dim=dim, keepdim=True).detach()"
+    reads_itself = REFERENCE.replace(line, '''    with open(__file__, encoding="utf-8") as own:
+        if "# mode: " + "library" in own.read():
+            return torch.softmax(scores, dim=dim).nan_to_num(0.0)
+''' + line, 1)
+    assert reads_itself != REFERENCE
+    actions = [at(clock, 60, lambda: save(path, reads_itself)),
+               at(clock, 120, lambda: save(path, reads_itself + "\n\n# mode: library\n")), at(clock, 601, lambda: None)]
+    md, _ = interview.run(folder, "mha", 10, "Ada", {"device": "cpu"}, clock=clock, read_key=script(*actions),
+                          zygote=zygote)
+    final = scorecard_line(md.read_text(), "Final score")
+    assert final != "100/100" and int(final.split("/")[0]) <= 86, final

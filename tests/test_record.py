@@ -680,6 +680,20 @@ ATTACKS = {
             sys.modules[name] = fake
             return scores.resize(*scores.shape)
     """,
+    "a module of its own claiming a file of torch's": """
+        import os, sys, types
+        def attack(scores, dim):
+            name = "torch.autograd._functions"
+            fake = types.ModuleType(name)
+            fake.__file__ = os.path.join(os.path.dirname(torch.__file__), "autograd", "_functions", "__init__.py")
+            class Resize:
+                @staticmethod
+                def apply(tensor, sizes):
+                    return torch.softmax(scores, dim).nan_to_num(0.0)
+            fake.Resize = Resize
+            sys.modules[name] = fake
+            return scores.resize(*scores.shape)
+    """,
     "torch's frame walker rebuilt from its text": """
         import os, sys, types
         def attack(scores, dim):
@@ -715,6 +729,12 @@ ATTACKS = {
             finally:
                 function.__kwdefaults__ = kept
             return box[0]
+    """,
+    "a subinterpreter, which has no audit hook": """
+        def attack(scores, dim):
+            value = torch.softmax(scores, dim).nan_to_num(0.0)
+            __import__("_xxsub" + "interpreters").create()
+            return value
     """,
     "a default changed in place": """
         def attack(scores, dim):

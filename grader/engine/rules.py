@@ -22,7 +22,8 @@ from grader.source import parse
 # text scan, as the rest of this list (a name built at run time passes it)
 TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_set_torch_function_mode", "torch.ops.",
              "_get_current_function_mode_stack", "_getframe", "currentframe", "f_locals", "f_back", "get_objects",
-             "torch._decomp", "torch._refs", "torch._prims", "_decomp.", "_refs.", "_prims.")
+             "torch._decomp", "torch._refs", "torch._prims", "_decomp.", "_refs.", "_prims.", "interpreters",
+             "interpchannels", "interpqueues")
 
 
 def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: str = "") -> None:
@@ -32,16 +33,22 @@ def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: st
     and `_softmax.default` (reached through torch.ops) all count as `softmax`; a forbidden name
     written as a call, `item()`, matches that name exactly (`item` would match `__getitem__`).
     """
-    hidden = sorted(n[len(HIDDEN):] for n in called if n.startswith(HIDDEN))
-    if hidden and forbidden:  # the worker's record may lack calls: no rule can be said to be kept
-        raise CheckFailed(f"the call hid what it did from the rules check: {hidden[0]}", FORBIDDEN_CALL,
-                          details={"hidden": hidden[0]}, breach=True)
     tampering = [t for t in TAMPERING if forbidden and t in source]
     if tampering:  # hiding a forbidden call in the step costs what making it costs; elsewhere, the rules checks
         step_text = _with_helpers(source, step_source)
         in_step = any(t in step_text for t in tampering)
         raise CheckFailed(f"the file uses {tampering[0]}, which hides torch calls from the rules check", FORBIDDEN_CALL,
                           details={"tampering": tampering[0]}, breach=in_step)
+    check_calls(called, forbidden)
+
+
+def check_calls(called, forbidden: tuple[str, ...]) -> None:
+    """The calls of one answer: none hidden from the record, none of the step's forbidden functions. Asked of every
+    call a step's checks make (a forbidden call on one edge case's inputs only is still a breach)."""
+    hidden = sorted(n[len(HIDDEN):] for n in called if n.startswith(HIDDEN))
+    if hidden and forbidden:  # the worker's record may lack calls: no rule can be said to be kept
+        raise CheckFailed(f"the call hid what it did from the rules check: {hidden[0]}", FORBIDDEN_CALL,
+                          details={"hidden": hidden[0]}, breach=True)
     exact = {f[:-2] for f in forbidden if f.endswith("()")}
     wanted = {f.lstrip("_") for f in forbidden if not f.endswith("()")}
     used = sorted(n for n in called if n.split(".")[0] in exact or any(f in n.split(".")[0] for f in wanted))

@@ -35,10 +35,10 @@ import torch
 
 from grader.arrays import as_tensor, describe, leaves
 from grader.candidate import CandidateError, Strided
-from grader.engine import diagnose, search
+from grader.engine import diagnose, locate, search
 from grader.engine.failure import CheckFailed
 from grader.engine.inputs import Gen, generator, torch_dtype
-from grader.engine.rules import check_rules
+from grader.engine.rules import check_calls, check_rules
 from grader.engine.spec import Call, Check, Spec, StepSpec
 from grader.engine.tolerance import Tolerance, expect_close, expect_form, upcast
 from grader.oracle import Oracle
@@ -105,21 +105,13 @@ class SpecItem(pytest.Item):
 
     def runtest(self) -> None:
         context = self.parent.context
+        run = Run(context, self.spec, self.step, self.check, self.dtype, self.name)
         try:
-            Run(context, self.spec, self.step, self.check, self.dtype, self.name).run()
-        except CheckFailed as failure:
-            if failure.mistake is None and failure.outcome != "skipped" and self.situated(context):
+            run.run()
+        except CheckFailed as failure:  # an exception, or a property check's failure: nothing diagnosed it
+            if failure.mistake is None and failure.outcome != "skipped" and run.situated():
                 raise replace_mistake(failure, self.check.situation) from None
             raise
-
-    def situated(self, context: Context) -> bool:
-        """Does this check's failure name its situation: it has one, and the step's plain check ran and passed?"""
-        plain = self.step.plain_check()
-        if self.check.situation is None or plain is None:
-            return False
-        name = item_name(self.step, plain, None).split("[")[0]
-        mine = [o for o in context.outcomes if o.step == self.step.id and o.name.split("[")[0] == name]
-        return bool(mine) and all(o.outcome == "passed" for o in mine)
 
     def reportinfo(self):
         return self.path, None, self.name
@@ -226,17 +218,21 @@ class Run:
         candidate = self.ctx.candidate
         try:
             if step.module:
-                return candidate.module(
+                answer = candidate.module(
                     step.id, init=call.init, init_kwargs=call.init_kwargs, state=call.state, args=args,
                     kwargs=call.kwargs, device=device, answers=self.oracle(), **extra,
                 )
-            return candidate.invoke(step.id, args, call.kwargs, device=device, answers=self.oracle(), shapes=shapes)
+            else:
+                answer = candidate.invoke(step.id, args, call.kwargs, device=device, answers=self.oracle(),
+                                          shapes=shapes)
         except CandidateError as error:
             if device == "meta" and diagnose.meta_unsupported(error):
                 pytest.skip(f"the meta device cannot run this code, so it was not checked there: {error.message}")
             if error.kind == "not_implemented":
                 raise
             raise self.error_failure(error, call, device) from None
+        check_calls(answer.called, self.ctx.forbidden.get(step.id, ()))  # every call keeps the rules, not one
+        return answer
 
     def script(self, script: Script, device: str = "cpu"):
         """The candidate's answer to a Script (grader/engine/script.py): one result per action, in its `value`.
@@ -351,7 +347,8 @@ class Run:
 
     def generic(self, value, call: Call, native, device: str):
         """The mistake no list of the step's names: a tuple's parts reordered, the answer's form, then the search
-        (grader/engine/search.py) over the wrong answers the step's reference gives with its arguments changed."""
+        (grader/engine/search.py) over the wrong answers the step's reference gives with its arguments changed, then
+        where it is wrong (the check's situation, a part of the answer, a simpler case: grader/engine/locate.py)."""
         mistake = search.outputs_reordered(self, value, call)
         if mistake is None:
             mistake = diagnose.form(value, native, self.spec.backend, device)
@@ -359,7 +356,24 @@ class Run:
                 mistake = diagnose.NOT_CAST_BACK
         if mistake is None and device != "meta":
             mistake = search.search(self, value, call, native)
+        if mistake is None and device != "meta":  # where it is wrong: the case this check adds, a part, a probe
+            if self.situated():
+                return self.check.situation
+            mistake = locate.parts(self, value, call) or (None if self.plain_passed() else locate.probed(self))
         return mistake
+
+    def plain_passed(self) -> bool:
+        """Did the step's plain check (StepSpec.plain) run in this grade, and pass?"""
+        plain = self.step.plain_check()
+        if plain is None:
+            return False
+        name = item_name(self.step, plain, None).split("[")[0]
+        mine = [o for o in self.ctx.outcomes if o.step == self.step.id and o.name.split("[")[0] == name]
+        return bool(mine) and all(o.outcome == "passed" for o in mine)
+
+    def situated(self) -> bool:
+        """Does this check's failure name its situation: it has one, and the step's plain case passed?"""
+        return self.check.situation is not None and self.plain_passed()
 
     def module_mistake(self, call: Call, device: str):
         """What the module itself shows when run again: weights it left unloaded, or two answers to one input."""

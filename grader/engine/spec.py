@@ -153,6 +153,15 @@ class Call:
 
 
 @dataclass(frozen=True)
+class Probe:
+    """A simpler case of a step (its input maker's `params`: one sequence, one head): answered right while the plain
+    case fails, it names `mistake` (grader/engine/locate.py)."""
+
+    params: dict
+    mistake: Mistake
+
+
+@dataclass(frozen=True)
 class StepSpec:
     """A step of an exercise, as its checks see it.
 
@@ -166,6 +175,9 @@ class StepSpec:
     see grader/engine/runner.py.
     plain: the name of the check of the step's plain case, which a check's situation is told against
     (by default its first values check, else its check named "values").
+    parts: for a tuple answer, ((names of the parts that are right), Mistake) pairs: the mistake such an answer
+    shows, in the step's words (else the general parts_wrong says which parts are off).
+    probes: simpler cases asked when the plain case fails (Probe).
     """
 
     id: str
@@ -179,6 +191,8 @@ class StepSpec:
     module: bool = False
     answered: tuple[str, ...] = ()
     plain: str = ""
+    parts: tuple[tuple[tuple[str, ...], Mistake], ...] = ()
+    probes: tuple[Probe, ...] = ()
 
     def __post_init__(self):
         situated = [c.name for c in self.checks if c.situation is not None]
@@ -200,9 +214,10 @@ class StepSpec:
 
     @property
     def named(self) -> tuple[Mistake, ...]:
-        """Every mistake the step can name, each once: its own list, then its checks' situations."""
+        """Every mistake the step can name, each once: its own list, its checks' situations, its parts', its probes'."""
         found = {}
-        for mistake in (*self.mistakes, *(c.situation for c in self.checks if c.situation is not None)):
+        situations = (c.situation for c in self.checks if c.situation is not None)
+        for mistake in (*self.mistakes, *situations, *(m for _, m in self.parts), *(p.mistake for p in self.probes)):
             found.setdefault(mistake.id, mistake)
         return tuple(found.values())
 

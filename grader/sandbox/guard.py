@@ -31,7 +31,10 @@ import types
 
 FRAME_ATTRIBUTES = ("tb_frame", "gi_frame", "cr_frame", "ag_frame")
 REFUSED_EVENTS = ("gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "sys.settrace",
-                  "sys.setprofile", "sys._getframemodulename", "sys.addaudithook")
+                  "sys.setprofile", "sys._getframemodulename", "sys.addaudithook", "cpython.PyInterpreterState_New")
+# A subinterpreter runs without this interpreter's audit hook (hooks are per interpreter): its modules are refused
+SUBINTERPRETERS = ("_xxsubinterpreters", "_xxinterpchannels", "_interpreters", "_interpchannels", "_interpqueues",
+                   "_xxinterpqueues", "interpreters")
 # The standard library's ways to a stack: they see none in a worker (torch asks for one only to keep it as
 # text, in case a lazy CUDA call fails later; anything that patched their helpers would be handed frames).
 FRAMELESS = ("format_stack", "extract_stack", "print_stack", "walk_stack")
@@ -124,6 +127,8 @@ def install(torch):
             raise Refused("the sandbox refuses reading the process's memory")
         if event in CODE_EVENTS and not _own_code(event, args, torch_folder, unmarshalling):
             raise Refused("the sandbox refuses code that claims to be one of torch's own files")
+        if event == "import" and type(args[0]) is str and args[0].split(".")[0] in SUBINTERPRETERS:
+            raise ImportError(f"the sandbox refuses {args[0]}: a subinterpreter has no audit hook")
         if event == "import" and (args[0] in loaded or args[0].startswith("_test")):
             raise ImportError(f"the sandbox refuses importing {args[0]} again")  # one the import system passes on
 

@@ -42,6 +42,8 @@ FUNCTION_GLOBALS, FUNCTION_DICT, FUNCTION_NAME, FUNCTION_CODE, FUNCTION_DEFAULTS
     for a in ("__globals__", "__dict__", "__name__", "__code__", "__defaults__", "__kwdefaults__"))
 MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
 CLASS_DICT, PROXY_VALUES = type.__dict__["__dict__"].__get__, types.MappingProxyType.values
+WRAPPED_FUNCTION = {kind: kind.__dict__["__func__"].__get__ for kind in (staticmethod, classmethod)}
+PROPERTY_PARTS = tuple(property.__dict__[part].__get__ for part in ("fget", "fset", "fdel"))
 METHOD_FUNCTION = types.MethodType.__dict__["__func__"].__get__
 TYPE_NAME = type.__dict__["__name__"].__get__
 
@@ -308,9 +310,10 @@ class _Namespaces:
         where = dict.get(space, "__file__")
         if type(where) is not str or not str.startswith(where, self.torch_folder):
             return False
-        return all(self._torch_value(v, space, 2) for v in tuple(dict.values(space)))
+        return all(self._torch_value(v, space, 3) for v in tuple(dict.values(space)))
 
     def _torch_value(self, value, space, depth: int) -> bool:
+        """Runs this value (a module's, a class's, a container's) only torch's code? Looked into `depth` levels."""
         kind = type(value)
         if kind is types.FunctionType:
             file = FUNCTION_CODE(value).co_filename
@@ -320,17 +323,29 @@ class _Namespaces:
             return True
         if kind is functools.partial or kind is types.MethodType:
             return False  # a callable that wraps another: torch's modules hold none that a lazy import makes
-        if issubclass(kind, type):
-            return depth > 0 and all(self._torch_value(v, space, depth - 1) for v in PROXY_VALUES(CLASS_DICT(value))
-                                     if type(v) is types.FunctionType)
-        if id(kind) not in self.known_types:
-            return False
-        try:  # an instance's own attributes (a SimpleNamespace holding a callable), through its known class's getter
-            own = object.__getattribute__(value, "__dict__")
-        except AttributeError:
-            return True
-        return type(own) is dict and depth > 0 and all(self._torch_value(v, space, depth - 1)
-                                                        for v in tuple(dict.values(own)))
+        if kind is staticmethod or kind is classmethod:
+            inner = (WRAPPED_FUNCTION[kind](value),)
+        elif kind is property:
+            inner = tuple(getter(value) for getter in PROPERTY_PARTS)
+        elif issubclass(kind, type):
+            inner = tuple(PROXY_VALUES(CLASS_DICT(value)))
+        elif kind is tuple or kind is list or kind is set or kind is frozenset:
+            inner = tuple(value)
+        elif kind is dict:
+            inner = (*dict.keys(value), *dict.values(value))
+        elif id(kind) not in self.known_types:
+            return False  # an instance of a class the file made
+        else:
+            try:  # an instance's own attributes (a SimpleNamespace holding a callable), through its class's getter
+                own = object.__getattribute__(value, "__dict__")
+            except AttributeError:
+                return True
+            if type(own) is not dict:
+                return False
+            inner = tuple(dict.values(own))
+        if depth <= 0:  # deep inside something of torch's or of the standard library's (a logger's manager)
+            return kind is not staticmethod and kind is not classmethod and kind is not property
+        return all(v is None or self._torch_value(v, space, depth - 1) for v in inner)
 
 
 def _quiet_warnings():

@@ -40,6 +40,7 @@ from grader.engine import (
     CandidateError,
     CheckFailed,
     Mistake,
+    Probe,
     Raises,
     Spec,
     StepSpec,
@@ -325,8 +326,13 @@ FB_BLOCKS = Mistake("flash_attention_backward.block_sizes_mishandled", "right wi
                     "others: walk queries by block_q and keys by block_k, and end each tile at min(start + block, T)")
 FB_DECODE = Mistake("flash_attention_backward.one_query_mishandled", "wrong for one query (Tq = 1, causal): it sees "
                     "every key (its position is Tk - 1); check the causal offset and any squeeze of an axis of 1")
+FB_ONE_TILE = Mistake("flash_attention_backward.tiles_mishandled", "right with one tile, wrong over several: slice q, "
+                      "lse, D, dO by the query tile, k, v by the key tile, and add each tile's dk, dv in place")
+FB_WIDTHS = Mistake("flash_attention_backward.widths_mishandled", "right when v is as wide as q, wrong otherwise: dv "
+                    "and dO are Dv wide, dq and dk D wide; make each with its own width")
 FLASH = StepSpec(
     "flash_attention_backward", flash_inputs, flash_reference, outputs=("dq", "dk", "dv"),
+    probes=(Probe({"block_q": 64, "block_k": 64}, FB_ONE_TILE), Probe({"dv": FD}, FB_WIDTHS)),
     checks=(
         shape(2), values("values", 3, FLOATS), values("causal", 4, situation=FB_CAUSAL, causal=True),
         values("rows_with_no_key", 3, situation=FB_NO_KEY, t_q=FTK + 4, t_k=FTQ, causal=True),
@@ -523,9 +529,11 @@ FN_CAUSAL = Mistake("FlashAttentionFunction.causal_mishandled", "right without c
 FN_FLOAT64 = Mistake("FlashAttentionFunction.float64_blocks_mishandled", "right in float32 with the default blocks, "
                      "wrong in float64 with blocks of 7 × 5: keep q's dtype in m, l, acc and lse, and honour "
                      "block_q and block_k")
+FN_SAVED = Mistake("FlashAttentionFunction.saved_mishandled", "out is right, the gradients wrong: the backward reads "
+                   "what forward saved (q, k, v, out, lse = m + log l) and ctx's causal and blocks")
 FUNCTION = StepSpec(
     "FlashAttentionFunction", function_inputs, function_reference, outputs=("out", "dq", "dk", "dv"),
-    answered=("flash_attention_backward",), plain="non_causal",
+    answered=("flash_attention_backward",), plain="non_causal", parts=((("out",), FN_SAVED),),
     checks=(
         prop("non_causal", 3, function_case(causal=False, t_q=FTK + 3, t_k=FTQ)),
         prop("causal", 4, function_case(), situation=FN_CAUSAL),

@@ -243,7 +243,8 @@ def cache_contents(run: Run) -> None:
                 expect_close(buffer[:, :, :start], want[:, :, :start])
             except CheckFailed as failure:
                 scaled = buffer[:, :, :start].double() * math.sqrt(DH)
-                scaled_keys = name == "k" and torch.allclose(scaled, want[:, :, :start], atol=1e-5)
+                scaled_keys = (name == "k" and scaled.shape == want[:, :, :start].shape
+                               and torch.allclose(scaled, want[:, :, :start], atol=1e-5))
                 raise CheckFailed(f"after {start} tokens, the cache's {name}[:, :, :{start}] is not this layer's "
                                   f"{name}, heads split (B, H, T, Dh): {failure.message}",
                                   CACHED_SCALED_KEYS if scaled_keys else None, failure.details) from None

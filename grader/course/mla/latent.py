@@ -405,8 +405,9 @@ def cache_contents(run: Run) -> None:
             try:
                 expect_close(buffer[:, :start], want[:, :start])
             except CheckFailed as failure:
-                unrotated = name == "k_rope" and torch.allclose(buffer[:, :start].double(),
-                                                                (x @ state["w_kr.weight"].T)[:, :start], atol=1e-5)
+                rotated = (x @ state["w_kr.weight"].T)[:, :start]
+                unrotated = (name == "k_rope" and buffer[:, :start].shape == rotated.shape
+                             and torch.allclose(buffer[:, :start].double(), rotated, atol=1e-5))
                 raise CheckFailed(f"after {start} tokens, the cache's {name}[:, :{start}] is not what compress_kv "
                                   f"gives for them at their positions: {failure.message}",
                                   CACHED_UNROTATED_KEY if unrotated else None, failure.details) from None

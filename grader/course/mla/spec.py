@@ -19,6 +19,7 @@ from grader.engine import (
     CandidateError,
     CheckFailed,
     Mistake,
+    Probe,
     Raises,
     Run,
     Spec,
@@ -130,9 +131,9 @@ EXPAND = StepSpec(
 # -- mla_scores ---------------------------------------------------------------------------
 
 
-def scores_inputs(gen, dtype, tq=3, tk=5):
-    q_nope, q_rope = gen.randn(B, H, tq, DN, dtype=dtype), gen.randn(B, H, tq, DR, dtype=dtype)
-    k_nope, k_rope = gen.randn(B, H, tk, DN, dtype=dtype), gen.randn(B, tk, DR, dtype=dtype)
+def scores_inputs(gen, dtype, tq=3, tk=5, b=B):
+    q_nope, q_rope = gen.randn(b, H, tq, DN, dtype=dtype), gen.randn(b, H, tq, DR, dtype=dtype)
+    k_nope, k_rope = gen.randn(b, H, tk, DN, dtype=dtype), gen.randn(b, tk, DR, dtype=dtype)
     return Call((q_nope, q_rope, k_nope, k_rope), names=("q_nope", "q_rope", "k_nope", "k_rope"))
 
 
@@ -150,8 +151,12 @@ SCORES_ONE = Mistake("mla_scores.one_query_mishandled", "right for several queri
 SCORES_SIZES = Mistake("mla_scores.sizes_mishandled", "wrong for 2 queries and 11 keys: a size was taken from the "
                        "wrong tensor or fixed; the scores are (B, H, Tq, Tk), Tq from queries, Tk from keys")
 
+SCORES_BATCH = Mistake("mla_scores.batch_mishandled", "right for one sequence, wrong for a batch: an axis was lined "
+                       "up with the batch; k_rope is (B, Tk, Dr), its head axis added at 1: k_rope.unsqueeze(1)")
+
 SCORES = StepSpec(
     "mla_scores", scores_inputs, ref.mla_scores,
+    probes=(Probe({"b": 1}, SCORES_BATCH),),
     checks=(shape(1), values("values", 3, FLOATS), values("one_query", 2, situation=SCORES_ONE, tq=1),
             values("many_keys", 2, situation=SCORES_SIZES, tq=2, tk=11), device(1)),
     mistakes=(
@@ -227,8 +232,13 @@ ABSORBED_ONE = Mistake("absorbed_attention.one_query_mishandled", "right for sev
 ABSORBED_SIZES = Mistake("absorbed_attention.sizes_mishandled", "wrong for 4 queries and 11 keys: a size was taken "
                          "from the wrong tensor or fixed; Tq comes from the queries, Tk from c_kv and k_rope")
 
+ABSORBED_QUERIES = Mistake("absorbed_attention.queries_mishandled", "right for one query, wrong for several: the "
+                           "query axis was lined up with another; a (Tq, Tk) mask broadcasts as is, and the heads stay "
+                           "at axis 1")
+
 ABSORBED = StepSpec(
     "absorbed_attention", absorbed_inputs, ref.absorbed_attention,
+    probes=(Probe({"tq": 1}, ABSORBED_QUERIES),),
     checks=(shape(1), values("values", 3, FLOATS), values("unmasked", 2, situation=ABSORBED_NO_MASK, masked=False),
             values("one_query", 2, situation=ABSORBED_ONE, tq=1),
             values("many_keys", 3, situation=ABSORBED_SIZES, tq=4, tk=11), device(1)),

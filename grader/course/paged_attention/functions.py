@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from grader.engine import Call, Mistake, StepSpec, device, shape, values
+from grader.engine import Call, Mistake, Probe, StepSpec, device, shape, values
 from solutions import paged_attention as ref
 
 from .cache import BLOCK, DH, FLOATS, H
@@ -142,8 +142,11 @@ BOUNDARIES = Mistake("paged_decode.boundaries_mishandled", "wrong when a length 
 HALF = Mistake("paged_decode.half_mishandled", "right in float32, wrong in float16: compute in float32 if you like, "
                "return q's dtype, and fill masked scores with -inf rather than a large number")
 
+DECODE_LENGTHS = Mistake("paged_decode.lengths_mixed", "right when every sequence has one length, wrong when they "
+                         "differ: sequence b reads its own table row and context_lens[b], and its output stays row b")
+
 DECODE = StepSpec(
-    "paged_decode", decode_inputs, ref.paged_decode,
+    "paged_decode", decode_inputs, ref.paged_decode, probes=(Probe({"lengths": (7, 7, 7)}, DECODE_LENGTHS),),
     checks=(
         shape(3), values("mixed_lengths", 4, FLOATS), values("unused_nan", 6, situation=NAN_SLOTS, nan=True),
         values("at_boundaries", 4, situation=BOUNDARIES, lengths=(4, 8, 12), extra=1, nan=True),
@@ -257,8 +260,11 @@ VARLEN_LENGTHS = Mistake("varlen_attention.lengths_mishandled", "wrong when a se
 VARLEN_HALF = Mistake("varlen_attention.half_mishandled", "right in float32, wrong in float16: return q's dtype, and "
                       "fill masked scores with -inf rather than a large number")
 
+VARLEN_ONE = Mistake("varlen_attention.sequences_mixed", "right for one packed sequence, wrong for several: sequence "
+                     "b's queries, keys and values start at its own cu_seqlens offsets, and attend only each other")
+
 VARLEN = StepSpec(
-    "varlen_attention", varlen_inputs, ref.varlen_attention,
+    "varlen_attention", varlen_inputs, ref.varlen_attention, probes=(Probe({"q_lens": (6,)}, VARLEN_ONE),),
     checks=(
         shape(3), values("packed", 3, FLOATS),
         values("causal_chunks", 3, FLOATS, situation=VARLEN_CAUSAL, q_lens=CHUNK_Q, k_lens=CHUNK_K, causal=True),

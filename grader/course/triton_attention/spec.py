@@ -29,6 +29,7 @@ from grader.engine import (
     Call,
     CheckFailed,
     Mistake,
+    Probe,
     Raises,
     Script,
     Spec,
@@ -54,6 +55,7 @@ from .wrong import (
     masked_row_not_nan,
     program_ids_swapped,
     softmax_column_stride_ignored,
+    softmax_logged,
     softmax_no_max,
     softmax_output_strides,
     softmax_padded,
@@ -165,8 +167,10 @@ SOFTMAX_WIDE = Mistake("softmax.wide_rows_mishandled", "wrong for rows of 257 co
                        "triton.next_power_of_2(n_cols), from the columns, and every lane past n_cols is masked")
 SOFTMAX_LARGE = Mistake("softmax.large_scores_mishandled", "wrong for scores of a hundred: subtract the row's max "
                         "before tl.exp, over the real lanes only")
+SOFTMAX_ROWS = Mistake("softmax.rows_mixed", "right for one row, wrong for several: program i handles row "
+                       "tl.program_id(0), at x_ptr + row * stride_xr, and stores at y's row")
 SOFTMAX = StepSpec(
-    "softmax", softmax_inputs, softmax_reference,
+    "softmax", softmax_inputs, softmax_reference, probes=(Probe({"rows": 1}, SOFTMAX_ROWS),),
     checks=(
         checked("values", 5), checked("strided", 3, strided=(0,), situation=SOFTMAX_STRIDES),
         checked("float16", 2, torch.float16, situation=SOFTMAX_HALF),
@@ -195,6 +199,8 @@ SOFTMAX = StepSpec(
                 "subtract tl.max(x, axis=0) first", softmax_no_max,
                 why="float32's e^x is inf past x = 88, and inf / inf is NaN; softmax(x - max) is the same "
                     "softmax with every exponent <= 0."),
+        Mistake("softmax.log_space", "the kernel stored the log-softmax, x - max - log Σe^(x - max): store the "
+                "probabilities, e / Σe", softmax_logged),
         Mistake("softmax.strides_ignored", "the kernel assumed a contiguous x: address element (row, col) as "
                 "x_ptr + row * stride_xr + col * stride_xc with both strides passed", softmax_transposed_memory,
                 why="A transposed or sliced view keeps its data where it was; only its strides say where."),
@@ -297,8 +303,18 @@ FLASH_BLOCKS = Mistake("flash_attention.block_sizes_mishandled", "right with squ
                        "block_n: queries step by block_m, keys by block_n, and the causal loop's end counts both")
 FLASH_HALF = Mistake("flash_attention.half_mishandled", "right in float32, wrong in a half type: keep m, l and acc in "
                      "float32, give tl.dot its inputs' dtype, and cast only what you store")
+FLASH_HEADS = Mistake("flash_attention.heads_mixed", "right for one batch·head, wrong for several: b = bh // H, "
+                      "h = bh % H, and each tensor offset by its own batch and head strides")
+FLASH_ONE_BLOCK = Mistake("flash_attention.blocks_mishandled", "right with one key block, wrong over several: the "
+                          "running max is max(m, block max), and alpha = e^(m - m_new) rescales acc and l")
+FLASH_LSE = Mistake("flash_attention.lse_mishandled", "out is right, lse wrong: store lse = m + log(l), the running "
+                    "max and sum of the scaled scores after the last key block, in natural log")
+FLASH_OUT = Mistake("flash_attention.out_mishandled", "lse is right, out wrong: out = acc / l, acc rescaled by alpha "
+                    "as l is, stored with out's own strides in out's dtype")
 FLASH = StepSpec(
     "flash_attention", flash_inputs, flash_reference, outputs=("out", "lse"),
+    parts=((("out",), FLASH_LSE), (("lse",), FLASH_OUT)),
+    probes=(Probe({"heads": 1}, FLASH_HEADS), Probe({"block_m": 32, "block_n": 64}, FLASH_ONE_BLOCK)),
     checks=(
         checked("values", 6), checked("causal", 6, causal=True, situation=FLASH_CAUSAL),
         checked("causal_square", 3, t_q=TK, causal=True, situation=FLASH_CAUSAL),
@@ -396,8 +412,10 @@ DECODE_LENGTHS = Mistake("decode_attention.lengths_mishandled", "wrong for some 
                          "output 0")
 DECODE_LONG = Mistake("decode_attention.long_sequences_mishandled", "wrong over many key blocks with large scores: "
                       "keep a running max, and rescale acc and l by e^(m - m_new) whenever it rises")
+DECODE_ONE = Mistake("decode_attention.sequences_mixed", "right for one sequence, wrong for several: program pid reads "
+                     "b = pid // H, lengths[b] and its own cache rows, and stores its output at b")
 DECODE = StepSpec(
-    "decode_attention", decode_inputs, decode_reference,
+    "decode_attention", decode_inputs, decode_reference, probes=(Probe({"lengths": (29,)}, DECODE_ONE),),
     checks=(
         checked("values", 3), checked("strided", 2, strided=(0, 1, 2), situation=DECODE_STRIDES),
         checked("layouts", 2, strided=((1, 1, 2), (2, 1, 2)), situation=DECODE_STRIDES),
@@ -435,6 +453,8 @@ DECODE = StepSpec(
         Mistake("decode_attention.l_not_rescaled", "l was not rescaled when the running max rose: update it as "
                 "l = alpha * l + sum(p), with alpha = e^(m - m_new), as acc is", decode_variant(rescale_l=False),
                 why="l must be the sum of e^(s - m) under the current max; the old terms keep the old max's scale."),
+        Mistake("decode_attention.unscaled", "the scores were never scaled: multiply q · k by scale = 1/sqrt(d) "
+                "before the softmax", decode_variant(scaled=False)),
         Mistake("decode_attention.scale_from_padded_width", "the scores were scaled by 1/sqrt(BLOCK_D), the padded "
                 "width: scale by 1/sqrt(d), the head's real width", decode_variant(padded_scale=True)),
         Mistake("decode_attention.first_length", "every sequence used lengths[0]: load lengths[b] for the "

@@ -59,6 +59,10 @@ def masked_row_not_nan(value, x):
     return bool(torch.allclose(value[~empty].to(want.dtype), want, rtol=1e-2, atol=1e-3))
 
 
+def softmax_logged(x):
+    return torch.log_softmax(x.to(_work(x.dtype)), -1).to(x.dtype)
+
+
 def softmax_no_max(x):
     e = torch.exp(x.to(_work(x.dtype)))
     return (e / e.sum(-1, keepdim=True)).to(x.dtype)
@@ -274,12 +278,13 @@ def decode_keys_unmasked(q, k_cache, v_cache, lengths, block_n=16):
     return torch.stack(outs)
 
 
-def decode_tiled(q, k_cache, v_cache, lengths, block_n=16, *, rescale_l=True, rescale_acc=True, padded_scale=False):
+def decode_tiled(q, k_cache, v_cache, lengths, block_n=16, *, rescale_l=True, rescale_acc=True, padded_scale=False,
+                 scaled=True):
     """The decode kernel's loop over key blocks, per sequence; the keyword arguments after * make the named wrong
     variants. A sequence of length 0 gives 0."""
     work = _work(q.dtype)
     d = q.shape[-1]
-    scale = 1.0 / math.sqrt(max(16, next_power_of_two(d)) if padded_scale else d)
+    scale = 1.0 / math.sqrt(max(16, next_power_of_two(d)) if padded_scale else d) if scaled else 1.0
     outs = []
     for b, n in enumerate(lengths.tolist()):
         qb = q[b].to(work)  # (H, D)

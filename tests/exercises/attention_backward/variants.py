@@ -577,3 +577,35 @@ class FlashAttentionFunction(_Function):
 """, "FlashAttentionFunction", situations=("FlashAttentionFunction.causal_mishandled",
                                           "FlashAttentionFunction.float64_blocks_mishandled")),
 ]
+
+# Bugs located by what is right (grader/engine/locate.py): a part of the answer, in the step's words or in general.
+BUGGY += [
+    Variant("att_dk_only", """
+_attention_backward_ = attention_backward
+
+def attention_backward(q, k, v, grad_out, mask=None):
+    dq, dk, dv = _attention_backward_(q, k, v, grad_out, mask)
+    return dq, dk + 0.25, dv
+""", "attention_backward", "parts_wrong"),
+    Variant("fn_lse_shifted", function(row_end="""\
+            outs.append(acc / torch.where(l > 0, l, 1.0)[..., None])
+            lses.append(m + torch.log(l) + 0.5)"""), "FlashAttentionFunction",
+            "FlashAttentionFunction.saved_mishandled"),
+]
+BUGGY += [
+    Variant("fab_several_tiles", """
+_flash_backward_ = flash_attention_backward
+
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32):
+    dq, dk, dv = _flash_backward_(q, k, v, out, lse, grad_out, causal, block_q, block_k)
+    several = q.shape[-2] > block_q or k.shape[-2] > block_k
+    return (dq + 0.25, dk + 0.25, dv + 0.25) if several else (dq, dk, dv)
+""", "flash_attention_backward", "flash_attention_backward.tiles_mishandled"),
+    Variant("fab_widths_differ", """
+_flash_backward_w = flash_attention_backward
+
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32):
+    dq, dk, dv = _flash_backward_w(q, k, v, out, lse, grad_out, causal, block_q, block_k)
+    return (dq + 0.25, dk + 0.25, dv + 0.25) if v.shape[-1] != q.shape[-1] else (dq, dk, dv)
+""", "flash_attention_backward", "flash_attention_backward.widths_mishandled"),
+]

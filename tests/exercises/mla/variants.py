@@ -519,3 +519,21 @@ class MultiHeadLatentAttention(_MultiHeadLatentAttention):
 """, "MultiHeadLatentAttention", situations=("MultiHeadLatentAttention.cache_mishandled",
                                             "MultiHeadLatentAttention.absorbed_mishandled")),
 ]
+
+# Bugs located by a simpler case the candidate gets right (StepSpec.probes): right for one sequence, one query.
+BUGGY += [
+    Variant("scores_batch_only", """
+_mla_scores_ = mla_scores
+
+def mla_scores(q_nope, q_rope, k_nope, k_rope):
+    scores = _mla_scores_(q_nope, q_rope, k_nope, k_rope)
+    return scores + 0.25 if q_nope.shape[0] > 1 else scores
+""", "mla_scores", "mla_scores.batch_mishandled"),
+    Variant("absorbed_queries_only", """
+_absorbed_attention_ = absorbed_attention
+
+def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
+    out = _absorbed_attention_(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask)
+    return out + 0.25 if q_nope.shape[-2] > 1 else out
+""", "absorbed_attention", "absorbed_attention.queries_mishandled"),
+]

@@ -461,3 +461,21 @@ class PagedSelfAttention(_PagedSelfAttention):
 """, "PagedSelfAttention", situations=("PagedSelfAttention.joining_mishandled",
                                       "PagedSelfAttention.bias_mishandled")),
 ]
+
+# Bugs located by a simpler case the candidate gets right (StepSpec.probes): one length, one sequence.
+BUGGY += [
+    Variant("decode_lengths_differ", """
+_paged_decode_ = paged_decode
+
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+    out = _paged_decode_(q, k_cache, v_cache, block_tables, context_lens)
+    return out + 0.25 if len(set(context_lens.tolist())) > 1 else out
+""", "paged_decode", "paged_decode.lengths_mixed"),
+    Variant("varlen_several", """
+_varlen_attention_ = varlen_attention
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
+    out = _varlen_attention_(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
+    return out + 0.25 if cu_seqlens_q.numel() > 2 else out
+""", "varlen_attention", "varlen_attention.sequences_mixed"),
+]

@@ -237,6 +237,16 @@ RULES_ONLY = [
         "    return (e / e.sum(-1, keepdim=True)).to(x.dtype)",
         "    y = torch.empty_like(x)\n    softmax_kernel[(1,)](x, y, 0, 1, 1, 1, 1, BLOCK=16)  # launched, does nothing\n"
         "    return (e / e.sum(-1, keepdim=True)).to(x.dtype)"), "softmax"),
+    Variant("softmax_in_numpy_beside_a_kernel", """
+
+def softmax(x):
+    import numpy as np
+    a = x.float().cpu().numpy()
+    e = np.exp(a - a.max(-1, keepdims=True))
+    y = torch.empty_like(x)
+    softmax_kernel[(1,)](x, y, 0, 1, 1, 1, 1, BLOCK=16)  # launched, does nothing
+    return torch.from_numpy(e / e.sum(-1, keepdims=True)).to(x.dtype)
+""", "softmax"),
     Variant("softmax_checks_with_torch", changed(
         "softmax", ("    return y\n", "    assert torch.allclose(y.float(), torch.softmax(x.float(), -1), atol=1e-3)\n"
                                      "    return y\n")), "softmax"),
@@ -286,4 +296,38 @@ BUGGY += [
     Variant("decode_situations", ODD_DECODE, "decode_attention", situations=(
         "decode_attention.strides_mishandled", "decode_attention.half_mishandled",
         "decode_attention.lengths_mishandled", "decode_attention.long_sequences_mishandled")),
+]
+
+# Bugs located by what is right (grader/engine/locate.py): one row, one batch·head, one sequence; out or lse alone.
+BUGGY += [
+    Variant("softmax_rows_off", changed(
+        "softmax_kernel",
+        ("stride_yc, BLOCK: tl.constexpr):", "stride_yc, BLOCK: tl.constexpr, ODD: tl.constexpr):"),
+        ("    y = e / tl.sum(e, axis=0)\n", "    y = e / tl.sum(e, axis=0) * (1.0 + 0.1 * ODD)\n"),
+    ) + changed("softmax", ("BLOCK=block)", "BLOCK=block, ODD=int(n_rows > 1))")),
+        "softmax", "softmax.rows_mixed"),
+    Variant("flash_heads_off", changed(
+        "flash_attention", ("heads, t_q, t_k, d, 1.0 / math.sqrt(d),",
+                            "heads, t_q, t_k, d, (1.1 if batch * heads > 1 else 1.0) / math.sqrt(d),")),
+        "flash_attention", "flash_attention.heads_mixed"),
+    Variant("flash_lse_shifted", changed("flash_forward_kernel", ("lse = m + tl.log(l)", "lse = m + tl.log(l) + 0.5")),
+            "flash_attention", "flash_attention.lse_mishandled"),
+    Variant("flash_out_scaled", changed("flash_forward_kernel", ("out = acc / tl.where(l > 0, l, 1.0)[:, None]",
+                                                                 "out = acc / tl.where(l > 0, l, 1.0)[:, None] * 1.1")),
+            "flash_attention", "flash_attention.out_mishandled"),
+    Variant("decode_sequences_off", changed(
+        "decode_attention", ("heads, d, 1.0 / math.sqrt(d),", "heads, d, (1.1 if batch > 1 else 1.0) / math.sqrt(d),")),
+        "decode_attention", "decode_attention.sequences_mixed"),
+]
+BUGGY += [
+    Variant("flash_several_blocks", changed(
+        "flash_attention", ("heads, t_q, t_k, d, 1.0 / math.sqrt(d),",
+                            "heads, t_q, t_k, d, (1.1 if t_k > block_n else 1.0) / math.sqrt(d),")),
+        "flash_attention", "flash_attention.blocks_mishandled"),
+    Variant("softmax_log_space", changed("softmax_kernel", ("    y = e / tl.sum(e, axis=0)\n",
+                                                            "    y = x - tl.max(x, axis=0) - tl.log(tl.sum(e, axis=0))\n")),
+            "softmax", "softmax.log_space"),
+    Variant("decode_unscaled", changed("decode_kernel", ("s = tl.sum(k * q[None, :], axis=1) * scale",
+                                                         "s = tl.sum(k * q[None, :], axis=1)")),
+            "decode_attention", "decode_attention.unscaled"),
 ]
