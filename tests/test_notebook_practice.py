@@ -1,9 +1,10 @@
 """The practice notebooks (`attn-grade init --notebook`), executed headless as a learner runs them.
 
-For every exercise the course lists: its notebook with the model answer in the step cells scores full
-marks at every check cell and 100 at the last, and the workspace records the grades the check cells made,
-as it records watch's. The notebook as written (the stubs) scores 0 at each check: shown for one exercise
-of each kind (functions and a module, a stateful one, Triton's), since every stub's 0 is tested as a file.
+For every exercise the course lists, its notebook with the model answer in the step cells scores 100 graded
+as a file; for one exercise of each kind, run in a kernel, it scores full marks at every check cell and
+100 at the last, and the workspace records the grades the check cells made, as it records watch's. The
+notebook as written (the stubs) scores 0 at each check: shown for one exercise of each kind (functions and
+a module, a stateful one, Triton's), since every stub's 0 is tested as a file.
 """
 
 from __future__ import annotations
@@ -15,14 +16,29 @@ from click.testing import CliRunner
 
 from grader import cli
 from grader.exercise import load_course
+from grader.grade import grade
 from grader.notebook import practice
 from grader.progress import Progress
+from tests.conftest import explain
 from tests.notebook_kernel import checks, execute
 
 EXERCISES = list(load_course())
 
 
+# run in a kernel, a check cell after each step: one exercise of each kind (functions, NumPy, a module, a stateful
+# one, Triton's); every exercise's notebook is graded as a file below
+RUN_IN_A_KERNEL = ["mha", "mha_numpy", "kv_cache", "triton_attention"]
+
+
 @pytest.mark.parametrize("name", EXERCISES)
+def test_the_practice_notebook_holding_the_model_answer_scores_100_as_a_file(name, tmp_path, zygote):
+    path = tmp_path / f"{name}.ipynb"
+    path.write_text(json.dumps(practice(load_course()[name], answers="reference")))
+    result = grade(path, zygote=zygote, device="cpu")
+    assert result.full_marks, explain(result)
+
+
+@pytest.mark.parametrize("name", RUN_IN_A_KERNEL)
 def test_the_practice_notebook_holding_the_model_answer_scores_100_at_every_check(name, tmp_path):
     exercise = load_course()[name]
     (tmp_path / ".attn-grade.json").write_text(json.dumps({"version": 1, "exercises": {}}))

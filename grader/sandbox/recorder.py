@@ -226,8 +226,9 @@ class _Namespaces:
         import builtins
 
         self.torch_globals, self.torch_classes, self.plain = torch_globals, torch_classes, plain
-        self.known = _every_class()  # every class there is before the file runs (kept: an id is not reused)
-        self.known_types = {id(t) for t in self.known}
+        # every class there is before the file runs (kept: an id is not reused), as the zygote found them
+        self.known = KNOWN_CLASSES or _every_class()
+        self.known_ids = None
         self.torch_folder = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
         self.spaces = {id(vars(m)): vars(m) for n, m in list(sys.modules.items())
                        if (n == "torch" or n.startswith("torch.")) and hasattr(m, "__dict__")}
@@ -273,6 +274,11 @@ class _Namespaces:
                     "code reads it inside a call")
         return ""
 
+
+    def _known_ids(self) -> set:
+        if self.known_ids is None:  # made when first needed (a lazy import's module looked into), from the list
+            self.known_ids = {id(t) for t in self.known}
+        return self.known_ids
 
     def _plain_defaults(self, func) -> bool:
         """Are func's defaults, which its body reads inside the call, values that run none of the file's code?"""
@@ -333,7 +339,7 @@ class _Namespaces:
             inner = tuple(value)
         elif kind is dict:
             inner = (*dict.keys(value), *dict.values(value))
-        elif id(kind) not in self.known_types:
+        elif id(kind) not in self._known_ids():
             return False  # an instance of a class the file made
         else:
             try:  # an instance's own attributes (a SimpleNamespace holding a callable), through its class's getter
@@ -377,6 +383,13 @@ def _name(func, torch_classes, torch_callables) -> tuple[str, str]:
     else:
         return "?", f"a callable of the file's own type ({TYPE_NAME(kind)}), run as a torch function"
     return (str.__str__(raw) if issubclass(type(raw), str) else "?"), ""
+
+
+KNOWN_CLASSES: list = []  # the classes there are before any candidate's code runs, found once in the zygote
+
+
+def remember_classes() -> None:
+    KNOWN_CLASSES[:] = _every_class()
 
 
 def _every_class() -> list:

@@ -91,7 +91,8 @@ def _load_siblings() -> dict:
 
 
 _siblings = _load_siblings()
-isolation, limits, seccomp, guard, serve = (_siblings[n] for n in ("isolation", "limits", "seccomp", "guard", "serve"))
+isolation, limits, seccomp, guard, serve, recorder = (_siblings[n] for n in ("isolation", "limits", "seccomp", "guard",
+                                                                              "serve", "recorder"))
 # One thread for every numeric library, before any is imported: a child may start no thread (seccomp.py),
 # and a pool that one of them forked without would try to start its threads again.
 THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -124,6 +125,7 @@ def main() -> None:
         _warm_meta(torch)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     arm, lifted = guard.install(torch)  # held in this frame and the children's only (guard.py)
+    recorder.remember_classes()  # once here, before any candidate's code: every child's record starts from them
     gc.freeze()
     gc.enable()
     if not PORTABLE:
