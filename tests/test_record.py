@@ -47,6 +47,24 @@ def _through(call, scores, dim):
     return out[0]
 """
 
+def _fake_module(claim: str = "pass") -> str:
+    """A module of the file's own put where torch's code imports lazily inside a call (Tensor.resize imports
+    torch.autograd._functions), `claim` run on it first (round 8: setting its __file__ to one of torch's)."""
+    return f"""
+        import os, sys, types
+        def attack(scores, dim):
+            fake = types.ModuleType("torch.autograd._functions")
+            {claim}
+            class Resize:
+                @staticmethod
+                def apply(tensor, sizes):
+                    return torch.softmax(scores, dim).nan_to_num(0.0)
+            fake.Resize = Resize
+            sys.modules["torch.autograd._functions"] = fake
+            return scores.resize(*scores.shape)
+    """
+
+
 ATTACKS = {
     "a thread": """
         import threading
@@ -667,33 +685,9 @@ ATTACKS = {
     """,
     # round 7: a module of the file's own where torch's code imports lazily, torch's code rebuilt to find a frame,
     # a default that torch's function reads inside the call (replaced, or changed in place)
-    "a module of its own where torch imports lazily": """
-        import sys, types
-        def attack(scores, dim):
-            name = "torch.autograd._functions"  # Tensor.resize imports it inside the call
-            fake = types.ModuleType(name)
-            class Resize:
-                @staticmethod
-                def apply(tensor, sizes):
-                    return torch.softmax(scores, dim).nan_to_num(0.0)
-            fake.Resize = Resize
-            sys.modules[name] = fake
-            return scores.resize(*scores.shape)
-    """,
-    "a module of its own claiming a file of torch's": """
-        import os, sys, types
-        def attack(scores, dim):
-            name = "torch.autograd._functions"
-            fake = types.ModuleType(name)
-            fake.__file__ = os.path.join(os.path.dirname(torch.__file__), "autograd", "_functions", "__init__.py")
-            class Resize:
-                @staticmethod
-                def apply(tensor, sizes):
-                    return torch.softmax(scores, dim).nan_to_num(0.0)
-            fake.Resize = Resize
-            sys.modules[name] = fake
-            return scores.resize(*scores.shape)
-    """,
+    "a module of its own where torch imports lazily": _fake_module(),
+    "a module of its own claiming a file of torch's": _fake_module(
+        'fake.__file__ = os.path.join(os.path.dirname(torch.__file__), "autograd", "_functions", "__init__.py")'),
     "torch's frame walker rebuilt from its text": """
         import os, sys, types
         def attack(scores, dim):
