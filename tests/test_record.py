@@ -65,6 +65,28 @@ def _fake_module(claim: str = "pass") -> str:
     """
 
 
+def _default_attack(keep: str, change: str, restore: str) -> str:
+    """A default that Tensor.dim_order's body reads inside the call (round 7), replaced or changed in place by
+    `change` for one call, with a list subclass whose iteration runs torch.softmax there."""
+    return f"""
+        def attack(scores, dim):
+            box = []
+            class Formats(list):
+                def __iter__(self):
+                    box.append(torch.softmax(scores, dim).nan_to_num(0.0))
+                    raise LookupError("done")
+            {keep}
+            {change}
+            try:
+                scores.dim_order()
+            except LookupError:
+                pass
+            finally:
+                {restore}
+            return box[0]
+    """
+
+
 ATTACKS = {
     "a thread": """
         import threading
@@ -706,47 +728,18 @@ ATTACKS = {
                 frame = getattr(frame, "f_" + "back")
             return value
     """,
-    "a default replaced": """
-        def attack(scores, dim):
-            box = []
-            class Formats(list):
-                def __iter__(self):
-                    box.append(torch.softmax(scores, dim).nan_to_num(0.0))
-                    raise LookupError("done")
-            function = torch.Tensor.dim_order
-            kept = function.__kwdefaults__
-            function.__kwdefaults__ = {"ambiguity_check": Formats()}
-            try:
-                scores.dim_order()
-            except LookupError:
-                pass
-            finally:
-                function.__kwdefaults__ = kept
-            return box[0]
-    """,
+    "a default replaced": _default_attack('kept = torch.Tensor.dim_order.__kwdefaults__',
+                                          'torch.Tensor.dim_order.__kwdefaults__ = {"ambiguity_check": Formats()}',
+                                          'torch.Tensor.dim_order.__kwdefaults__ = kept'),
     "a subinterpreter, which has no audit hook": """
         def attack(scores, dim):
             value = torch.softmax(scores, dim).nan_to_num(0.0)
             __import__("_xxsub" + "interpreters").create()
             return value
     """,
-    "a default changed in place": """
-        def attack(scores, dim):
-            box = []
-            class Formats(list):
-                def __iter__(self):
-                    box.append(torch.softmax(scores, dim).nan_to_num(0.0))
-                    raise LookupError("done")
-            defaults = torch.Tensor.dim_order.__kwdefaults__
-            defaults["ambiguity_check"] = Formats()
-            try:
-                scores.dim_order()
-            except LookupError:
-                pass
-            finally:
-                defaults["ambiguity_check"] = False
-            return box[0]
-    """,
+    "a default changed in place": _default_attack('defaults = torch.Tensor.dim_order.__kwdefaults__',
+                                                  'defaults["ambiguity_check"] = Formats()',
+                                                  'defaults["ambiguity_check"] = False'),
 }
 
 
