@@ -15,16 +15,18 @@ MAX_NAME = 200  # characters of a layer's, a parameter's or a class's name
 
 
 def shape_record(record) -> dict | None:
-    """The worker's record of the shapes a call created, checked to be what it says: lists of whole numbers."""
+    """The worker's record of the shapes a call created (and of those its products and exponentials returned),
+    checked to be what it says: lists of whole numbers."""
     if record is None:
         return None
-    created = record.get("created") if isinstance(record, dict) else None
+    lists = [record.get(k) if isinstance(record, dict) else None for k in ("created", "scores")]
     more = record.get("more") if isinstance(record, dict) else None
-    if not isinstance(created, list) or type(more) is not int or len(created) > 4096:
+    if type(more) is not int or not all(isinstance(shapes, list) and len(shapes) <= 4096 for shapes in lists):
         raise Malformed("a malformed record of shapes")
-    if not all(isinstance(s, list) and len(s) <= 64 and all(type(n) is int and n >= 0 for n in s) for s in created):
+    if not all(isinstance(s, list) and len(s) <= 64 and all(type(n) is int and n >= 0 for n in s)
+               for shapes in lists for s in shapes):
         raise Malformed("a malformed record of shapes")
-    return {"created": [tuple(s) for s in created], "more": more}
+    return {"created": [tuple(s) for s in lists[0]], "more": more, "scores": [tuple(s) for s in lists[1]]}
 
 
 class Malformed(ValueError):

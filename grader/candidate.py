@@ -51,7 +51,7 @@ def answer_limit(given: int) -> int:
 class Answer:
     value: object
     called: frozenset[str]  # names of the torch functions the candidate's code called
-    shapes: dict | None = None  # asked for (invoke(shapes=True)): {"created": [shape, ...], "more": n}, see the worker
+    shapes: dict | None = None  # asked for (invoke(shapes=True)): {"created": [shape, ...], "more": n, "scores": [...]}
     changed_in_place: tuple[str, ...] = ()  # the arguments (positions as "0", "1", ..., or keywords) the call changed
 
 

@@ -9,23 +9,20 @@ import pytest
 
 from grader.course.flash_attention import spec as flash
 
-B, H = flash.B, flash.H
-TQ, TK, D, DV = flash.MEM_TQ, flash.MEM_TK, flash.MEM_D, flash.MEM_DV
-PAD = lambda t, b: -(-t // b) * b  # noqa: E731
-ALLOWED = max(flash.MEM_BQ * flash.MEM_BK, *(PAD(TQ, flash.MEM_BQ) * w for w in (D, DV)),
-              *(PAD(TK, flash.MEM_BK) * w for w in (D, DV)))
+MEM = flash.MEM
+B, H, TQ, TK, D, DV, BQ, BK = MEM.b, MEM.h, MEM.t_q, MEM.t_k, MEM.d, MEM.dv, MEM.block_q, MEM.block_k
 
 
 @pytest.mark.parametrize("size", [(B, TQ, H, D), (B, TK, H, D), (B, TK, H, DV), (B, H, TQ, D), (B * H, TK, DV),
-                                  (B, H, flash.MEM_BQ, flash.MEM_BK)])
+                                  (B, H, BQ, BK)])
 def test_inputs_in_any_layout_and_tiles_are_allowed(size):
-    assert flash._too_large(size, B * H, ALLOWED) == ""
+    assert MEM.too_large(size) == ""
 
 
 @pytest.mark.parametrize("size", [(B, H, TQ, TK), (B, TQ, H, TK), (B * H, TQ, TK), (TQ, TK), (B, TQ, TK),
-                                  (B, H, flash.MEM_BQ, TK)])
+                                  (B, H, BQ, TK)])
 def test_score_matrices_in_any_layout_still_fail(size):
-    assert flash._too_large(size, B * H, ALLOWED)
+    assert MEM.too_large(size)
 
 
 FLASH_WITH_BTHD_VIEW = """
@@ -63,3 +60,19 @@ def flash_source() -> str:
     from tests.conftest import ROOT
 
     return (ROOT / "solutions" / "flash_attention.py").read_text()
+
+
+@pytest.mark.parametrize("size", [(B, H, BQ, BK), (B, H, BK, BQ), (B, H, BQ, 11), (B, H, BQ), (B, H, BQ, 1),
+                                  (B, H, TQ), (B * H, TQ), (B, H, TQ, 1), (TK,), (B, H, 3, TK)])
+def test_scores_of_tiles_and_running_statistics_are_allowed(size):
+    """exp of a tile (either way round, or a last, shorter one), of the running max's change, of every query's
+    statistics, of one row's keys, or of a strip no larger than a tile."""
+    assert MEM.strip(size) == ""
+
+
+@pytest.mark.parametrize("size", [(B, H, D, TK), (B, H, DV, TK), (B, H, TK, D), (B, H, 4, TK), (TQ, BK),
+                                  (B, H, DV, 120), (B * H, TK)])
+def test_strips_of_scores_fail_even_a_head_wide(size):
+    """A strip of a head's width of queries against every key (or of keys against every query) holds no more
+    than the inputs, and is still not tiles."""
+    assert MEM.strip(size)

@@ -17,7 +17,7 @@ import threading
 
 import pytest
 
-from tests.conftest import PORTABLE, ROOT, explain
+from tests.conftest import PORTABLE, ROOT, explain, lost
 
 FALLBACK = """
 def softmax(scores, dim=-1):
@@ -1003,3 +1003,62 @@ def test_the_workers_memory_is_out_of_reach_of_its_code_and_of_what_it_starts(gr
     peeks = [line for line in result.candidate_output.splitlines() if line.startswith("PEEK")]
     expected = "PEEK ['Refused', 'Refused', 0, '-1']"  # the guard, then /dev/null where the memory was, then EPERM
     assert peeks and all(line == expected for line in peeks), result.candidate_output[-999:]
+
+
+@pytest.mark.parametrize("tile_exp", [False, True], ids=["strip", "strip_of_scores_only"])
+def test_flash_attention_in_strips_of_whole_score_rows_loses_tiles_only(grade_source, tile_exp):
+    """The eighth hostile review's a03: a few queries at a time against every key, a strip narrower than a head, so
+    neither the element count nor the matrix rule saw it. What a product or an exponential returns may not span the keys
+    (here the exponentials are taken a tile at a time, or not)."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    code = """
+        def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+            t_q, t_k = q.shape[-2], k.shape[-2]
+            outs, lses = [], []
+            for i in range(0, t_q, 4):
+                s = q[..., i:i + 4, :] @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+                if causal:
+                    rows = torch.arange(t_k - t_q + i, t_k - t_q + i + s.shape[-2], device=q.device)[:, None]
+                    s = s.masked_fill(torch.arange(t_k, device=q.device)[None, :] > rows, -math.inf)
+                m = s.amax(-1, keepdim=True)
+                m = torch.where(m == -math.inf, torch.zeros_like(m), m)
+                e = torch.cat([torch.exp(s[..., j:j + 24] - m) for j in range(0, t_k, 24)], -1) if tile_exp else (
+                    torch.exp(s - m))
+                total = e.sum(-1, keepdim=True)
+                outs.append((e @ v) / torch.where(total == 0, torch.ones_like(total), total))
+                lses.append((torch.log(total) + m)[..., 0])
+            lse = torch.cat(lses, -1)
+            return torch.cat(outs, -2), lse.float() if q.dtype != torch.float64 else lse
+    """
+    result = grade_source(f"tile_exp = {tile_exp}\n" + textwrap.dedent(code), base=base, name="flash_attention.py")
+    assert lost(result) == {"flash_attention": 6}, explain(result)
+    flash = next(s for s in result.steps if s.id == "flash_attention")
+    assert {c.mistake_id for c in flash.checks if c.points < c.max_points} == {"flash_attention.full_score_matrix"}
+
+
+def test_a_backward_that_recomputes_through_autograd_keeps_no_rule_points(grade_source):
+    """The eighth hostile review's a04: FlashAttentionFunction's backward recomputed the forward with autograd and
+    called .backward() on it. The runner runs .backward() itself, so the name is allowed; autograd inside the
+    backward pass is not."""
+    base = (ROOT / "solutions" / "attention_backward.py").read_text()
+    code = """
+        class FlashAttentionFunction(FlashAttentionFunction):
+            @staticmethod
+            def backward(ctx, grad_out):
+                q, k, v, out, lse = ctx.saved_tensors
+                with torch.enable_grad():
+                    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+                    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+                    if ctx.causal:
+                        t_q, t_k = s.shape[-2:]
+                        keep = torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(t_k - t_q)
+                        s = s.masked_fill(~keep, -math.inf)
+                    p = torch.exp(s - torch.logsumexp(s, -1, keepdim=True)).nan_to_num(0.0)
+                    (p @ v).backward(grad_out)
+                return q.grad, k.grad, v.grad, None, None, None
+    """
+    result = grade_source(textwrap.dedent(code), base=base, name="attention_backward.py")
+    function = next(s for s in result.steps if s.id == "FlashAttentionFunction")
+    assert function.breach and function.score == 0, explain(result)
+    assert set(lost(result)) == {"FlashAttentionFunction"}, explain(result)
+    assert any("autograd inside the backward pass" in c.message for c in function.checks), explain(result)

@@ -13,6 +13,7 @@ A spec (grader/course/NAME/spec.py) imports from here and from its own reference
   diagnose.py  the general mistakes, named for any step
   search.py    the generic wrong answers a failed check's answer is compared with: arguments swapped, ignored,
                one off, an input transposed, a tuple reordered, float64 computed in float32
+  tiles.py     tiles_only: what a tiled step's torch calls may create (nothing larger than a tile of scores)
   attention.py attention written out plainly, with knobs that make its wrong versions (`attention.attend`)
 
 Glossary (one word per concept, in the code and in its messages):
@@ -48,6 +49,7 @@ from grader.engine.script import (
 )
 from grader.engine.spec import Call, Check, Mistake, Probe, Raises, Spec, StepSpec, device, prop, rules, shape, values
 from grader.engine.stock import defaults, end_to_end, gradients, linear_layers, raises_value_error
+from grader.engine.tiles import TileSizes, tiles_only
 from grader.engine.tolerance import HALF_TYPES, Tolerance, expect_close, expect_form, grid, upcast
 from grader.wire import device_of
 
@@ -57,5 +59,6 @@ __all__ = [
     "device", "device_of", "diagnose", "end_to_end", "expect_close", "expect_form", "expect_no_import", "gradients",
     "grid", "linear_layers", "search",
     "matches_any", "numpy_only", "prop", "raises_value_error", "rules", "shape", "source_of", "upcast", "values",
+    "TileSizes", "tiles_only",
     "Script", "build", "call", "chunks", "expect_chunks", "expect_each", "expect_result", "fill", "get", "type_name",
 ]

@@ -13,17 +13,23 @@ import re
 from grader.candidate import HIDDEN
 from grader.engine.diagnose import FORBIDDEN_CALL
 from grader.engine.failure import CheckFailed
+from grader.sandbox.recorder import GRAPH, GRAPH_IN_BACKWARD
 from grader.source import parse
+
+# What the names the worker's record gives to autograd's use (no torch function's names) mean, in a report
+MEANING = {GRAPH: "autograd_graph (an autograd graph built)",
+           GRAPH_IN_BACKWARD: "autograd inside the backward pass (a graph built, or .backward(), there)"}
 
 # Names of ways to blind the worker's record of torch calls: switching the mode off, or reaching the record
 # itself (the mode stack, the worker's frames, the garbage collector's list of every object). A file that
 # names one keeps no rule.
-# torch's own Python implementations (torch._decomp's softmax, torch._refs') record only their elementwise parts: a
-# text scan, as the rest of this list (a name built at run time passes it)
+# torch's own Python implementations (torch._decomp's softmax, torch._refs') record only their elementwise parts, and
+# autograd's engine run directly records nothing: a text scan, as the rest of this list (a name built at run time
+# passes it)
 TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_set_torch_function_mode", "torch.ops.",
              "_get_current_function_mode_stack", "_getframe", "currentframe", "f_locals", "f_back", "get_objects",
              "torch._decomp", "torch._refs", "torch._prims", "_decomp.", "_refs.", "_prims.", "interpreters",
-             "interpchannels", "interpqueues")
+             "interpchannels", "interpqueues", "_execution_engine", "run_backward", "_ImperativeEngine", "_EngineBase")
 
 
 def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: str = "") -> None:
@@ -53,7 +59,8 @@ def check_calls(called, forbidden: tuple[str, ...]) -> None:
     wanted = {f.lstrip("_") for f in forbidden if not f.endswith("()")}
     used = sorted(n for n in called if n.split(".")[0] in exact or any(f in n.split(".")[0] for f in wanted))
     if used:
-        raise CheckFailed(f"called {', '.join(used)}, which this step must not use: write it with basic tensor ops",
+        said = ", ".join(MEANING.get(n, n) for n in used)
+        raise CheckFailed(f"called {said}, which this step must not use: write it with basic tensor ops",
                           FORBIDDEN_CALL, details={"forbidden_calls": used}, breach=True)
 
 

@@ -16,11 +16,23 @@ import types
 from operator import is_
 
 MAX_SHAPES = 256  # distinct shapes one request records
+# The functions that make scores (products of two tensors) or probabilities of them (exp, what could stand in for
+# it, a softmax): a tiled step's results of these must be tiles (Shapes.scores)
+SCORES = frozenset({
+    "matmul", "__matmul__", "__rmatmul__", "__imatmul__", "mm", "bmm", "baddbmm", "addmm", "addbmm", "einsum",
+    "tensordot", "inner", "outer", "ger", "chain_matmul", "linalg_multi_dot", "multi_dot",
+    "exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "special_exp2", "special_expm1", "special_expit", "sigmoid",
+    "sigmoid_", "tanh", "tanh_", "sinh", "sinh_", "cosh", "cosh_", "softplus", "logsigmoid", "pow", "pow_",
+    "__pow__", "__rpow__", "__ipow__", "float_power", "float_power_", "softmax", "_softmax", "log_softmax",
+    "_log_softmax", "special_softmax", "special_log_softmax", "logsumexp", "logaddexp", "logaddexp2", "ldexp"})
 # Tensor methods that run a Python callable of the caller's inside the call, where the record is stashed
 CALLBACKS = ("apply_", "map_", "map2_")
 # Autograd's entry points: they run the caller's code inside themselves (a hook, a Function's backward), where
 # the record would be stashed; the worker runs autograd's engine itself, with the record on the stack
 REENTERED = ("backward", "grad")
+# Names the record gives what no torch function's name says: a call whose result is part of an autograd graph, and
+# autograd used while torch.autograd's backward pass runs (a graph built, or a backward pass entered, inside one)
+GRAPH, GRAPH_IN_BACKWARD = "autograd_graph", "autograd_in_backward"
 # Their parameters and defaults (torch 2.x), bound here by hand: the record's own code calls nothing the file could
 # have replaced (inspect.signature is Python, and the record is stashed while it runs)
 AUTOGRAD_PARAMETERS = {
@@ -78,6 +90,7 @@ def make_recorder(torch, lifted):
     modules = sys.modules  # the interpreter's own dict, as the worker found it
     quiet = _quiet_warnings()
     autograd_entries = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
+    grad_enabled, grad_fn_of = torch.is_grad_enabled, torch._C.TensorBase.grad_fn.__get__
 
     class Recorder(TorchFunctionMode):
         """Records the name of every torch function called while it is active.
@@ -92,6 +105,7 @@ def make_recorder(torch, lifted):
         device: str = "cpu"
         shapes = None  # a Shapes while a request asks for the shapes of what the call creates (`"shapes": true`)
         changed: list = []  # the arguments a call changed in place
+        gradients = 0  # how many of torch.autograd's backward passes are running (one inside another when > 1)
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             name, why = _name(func, torch_classes, torch_callables)
@@ -115,8 +129,17 @@ def make_recorder(torch, lifted):
                 finally:
                     modules["warnings"] = shared
             if self.shapes is not None:
-                self.shapes.add(torch, value)
+                self.shapes.add(torch, value, name)
+            if grad_enabled() and self._builds_graph(value):
+                self.seen.add(GRAPH_IN_BACKWARD if self.gradients else GRAPH)
             return value
+
+        def _builds_graph(self, value) -> bool:
+            """The call's result is a node of an autograd graph: gradients could be taken through it."""
+            for t in value if type(value) is tuple or type(value) is list else (value,):
+                if issubclass(type(t), torch.Tensor) and grad_fn_of(t) is not None:
+                    return True
+            return False
 
         def __exit__(self, *exc):
             """Leave the mode stack as it was entered; a call that popped this mode, or left another above it,
@@ -155,7 +178,9 @@ def make_recorder(torch, lifted):
             inputs = () if inputs is None else (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs)
             create = given["create_graph"]
             retain = create if given["retain_graph"] is None else given["retain_graph"]
-            with self._reentered():
+            if self.gradients:
+                self.seen.add(GRAPH_IN_BACKWARD)
+            with self._reentered(), self._gradients():
                 grads = _make_grads(outputs, _tensor_or_tensors_to_tuple(grads, len(outputs)), is_grads_batched=False)
                 if func is not torch.autograd.grad:
                     _engine_run_backward(outputs, grads, retain, create, inputs, allow_unreachable=True,
@@ -166,6 +191,9 @@ def make_recorder(torch, lifted):
                 if given.get("materialize_grads"):
                     result = tuple(torch.zeros_like(i) if r is None else r for r, i in zip(result, inputs, strict=True))
                 return result
+
+        def _gradients(self):
+            return Gradients(self)
 
         def _reentered(self):
             """This mode on the stack again while a call runs that torch made with it stashed."""
@@ -194,6 +222,19 @@ def make_recorder(torch, lifted):
                     torch._C._pop_torch_function_stack()
                 else:
                     self.record.hidden = self.record.hidden or "the torch-function mode stack was changed"
+            return False
+
+    class Gradients:
+        __slots__ = ("record",)
+
+        def __init__(self, record):
+            self.record = record
+
+        def __enter__(self):
+            self.record.gradients += 1
+
+        def __exit__(self, *exc):
+            self.record.gradients -= 1
             return False
 
     class Paused:
@@ -510,18 +551,21 @@ class Shapes:
     (tiles, say, where the whole matrix must never exist). A view counts as itself (a transpose or reshape
     holds as many elements as the memory it views, einsum's answer among them; a slice fewer), but a view
     larger than that memory (an expand of a small tensor) counts as the tensor it views: no more is held.
-    Plain data, bounded: each distinct shape once, in the order first seen, at most MAX_SHAPES of them;
-    `more` counts the distinct shapes left out:
-    {"created": [[2, 2, 16, 24], [2, 2, 16], ...], "more": 0}.
+    The shapes of what makes scores or their probabilities returned (SCORES: products, exponentials) are kept
+    apart as well. Plain data, bounded: each distinct shape once, in the order first seen, at most MAX_SHAPES
+    of them; `more` counts the distinct shapes left out:
+    {"created": [[2, 2, 16, 24], [2, 2, 16], ...], "more": 0, "scores": [[2, 2, 16, 24]]}.
     """
 
     def __init__(self):
         self.seen = {}
+        self.scores = {}
         self.more = 0
 
-    def add(self, torch, value) -> None:
+    def add(self, torch, value, name: str = "") -> None:
         BASE_OF, NUMEL, SHAPE_OF = (torch._C.TensorBase._base.__get__, torch._C.TensorBase.numel,  # noqa: N806
                                     torch._C.TensorBase.shape.__get__)
+        makes_scores = name.split(".")[0] in SCORES
         for t in value if type(value) is tuple or type(value) is list else (value,):
             if not issubclass(type(t), torch.Tensor):  # the type's own MRO: no __class__ of the file's is asked
                 continue
@@ -529,15 +573,17 @@ class Shapes:
             view_of = BASE_OF(t)
             base = view_of if view_of is not None and NUMEL(view_of) < NUMEL(t) else t  # an expand: its memory
             key = tuple(int(n) for n in SHAPE_OF(base))
-            if key in self.seen:
-                continue
-            if len(self.seen) >= MAX_SHAPES:
-                self.more += 1
-                continue
-            self.seen[key] = True
+            for kept, wanted in ((self.seen, True), (self.scores, makes_scores)):
+                if not wanted or key in kept:
+                    continue
+                if len(kept) >= MAX_SHAPES:
+                    self.more += 1
+                    continue
+                kept[key] = True
 
     def data(self) -> dict:
-        return {"created": [list(s) for s in self.seen], "more": self.more}
+        return {"created": [list(s) for s in self.seen], "more": self.more,
+                "scores": [list(s) for s in self.scores]}
 
 
 def _scalars_to_meta(torch, args, kwargs):

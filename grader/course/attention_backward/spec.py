@@ -20,12 +20,13 @@ functions and nn.Modules, and an autograd.Function is neither): out, and dq, dk 
 computes them through the Function's backward, against plain attention and torch's autograd through it, in
 float32 and in float64 at float64's tolerance (what torch.autograd.gradcheck asks). Its
 flash_attention_backward is answered by the grader once that step has lost points. The worker's
-record sees the Function's forward but not its backward (the autograd engine runs that outside the
-record), so its rules and tiles_only see the forward only; the backward's rules are
-flash_attention_backward's.
+record sees the Function's forward and its backward (it runs .backward() with the record on), so its
+rules and tiles_only see both.
 
-No gradient step may use autograd: the `forbidden` lists of exercise.toml name `.backward()` and the
-forward-mode duals, and `no_autograd` (this spec's rules) the exact name `grad`, which
+No gradient step may use autograd: the `forbidden` lists of exercise.toml name `.backward()`, an autograd
+graph built (the worker records one as `autograd_graph`; FlashAttentionFunction, run through .backward(),
+forbids autograd inside that backward pass, `autograd_in_backward`) and the forward-mode duals, and
+`no_autograd` (this spec's rules) the exact name `grad`, which
 torch.autograd.grad and every torch.func transform record (a forbidden name matches as a part of a
 name, and `grad` is a part of `_set_grad_enabled`, which torch.no_grad() records).
 """
@@ -315,7 +316,7 @@ def _flash_variant(**wrong):
         q, k, v, out, lse, grad_out, causal, block_q, block_k, **wrong)
 
 
-FLASH_TILES = tiles_only_check("flash_attention_backward", flash_inputs, forward_only=False)
+FLASH_TILES = tiles_only_check("flash_attention_backward")
 FB_CAUSAL = Mistake("flash_attention_backward.causal_mishandled", "right without causal, wrong with it: in every "
                     "tile mask key j > i + Tk - Tq (bottom-right), and skip only tiles wholly past that diagonal")
 FB_NO_KEY = Mistake("flash_attention_backward.no_key_rows_mishandled", "wrong for rows with no key to see (causal, "
@@ -523,7 +524,7 @@ def function_end_to_end(run):
         raise CheckFailed(failure.message, failure.mistake, details, failure.outcome) from None
 
 
-FUNCTION_TILES = tiles_only_check("FlashAttentionFunction", function_inputs, forward_only=True, answer=function_answer)
+FUNCTION_TILES = tiles_only_check("FlashAttentionFunction", answer=function_answer)
 FN_CAUSAL = Mistake("FlashAttentionFunction.causal_mishandled", "right without causal, wrong with it: the forward "
                     "masks key j > i + Tk - Tq in each tile, saves causal in ctx and passes it to the backward")
 FN_FLOAT64 = Mistake("FlashAttentionFunction.float64_blocks_mishandled", "right in float32 with the default blocks, "

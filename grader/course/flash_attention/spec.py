@@ -35,6 +35,7 @@ from grader.engine import (
     Raises,
     Spec,
     StepSpec,
+    TileSizes,
     Tolerance,
     attention,
     device,
@@ -43,6 +44,7 @@ from grader.engine import (
     prop,
     rules,
     shape,
+    tiles_only,
     values,
 )
 from solutions import flash_attention as ref
@@ -399,66 +401,7 @@ def lse_matches_logsumexp(run):
 
 
 # The memory check's sizes: tiles, score rows, score columns, the full matrix and the inputs all of different sizes.
-MEM_TQ, MEM_TK, MEM_D, MEM_DV, MEM_BQ, MEM_BK = 90, 107, 8, 12, 16, 24
-
-
-def per_batch_and_head(size, batch_heads):
-    """A tensor's elements per batch and head: divided by B·H when its axes before the last two hold a multiple of B·H
-    (batched, or batch and heads flattened, or stacked blocks of them), or when it has a batch axis and a head axis
-    wherever they are ((B, T, H, D), flash-attn's own layout of q, k and v, or scores (B, Tq, H, Tk)), else all of
-    them (a loop over the batch and heads, or a (Tq, Tk) mask shared by all)."""
-    lead = math.prod(size[:-2]) if len(size) > 2 else 1
-    return math.prod(size) // batch_heads if lead % batch_heads == 0 or _batch_and_head_axes(size) else math.prod(size)
-
-
-def _batch_and_head_axes(size) -> bool:
-    """The tensor has an axis of B and, after it, one of H, not necessarily next to each other (the spec's B, H)."""
-    size = list(size)
-    return B in size and H in size[size.index(B) + 1:]
-
-
-def _too_large(size, batch_heads, allowed):
-    """Why a created tensor is more than a tile holds ('' if it is not): too many elements per batch and head, or a
-    matrix too large whose last two axes are both wider than a head (D, Dv), as only scores are (a tile larger than
-    block_q × block_k)."""
-    n = per_batch_and_head(size, batch_heads)
-    if n > allowed:
-        return f"{n} elements per batch and head, more than the inputs and outputs hold ({allowed})"
-    if len(size) >= 2 and min(size[-2:]) > max(MEM_D, MEM_DV) and size[-2] * size[-1] > MEM_BQ * MEM_BK:
-        return f"a {size[-2]} × {size[-1]} matrix of scores, larger than a block_q × block_k tile"
-    return ""
-
-
-def tiles_only(run):
-    """No tensor that flash_attention's torch calls create holds more than a block_q × block_k tile of scores per
-    batch and head, or more elements than the inputs and outputs (padded to whole blocks): a (Tq, Tk) score matrix or
-    mask, a block_q × Tk row of it, or tiles of sizes other than the ones asked for, do. Non-causal and causal; the
-    answer must be right too."""
-    bh = B * H
-    pad = lambda t, b: -(-t // b) * b  # noqa: E731
-    allowed = max(MEM_BQ * MEM_BK, *(pad(MEM_TQ, MEM_BQ) * w for w in (MEM_D, MEM_DV)),
-                  *(pad(MEM_TK, MEM_BK) * w for w in (MEM_D, MEM_DV)))
-    for causal in (False, True):
-        call = run.inputs(t_q=MEM_TQ, t_k=MEM_TK, d=MEM_D, dv=MEM_DV, causal=causal, block_q=MEM_BQ, block_k=MEM_BK)
-        answer = run.answer(call, shapes=True)
-        record = answer.shapes or {"created": [], "more": 0}
-        hidden = [n for n in answer.called if n.startswith("hidden: ")]
-        if hidden:
-            raise CheckFailed(f"the call hid what it created from the check: {hidden[0][len('hidden: '):]}",
-                              FULL_SCORES)
-        if record["more"]:
-            raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different shapes: too "
-                              "many to check what it materialises", FULL_SCORES)
-        for size in record["created"]:
-            why = _too_large(size, bh, allowed)
-            if why:
-                whole = max(size[-2:], default=0) >= min(MEM_TQ, MEM_TK) or per_batch_and_head(size, bh) > allowed
-                sizes = f"Tq={MEM_TQ}, Tk={MEM_TK}, block_q={MEM_BQ}, block_k={MEM_BK}" + (", causal" if causal else "")
-                raise CheckFailed(
-                    f"with {sizes}: a tensor of shape {tuple(size)} was created, {why}; a tile holds {MEM_BQ * MEM_BK} "
-                    f"scores (the full score matrix: {MEM_TQ * MEM_TK})", FULL_SCORES if whole else BLOCK_SIZES_IGNORED,
-                    {"shape": list(size), "elements": per_batch_and_head(size, bh), "allowed": allowed})
-        run.expect_right(run.output(answer), call)
+MEM = TileSizes(b=B, h=H, t_q=90, t_k=107, d=8, dv=12, block_q=16, block_k=24)
 
 
 def _unless_unmasked(forms, q, k, v, causal=False, block_q=32, block_k=32):
@@ -487,7 +430,8 @@ FLASH = StepSpec(
         values("causal_square", 2, t_q=TK, causal=True), prop("block_sizes", 6, block_sizes),
         prop("block_independence", 3, block_independence), prop("lse", 5, lse_matches_logsumexp),
         values("fully_masked", 4, t_q=TK + 9, t_k=TQ, causal=True, block_q=16, block_k=16),
-        values("decode", 2, t_q=1, causal=True, block_k=16), prop("tiles_only", 6, tiles_only),
+        values("decode", 2, t_q=1, causal=True, block_k=16),
+        prop("tiles_only", 6, tiles_only(MEM, FULL_SCORES, BLOCK_SIZES_IGNORED)),
         values("half", 2, HALF, causal=True), rules(2, causal=True), device(2, causal=True),
         prop("end_to_end", 2, end_to_end(causal=True, block_q=16, block_k=24), end_to_end=True),
     ),

@@ -1,0 +1,117 @@
+"""What a tiled step may create (`tiles_only`): the shapes of the tensors its torch calls made, read from the
+worker's record (`run.answer(call, shapes=True)`).
+
+A tile of scores is block_q × block_k. Nothing created may hold more elements per batch and head than a tile or
+the inputs and outputs (padded to whole blocks); no matrix may be wider than a head on both axes (only scores are)
+and larger than a tile; and nothing that makes scores or their probabilities (a product of two tensors, exp, its
+relatives, a softmax) may return more than a tile's worth of a sequence, so a strip of a few queries against every key
+(or of a few keys against every query) fails even where it is as narrow as a head.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from grader.engine.failure import CheckFailed
+from grader.engine.spec import Mistake
+
+
+@dataclass(frozen=True)
+class TileSizes:
+    """The memory check's sizes: tiles, score rows, score columns, the full matrix and the inputs all different."""
+
+    b: int
+    h: int
+    t_q: int
+    t_k: int
+    d: int
+    dv: int
+    block_q: int
+    block_k: int
+
+    @property
+    def tile(self) -> int:
+        return self.block_q * self.block_k
+
+    @property
+    def allowed(self) -> int:
+        """Elements per batch and head: a tile, or the inputs and outputs padded to whole blocks."""
+        pad = lambda t, b: -(-t // b) * b  # noqa: E731
+        return max(self.tile, *(pad(self.t_q, self.block_q) * w for w in (self.d, self.dv)),
+                   *(pad(self.t_k, self.block_k) * w for w in (self.d, self.dv)))
+
+    def per_batch_and_head(self, size) -> int:
+        """A tensor's elements per batch and head: divided by B·H when its axes before the last two hold a multiple
+        of B·H (batched, or batch and heads flattened, or stacked blocks of them), or when it has a batch axis and a
+        head axis wherever they are ((B, T, H, D), flash-attn's own layout, or scores (B, Tq, H, Tk)), else all of
+        them (a loop over the batch and heads, or a (Tq, Tk) mask shared by all)."""
+        lead = math.prod(size[:-2]) if len(size) > 2 else 1
+        rest = list(size)
+        heads_after_batch = self.b in rest and self.h in rest[rest.index(self.b) + 1:]
+        whole = math.prod(size)
+        return whole // (self.b * self.h) if lead % (self.b * self.h) == 0 or heads_after_batch else whole
+
+    def too_large(self, size) -> str:
+        """Why a created tensor is more than a tile holds ('' if it is not)."""
+        n = self.per_batch_and_head(size)
+        if n > self.allowed:
+            return f"{n} elements per batch and head, more than the inputs and outputs hold ({self.allowed})"
+        if len(size) >= 2 and min(size[-2:]) > max(self.d, self.dv) and size[-2] * size[-1] > self.tile:
+            return f"a {size[-2]} × {size[-1]} matrix of scores, larger than a block_q × block_k tile"
+        return ""
+
+    def strip(self, size) -> str:
+        """Why what a product or an exponential returned is more than a tile of scores ('' if it is not): its last
+        two axes hold more than a tile and one of them is a sequence's length (keys, or queries unless the other
+        axis is one, a batch, the heads or both: running statistics of every query)."""
+        if len(size) < 2 or size[-2] * size[-1] <= self.tile:
+            return ""
+        pad = lambda t, b: -(-t // b) * b  # noqa: E731
+        keys, queries = {self.t_k, pad(self.t_k, self.block_k)}, {self.t_q, pad(self.t_q, self.block_q)}
+        a, z = size[-2:]
+        lanes = {1, self.b, self.h, self.b * self.h}
+        if a in keys or z in keys or (a in queries and z not in lanes) or (z in queries and a not in lanes):
+            return f"a {a} × {z} strip of scores (or their exponentials), more than a block_q × block_k tile"
+        return ""
+
+    def whole(self, size) -> bool:
+        """The tensor spans a whole row or column of the scores, or more than the inputs: not a tile too large."""
+        return max(size[-2:], default=0) >= min(self.t_q, self.t_k) or self.per_batch_and_head(size) > self.allowed
+
+    def describe(self, causal: bool) -> str:
+        return (f"Tq={self.t_q}, Tk={self.t_k}, block_q={self.block_q}, block_k={self.block_k}"
+                + (", causal" if causal else ""))
+
+
+def tiles_only(sizes: TileSizes, full: Mistake, ignored: Mistake, what: str = "its torch calls",
+               answer: Callable | None = None) -> Callable:
+    """The tiles_only check: causal and not, at `sizes`, nothing the call created more than a tile holds (`full`
+    named where it spans a whole row or column, `ignored` for tiles of other sizes), and the answer right.
+    `answer(run, call, shapes=True)` gets the answer with its record (default: the step's own call)."""
+
+    def check(run) -> None:
+        for causal in (False, True):
+            call = run.inputs(t_q=sizes.t_q, t_k=sizes.t_k, d=sizes.d, dv=sizes.dv, causal=causal,
+                              block_q=sizes.block_q, block_k=sizes.block_k)
+            got = answer(run, call, shapes=True) if answer else run.answer(call, shapes=True)
+            hidden = [n for n in got.called if n.startswith("hidden: ")]
+            if hidden:
+                raise CheckFailed(f"the call hid what it created from the check: {hidden[0][len('hidden: '):]}", full)
+            record = got.shapes or {"created": [], "more": 0, "scores": []}
+            if record["more"]:
+                raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different "
+                                  "shapes: too many to check what it materialises", full)
+            found = [(s, sizes.too_large(s)) for s in record["created"]]
+            found += [(s, sizes.strip(s)) for s in record["scores"]]
+            for size, why in found:
+                if why:
+                    raise CheckFailed(
+                        f"with {sizes.describe(causal)}: a tensor of shape {tuple(size)} was created by {what}, "
+                        f"{why}; a tile holds {sizes.tile} scores (the full score matrix: {sizes.t_q * sizes.t_k})",
+                        full if sizes.whole(size) else ignored,
+                        {"shape": list(size), "elements": sizes.per_batch_and_head(size), "allowed": sizes.allowed})
+            run.expect_right(run.output(got), call)
+
+    return check
