@@ -236,12 +236,46 @@ ABSORBED_QUERIES = Mistake("absorbed_attention.queries_mishandled", "right for o
                            "query axis was lined up with another; a (Tq, Tk) mask broadcasts as is, and the heads stay "
                            "at axis 1")
 
+EXPANDED = Mistake("absorbed_attention.latents_expanded", "expanded the latents into per-head keys or values: fold "
+                   "w_uk into the query and w_uv into the output, and attend over c_kv itself",
+                   why="What absorbing saves is exactly that expansion: H·(Dn + Dv) numbers per cached token read "
+                       "at every decoded token, where the latent holds kv_lora_rank.")
+LATENT_TQ, LATENT_TK = 7, 13  # sizes no width, head count or product of them shares
+
+
+def _per_head_per_key(size) -> bool:
+    """A tensor of one entry per key (an axis of Tk, none of Tq: not scores) and a per-head width (Dn, Dv, the
+    model's D, or H of them side by side): keys or values expanded from the latents. c_kv (Tk, R), k_rope (Tk, Dr),
+    their views and the scores (Tq, Tk) are not."""
+    widths = {DN, DV, D, H * DN, H * DV, H * D}
+    return LATENT_TK in size and LATENT_TQ not in size and any(n in widths for n in size)
+
+
+def latent_only(run: Run) -> None:
+    """Nothing the call's torch functions create is a per-head key or value of every cached token; and the answer is
+    right. Keys expanded head by head, or all at once, or values through the folded output matrix, are."""
+    call = run.inputs(tq=LATENT_TQ, tk=LATENT_TK)
+    got = run.answer(call, shapes=True)
+    record = got.shapes or {"created": [], "more": 0, "scores": []}
+    if record["more"]:
+        raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different shapes: too many "
+                          "to check what it expands", EXPANDED)
+    for size in record["created"]:
+        if _per_head_per_key(size):
+            raise CheckFailed(f"with Tq={LATENT_TQ}, Tk={LATENT_TK} (R={R}, Dn={DN}, Dv={DV}, H={H}, D={D}): a tensor "
+                              f"of shape {tuple(size)} was created, a per-head key or value for every cached token; "
+                              "the absorbed path reads only c_kv and k_rope per token", EXPANDED,
+                              {"shape": list(size)})
+    run.expect_right(run.output(got), call)
+
+
 ABSORBED = StepSpec(
     "absorbed_attention", absorbed_inputs, ref.absorbed_attention,
     probes=(Probe({"tq": 1}, ABSORBED_QUERIES),),
-    checks=(shape(1), values("values", 3, FLOATS), values("unmasked", 2, situation=ABSORBED_NO_MASK, masked=False),
+    checks=(shape(1), values("values", 2, FLOATS), values("unmasked", 2, situation=ABSORBED_NO_MASK, masked=False),
             values("one_query", 2, situation=ABSORBED_ONE, tq=1),
-            values("many_keys", 3, situation=ABSORBED_SIZES, tq=4, tk=11), device(1)),
+            values("many_keys", 2, situation=ABSORBED_SIZES, tq=4, tk=11), prop("latent_only", 3, latent_only),
+            device(1)),
     mistakes=(
         Mistake("absorbed_attention.scaled_by_latent_width", "scaled by √kv_lora_rank (or √(kv_lora_rank + Dr)), the "
                 "absorbed query's width: the scores are still the keys' [nope, rope] dot products; scale by √(Dn + Dr)",
@@ -284,6 +318,7 @@ ABSORBED = StepSpec(
                 "are (H, Dv), heads outer; merge (B, Tq, H, Dv) into H·Dv", _absorbed_variant(merge_heads_inner=True),
                 why="An einsum output written btvh, or a permute that puts H last, keeps the shapes and pairs each "
                     "number with another head's column of w_o."),
+        EXPANDED,
     ),
 )
 

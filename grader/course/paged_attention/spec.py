@@ -31,6 +31,7 @@ from grader.engine import (
     expect_close,
     expect_form,
     linear_layers,
+    matches_any,
     prop,
     source_of,
 )
@@ -47,6 +48,7 @@ JOINING = ({0: 4}, {0: 1}, {1: 6, 0: 1}, {1: 1, 0: 2}, {2: 3}, {0: 1, 1: 1, 2: 1
 # mixed with single tokens (a batch whose first sequence brings one token is no decode), a batch whose order is not
 # the ids', decoding all three at the end
 X = ("x",)
+K_FILL, V_FILL = 0.5, -1.5  # what the grader writes into every slot of the pool after the first call (`reads_pool`)
 
 
 def module_inputs(gen, dtype, bias=True):
@@ -62,10 +64,13 @@ def _proj(state, y, name):
     return y @ state[f"{name}.weight"].T + state.get(f"{name}.bias", 0)
 
 
-def served(state, streams, schedule=PREFILL_DECODE, *, bug: str | None = None, only: str | None = None):
+def served(state, streams, schedule=PREFILL_DECODE, *, refilled: bool = False, bug: str | None = None,
+           only: str | None = None):
     """Every call's outputs of `schedule`, concatenated in call order, from the contract: each new token attends
-    causally to its own sequence. `bug`, the id of one of the module's mistakes, makes its wrong answer instead; with
-    `only` ("decode" or "prefill"), in that path's calls only (a module with two paths may get one of them wrong)."""
+    causally to its own sequence. `refilled`: after the first call every key and value the pool holds is K_FILL and
+    V_FILL (the grader wrote them there). `bug`, the id of one of the module's mistakes, makes its wrong answer
+    instead; with `only` ("decode" or "prefill"), in that path's calls only (a module with two paths may get one of
+    them wrong)."""
     split = (lambda y: y.view(-1, DH, H).transpose(1, 2)) if bug == HEADS_SPLIT_INNER.id else (
         lambda y: y.view(-1, H, DH))  # (N, H, Dh): heads outer, or the features read as (Dh, H)
     heads = [tuple(split(_proj(state, x, n)) for n in ("w_q", "w_k", "w_v")) for x in streams]
@@ -90,7 +95,17 @@ def served(state, streams, schedule=PREFILL_DECODE, *, bug: str | None = None, o
                 y = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), v[keys]).reshape(D)  # 0 for no key
                 outputs.append(y if wrong == NO_OUTPUT_PROJECTION.id else _proj(state, y, "w_o"))
             done[i] += t
-    return torch.stack(outputs)  # (all the new tokens of every call, D)
+        if refilled and call is schedule[0]:
+            heads = [(q, _filled(k, K_FILL, n), _filled(v, V_FILL, n))
+                     for (q, k, v), n in zip(heads, done, strict=True)]
+    return torch.stack(outputs)
+
+
+def _filled(t: torch.Tensor, value: float, n: int) -> torch.Tensor:
+    """t with its first n positions set to value."""
+    t = t.clone()
+    t[:n] = value
+    return t  # (all the new tokens of every call, D)
 
 
 def _mistake(name: str, message: str, why: str = "") -> Mistake:
@@ -129,11 +144,13 @@ class ServeScript:
     """The module built with the grader's weights and a pool (the candidate's, or the stand-in), then the calls of
     `schedule`: each one the new tokens of some sequences, packed."""
 
-    def __init__(self, run: Run, schedule=PREFILL_DECODE, nan: bool = False, bias: bool = True):
-        self.run, self.schedule = run, schedule
+    def __init__(self, run: Run, schedule=PREFILL_DECODE, nan: bool = False, bias: bool = True,
+                 refill: bool = False):
+        self.run, self.schedule, self.refill = run, schedule, refill
         self.call = run.inputs(bias=bias)
         streams = self.call.args[0]
-        own = run.check.end_to_end or run.ctx.passed("PagedKVCache")  # a pool that lost points is the stand-in's
+        # a pool that lost points is the stand-in's; so is the one refilled, whose k_cache and v_cache are the pool
+        own = (run.check.end_to_end or run.ctx.passed("PagedKVCache")) and not refill
         script = Script()
         module = script.build("PagedSelfAttention", *self.call.init, state=self.call.state, **self.call.init_kwargs)
         pool = script.build("PagedKVCache", POOL_BLOCKS, BLOCK, H, DH, stand_in=not own)
@@ -145,13 +162,16 @@ class ServeScript:
             x = torch.cat([streams[i][done[i]:done[i] + call[i]] for i in ids])
             kwargs = {"seq_ids": [SEQ_IDS[i] for i in ids], "cu_seqlens": _cu([call[i] for i in ids])}
             self.outputs.append(script.call(module, "__call__", x, kwargs=kwargs, refs={"cache": pool}, names=X))
+            if refill and not self.sizes:
+                script.fill(pool, ("k_cache",), axis=0, start=0, value=K_FILL)
+                script.fill(pool, ("v_cache",), axis=0, start=0, value=V_FILL)
             self.sizes.append(len(x))
             for i in ids:
                 done[i] += call[i]
         self.results = run.script(script).value
 
     def expect_right(self) -> None:
-        whole = Call(self.call.args, {"schedule": self.schedule}, X, state=self.call.state)
+        whole = Call(self.call.args, {"schedule": self.schedule, "refilled": self.refill}, X, state=self.call.state)
         native, exact = self.run.reference(whole, exact=False), self.run.reference(whole)
         got, start = [], 0
         try:
@@ -167,8 +187,14 @@ class ServeScript:
         except CheckFailed as failure:
             mistake = failure.mistake
             if mistake is None and len(got) == len(self.sizes):
-                mistake = self.run.explain(torch.cat(got), whole)
+                unfilled = self.run.reference(Call(self.call.args, {"schedule": self.schedule}, X,
+                                                   state=self.call.state), exact=False) if self.refill else None
+                # the outputs of a module that kept its own keys and values are the pool's as it was before refilling
+                mistake = POOL_NOT_READ if self.refill and matches_any(torch.cat(got), [unfilled]) else (
+                    self.run.explain(torch.cat(got), whole))
             calls = "; ".join(", ".join(f"{SEQ_IDS[i]}: +{t}" for i, t in c.items()) for c in self.schedule)
+            if self.refill:
+                calls += f"; after the first, the grader set every key in the pool to {K_FILL}, every value to {V_FILL}"
             raise CheckFailed(f"calls of new tokens by sequence ({calls}): {failure.message}", mistake,
                               failure.details) from None
 
@@ -194,6 +220,11 @@ JOINING_WRONG = Mistake("PagedSelfAttention.joining_mishandled", "wrong when a s
                         "with the batch")
 BIAS_WRONG = Mistake("PagedSelfAttention.bias_mishandled", "wrong with bias=False: pass the bias argument on to "
                      "every nn.Linear the module makes")
+POOL_NOT_READ = Mistake("PagedSelfAttention.pool_not_read", "attended over keys and values kept apart from the pool: "
+                       "read each sequence's keys and values from the pool, by its block table, after the append",
+                       why="The grader changed the pool's keys and values and the outputs did not follow. The pool is "
+                           "the one copy: a server swaps, moves and shares its blocks, and a copy of the module's own "
+                           "doubles the memory paging saves.")
 NAN_SLOTS = Mistake("PagedSelfAttention.unused_slots_read", "right while the pool's free slots hold numbers, wrong "
                     "when they hold NaN: read only each sequence's own slots, through its table and length")
 
@@ -203,9 +234,10 @@ MODULE = StepSpec(
     checks=(
         prop("structure", 2, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, H), "an nn.Linear")),
         prop("prefill_then_decode", 4, _serve_check()),
-        prop("joining", 4, _serve_check(schedule=JOINING), situation=JOINING_WRONG),
+        prop("joining", 3, _serve_check(schedule=JOINING), situation=JOINING_WRONG),
         prop("without_bias", 2, _serve_check(bias=False), situation=BIAS_WRONG),
-        prop("unused_slots_nan", 5, _serve_check(nan=True), situation=NAN_SLOTS),
+        prop("unused_slots_nan", 4, _serve_check(nan=True), situation=NAN_SLOTS),
+        prop("reads_pool", 2, _serve_check(refill=True), situation=POOL_NOT_READ),
         prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),
     mistakes=(NOT_CAUSAL, NEW_ONLY, LENGTHS_BEFORE, NO_OUTPUT_PROJECTION, HEADS_SPLIT_INNER, NAN_READ),

@@ -194,6 +194,27 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
             "absorbed_attention", "absorbed_attention.mask_inverted"),
     Variant("absorbed_heads_merged_inner", absorbed_with("y.transpose(1, 2).reshape", "y.permute(0, 2, 3, 1).reshape"),
             "absorbed_attention", "absorbed_attention.heads_merged_inner"),
+    Variant("absorbed_by_expanding", """
+def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
+    k_nope, v = expand_kv(c_kv, w_uk, w_uv, q_nope.shape[1])  # the plain path: every latent up-projected
+    scores = mla_scores(q_nope, q_rope, k_nope, k_rope)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    y = torch.softmax(scores, dim=-1) @ v
+    return y.transpose(1, 2).flatten(2) @ w_o.T
+""", "absorbed_attention", "absorbed_attention.latents_expanded"),
+    Variant("absorbed_values_through_folded_output", """
+def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
+    H, Dn, Dr = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1]
+    R, D = c_kv.shape[-1], w_o.shape[0]
+    scores = (q_nope @ w_uk.view(H, Dn, R)) @ c_kv.unsqueeze(1).transpose(-2, -1)
+    scores = (scores + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)) / math.sqrt(Dn + Dr)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    folded = torch.einsum("dhv,hvr->hrd", w_o.view(D, H, -1), w_uv.view(H, -1, R))  # (H, R, D)
+    values = c_kv.unsqueeze(1) @ folded.unsqueeze(0)  # (B, H, Tk, D): every latent taken to the output per head
+    return (torch.softmax(scores, dim=-1) @ values).sum(1)
+""", "absorbed_attention", "absorbed_attention.latents_expanded"),
     # -- LatentCache --------------------------------------------------------------------------
     Variant("cache_grown_by_cat", """
 class LatentCache:
@@ -380,6 +401,22 @@ def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_hea
 ]
 
 CORRECT = [
+    Variant("absorbed_head_by_head", """
+def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
+    H, Dn, Dr = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1]
+    R, Dv = c_kv.shape[-1], w_uv.shape[0] // H
+    out = 0
+    for h in range(H):  # each head's query into the latent space, its weighted latents out through w_uv and w_o
+        q_latent = q_nope[:, h] @ w_uk[h * Dn:(h + 1) * Dn]  # (B, Tq, R)
+        scores = torch.einsum("bqr,bkr->bqk", q_latent, c_kv) + torch.einsum("bqe,bke->bqk", q_rope[:, h], k_rope)
+        scores = scores / math.sqrt(Dn + Dr)
+        if mask is not None:
+            scores = scores.masked_fill(~torch.broadcast_to(mask, (q_nope.shape[0], H, *scores.shape[1:]))[:, h],
+                                        float("-inf"))
+        latent = torch.softmax(scores, dim=-1) @ c_kv  # (B, Tq, R)
+        out = out + (latent @ w_uv[h * Dv:(h + 1) * Dv].T) @ w_o[:, h * Dv:(h + 1) * Dv].T
+    return out
+"""),
     Variant("compress_linear_and_einsum", """
 import torch.nn.functional as F
 

@@ -280,6 +280,26 @@ class PagedSelfAttention(PagedSelfAttention):
         v_all = torch.cat([cache.v_cache[t].flatten(0, 1) for t in tables])
         cu_k = torch.tensor([0, *(len(t) * cache.k_cache.shape[1] for t in tables)]).cumsum(0).to(torch.int32)
 """, ATTEND), "PagedSelfAttention", "PagedSelfAttention.unused_slots_read"),
+    Variant("module_keeps_its_own_copy", """
+class PagedSelfAttention(PagedSelfAttention):
+    def forward(self, x, cache, seq_ids, cu_seqlens):
+        N, D = x.shape
+        q, k, v = (w(x).view(N, self.num_heads, self.head_dim) for w in (self.w_q, self.w_k, self.w_v))
+        starts = cu_seqlens.tolist()
+        if not hasattr(self, "kept"):
+            self.kept = {}
+        for b, seq_id in enumerate(seq_ids):
+            cache.append(seq_id, k[starts[b]:starts[b + 1]], v[starts[b]:starts[b + 1]])  # the pool is kept up
+            old_k, old_v = self.kept.get(seq_id, (k[:0], v[:0]))
+            self.kept[seq_id] = (torch.cat([old_k, k[starts[b]:starts[b + 1]]]),
+                                 torch.cat([old_v, v[starts[b]:starts[b + 1]]]))
+        lens = [len(self.kept[s][0]) for s in seq_ids]
+        k_all = torch.cat([self.kept[s][0] for s in seq_ids])  # but never read: the module's own copy is
+        v_all = torch.cat([self.kept[s][1] for s in seq_ids])
+        cu_k = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
+        y = varlen_attention(q, k_all, v_all, cu_seqlens, cu_k, causal=True)
+        return self.w_o(y.reshape(N, D))
+""", "PagedSelfAttention", "PagedSelfAttention.pool_not_read"),
     Variant("module_llama_names", """
 class PagedSelfAttention(PagedSelfAttention):
     def __init__(self, embed_dim, num_heads, bias=True):
