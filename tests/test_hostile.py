@@ -461,6 +461,8 @@ def test_14_rng_games_leave_the_inputs_alone_and_the_report_identical(grade_sour
      "softmax", "softmax"),
     ("def softmax(scores, dim=-1):\n    return scores.softmax(dim).nan_to_num(0.0)", "softmax", "softmax"),
     ("def softmax(scores, dim=-1):\n    return torch._safe_softmax(scores, dim)", "softmax", "_safe_softmax"),
+    ("def softmax(scores, dim=-1):\n    return torch.nn.functional.softmin(-scores, dim).nan_to_num(0.0)", "softmax",
+     "softmin"),  # the ninth hostile review's a01
     ("def softmax(scores, dim=-1):\n    return torch.nn.Softmax(dim)(scores).nan_to_num(0.0)", "softmax", "softmax"),
     ("""
 class MultiHeadAttention(MultiHeadAttention):

@@ -737,6 +737,24 @@ ATTACKS = {
             __import__("_xxsub" + "interpreters").create()
             return value
     """,
+    "a dispatch mode": """
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Below(TorchDispatchMode):
+            pass
+
+        def dispatch(self, func, types, args=(), kwargs=None):
+            _in_stash()
+            return func(*args, **(kwargs or {}))
+
+        Below.__torch_dispatch__ = dispatch  # set after the class is made: no dynamo wrapper to import
+
+        def attack(scores, dim):
+            def call():
+                with Below():
+                    torch.neg(scores[..., :1])
+            return _through(call, scores, dim)
+    """,
     "a default changed in place": _default_attack('defaults = torch.Tensor.dim_order.__kwdefaults__',
                                                   'defaults["ambiguity_check"] = Formats()',
                                                   'defaults["ambiguity_check"] = False'),
@@ -1062,3 +1080,18 @@ def test_a_backward_that_recomputes_through_autograd_keeps_no_rule_points(grade_
     assert function.breach and function.score == 0, explain(result)
     assert set(lost(result)) == {"FlashAttentionFunction"}, explain(result)
     assert any("autograd inside the backward pass" in c.message for c in function.checks), explain(result)
+
+
+def test_a_tensor_printed_while_debugging_hides_nothing(grade_source):
+    """The ninth hostile review's F02: a tensor's repr imports a module of torch's lazily, whose namedtuples the record
+    took for the file's own, so a correct file with one print lost every step it printed in. The zygote prints one
+    first."""
+    result = grade_source("""
+        _softmax_ = softmax
+
+        def softmax(scores, dim=-1):
+            out = _softmax_(scores, dim)
+            print("debug:", out[..., :1], out.shape, repr(out.flatten()[:2]))
+            return out
+    """)
+    assert result.score == 100, explain(result)

@@ -91,6 +91,7 @@ def make_recorder(torch, lifted):
     quiet = _quiet_warnings()
     autograd_entries = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
     grad_enabled, grad_fn_of = torch.is_grad_enabled, torch._C.TensorBase.grad_fn.__get__
+    dispatch_modes = torch._C._len_torch_dispatch_stack  # modes below this one, whose Python runs inside a call
 
     class Recorder(TorchFunctionMode):
         """Records the name of every torch function called while it is active.
@@ -113,6 +114,7 @@ def make_recorder(torch, lifted):
             kwargs = kwargs or {}
             if not self.hidden:
                 self.hidden = (why or _hiding(func, name, types, own_types, torch_globals) or hooks.set()
+                               or (dispatch_modes() and "a torch dispatch mode, whose Python runs inside every call")
                                or kept.changed(func)
                                or _foreign_argument(numpy, name, (args, kwargs), own_types, plain, torch_globals))
             if self.device == "meta":

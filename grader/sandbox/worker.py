@@ -119,6 +119,10 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)  # the grader needs the other core; the inputs are small
+    # A tensor printed once: its repr imports torch._subclasses.schema_check_mode lazily, whose namedtuples the
+    # record cannot take for torch's (their methods' globals are collections'); loaded here, a print in a child
+    # imports nothing and hides nothing.
+    repr(torch.zeros(1))
     torch.set_num_interop_threads(1)
     cuda = torch.cuda.is_available()  # asked once, here: NVML's handles would not survive the sandbox
     if os.environ.get("ATTN_GRADE_WARM") == "device" and not cuda:
