@@ -69,7 +69,12 @@ def _step_table(exercise: Exercise) -> list[str]:
                      "however the code reaches it; a step that makes one earns nothing (see "
                      "[the rules](../scoring.md#rules)).")
     notes.append("Every step has device checks." if exercise.device_checks else "There are no device checks.")
-    return lines + [" ".join(notes)]
+    lines.append(" ".join(notes))
+    for step in exercise.steps:
+        if step.allowed is not None:
+            lines += ["", f"`{step.id}` may call no torch function but these (any other is a breach, as a forbidden "
+                          "one is): " + ", ".join(f"`{name}`" for name in step.allowed) + "."]
+    return lines
 
 
 def _mistake_list(exercise: Exercise) -> list[str]:

@@ -36,6 +36,7 @@ class Step:
     points: int
     hints: tuple[str, ...]
     forbidden: tuple[str, ...] = ()
+    allowed: tuple[str, ...] | None = None  # with it, every torch call not named here is forbidden too
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ def load_course(course: Path = COURSE_DIR) -> dict[str, Exercise]:
                 points=int(s["points"]),
                 hints=tuple(s["hints"]),
                 forbidden=tuple(s.get("forbidden", ())),
+                allowed=tuple(s["allowed"]) if "allowed" in s else None,
             )
             for s in entry["steps"]
         )

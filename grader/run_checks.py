@@ -166,7 +166,8 @@ class _Plugin:
     def context(self) -> Context:
         source = read_source(self._candidate.path)
         forbidden = {step.id: step.forbidden for step in self.exercise.steps}
-        return Context(self._candidate, self.seed, self._device, source, forbidden, self.outcomes)
+        allowed = {step.id: step.allowed for step in self.exercise.steps if step.allowed is not None}
+        return Context(self._candidate, self.seed, self._device, source, forbidden, self.outcomes, allowed=allowed)
 
     def pytest_collection_modifyitems(self, items) -> None:
         steps = {s.id for s in self.exercise.steps}

@@ -76,3 +76,16 @@ def test_strips_of_scores_fail_even_a_head_wide(size):
     """A strip of a head's width of queries against every key (or of keys against every query) holds no more
     than the inputs, and is still not tiles."""
     assert MEM.strip(size)
+
+
+@pytest.mark.parametrize("size", [(B, H, TQ, DV), (B, H, TQ, D), (B, TQ, H, DV), (B * H, TQ, DV)])
+def test_a_product_of_every_query_and_a_heads_width_is_the_output_not_scores(size):
+    """The ninth hostile review's f01: the concatenated output normalised by one einsum at the end."""
+    assert MEM.strip(size) == ""
+
+
+@pytest.mark.parametrize("size, strip", [((B, H, TK, D), False), ((B, H, D, TK), False), ((B, H, TQ, DV), False),
+                                         ((B, H, 5, TK), True), ((B, H, TK, 5), True), ((B, H, TQ, BK), True)])
+def test_anything_created_is_a_strip_only_against_a_sequence_and_not_a_heads_width(size, strip):
+    """Any tensor, not only a product's: a few rows against every key is a strip; the inputs in any layout are not."""
+    assert bool(MEM.strip(size, scores=False)) == strip

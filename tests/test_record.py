@@ -1095,3 +1095,104 @@ def test_a_tensor_printed_while_debugging_hides_nothing(grade_source):
             return out
     """)
     assert result.score == 100, explain(result)
+
+
+@pytest.mark.parametrize("route", ["runner", "plain_apply", "identity_wrapper"])
+def test_gradients_taken_by_autograd_through_the_forward_keep_no_function_points(grade_source, route):
+    """The ninth hostile review's a05: the grader ran the file's own runner, which differentiated the tiled forward with
+    autograd and never used the Function's backward. The runner must be the stub's, the Function's backward must run,
+    and no graph may be built but the runner's own."""
+    base = (ROOT / "solutions" / "attention_backward.py").read_text()
+    forward = """
+        def _plain(q, k, v, causal=False, block_q=32, block_k=32):
+            s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+            if causal:
+                t_q, t_k = s.shape[-2:]
+                s = s.masked_fill(~torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(t_k - t_q), -math.inf)
+            return torch.exp(s - torch.logsumexp(s, -1, keepdim=True)).nan_to_num(0.0) @ v
+    """
+    code = {
+        "runner": """
+            def flash_attention_and_grads(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+                q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
+                out = _plain(q, k, v, causal)
+                out.backward(grad_out)
+                return out.detach(), q.grad, k.grad, v.grad
+        """,
+        "plain_apply": """
+            class FlashAttentionFunction:
+                apply = staticmethod(_plain)
+        """,
+        "identity_wrapper": """
+            class _Identity(torch.autograd.Function):
+                @staticmethod
+                def forward(ctx, x):
+                    return x.clone()
+
+                @staticmethod
+                def backward(ctx, g):
+                    return g * 1.0
+
+            class FlashAttentionFunction:
+                @staticmethod
+                def apply(q, k, v, causal=False, block_q=32, block_k=32):
+                    return _Identity.apply(_plain(q, k, v, causal))
+        """,
+    }[route]
+    result = grade_source(textwrap.dedent(forward) + textwrap.dedent(code), base=base, name="attention_backward.py")
+    function = next(s for s in result.steps if s.id == "FlashAttentionFunction")
+    assert function.breach and function.score == 0, explain(result)
+    assert set(lost(result)) == {"FlashAttentionFunction"}, explain(result)
+
+
+@pytest.mark.parametrize("attack", ["a02", "a08"])
+def test_scores_made_by_other_names_or_in_a_buffer_nothing_records_lose_tiles_only(grade_source, attack):
+    """The ninth hostile review's a02 (strips of whole score rows made by F.linear, e^x as elu(x) + 1) and a08 (the
+    whole matrix in a buffer of a legacy constructor, which no torch function records, written and read in place):
+    what a call is given counts as what it creates, and the products and exponentials are more than matmul and exp."""
+    code = {"a02": """
+        import torch.nn.functional as F
+
+        def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+            t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+            outs, lses = [], []
+            for i in range(0, t_q, 8):
+                qb = q[..., i:i + 8, :] / math.sqrt(d)
+                q2, k2 = qb.reshape(-1, qb.shape[-2], d), k.reshape(-1, t_k, d)
+                s = torch.stack([F.linear(q2[n], k2[n]) for n in range(q2.shape[0])]).reshape(*qb.shape[:-1], t_k)
+                if causal:
+                    rows = torch.arange(t_k - t_q + i, t_k - t_q + i + qb.shape[-2], device=q.device)[:, None]
+                    s = s.masked_fill(torch.arange(t_k, device=q.device)[None, :] > rows, -math.inf)
+                m = s.amax(-1, keepdim=True)
+                m = torch.where(m == -math.inf, 0.0, m)
+                p = F.elu(s - m) + 1.0
+                total = p.sum(-1)
+                outs.append(torch.where((total > 0)[..., None], (p @ v) / torch.where(total > 0, total, 1.0)[..., None],
+                                        0.0))
+                lses.append(m[..., 0] + torch.log(total))
+            lse = torch.cat(lses, -1)
+            return torch.cat(outs, -2), lse.float() if q.dtype != torch.float64 else lse
+    """, "a08": """
+        _flash_ = flash_attention
+
+        def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+            if q.dtype not in (torch.float32, torch.float64) or q.device.type != "cpu":
+                return _flash_(q, k, v, causal, block_q, block_k)
+            t_q, t_k = q.shape[-2], k.shape[-2]
+            whole = (torch.FloatTensor if q.dtype == torch.float32 else torch.DoubleTensor)(*q.shape[:-2], t_q, t_k)
+            for i in range(0, t_q, block_q):
+                for j in range(0, t_k, block_k):
+                    s = q[..., i:i + block_q, :] @ k[..., j:j + block_k, :].transpose(-2, -1) / math.sqrt(q.shape[-1])
+                    if causal:
+                        rows = torch.arange(t_k - t_q + i, t_k - t_q + i + s.shape[-2])[:, None]
+                        s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, -math.inf)
+                    whole[..., i:i + block_q, j:j + block_k] = s
+            lse = torch.logsumexp(whole, -1)
+            p = torch.exp(whole - torch.where(lse == -math.inf, 0.0, lse)[..., None])
+            return p.nan_to_num(0.0) @ v, lse
+    """}[attack]
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source(textwrap.dedent(code), base=base, name="flash_attention.py")
+    assert lost(result) == {"flash_attention": 6}, explain(result)
+    flash = next(s for s in result.steps if s.id == "flash_attention")
+    assert [c.name for c in flash.checks if c.points < c.max_points] == ["flash_attention_tiles_only"], explain(result)

@@ -13,11 +13,13 @@ import re
 from grader.candidate import HIDDEN
 from grader.engine.diagnose import FORBIDDEN_CALL
 from grader.engine.failure import CheckFailed
-from grader.sandbox.recorder import GRAPH, GRAPH_IN_BACKWARD
+from grader.sandbox.recorder import CODE_IN_BACKWARD, GRAPH, GRAPH_IN_BACKWARD
 from grader.source import parse
 
 # What the names the worker's record gives to autograd's use (no torch function's names) mean, in a report
-MEANING = {GRAPH: "autograd_graph (an autograd graph built)",
+# The record's marks, which name no torch function: no allowed list names them (a forbidden one may)
+MARKS = (GRAPH, GRAPH_IN_BACKWARD, CODE_IN_BACKWARD)
+MEANING = {GRAPH: "autograd_graph (an autograd graph built by its torch calls)",
            GRAPH_IN_BACKWARD: "autograd inside the backward pass (a graph built, or .backward(), there)"}
 
 # Names of ways to blind the worker's record of torch calls: switching the mode off, or reaching the record
@@ -32,35 +34,42 @@ TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_s
              "interpchannels", "interpqueues", "_execution_engine", "run_backward", "_ImperativeEngine", "_EngineBase")
 
 
-def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: str = "") -> None:
-    """The call used none of the step's forbidden torch functions, under any alias: a breach costs the step.
+def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: str = "",
+                allowed: tuple[str, ...] | None = None) -> None:
+    """The call used none of the step's forbidden torch functions, under any alias, and, where the step names the
+    only ones it may call (`allowed`), none but those: a breach costs the step.
 
     A name matches when it contains a forbidden one, so `_safe_softmax`, `special_softmax`
     and `_softmax.default` (reached through torch.ops) all count as `softmax`; a forbidden name
     written as a call, `item()`, matches that name exactly (`item` would match `__getitem__`).
+    An allowed name matches exactly.
     """
-    tampering = [t for t in TAMPERING if forbidden and t in source]
+    tampering = [t for t in TAMPERING if (forbidden or allowed is not None) and t in source]
     if tampering:  # hiding a forbidden call in the step costs what making it costs; elsewhere, the rules checks
         step_text = _with_helpers(source, step_source)
         in_step = any(t in step_text for t in tampering)
         raise CheckFailed(f"the file uses {tampering[0]}, which hides torch calls from the rules check", FORBIDDEN_CALL,
                           details={"tampering": tampering[0]}, breach=in_step)
-    check_calls(called, forbidden)
+    check_calls(called, forbidden, allowed)
 
 
-def check_calls(called, forbidden: tuple[str, ...]) -> None:
-    """The calls of one answer: none hidden from the record, none of the step's forbidden functions. Asked of every
-    call a step's checks make (a forbidden call on one edge case's inputs only is still a breach)."""
+def check_calls(called, forbidden: tuple[str, ...], allowed: tuple[str, ...] | None = None) -> None:
+    """The calls of one answer: none hidden from the record, none of the step's forbidden functions, none but its
+    allowed ones where it names them. Asked of every call a step's checks make (a forbidden call on one edge case's
+    inputs only is still a breach)."""
     hidden = sorted(n[len(HIDDEN):] for n in called if n.startswith(HIDDEN))
-    if hidden and forbidden:  # the worker's record may lack calls: no rule can be said to be kept
+    if hidden and (forbidden or allowed is not None):  # the worker's record may lack calls: no rule can be kept
         raise CheckFailed(f"the call hid what it did from the rules check: {hidden[0]}", FORBIDDEN_CALL,
                           details={"hidden": hidden[0]}, breach=True)
     exact = {f[:-2] for f in forbidden if f.endswith("()")}
     wanted = {f.lstrip("_") for f in forbidden if not f.endswith("()")}
-    used = sorted(n for n in called if n.split(".")[0] in exact or any(f in n.split(".")[0] for f in wanted))
+    used = sorted(n for n in called if n.split(".")[0] in exact or any(f in n.split(".")[0] for f in wanted)
+                  or allowed is not None and not n.startswith(HIDDEN) and n.split(".")[0] not in (*allowed, *MARKS))
     if used:
-        said = ", ".join(MEANING.get(n, n) for n in used)
-        raise CheckFailed(f"called {said}, which this step must not use: write it with basic tensor ops",
+        said = ", ".join(MEANING.get(n.split(".")[0], n) for n in used)
+        fix = ("it may call only allocations, views and reads of a tensor's layout: do the work in its own code"
+               if allowed is not None else "write it with basic tensor ops")
+        raise CheckFailed(f"called {said}, which this step must not use: {fix}",
                           FORBIDDEN_CALL, details={"forbidden_calls": used}, breach=True)
 
 

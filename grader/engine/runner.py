@@ -127,6 +127,7 @@ class Context:
     source: str
     forbidden: dict  # step id -> forbidden torch function names, from exercise.toml
     outcomes: list = field(default_factory=list)  # the results so far (steps run in course order)
+    allowed: dict = field(default_factory=dict)  # step id -> the only torch functions it may call, where it says
     shared: dict = field(default_factory=dict)  # a step's main call (see main_call): its answer, once asked
 
     def passed(self, step_id: str) -> bool:
@@ -167,7 +168,7 @@ class Run:
                 answer = self.answer(call, device=device, strided=self.check.strided)
             if kind == "rules":
                 check_rules(answer.called, self.ctx.forbidden.get(self.step.id, ()), self.ctx.source,
-                            source_of(self.ctx.source, self.step.id))
+                            source_of(self.ctx.source, self.step.id), self.ctx.allowed.get(self.step.id))
                 if self.spec.rules:
                     self.spec.rules(answer, self.ctx.source, self.step.id)
             if kind == "shape":
@@ -231,7 +232,8 @@ class Run:
             if error.kind == "not_implemented":
                 raise
             raise self.error_failure(error, call, device) from None
-        check_calls(answer.called, self.ctx.forbidden.get(step.id, ()))  # every call keeps the rules, not one
+        # every call keeps the rules, not one
+        check_calls(answer.called, self.ctx.forbidden.get(step.id, ()), self.ctx.allowed.get(step.id))
         return answer
 
     def script(self, script: Script, device: str = "cpu"):

@@ -1,11 +1,11 @@
-"""What a tiled step may create (`tiles_only`): the shapes of the tensors its torch calls made, read from the
-worker's record (`run.answer(call, shapes=True)`).
+"""What a tiled step may create (`tiles_only`): the shapes of the tensors its torch calls made or were given, read
+from the worker's record (`run.answer(call, shapes=True)`).
 
 A tile of scores is block_q × block_k. Nothing created may hold more elements per batch and head than a tile or
 the inputs and outputs (padded to whole blocks); no matrix may be wider than a head on both axes (only scores are)
-and larger than a tile; and nothing that makes scores or their probabilities (a product of two tensors, exp, its
-relatives, a softmax) may return more than a tile's worth of a sequence, so a strip of a few queries against every key
-(or of a few keys against every query) fails even where it is as narrow as a head.
+and larger than a tile; no strip of scores (a few rows against every key, or a few columns against every query)
+may be larger than a tile; and what makes scores or their probabilities (a product of two tensors, exp, its
+relatives, a softmax) is judged harder, so that a strip of a head's width of queries against every key fails too.
 """
 
 from __future__ import annotations
@@ -62,18 +62,23 @@ class TileSizes:
             return f"a {size[-2]} × {size[-1]} matrix of scores, larger than a block_q × block_k tile"
         return ""
 
-    def strip(self, size) -> str:
-        """Why what a product or an exponential returned is more than a tile of scores ('' if it is not): its last
-        two axes hold more than a tile and one of them is a sequence's length (keys, or queries unless the other
-        axis is one, a batch, the heads or both: running statistics of every query)."""
+    def strip(self, size, scores: bool = True) -> str:
+        """Why a tensor is a strip of scores, more than a tile ('' if it is not): its last two axes hold more than a
+        tile and one of them is a sequence's length, the other no head's width and no count of batches or heads
+        (the inputs, the outputs and every query's running statistics are those). What a product or an exponential
+        returned (`scores`) is judged harder: against every key, any strip is one (no product of attention's gives
+        one entry per key), and the inputs' own layouts are no products; one entry per query, of a head's width,
+        is the output."""
         if len(size) < 2 or size[-2] * size[-1] <= self.tile:
             return ""
         pad = lambda t, b: -(-t // b) * b  # noqa: E731
         keys, queries = {self.t_k, pad(self.t_k, self.block_k)}, {self.t_q, pad(self.t_q, self.block_q)}
         a, z = size[-2:]
-        lanes = {1, self.b, self.h, self.b * self.h}
-        if a in keys or z in keys or (a in queries and z not in lanes) or (z in queries and a not in lanes):
-            return f"a {a} × {z} strip of scores (or their exponentials), more than a block_q × block_k tile"
+        kept = {1, self.b, self.h, self.b * self.h, self.d, self.dv}  # lanes of statistics, a head's width
+        along_keys = (a in keys and (scores or z not in kept)) or (z in keys and (scores or a not in kept))
+        along_queries = (a in queries and z not in kept) or (z in queries and a not in kept)
+        if along_keys or along_queries:
+            return f"a {a} × {z} strip of scores, more than a block_q × block_k tile"
         return ""
 
     def whole(self, size) -> bool:
@@ -103,7 +108,7 @@ def tiles_only(sizes: TileSizes, full: Mistake, ignored: Mistake, what: str = "i
             if record["more"]:
                 raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different "
                                   "shapes: too many to check what it materialises", full)
-            found = [(s, sizes.too_large(s)) for s in record["created"]]
+            found = [(s, sizes.too_large(s) or sizes.strip(s, scores=False)) for s in record["created"]]
             found += [(s, sizes.strip(s)) for s in record["scores"]]
             for size, why in found:
                 if why:

@@ -20,7 +20,9 @@ MAX_SHAPES = 256  # distinct shapes one request records
 # it, a softmax): a tiled step's results of these must be tiles (Shapes.scores)
 SCORES = frozenset({
     "matmul", "__matmul__", "__rmatmul__", "__imatmul__", "mm", "bmm", "baddbmm", "addmm", "addbmm", "einsum",
-    "tensordot", "inner", "outer", "ger", "chain_matmul", "linalg_multi_dot", "multi_dot",
+    "tensordot", "inner", "outer", "ger", "chain_matmul", "linalg_multi_dot", "multi_dot", "linear", "bilinear",
+    "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "cdist", "mv", "addmv", "dot", "vdot",
+    "kron", "matrix_power", "addr", "elu", "elu_", "celu", "celu_", "selu", "selu_", "silu", "mish", "glu",
     "exp", "exp_", "exp2", "exp2_", "expm1", "expm1_", "special_exp2", "special_expm1", "special_expit", "sigmoid",
     "sigmoid_", "tanh", "tanh_", "sinh", "sinh_", "cosh", "cosh_", "softplus", "logsigmoid", "pow", "pow_",
     "__pow__", "__rpow__", "__ipow__", "float_power", "float_power_", "softmax", "_softmax", "log_softmax",
@@ -30,9 +32,10 @@ CALLBACKS = ("apply_", "map_", "map2_")
 # Autograd's entry points: they run the caller's code inside themselves (a hook, a Function's backward), where
 # the record would be stashed; the worker runs autograd's engine itself, with the record on the stack
 REENTERED = ("backward", "grad")
-# Names the record gives what no torch function's name says: a call whose result is part of an autograd graph, and
-# autograd used while torch.autograd's backward pass runs (a graph built, or a backward pass entered, inside one)
-GRAPH, GRAPH_IN_BACKWARD = "autograd_graph", "autograd_in_backward"
+# Names the record gives what no torch function's name says: a call whose result is part of an autograd graph
+# ("autograd_graph.NAME", NAME the call's), autograd used while torch.autograd's backward pass runs (a graph built,
+# or a backward pass entered, inside one), and any torch call made there (Python's, a Function's own backward)
+GRAPH, GRAPH_IN_BACKWARD, CODE_IN_BACKWARD = "autograd_graph", "autograd_in_backward", "code_in_backward"
 # Their parameters and defaults (torch 2.x), bound here by hand: the record's own code calls nothing the file could
 # have replaced (inspect.signature is Python, and the record is stashed while it runs)
 AUTOGRAD_PARAMETERS = {
@@ -132,8 +135,12 @@ def make_recorder(torch, lifted):
                     modules["warnings"] = shared
             if self.shapes is not None:
                 self.shapes.add(torch, value, name)
+                self.shapes.add(torch, args)  # what the call was given: a buffer made where nothing records it (a
+                self.shapes.add(torch, tuple(kwargs.values()))  # legacy constructor), then written in place
+            if self.gradients:
+                self.seen.add(CODE_IN_BACKWARD)
             if grad_enabled() and self._builds_graph(value):
-                self.seen.add(GRAPH_IN_BACKWARD if self.gradients else GRAPH)
+                self.seen.add(GRAPH_IN_BACKWARD if self.gradients else f"{GRAPH}.{name}")
             return value
 
         def _builds_graph(self, value) -> bool:
@@ -549,7 +556,7 @@ def _foreign_argument(numpy, name: str, arguments, own_types, plain, torch_globa
 
 
 class Shapes:
-    """The shapes of the tensors a call's torch functions create, for checks of what a step materialises
+    """The shapes of the tensors a call's torch functions create or are given, for checks of what a step materialises
     (tiles, say, where the whole matrix must never exist). A view counts as itself (a transpose or reshape
     holds as many elements as the memory it views, einsum's answer among them; a slice fewer), but a view
     larger than that memory (an expand of a small tensor) counts as the tensor it views: no more is held.

@@ -31,12 +31,17 @@ torch.autograd.grad and every torch.func transform record (a forbidden name matc
 name, and `grad` is a part of `_set_grad_enabled`, which torch.no_grad() records).
 """
 
+import ast
+import inspect
 import math
 import re
+import textwrap
 
 import torch
 
 from grader.engine import (
+    CODE_IN_BACKWARD,
+    GRAPH,
     Call,
     CandidateError,
     CheckFailed,
@@ -49,6 +54,7 @@ from grader.engine import (
     check_rules,
     device,
     diagnose,
+    parse,
     prop,
     rules,
     shape,
@@ -498,14 +504,66 @@ def function_case(**params):
     return check
 
 
+# What the given runner's own Σ out ∘ grad_out records as building an autograd graph; anything else that does is
+# autograd differentiating the candidate's forward, not the Function's backward
+RUNNER_GRAPH = {f"{GRAPH}.{name}" for name in ("mul", "__mul__", "sum")}
+
+
+def runner_changed(source: str) -> str:
+    """Why the file's flash_attention_and_grads is not the given one ('' if it is): the grader calls it by name, so a
+    runner of the file's own could differentiate the forward with autograd and never use the Function's backward.
+    Its definition must be the stub's (docstrings and comments aside), and nothing else may bind the name."""
+    tree = parse(source)
+    given = ast.parse(textwrap.dedent(inspect.getsource(ref.flash_attention_and_grads))).body[0]
+    if tree is None:
+        return ""
+    defined = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == RUNNER]
+    if len(defined) != 1 or _body(defined[0]) != _body(given):
+        return f"{RUNNER} is not the one the stub gives"
+    for node in ast.walk(tree):
+        bound = (isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)) and node.id == RUNNER
+                 or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == RUNNER
+                 and node is not defined[0]
+                 or isinstance(node, ast.alias) and RUNNER in (node.name, node.asname)
+                 or isinstance(node, ast.Global) and RUNNER in node.names
+                 or isinstance(node, ast.Constant) and isinstance(node.value, str) and RUNNER in node.value
+                 and not _docstring(tree, node)
+                 or isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                 and node.func.id in ("globals", "vars"))
+        if bound:
+            return f"the file binds {RUNNER} again, or reaches its module's names (line {node.lineno})"
+    return ""
+
+
+def _body(function: ast.FunctionDef) -> str:
+    """A function as the interpreter runs it: its arguments and statements, its docstring left out."""
+    body = function.body[1:] if ast.get_docstring(function) is not None else function.body
+    return ast.dump(ast.Module(body=[function.args, *body], type_ignores=[]))
+
+
+def _docstring(tree: ast.Module, constant: ast.Constant) -> bool:
+    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)) and n.body
+               and isinstance(n.body[0], ast.Expr) and n.body[0].value is constant for n in ast.walk(tree))
+
+
 def function_rules(run):
-    """The forward's torch calls (the worker's record does not see the backward's): no softmax, no SDPA, no
-    autograd.grad; and the answer right."""
+    """Its torch calls, the forward's and the backward's: no softmax, no SDPA, no autograd.grad, no autograd inside
+    the backward; the given runner unchanged, the Function's own backward run (torch calls made inside the backward
+    pass) and no graph built but the runner's; and the answer right."""
     call = run.inputs()
     answer = function_answer(run, call)
     check_rules(answer.called, run.ctx.forbidden.get(run.step.id, ()), run.ctx.source,
                 source_of(run.ctx.source, run.step.id))
     no_autograd(answer, run.ctx.source, run.step.id)
+    changed = runner_changed(run.ctx.source)
+    graphs = sorted(n for n in answer.called if n.startswith(f"{GRAPH}.") and n not in RUNNER_GRAPH)
+    why = changed or (graphs and f"its torch calls built an autograd graph ({', '.join(graphs)}): torch's autograd "
+                                 "differentiated them, not FlashAttentionFunction.backward") or (
+        CODE_IN_BACKWARD not in answer.called and "no torch call ran in the backward pass: the gradients are not "
+                                                 "FlashAttentionFunction.backward's")
+    if why:
+        raise CheckFailed(f"{why}; the gradients must come from the Function's own backward", FN_AUTOGRAD,
+                          details={"forbidden_calls": graphs}, breach=True)
     try:
         run.expect_right(run.output(answer), call)
     except CheckFailed as failure:
@@ -525,6 +583,10 @@ def function_end_to_end(run):
 
 
 FUNCTION_TILES = tiles_only_check("FlashAttentionFunction", answer=function_answer)
+FN_AUTOGRAD = Mistake("FlashAttentionFunction.gradients_by_autograd", "the gradients came from torch's autograd, not "
+                      "the Function's backward: keep the given runner, and compute dq, dk, dv in backward",
+                      why="FlashAttentionFunction.apply runs forward without a graph; only its backward can answer the "
+                          "runner's .backward(), and the grader runs the runner the stub gives.")
 FN_CAUSAL = Mistake("FlashAttentionFunction.causal_mishandled", "right without causal, wrong with it: the forward "
                     "masks key j > i + Tk - Tq in each tile, saves causal in ctx and passes it to the backward")
 FN_FLOAT64 = Mistake("FlashAttentionFunction.float64_blocks_mishandled", "right in float32 with the default blocks, "
@@ -607,7 +669,7 @@ FUNCTION = StepSpec(
         Mistake("FlashAttentionFunction.saved_non_tensors", "ctx.save_for_backward was given a bool or an int: save "
                 "only tensors with it, and keep causal and the block sizes as attributes, ctx.causal = causal",
                 raises=Raises(message=r"save_for_backward can only save variables")),
-        FUNCTION_TILES.full, FUNCTION_TILES.ignored,
+        FUNCTION_TILES.full, FUNCTION_TILES.ignored, FN_AUTOGRAD,
     ),
 )
 

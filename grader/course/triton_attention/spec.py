@@ -114,7 +114,7 @@ def kept_rules(points: int, **params):
         call = run.inputs(**params)
         answer = run.answer(call, device=device)
         check_rules(answer.called, run.ctx.forbidden.get(run.step.id, ()), run.ctx.source,
-                    source_of(run.ctx.source, run.step.id))
+                    source_of(run.ctx.source, run.step.id), run.ctx.allowed.get(run.step.id))
         try:
             run.expect_right(run.output(answer), call, device)
         except CheckFailed as failure:

@@ -254,6 +254,15 @@ def softmax(x):
         "flash_attention", ("    return out, lse\n",
                             "    torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"
                             "    return out, lse\n")), "flash_attention"),
+    Variant("softmax_in_torch_by_names_no_list_forbids", """
+
+def softmax(x):  # the ninth hostile review's a06: torch names a forbidden list missed, beside a kernel
+    y = torch.empty_like(x)
+    softmax_kernel[(1,)](x, y, 0, 1, 1, 1, 1, BLOCK=16)  # launched, does nothing
+    z = torch.subtract(x.float(), x.float().sort(-1).values[..., -1:])
+    e = torch.special.exp2(torch.multiply(z, 1.4426950408889634))
+    return torch.true_divide(e, torch.nansum(e, -1, keepdim=True)).to(x.dtype)
+""", "softmax"),
     Variant("decode_checks_with_matmul", changed(
         "decode_attention", ("    return out\n", "    torch.matmul(q[:, :, None, :], k_cache.transpose(-1, -2))\n"
                                                "    return out\n")), "decode_attention"),
