@@ -24,7 +24,7 @@ from pathlib import Path
 from grader import errors, notebook, wire
 from grader.answers import Malformed, module_result, script_result, shape_record
 from grader.errors import CandidateError
-from grader.pool import Child, Pool, Zygote, ZygoteGone
+from grader.pool import Child, Pool, SetupFailed, Zygote, ZygoteGone
 
 DEFAULT_TIMEOUT = 10.0  # seconds per call
 DEFAULT_FILE_TIMEOUT = 300.0  # seconds for all of a file's calls together
@@ -155,7 +155,12 @@ class Candidate:
         if child.greeted:
             return self.info
         try:
-            self._pool.pid(child)
+            try:
+                self._pool.pid(child)
+            except SetupFailed:  # once more, in a fresh child; twice is the grader's fault to report (exit 3)
+                self._pool.drop_live()
+                child = self._pool.take_live()
+                self._pool.pid(child)
             self._greet(child)
             self._pool.check_zygote(child)  # its import-time code has run
         except ZygoteGone:  # killed by the file's import-time code: every child would do it again

@@ -78,6 +78,10 @@ class ZygoteGone(GraderBug):
     """The zygote process died; if a candidate's child was running, the candidate killed it."""
 
 
+class SetupFailed(GraderBug):
+    """A worker child could not set up its sandbox, before any of the candidate's code ran: the grader's fault."""
+
+
 class Zygote:
     """The process that imports torch once and forks a worker child per request (grader/sandbox/worker.py).
 
@@ -398,7 +402,8 @@ class Pool:
         threading.Thread(target=self._drain, args=(output_r, child), daemon=True).start()
         return child
 
-    def pid(self, child: Child) -> int:
+    def pid(self, child: Child, setup: bool = True) -> int:
+        """The child's pid, once the zygote says it forked it; SetupFailed (with `setup`) if its sandbox failed."""
         if child.pid is None:
             reply = self.zygote.reply(child.ticket, time.monotonic() + self.import_timeout)
             child.pid, child.namespaced = int(reply["pid"]), reply.get("namespaced") is True
@@ -406,14 +411,16 @@ class Pool:
             self.fs_isolated = self.fs_isolated is not False and child.fs_isolated
             if isinstance(reply.get("limits"), str) and self.limits is None:
                 self.limits = reply["limits"][:200]
-            if reply.get("cuda_error"):  # the zygote's word, before any candidate code ran
+            if reply.get("setup_error") and setup:  # the zygote's word, before any candidate code ran
+                raise SetupFailed(f"a worker could not set up its sandbox: {str(reply['setup_error'])[:400]}")
+            if reply.get("cuda_error"):
                 raise GraderBug(f"CUDA works in the grader but would not start in its worker ({reply['cuda_error']}); "
                                 "grade with --device cpu, or see docs/sandbox.md")
         return child.pid
 
     def kill(self, child: Child, wait: bool = False, grace: float = 0) -> str:
         """End a child and all it started. Only `wait` waits for the zygote, to learn how it ended."""
-        request = {"op": "kill", "pid": self.pid(child), "wait": wait, "grace": grace}
+        request = {"op": "kill", "pid": self.pid(child, setup=False), "wait": wait, "grace": grace}
         ticket = self.zygote.send(request, reply=wait)
         for fd in child.fds:
             os.close(fd)

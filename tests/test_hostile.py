@@ -30,6 +30,8 @@ from grader.pool import Zygote
 from grader.sandbox.worker import BUG_EXIT
 from tests.conftest import PORTABLE, REFERENCE, ROOT, explain, lost, needs_namespaces, report_but_when
 
+REFERENCE_PATH = ROOT / "solutions" / "mha.py"
+
 STEPS_OF_MODULE = {"MultiHeadAttention"}
 
 
@@ -734,6 +736,22 @@ def test_a_zygote_that_fails_on_its_own_is_a_grader_bug_not_a_zero(tmp_path):
     zygote._process.wait()
     with pytest.raises(GraderBug, match="the worker zygote failed"):
         zygote._fail(OSError("it closed its socket"))
+
+
+def test_a_worker_whose_sandbox_cannot_be_set_up_is_a_grader_bug_not_a_zero(tmp_path, zygote):
+    """Before the candidate's code runs, a child failed to set up its sandbox (here: its folder is gone; a hidden
+    review once saw one exit 0 under load and the file scored 0, "exited while importing"). The zygote says so, the
+    grader tries a fresh child once, then reports its own fault."""
+    from grader.candidate import Candidate
+
+    candidate = Candidate(REFERENCE_PATH, zygote=zygote)
+    kept, candidate._pool.workdir = candidate._pool.workdir, str(tmp_path / "gone")
+    try:
+        with candidate, pytest.raises(GraderBug, match="could not set up its sandbox: FileNotFoundError"):
+            candidate.ready()
+        assert candidate._pool.workers_started >= 2  # tried again in a fresh child
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
 
 
 def test_code_that_cannot_run_anywhere_earns_nothing_by_failing_like_meta(grade_source):

@@ -1145,7 +1145,7 @@ def test_gradients_taken_by_autograd_through_the_forward_keep_no_function_points
     assert set(lost(result)) == {"FlashAttentionFunction"}, explain(result)
 
 
-@pytest.mark.parametrize("attack", ["a02", "a08"])
+@pytest.mark.parametrize("attack", ["a02", "a08", "broadcast"])
 def test_scores_made_by_other_names_or_in_a_buffer_nothing_records_lose_tiles_only(grade_source, attack):
     """The ninth hostile review's a02 (strips of whole score rows made by F.linear, e^x as elu(x) + 1) and a08 (the
     whole matrix in a buffer of a legacy constructor, which no torch function records, written and read in place):
@@ -1166,6 +1166,27 @@ def test_scores_made_by_other_names_or_in_a_buffer_nothing_records_lose_tiles_on
                 m = s.amax(-1, keepdim=True)
                 m = torch.where(m == -math.inf, 0.0, m)
                 p = F.elu(s - m) + 1.0
+                total = p.sum(-1)
+                outs.append(torch.where((total > 0)[..., None], (p @ v) / torch.where(total > 0, total, 1.0)[..., None],
+                                        0.0))
+                lses.append(m[..., 0] + torch.log(total))
+            lse = torch.cat(lses, -1)
+            return torch.cat(outs, -2), lse.float() if q.dtype != torch.float64 else lse
+    """, "broadcast": """
+        def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):  # the tenth review's a02: 8 rows (D) at a
+            t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]  # time against every key, by broadcasting
+            outs, lses = [], []
+            for i in range(0, t_q, d):
+                qb = q[..., i:i + d, :] / math.sqrt(d)
+                s = qb[..., :, None, 0] * k[..., None, :, 0]
+                for c in range(1, d):
+                    s = s + qb[..., :, None, c] * k[..., None, :, c]
+                if causal:
+                    rows = torch.arange(t_k - t_q + i, t_k - t_q + i + qb.shape[-2], device=q.device)[:, None]
+                    s = s.masked_fill(torch.arange(t_k, device=q.device)[None, :] > rows, -math.inf)
+                m = s.amax(-1, keepdim=True)
+                m = torch.where(m == -math.inf, 0.0, m)
+                p = torch.cat([torch.exp(s[..., j:j + block_k] - m) for j in range(0, t_k, block_k)], -1)
                 total = p.sum(-1)
                 outs.append(torch.where((total > 0)[..., None], (p @ v) / torch.where(total > 0, total, 1.0)[..., None],
                                         0.0))

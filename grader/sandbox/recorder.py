@@ -134,7 +134,7 @@ def make_recorder(torch, lifted):
                 finally:
                     modules["warnings"] = shared
             if self.shapes is not None:
-                self.shapes.add(torch, value, name)
+                self.shapes.add(torch, value, name, given=args)
                 self.shapes.add(torch, args)  # what the call was given: a buffer made where nothing records it (a
                 self.shapes.add(torch, tuple(kwargs.values()))  # legacy constructor), then written in place
             if self.gradients:
@@ -203,6 +203,15 @@ def make_recorder(torch, lifted):
 
         def _gradients(self):
             return Gradients(self)
+
+        def forked(self, fresh: bool):
+            """This record in a child just forked from the zygote that made it (its snapshots of torch's namespaces
+            are the child's too, and cost nothing there): sys.modules snapshotted again, as the worker hid its own
+            modules; made again, whole, where `fresh` (CUDA started in the child, which changes torch's)."""
+            if fresh:
+                return make_recorder(torch, lifted)
+            kept.refresh_modules()
+            return self
 
         def _reentered(self):
             """This mode on the stack again while a call runs that torch made with it stashed."""
@@ -295,6 +304,9 @@ class _Namespaces:
             self.spaces[key] = space
             self.kept[key] = tuple(space.values())
         self.always = tuple(named)
+
+    def refresh_modules(self) -> None:
+        self.kept["modules"] = tuple(sys.modules.values())
 
     def changed(self, func) -> str:
         if type(func) is types.MethodType:
@@ -571,10 +583,14 @@ class Shapes:
         self.scores = {}
         self.more = 0
 
-    def add(self, torch, value, name: str = "") -> None:
+    def add(self, torch, value, name: str = "", given: tuple = ()) -> None:
+        """Record `value`'s tensors, those of a call `name` given `given`: as scores too where the call makes them,
+        by its name or by broadcasting two tensors into more than either holds (an outer product)."""
         BASE_OF, NUMEL, SHAPE_OF = (torch._C.TensorBase._base.__get__, torch._C.TensorBase.numel,  # noqa: N806
                                     torch._C.TensorBase.shape.__get__)
         makes_scores = name.split(".")[0] in SCORES
+        sizes = [NUMEL(t) for t in given if issubclass(type(t), torch.Tensor)]
+        widest = max(sizes) if len(sizes) >= 2 else None
         for t in value if type(value) is tuple or type(value) is list else (value,):
             if not issubclass(type(t), torch.Tensor):  # the type's own MRO: no __class__ of the file's is asked
                 continue
@@ -582,7 +598,8 @@ class Shapes:
             view_of = BASE_OF(t)
             base = view_of if view_of is not None and NUMEL(view_of) < NUMEL(t) else t  # an expand: its memory
             key = tuple(int(n) for n in SHAPE_OF(base))
-            for kept, wanted in ((self.seen, True), (self.scores, makes_scores)):
+            outgrew = widest is not None and base is t and NUMEL(t) > widest
+            for kept, wanted in ((self.seen, True), (self.scores, makes_scores or outgrew)):
                 if not wanted or key in kept:
                     continue
                 if len(kept) >= MAX_SHAPES:

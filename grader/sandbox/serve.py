@@ -39,17 +39,19 @@ MAX_FRAMES = 1000  # a traceback's entries read for the candidate's line
 TRACEBACK_OF = BaseException.__dict__["__traceback__"].__get__  # not the exception's own (a property of the file's)
 
 
-def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins, arm, lifted, key) -> None:
+def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins, guarded, key) -> None:
     """Import the candidate's file, say hello, and answer requests until the grader closes the pipe.
 
-    `stand_ins` is the module of the grader's stand-in classes for this exercise (or None): a
-    script builds one in place of a candidate's class that lost points. `arm` and `lifted` are the
-    guard's (guard.py): armed before the candidate's file is imported, lifted only for the worker's
-    own reading of a traceback. `key` signs every frame this child writes, so the grader can tell them from
-    one the candidate's code writes to the pipe. All stay in this frame's locals, out of the candidate's reach.
+    `stand_ins` is the module of the grader's stand-in classes for this exercise (or None): a script builds one
+    in place of a candidate's class that lost points. `guarded` holds the guard's `arm` and `lifted` (guard.py):
+    armed before the candidate's file is imported, lifted only for the worker's own reading of a traceback; and
+    the record of torch calls the zygote made (recorder.py). `key` signs every frame this child writes, so the
+    grader can tell them from one the candidate's code writes to the pipe. All stay in this frame's locals, out
+    of the candidate's reach.
     """
     sys.meta_path.insert(0, _BlockGrader())
-    record = recorder.make_recorder(torch, lifted)
+    arm, lifted, record = guarded
+    record = record.forked(fresh=cuda)
     # No automatic collection while the candidate's code runs: one could start inside a torch call, where the record
     # is stashed, and run the __del__ of its objects there. The worker collects between requests instead, and the
     # guard refuses gc.enable.

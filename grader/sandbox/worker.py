@@ -130,6 +130,9 @@ def main() -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     arm, lifted = guard.install(torch)  # held in this frame and the children's only (guard.py)
     recorder.remember_classes()  # once here, before any candidate's code: every child's record starts from them
+    # The record once here too: its snapshots of torch's namespaces touch every object there, which in each child
+    # would copy the pages they share with this process (20 ms a child)
+    record = recorder.make_recorder(torch, lifted)
     gc.freeze()
     gc.enable()
     if not PORTABLE:
@@ -169,7 +172,7 @@ def main() -> None:
             if pid == 0:
                 control.close()
                 os.close(status_read)
-                _child(wire, torch, request, fds, cuda, status_write, plan, stand_ins_module, arm, lifted)  # no return
+                _child(wire, torch, request, fds, cuda, status_write, plan, stand_ins_module, (arm, lifted, record))
             os.close(status_write)
             if namespaced and not isolation.return_to_pid_namespace(own_pid_namespace):
                 _bug("cannot return to its own PID namespace")  # else the next child would join this one's
@@ -178,7 +181,8 @@ def main() -> None:
                 os.close(fd)
             status = _isolation_status(status_read)
             _reply(control, {"pid": pid, "namespaced": namespaced, "fs_isolated": not status.get("fs"),
-                             "cuda_error": status.get("cuda"), "limits": status.get("limits")})
+                             "cuda_error": status.get("cuda"), "limits": status.get("limits"),
+                             "setup_error": status.get("setup")})
         elif request["op"] == "ping":
             _reply(control, {"alive": True})
         elif request["op"] == "kill":
@@ -396,8 +400,12 @@ def _skip_lazy_dynamo_import(torch) -> None:
 # -- a child: the sandbox, then the candidate ------------------------------------------
 
 
-def _child(wire, torch, request, fds, cuda: bool, status_fd: int, plan: dict, stand_ins, arm, lifted) -> None:
+def _child(wire, torch, request, fds, cuda: bool, status_fd: int, plan: dict, stand_ins, guarded) -> None:
+    """A worker child, never returning: the sandbox, then the candidate's file served. `guarded` is the guard's arm
+    and lifted and the record the zygote made (guard.py, recorder.py)."""
     read_fd, write_fd, output_fd = fds
+    arm, lifted, record = guarded
+    told = False  # the zygote has this child's status: the sandbox stands, and the candidate's code may run
     try:
         bounds = limits.APART
         if PORTABLE:
@@ -420,6 +428,7 @@ def _child(wire, torch, request, fds, cuda: bool, status_fd: int, plan: dict, st
         status = {"fs": failure and failure[:400], "cuda": cuda_error and cuda_error[:400], "limits": bounds}
         os.write(status_fd, json.dumps(status).encode())
         os.close(status_fd)
+        told = True
         for name in request.get("preload", []):  # what the exercise needs loaded before the guard is armed
             importlib.import_module(name)
         if not PORTABLE:
@@ -427,9 +436,15 @@ def _child(wire, torch, request, fds, cuda: bool, status_fd: int, plan: dict, st
             seccomp.install()
         _hide_worker()
         key = bytes.fromhex(request["key"])  # this child's frames are signed with it (wire.py, `signature`)
-        serve.serve(wire, torch, request["candidate"], read_fd, write_fd, cuda, stand_ins, arm, lifted, key)
+        serve.serve(wire, torch, request["candidate"], read_fd, write_fd, cuda, stand_ins, (arm, lifted, record), key)
         if PORTABLE:  # the grader is done with this child: the zygote kills it in a moment. Until then it
             time.sleep(PORTABLE_LINGER)  # lives, so what it started is still below it for `_kill_below`
+    except BaseException as error:
+        if not told:  # the sandbox failed before any candidate code ran: the grader's fault, never the candidate's
+            try:
+                os.write(status_fd, json.dumps({"setup": f"{type(error).__name__}: {error}"[:400]}).encode())
+            except OSError:
+                pass
     finally:
         os._exit(0)
 
@@ -467,7 +482,10 @@ def _isolation_status(status_fd: int) -> dict:
     try:
         status = json.loads(raw)
     except ValueError:
-        status = {"fs": "no answer", "cuda": None}
+        status = {"setup": "it ended or hung before it said how its sandbox stands"}
+    if status.get("setup"):
+        print("attn-grade zygote: a worker could not set up its sandbox:", status["setup"], flush=True)
+        return status
     if status.get("fs") and status["fs"] != NOT_ISOLATED:  # expected of every portable child: no news
         print("attn-grade zygote: a worker runs without file-system isolation:", status["fs"], flush=True)
     if status.get("cuda"):

@@ -512,7 +512,9 @@ RUNNER_GRAPH = {f"{GRAPH}.{name}" for name in ("mul", "__mul__", "sum")}
 def runner_changed(source: str) -> str:
     """Why the file's flash_attention_and_grads is not the given one ('' if it is): the grader calls it by name, so a
     runner of the file's own could differentiate the forward with autograd and never use the Function's backward.
-    Its definition must be the stub's (docstrings and comments aside), and nothing else may bind the name."""
+    Its definition must be the stub's (docstrings and comments aside), and nothing that runs on import may bind the
+    name again or reach the module's names by a string or globals() (an `if __name__ == "__main__":` block does not
+    run when the file is graded)."""
     tree = parse(source)
     given = ast.parse(textwrap.dedent(inspect.getsource(ref.flash_attention_and_grads))).body[0]
     if tree is None:
@@ -520,14 +522,16 @@ def runner_changed(source: str) -> str:
     defined = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == RUNNER]
     if len(defined) != 1 or _body(defined[0]) != _body(given):
         return f"{RUNNER} is not the one the stub gives"
-    for node in ast.walk(tree):
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)) and n.body
+                  and isinstance(n.body[0], ast.Expr)}
+    for node in _run_on_import(tree):
         bound = (isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)) and node.id == RUNNER
                  or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == RUNNER
                  and node is not defined[0]
                  or isinstance(node, ast.alias) and RUNNER in (node.name, node.asname)
                  or isinstance(node, ast.Global) and RUNNER in node.names
-                 or isinstance(node, ast.Constant) and isinstance(node.value, str) and RUNNER in node.value
-                 and not _docstring(tree, node)
+                 or isinstance(node, ast.Constant) and node.value == RUNNER and id(node) not in docstrings
                  or isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
                  and node.func.id in ("globals", "vars"))
         if bound:
@@ -535,15 +539,21 @@ def runner_changed(source: str) -> str:
     return ""
 
 
+def _run_on_import(tree: ast.Module):
+    """Every node of the file but those of its `if __name__ == "__main__":` blocks."""
+    for top in tree.body:
+        test = top.test if isinstance(top, ast.If) else None
+        if (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+                and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)):
+            yield from ast.walk(ast.Module(body=top.orelse, type_ignores=[]))
+            continue
+        yield from ast.walk(top)
+
+
 def _body(function: ast.FunctionDef) -> str:
     """A function as the interpreter runs it: its arguments and statements, its docstring left out."""
     body = function.body[1:] if ast.get_docstring(function) is not None else function.body
     return ast.dump(ast.Module(body=[function.args, *body], type_ignores=[]))
-
-
-def _docstring(tree: ast.Module, constant: ast.Constant) -> bool:
-    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)) and n.body
-               and isinstance(n.body[0], ast.Expr) and n.body[0].value is constant for n in ast.walk(tree))
 
 
 def function_rules(run):

@@ -85,6 +85,20 @@ FLAT_SLOT = _decode_mistake(
     "block_not_times_block_size", "in the flattened pool, token t is at table[t // block_size] · block_size + t % "
     "block_size: the block number was added as an offset, not multiplied by block_size",
     reads=lambda table, n: [divmod(table[t // BLOCK] + t % BLOCK, BLOCK) for t in range(n)])
+def _block_and_slot_swapped(*args):
+    """Token t read at slot t // block_size of block table[t % block_size]; nothing where that runs past a table."""
+    tables, lengths = args[3], args[4]
+    if any(min(int(n), BLOCK) > len(row) for row, n in zip(tables.tolist(), lengths.tolist(), strict=True)):
+        return []
+    return [decoded(*args, reads=lambda table, n: [(table[t % BLOCK], t // BLOCK) for t in range(n)])]
+
+
+BLOCK_SLOT_SWAPPED = Mistake(
+    "paged_decode.block_and_slot_swapped", "swapped the block and the slot: token t is at slot t % block_size of "
+    "block block_tables[b, t // block_size]", _block_and_slot_swapped,
+    why="divmod(t, block_size) gives (logical block, offset), in that order.")
+
+
 def _one_past(clamped: bool):
     """Token n read too: through a −1 table entry that is the pool's last block as Python indexes it, or block 0 once
     the table is clamped (a vectorised gather)."""
@@ -154,8 +168,8 @@ DECODE = StepSpec(
         device(2),
     ),
     # first: an answer all NaN in a NaN check looks like several of the others', and only this one is right elsewhere
-    mistakes=(TIMES_NAN, WHOLE_BLOCKS, PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, ONE_PAST, ONE_SHORT,
-              PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED, HEADS_RESHAPED),
+    mistakes=(TIMES_NAN, WHOLE_BLOCKS, PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_SLOT_SWAPPED, ONE_PAST,
+              ONE_SHORT, PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED, HEADS_RESHAPED),
 )
 
 # -- varlen_attention ---------------------------------------------------------------------

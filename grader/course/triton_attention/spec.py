@@ -35,6 +35,7 @@ from grader.engine import (
     Spec,
     StepSpec,
     check_rules,
+    matches_any,
     prop,
     source_of,
 )
@@ -126,16 +127,28 @@ def kept_rules(points: int, **params):
 
 def launched_kernel(points: int, mistake: Mistake, **params):
     """The launcher launched a Triton kernel (a triton.jit function, compiled or interpreted, or an autotuner over
-    one): the stand-in `Launches` (stand_ins.py) runs it in the worker and lists what `kernel[grid]` launched."""
+    one), and the kernel did the work: the stand-in `Launches` (stand_ins.py) runs it in the worker and lists what
+    `kernel[grid]` launched, then runs it again with every launch doing nothing and the tensors torch leaves
+    uninitialised filled with NaN; no part of that answer may be right (the launcher computed it itself)."""
     def check(run):
         call = run.inputs(**params)
         script = Script()
         probe = script.build("Launches", stand_in=True)
-        index = script.call(probe, "run", run.step.id, *call.args, kwargs=call.kwargs, names=("launcher", *call.names))
-        launched = run.script(script, device=triton_device(run)).value[index]
+        names = ("launcher", *call.names)
+        index = script.call(probe, "run", run.step.id, *call.args, kwargs=call.kwargs, names=names)
+        idle = script.call(probe, "without_kernels", run.step.id, *call.args, kwargs=call.kwargs, names=names)
+        results = run.script(script, device=triton_device(run)).value
+        launched = results[index]
         if not isinstance(launched, list) or not launched:
             raise CheckFailed(f"{run.step.id} launched no Triton kernel: its work must be a @triton.jit function's, "
                               "launched over a grid", mistake, {"launched": []})
+        exact = run.reference(call)
+        idle_answer = results[idle]
+        paired = isinstance(exact, tuple) and isinstance(idle_answer, (tuple, list))
+        parts = list(zip(idle_answer, exact, strict=False)) if paired else [(idle_answer, exact)]
+        if any(isinstance(got, torch.Tensor) and matches_any(got, [want]) for got, want in parts):
+            raise CheckFailed(f"{run.step.id} gave the right answer with its kernels launched but doing nothing: the "
+                              "launcher computed it, not the kernel", mistake, {"launched": launched}, breach=True)
 
     return prop("kernel", points, check)
 

@@ -380,6 +380,12 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
 ]
 
 CORRECT = [
+    Variant("self_test_that_names_the_runner", """
+if __name__ == "__main__":  # the tenth hostile review's f01: a self-test never run when graded
+    q, k, v, g = (torch.randn(1, 2, 5, 4) for _ in range(4))
+    out, dq, dk, dv = flash_attention_and_grads(q, k, v, g, causal=True, block_q=2, block_k=3)
+    print("flash_attention_and_grads:", tuple(out.shape), globals().get("flash_attention_and_grads") is not None)
+"""),
     Variant("sb_explicit_jacobian", softmax_backward("""\
     p, g = probs.movedim(dim, -1), grad_probs.movedim(dim, -1)
     jacobian = torch.diag_embed(p) - p[..., :, None] * p[..., None, :]  # (..., T, T), symmetric

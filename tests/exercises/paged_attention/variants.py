@@ -122,6 +122,10 @@ BUGGY = [
         flat = table[t // bs] + t % bs  # the slot in the flattened pool
         k, v = k_cache.flatten(0, 1)[flat], v_cache.flatten(0, 1)[flat]"""),
             "paged_decode", "paged_decode.block_not_times_block_size"),
+    Variant("decode_block_and_slot_swapped", decode_with("""\
+        t = torch.arange(n)
+        k, v = k_cache[table[t % bs], t // bs], v_cache[table[t % bs], t // bs]  # divmod's two read the wrong way"""),
+            "paged_decode", "paged_decode.block_and_slot_swapped"),
     Variant("decode_partial_block_dropped", decode_with("""\
         blocks = block_tables[b, : n // bs].long()  # full blocks only
         k, v = k_cache[blocks].flatten(0, 1)[:n], v_cache[blocks].flatten(0, 1)[:n]"""),

@@ -223,6 +223,8 @@ BUGGY = [
 ]
 
 CORRECT = [
+    Variant("decode_lengths_converted", changed(  # conversions the launcher may make (the tenth hostile review's f02)
+        "decode_attention", ("out, lengths, *q.stride()", "out, lengths.int().long().contiguous(), *q.stride()"))),
     Variant("softmax_exp2", changed(  # e^x as 2^(x·log2 e), as fast kernels write it
         "softmax_kernel", ("e = tl.exp(x - tl.max(x, axis=0))", "e = tl.exp2((x - tl.max(x, axis=0)) * 1.4426950408889634)"))),
     Variant("flash_blocks_32", changed(  # other default tiles
@@ -262,6 +264,25 @@ def softmax(x):  # the ninth hostile review's a06: torch names a forbidden list 
     z = torch.subtract(x.float(), x.float().sort(-1).values[..., -1:])
     e = torch.special.exp2(torch.multiply(z, 1.4426950408889634))
     return torch.true_divide(e, torch.nansum(e, -1, keepdim=True)).to(x.dtype)
+""", "softmax"),
+    Variant("softmax_in_python_from_the_bytes", """
+
+def softmax(x):  # the tenth hostile review's a01: a kernel launched to do nothing, the work done in Python floats
+    import math
+    import struct
+    y = torch.empty_like(x)
+    softmax_kernel[(1,)](x, y, 0, 1, 1, 1, 1, BLOCK=16)
+    rows, cols = x.shape
+    raw = bytes(x.float().contiguous().untyped_storage()) if x.dtype != torch.float32 else bytes(
+        x.contiguous().untyped_storage())
+    flat = struct.unpack(f"{rows * cols}f", raw[: 4 * rows * cols])
+    out = []
+    for r in range(rows):
+        row = flat[r * cols:(r + 1) * cols]
+        top = max(row)
+        e = [math.exp(v - top) for v in row]
+        out.extend(v / sum(e) for v in e)
+    return torch.tensor(out).view(rows, cols).to(x.dtype)
 """, "softmax"),
     Variant("decode_checks_with_matmul", changed(
         "decode_attention", ("    return out\n", "    torch.matmul(q[:, :, None, :], k_cache.transpose(-1, -2))\n"
