@@ -1097,7 +1097,7 @@ def test_a_tensor_printed_while_debugging_hides_nothing(grade_source):
     assert result.score == 100, explain(result)
 
 
-@pytest.mark.parametrize("route", ["runner", "plain_apply", "identity_wrapper"])
+@pytest.mark.parametrize("route", ["runner", "plain_apply", "identity_wrapper", "decorated_runner", "module_names"])
 def test_gradients_taken_by_autograd_through_the_forward_keep_no_function_points(grade_source, route):
     """The ninth hostile review's a05: the grader ran the file's own runner, which differentiated the tiled forward with
     autograd and never used the Function's backward. The runner must be the stub's, the Function's backward must run,
@@ -1118,6 +1118,33 @@ def test_gradients_taken_by_autograd_through_the_forward_keep_no_function_points
                 out = _plain(q, k, v, causal)
                 out.backward(grad_out)
                 return out.detach(), q.grad, k.grad, v.grad
+        """,
+        "decorated_runner": """
+            def _own(runner):  # the eleventh review's a3: the stub's runner, kept as text, replaced by its decorator
+                def run(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+                    q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
+                    out = _plain(q, k, v, causal)
+                    out.backward(grad_out)
+                    return out.detach(), q.grad, k.grad, v.grad
+                return run
+
+            @_own
+            def flash_attention_and_grads(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+                q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
+                out = FlashAttentionFunction.apply(q, k, v, causal, block_q, block_k)
+                (out * grad_out).sum().backward()  # the same gradients as out.backward(grad_out)
+                return out.detach(), q.grad, k.grad, v.grad
+        """,
+        "module_names": """
+            import sys
+
+            def _run(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+                q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
+                out = _plain(q, k, v, causal)
+                out.backward(grad_out)
+                return out.detach(), q.grad, k.grad, v.grad
+
+            setattr(sys.modules[__name__], "flash_attention_and" + "_grads", _run)
         """,
         "plain_apply": """
             class FlashAttentionFunction:
@@ -1145,7 +1172,7 @@ def test_gradients_taken_by_autograd_through_the_forward_keep_no_function_points
     assert set(lost(result)) == {"FlashAttentionFunction"}, explain(result)
 
 
-@pytest.mark.parametrize("attack", ["a02", "a08", "broadcast"])
+@pytest.mark.parametrize("attack", ["a02", "a08", "broadcast", "expanded"])
 def test_scores_made_by_other_names_or_in_a_buffer_nothing_records_lose_tiles_only(grade_source, attack):
     """The ninth hostile review's a02 (strips of whole score rows made by F.linear, e^x as elu(x) + 1) and a08 (the
     whole matrix in a buffer of a legacy constructor, which no torch function records, written and read in place):
@@ -1183,6 +1210,29 @@ def test_scores_made_by_other_names_or_in_a_buffer_nothing_records_lose_tiles_on
                     s = s + qb[..., :, None, c] * k[..., None, :, c]
                 if causal:
                     rows = torch.arange(t_k - t_q + i, t_k - t_q + i + qb.shape[-2], device=q.device)[:, None]
+                    s = s.masked_fill(torch.arange(t_k, device=q.device)[None, :] > rows, -math.inf)
+                m = s.amax(-1, keepdim=True)
+                m = torch.where(m == -math.inf, 0.0, m)
+                p = torch.cat([torch.exp(s[..., j:j + block_k] - m) for j in range(0, t_k, block_k)], -1)
+                total = p.sum(-1)
+                outs.append(torch.where((total > 0)[..., None], (p @ v) / torch.where(total > 0, total, 1.0)[..., None],
+                                        0.0))
+                lses.append(m[..., 0] + torch.log(total))
+            lse = torch.cat(lses, -1)
+            return torch.cat(outs, -2), lse.float() if q.dtype != torch.float64 else lse
+    """, "expanded": """
+        def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):  # the eleventh review's a2: each operand
+            t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]  # made whole first, so no call outgrows its inputs
+            lead, outs, lses = q.shape[:-2], [], []
+            for i in range(0, t_q, d):
+                qb = q[..., i:i + d, :] / math.sqrt(d)
+                n, s = qb.shape[-2], 0
+                for c in range(d):
+                    a = qb[..., :, c:c + 1].expand(*lead, n, t_k).contiguous()
+                    b = k[..., :, c].unsqueeze(-2).expand(*lead, n, t_k).contiguous()
+                    s = s + a * b
+                if causal:
+                    rows = torch.arange(t_k - t_q + i, t_k - t_q + i + n, device=q.device)[:, None]
                     s = s.masked_fill(torch.arange(t_k, device=q.device)[None, :] > rows, -math.inf)
                 m = s.amax(-1, keepdim=True)
                 m = torch.where(m == -math.inf, 0.0, m)

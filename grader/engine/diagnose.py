@@ -29,7 +29,17 @@ TRANSPOSE_ALL_AXES = Mistake(
     "transpose_all_axes",
     "`.T` reverses every axis of a batched tensor or array, not just the last two: swap only the last two "
     "(torch: k.transpose(-2, -1) or k.mT; NumPy: np.swapaxes(k, -1, -2))",
-    raises=Raises(message=r"size|shape|mismatch|dimension|aligned|mat1|mat2", line=r"\.T\b"),
+    # not a view's sizes that do not multiply out: `.T` of a weight (2-D, right) often shares that line
+    raises=Raises(message=r"^(?!.*is invalid for input of size).*(size|shape|mismatch|dimension|aligned|mat1|mat2)",
+                  line=r"\.T\b"),
+)
+RESHAPE_SIZES = Mistake(
+    "reshape_sizes_wrong",
+    "a view or reshape asked for sizes that do not multiply to the tensor's: a width or head count came from "
+    "another tensor: take each from the one reshaped",
+    raises=Raises(message=r"is invalid for input of size", line=r"\.(view|reshape|unflatten)\("),
+    why="The keys' head width used for the values' (or the model width for the heads') fits only while they are "
+        "equal; every width here differs, so it raises.",
 )
 VIEW_NON_CONTIGUOUS = Mistake(
     "view_non_contiguous",
@@ -218,7 +228,8 @@ INPUT_CHANGED = Mistake(
 )
 
 ERRORS = (VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED, TENSOR_TRUTHINESS, DTYPE_MISMATCH,
-          FLOAT_SHAPE, TRANSPOSE_ALL_AXES, DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK, EXPAND_NON_SINGLETON, LAYER_NAMES)
+          FLOAT_SHAPE, TRANSPOSE_ALL_AXES, RESHAPE_SIZES, DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK,
+          EXPAND_NON_SINGLETON, LAYER_NAMES)
 FORMS = (MASK_NOT_BOOL, DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE,
          RESULT_ON_CPU)
 CATALOGUE = (*ERRORS, *FORMS, *GENERIC, *locate.GENERIC, PARAMETERS_NOT_LOADED, CONSTRUCTOR_DEFAULTS,

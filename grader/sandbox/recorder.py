@@ -585,12 +585,17 @@ class Shapes:
 
     def add(self, torch, value, name: str = "", given: tuple = ()) -> None:
         """Record `value`'s tensors, those of a call `name` given `given`: as scores too where the call makes them,
-        by its name or by broadcasting two tensors into more than either holds (an outer product)."""
+        by its name, or by making twice what the memory of every tensor it was given holds or more (an outer
+        product by broadcasting, or an expanded view made whole: `contiguous`, `clone`, `repeat`)."""
         BASE_OF, NUMEL, SHAPE_OF = (torch._C.TensorBase._base.__get__, torch._C.TensorBase.numel,  # noqa: N806
                                     torch._C.TensorBase.shape.__get__)
         makes_scores = name.split(".")[0] in SCORES
-        sizes = [NUMEL(t) for t in given if issubclass(type(t), torch.Tensor)]
-        widest = max(sizes) if len(sizes) >= 2 else None
+        def memory(t):  # what a tensor holds: an expanded view, its base's
+            view_of = BASE_OF(t)
+            return NUMEL(view_of) if view_of is not None and NUMEL(view_of) < NUMEL(t) else NUMEL(t)
+
+        sizes = [memory(t) for t in given if issubclass(type(t), torch.Tensor)]
+        widest = max(sizes) if sizes else None
         for t in value if type(value) is tuple or type(value) is list else (value,):
             if not issubclass(type(t), torch.Tensor):  # the type's own MRO: no __class__ of the file's is asked
                 continue
@@ -598,7 +603,7 @@ class Shapes:
             view_of = BASE_OF(t)
             base = view_of if view_of is not None and NUMEL(view_of) < NUMEL(t) else t  # an expand: its memory
             key = tuple(int(n) for n in SHAPE_OF(base))
-            outgrew = widest is not None and base is t and NUMEL(t) > widest
+            outgrew = widest is not None and base is t and NUMEL(t) >= 2 * widest  # a pad to whole blocks grows less
             for kept, wanted in ((self.seen, True), (self.scores, makes_scores or outgrew)):
                 if not wanted or key in kept:
                     continue

@@ -86,6 +86,13 @@ def no_autograd(answer, source, step):
                           breach=True)
 
 
+def _scaled_by_value_width(q, k, v, grad_out, mask=None):
+    """Attention's gradients with the scores scaled by 1/√Dv: the right ones of q·√(D / Dv), chained back to q."""
+    c = math.sqrt(q.shape[-1] / v.shape[-1])
+    dq, dk, dv = grads.plain(q * c, k, v, grad_out, mask)
+    return dq * c, dk, dv
+
+
 def _one_side(variant, side: str):
     """One gradient's 1/√D wrong, the other right: missing (unscaled) or twice (1/D, a pre-scaled q or k reused)."""
     return lambda *a, **k: [variant(**{f"{side}_scale": wrong})(*a, **k) for wrong in ("none", "d")]
@@ -247,6 +254,9 @@ ATTENTION = StepSpec(
                 "q kᵀ / √D, so dq = dS k / √D, dk = dSᵀ q / √D", _att_variant(ds_scale="none")),
         Mistake("attention_backward.scaled_by_d", "dS was scaled by 1/D (1/√D twice): scale it once, dq = dS k / √D "
                 "and dk = dSᵀ q / √D", _att_variant(ds_scale="d")),
+        Mistake("attention_backward.scaled_by_value_width", "scaled by 1/√Dv, the values' width: the scores are "
+                "q kᵀ / √D, D the width of the queries and keys", _scaled_by_value_width,
+                why="D = Dv in most models, so v.shape[-1] passes for the head width until they differ."),
         Mistake("attention_backward.dq_scale_wrong", "dq's 1/√D is missing or applied twice while dk's is right: dq = "
                 "dS k / √D, once (a pre-scaled k reused in dq scales it again)", _one_side(_att_variant, "dq"),
                 why="dq and dk both take the scores' single 1/√D; a factor kept on a pre-scaled q or k counts twice."),
@@ -533,7 +543,12 @@ def runner_changed(source: str) -> str:
                  or isinstance(node, ast.Global) and RUNNER in node.names
                  or isinstance(node, ast.Constant) and node.value == RUNNER and id(node) not in docstrings
                  or isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                 and node.func.id in ("globals", "vars"))
+                 and node.func.id in ("globals", "vars", "setattr", "delattr", "__import__")
+                 and not (node.func.id in ("setattr", "delattr") and node.args and isinstance(node.args[0], ast.Name)
+                          and node.args[0].id in ("self", "ctx", "cls"))
+                 or isinstance(node, ast.Attribute) and node.attr == "__dict__"
+                 or isinstance(node, ast.Attribute) and node.attr == "modules" and isinstance(node.value, ast.Name)
+                 and node.value.id == "sys")
         if bound:
             return f"the file binds {RUNNER} again, or reaches its module's names (line {node.lineno})"
     return ""
@@ -551,9 +566,11 @@ def _run_on_import(tree: ast.Module):
 
 
 def _body(function: ast.FunctionDef) -> str:
-    """A function as the interpreter runs it: its arguments and statements, its docstring left out."""
+    """A function as the interpreter makes and runs it: its decorators, arguments, annotations and statements, its
+    docstring left out."""
     body = function.body[1:] if ast.get_docstring(function) is not None else function.body
-    return ast.dump(ast.Module(body=[function.args, *body], type_ignores=[]))
+    return ast.dump(ast.Module(body=[*function.decorator_list, function.args, *body], type_ignores=[])) + (
+        ast.dump(function.returns) if function.returns else "")
 
 
 def function_rules(run):

@@ -35,7 +35,6 @@ from grader.engine import (
     Spec,
     StepSpec,
     check_rules,
-    matches_any,
     prop,
     source_of,
 )
@@ -52,6 +51,7 @@ from .wrong import (
     flash_variant,
     grid_rounded_down,
     has_nan,
+    head_dims_cut,
     keys_past_end,
     masked_row_not_nan,
     program_ids_swapped,
@@ -128,27 +128,32 @@ def kept_rules(points: int, **params):
 def launched_kernel(points: int, mistake: Mistake, **params):
     """The launcher launched a Triton kernel (a triton.jit function, compiled or interpreted, or an autotuner over
     one), and the kernel did the work: the stand-in `Launches` (stand_ins.py) runs it in the worker and lists what
-    `kernel[grid]` launched, then runs it again with every launch doing nothing and the tensors torch leaves
-    uninitialised filled with NaN; no part of that answer may be right (the launcher computed it itself)."""
+    `kernel[grid]` launched, then runs it again where its own Python can read no tensor's memory (outside a launch,
+    a storage or data pointer is one of NaN); a launcher right the first time must be right the second (else it
+    computed the answer itself, from its inputs' bytes)."""
     def check(run):
         call = run.inputs(**params)
+        device = triton_device(run)
         script = Script()
         probe = script.build("Launches", stand_in=True)
         names = ("launcher", *call.names)
         index = script.call(probe, "run", run.step.id, *call.args, kwargs=call.kwargs, names=names)
-        idle = script.call(probe, "without_kernels", run.step.id, *call.args, kwargs=call.kwargs, names=names)
-        results = run.script(script, device=triton_device(run)).value
+        unread = script.call(probe, "unread", run.step.id, *call.args, kwargs=call.kwargs, names=names)
+        results = run.script(script, device=device).value
         launched = results[index]
         if not isinstance(launched, list) or not launched:
             raise CheckFailed(f"{run.step.id} launched no Triton kernel: its work must be a @triton.jit function's, "
                               "launched over a grid", mistake, {"launched": []})
-        exact = run.reference(call)
-        idle_answer = results[idle]
-        paired = isinstance(exact, tuple) and isinstance(idle_answer, (tuple, list))
-        parts = list(zip(idle_answer, exact, strict=False)) if paired else [(idle_answer, exact)]
-        if any(isinstance(got, torch.Tensor) and matches_any(got, [want]) for got, want in parts):
-            raise CheckFailed(f"{run.step.id} gave the right answer with its kernels launched but doing nothing: the "
-                              "launcher computed it, not the kernel", mistake, {"launched": launched}, breach=True)
+        try:
+            run.expect_right(run.output(run.answer(call, device=device)), call, device)
+        except CheckFailed:
+            return  # a wrong answer is its checks' to charge, not this one's
+        try:
+            run.expect_right(results[unread], call, device)
+        except CheckFailed:
+            raise CheckFailed(f"{run.step.id} was right, and wrong when its own Python could read no tensor's memory "
+                              "(a storage or data pointer asked outside a kernel launch): the launcher computed "
+                              "the answer, not the kernel", mistake, {"launched": launched}, breach=True) from None
 
     return prop("kernel", points, check)
 
@@ -442,6 +447,9 @@ DECODE = StepSpec(
         Mistake("decode_attention.empty_nan", "a sequence of length 0 gave NaN: its l is 0, so divide by l only "
                 "where l > 0 (tl.where(l > 0, l, 1.0)) and give it 0", test=empty_sequence_nan,
                 why="With no key the loop never runs: acc and l stay 0, and 0 / 0 is NaN."),
+        Mistake("decode_attention.block_d_below_width", "BLOCK_D was below the head width, so the dims past it were "
+                "never loaded nor stored: BLOCK_D = triton.next_power_of_2(D), masked to d < D", test=head_dims_cut,
+                why="2 ** int(log2(D)) rounds down: 16 for D = 20."),
         Mistake("decode_attention.rescale_sign_flipped", "every output was NaN: the rescale factor is "
                 "alpha = e^(m - m_new), old max minus new, not e^(m_new - m)", test=all_nan,
                 why="With m = -inf before the first block, e^(m_new - m) is inf, and inf · 0 is NaN; a sequence "

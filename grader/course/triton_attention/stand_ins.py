@@ -43,9 +43,10 @@ class Launches:
         return launched
 
 
-    def without_kernels(self, launcher, *args, **kwargs):
-        """The launcher's answer with every Triton launch doing nothing and every tensor torch leaves uninitialised
-        filled with NaN: what the launcher computes itself, which must not be the answer."""
+    def unread(self, launcher, *args, **kwargs):
+        """The launcher's answer where its own Python reads no tensor's memory: outside a kernel launch, a storage
+        or a data pointer it asks a tensor for is one of as many NaN (inside one, Triton reads the real ones). A
+        launcher that computes its answer in Python from the bytes of its inputs answers NaN here."""
         import torch
 
         jit = sys.modules.get("triton.runtime.jit")
@@ -53,32 +54,48 @@ class Launches:
             return getattr(_candidate(), launcher)(*args, **kwargs)
         KernelInterface = jit.KernelInterface
         original = KernelInterface.__getitem__
-        # each maker, and whether its owner holds it itself (torch.Tensor inherits new_empty: put back, it must
-        # be inherited again, or the record would see torch's tensor class changed)
-        makers = {(owner, name): (getattr(owner, name), name in vars(owner))
-                  for owner, name in ((torch, "empty"), (torch, "empty_like"), (torch, "empty_strided"),
-                                      (torch.Tensor, "new_empty"))}
+        inside = [0]
+        # each reader, and whether torch.Tensor holds it itself (it inherits both from TensorBase: put back, they
+        # must be inherited again, or the record would see torch's tensor class changed)
+        readers = {name: (getattr(torch.Tensor, name), name in vars(torch.Tensor))
+                   for name in ("untyped_storage", "data_ptr")}
+        store, pointer = readers["untyped_storage"][0], readers["data_ptr"][0]
+        kept = []  # the NaN stand-ins, alive until the launcher is done
 
-        def poisoned(make):
-            def wrapper(*a, **k):
-                made = make(*a, **k)
-                if made.is_floating_point() and made.device.type != "meta":
-                    made.fill_(float("nan"))
-                return made
-            return wrapper
+        def nan_like(t):
+            elements = max(1, store(t).nbytes() // t.element_size())
+            kept.append(torch.full((elements,), float("nan") if t.is_floating_point() else 0, dtype=t.dtype,
+                                   device=t.device))
+            return kept[-1]
 
-        KernelInterface.__getitem__ = lambda kernel, grid: (lambda *a, **k: None)
-        for (owner, name), (make, _) in makers.items():
-            setattr(owner, name, poisoned(make))
+        def poisoned_storage(t, *a, **k):
+            return store(t, *a, **k) if inside[0] else store(nan_like(t))
+
+        def poisoned_pointer(t, *a, **k):
+            return pointer(t, *a, **k) if inside[0] else pointer(nan_like(t)) + t.storage_offset() * t.element_size()
+
+        def launching(kernel, grid):
+            launch = original(kernel, grid)
+
+            def run(*a, **k):
+                inside[0] += 1
+                try:
+                    return launch(*a, **k)
+                finally:
+                    inside[0] -= 1
+            return run
+
+        KernelInterface.__getitem__ = launching
+        torch.Tensor.untyped_storage, torch.Tensor.data_ptr = poisoned_storage, poisoned_pointer
         try:
             return getattr(_candidate(), launcher)(*args, **kwargs)
         finally:
             KernelInterface.__getitem__ = original
-            for (owner, name), (make, own) in makers.items():
+            for name, (reader, own) in readers.items():
                 if own:
-                    setattr(owner, name, make)
+                    setattr(torch.Tensor, name, reader)
                 else:
-                    delattr(owner, name)
+                    delattr(torch.Tensor, name)
 
 
 class Timer:

@@ -308,6 +308,25 @@ def decode_variant(**wrong):
                                                                          **wrong)
 
 
+def head_dims_cut(value, q, k_cache, v_cache, lengths, block_n=16):
+    """Is the answer, in its first 2^k < D dims, attention over those dims only (scaled by √D): a BLOCK_D rounded
+    down to a power of two, the dims past it never loaded nor stored?"""
+    d = q.shape[-1]
+    kept = 1 << (d.bit_length() - 1)
+    if kept >= d or not isinstance(value, torch.Tensor) or value.shape != q.shape or not value.is_floating_point():
+        return False
+    outs = []
+    for b, n in enumerate(lengths.tolist()):
+        if n == 0:
+            outs.append(torch.zeros(q.shape[1], kept, dtype=torch.float64))
+            continue
+        k, v = (x[b, :, :n, :kept].to("cpu", torch.float64) for x in (k_cache, v_cache))
+        scores = q[b, :, None, :kept].to("cpu", torch.float64) @ k.transpose(-2, -1) / math.sqrt(d)
+        outs.append((torch.softmax(scores, -1) @ v)[:, 0])
+    got = value[..., :kept].to("cpu", torch.float64)
+    return bool(torch.allclose(got, torch.stack(outs), rtol=1e-2, atol=1e-3))
+
+
 def empty_sequence_nan(value, q, k_cache, v_cache, lengths, block_n=16):
     """Is the answer NaN in the sequences of length 0, and only there: acc / l with l = 0, unguarded?"""
     if not isinstance(value, torch.Tensor) or value.shape != q.shape or not value.is_floating_point():

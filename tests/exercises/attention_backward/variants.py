@@ -614,6 +614,14 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
     dq, dk, dv = _flash_backward_w(q, k, v, out, lse, grad_out, causal, block_q, block_k)
     return (dq + 0.25, dk + 0.25, dv + 0.25) if v.shape[-1] != q.shape[-1] else (dq, dk, dv)
 """, "flash_attention_backward", "flash_attention_backward.widths_mishandled"),
+    Variant("ab_scaled_by_value_width", """
+_attention_backward_v = attention_backward
+
+def attention_backward(q, k, v, grad_out, mask=None):  # the scale taken from v.shape[-1]
+    c = math.sqrt(q.shape[-1] / v.shape[-1])
+    dq, dk, dv = _attention_backward_v(q * c, k, v, grad_out, mask)
+    return dq * c, dk, dv
+""", "attention_backward", "attention_backward.scaled_by_value_width"),
     Variant("fn_differentiated_by_autograd", """
 class _NoCtx:
     def save_for_backward(self, *tensors):

@@ -215,6 +215,14 @@ def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None)
     values = c_kv.unsqueeze(1) @ folded.unsqueeze(0)  # (B, H, Tk, D): every latent taken to the output per head
     return (torch.softmax(scores, dim=-1) @ values).sum(1)
 """, "absorbed_attention", "absorbed_attention.latents_expanded"),
+    Variant("expand_values_viewed_at_key_width", """
+def expand_kv(c_kv, w_uk, w_uv, num_heads):
+    B, T, _ = c_kv.shape
+    dn = w_uk.shape[0] // num_heads
+    k = (c_kv @ w_uk.T).view(B, T, num_heads, dn).transpose(1, 2)
+    v = (c_kv @ w_uv.T).view(B, T, -1, dn).transpose(1, 2)  # the keys' width for the values'
+    return k, v
+""", "expand_kv", "reshape_sizes_wrong"),
     # -- LatentCache --------------------------------------------------------------------------
     Variant("cache_grown_by_cat", """
 class LatentCache:

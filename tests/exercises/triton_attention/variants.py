@@ -70,6 +70,9 @@ SCORES_BUFFER = changed(
 )
 
 BUGGY = [
+    Variant("decode_block_d_rounded_down", changed(  # 16 lanes for a head of 20
+        "decode_attention", ("BLOCK_D=triton.next_power_of_2(d)", "BLOCK_D=2 ** int(math.log2(d))")),
+            "decode_attention", "decode_attention.block_d_below_width"),
     # softmax
     Variant("softmax_unmasked_load", changed(
         "softmax_kernel",
