@@ -1110,23 +1110,21 @@ def test_gradients_taken_by_autograd_through_the_forward_keep_no_function_points
                 t_q, t_k = s.shape[-2:]
                 s = s.masked_fill(~torch.ones(t_q, t_k, dtype=torch.bool, device=q.device).tril(t_k - t_q), -math.inf)
             return torch.exp(s - torch.logsumexp(s, -1, keepdim=True)).nan_to_num(0.0) @ v
+
+        def _by_autograd(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+            q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
+            out = _plain(q, k, v, causal)
+            out.backward(grad_out)
+            return out.detach(), q.grad, k.grad, v.grad
     """
     code = {
         "runner": """
             def flash_attention_and_grads(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
-                q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
-                out = _plain(q, k, v, causal)
-                out.backward(grad_out)
-                return out.detach(), q.grad, k.grad, v.grad
+                return _by_autograd(q, k, v, grad_out, causal)
         """,
         "decorated_runner": """
             def _own(runner):  # the eleventh review's a3: the stub's runner, kept as text, replaced by its decorator
-                def run(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
-                    q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
-                    out = _plain(q, k, v, causal)
-                    out.backward(grad_out)
-                    return out.detach(), q.grad, k.grad, v.grad
-                return run
+                return _by_autograd
 
             @_own
             def flash_attention_and_grads(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
@@ -1138,13 +1136,7 @@ def test_gradients_taken_by_autograd_through_the_forward_keep_no_function_points
         "module_names": """
             import sys
 
-            def _run(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
-                q, k, v = (x.detach().requires_grad_(True) for x in (q, k, v))
-                out = _plain(q, k, v, causal)
-                out.backward(grad_out)
-                return out.detach(), q.grad, k.grad, v.grad
-
-            setattr(sys.modules[__name__], "flash_attention_and" + "_grads", _run)
+            setattr(sys.modules[__name__], "flash_attention_and" + "_grads", _by_autograd)
         """,
         "plain_apply": """
             class FlashAttentionFunction:
@@ -1172,78 +1164,56 @@ def test_gradients_taken_by_autograd_through_the_forward_keep_no_function_points
     assert set(lost(result)) == {"FlashAttentionFunction"}, explain(result)
 
 
-@pytest.mark.parametrize("attack", ["a02", "a08", "broadcast", "expanded"])
-def test_scores_made_by_other_names_or_in_a_buffer_nothing_records_lose_tiles_only(grade_source, attack):
-    """The ninth hostile review's a02 (strips of whole score rows made by F.linear, e^x as elu(x) + 1) and a08 (the
-    whole matrix in a buffer of a legacy constructor, which no torch function records, written and read in place):
-    what a call is given counts as what it creates, and the products and exponentials are more than matmul and exp."""
-    code = {"a02": """
+TILED_EXPONENTIALS = "torch.cat([torch.exp(s[..., j:j + block_k] - m) for j in range(0, t_k, block_k)], -1)"
+
+
+def _strips_of_d_rows(scores: str, probabilities: str = TILED_EXPONENTIALS) -> str:
+    """A flash_attention that takes D queries at a time against every key (a strip as wide as a head), its scores
+    `scores` makes as s from qb (the strip's queries, scaled), k and t_k, and its probabilities `probabilities`
+    from s and m (its rows' max)."""
+    return """
         import torch.nn.functional as F
 
         def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
             t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
             outs, lses = [], []
-            for i in range(0, t_q, 8):
-                qb = q[..., i:i + 8, :] / math.sqrt(d)
-                q2, k2 = qb.reshape(-1, qb.shape[-2], d), k.reshape(-1, t_k, d)
-                s = torch.stack([F.linear(q2[n], k2[n]) for n in range(q2.shape[0])]).reshape(*qb.shape[:-1], t_k)
+            for i in range(0, t_q, d):
+                qb = q[..., i:i + d, :] / math.sqrt(d)
+""" + textwrap.indent(textwrap.dedent(scores), " " * 16) + """
                 if causal:
                     rows = torch.arange(t_k - t_q + i, t_k - t_q + i + qb.shape[-2], device=q.device)[:, None]
                     s = s.masked_fill(torch.arange(t_k, device=q.device)[None, :] > rows, -math.inf)
                 m = s.amax(-1, keepdim=True)
                 m = torch.where(m == -math.inf, 0.0, m)
-                p = F.elu(s - m) + 1.0
+                p = """ + probabilities + """
                 total = p.sum(-1)
                 outs.append(torch.where((total > 0)[..., None], (p @ v) / torch.where(total > 0, total, 1.0)[..., None],
                                         0.0))
                 lses.append(m[..., 0] + torch.log(total))
             lse = torch.cat(lses, -1)
             return torch.cat(outs, -2), lse.float() if q.dtype != torch.float64 else lse
-    """, "broadcast": """
-        def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):  # the tenth review's a02: 8 rows (D) at a
-            t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]  # time against every key, by broadcasting
-            outs, lses = [], []
-            for i in range(0, t_q, d):
-                qb = q[..., i:i + d, :] / math.sqrt(d)
-                s = qb[..., :, None, 0] * k[..., None, :, 0]
-                for c in range(1, d):
-                    s = s + qb[..., :, None, c] * k[..., None, :, c]
-                if causal:
-                    rows = torch.arange(t_k - t_q + i, t_k - t_q + i + qb.shape[-2], device=q.device)[:, None]
-                    s = s.masked_fill(torch.arange(t_k, device=q.device)[None, :] > rows, -math.inf)
-                m = s.amax(-1, keepdim=True)
-                m = torch.where(m == -math.inf, 0.0, m)
-                p = torch.cat([torch.exp(s[..., j:j + block_k] - m) for j in range(0, t_k, block_k)], -1)
-                total = p.sum(-1)
-                outs.append(torch.where((total > 0)[..., None], (p @ v) / torch.where(total > 0, total, 1.0)[..., None],
-                                        0.0))
-                lses.append(m[..., 0] + torch.log(total))
-            lse = torch.cat(lses, -1)
-            return torch.cat(outs, -2), lse.float() if q.dtype != torch.float64 else lse
-    """, "expanded": """
-        def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):  # the eleventh review's a2: each operand
-            t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]  # made whole first, so no call outgrows its inputs
-            lead, outs, lses = q.shape[:-2], [], []
-            for i in range(0, t_q, d):
-                qb = q[..., i:i + d, :] / math.sqrt(d)
-                n, s = qb.shape[-2], 0
-                for c in range(d):
-                    a = qb[..., :, c:c + 1].expand(*lead, n, t_k).contiguous()
-                    b = k[..., :, c].unsqueeze(-2).expand(*lead, n, t_k).contiguous()
-                    s = s + a * b
-                if causal:
-                    rows = torch.arange(t_k - t_q + i, t_k - t_q + i + n, device=q.device)[:, None]
-                    s = s.masked_fill(torch.arange(t_k, device=q.device)[None, :] > rows, -math.inf)
-                m = s.amax(-1, keepdim=True)
-                m = torch.where(m == -math.inf, 0.0, m)
-                p = torch.cat([torch.exp(s[..., j:j + block_k] - m) for j in range(0, t_k, block_k)], -1)
-                total = p.sum(-1)
-                outs.append(torch.where((total > 0)[..., None], (p @ v) / torch.where(total > 0, total, 1.0)[..., None],
-                                        0.0))
-                lses.append(m[..., 0] + torch.log(total))
-            lse = torch.cat(lses, -1)
-            return torch.cat(outs, -2), lse.float() if q.dtype != torch.float64 else lse
-    """, "a08": """
+    """
+
+
+@pytest.mark.parametrize("attack", ["a02", "a08", "broadcast", "expanded"])
+def test_scores_made_by_other_names_or_in_a_buffer_nothing_records_lose_tiles_only(grade_source, attack):
+    """The ninth hostile review's a02 (strips of whole score rows made by F.linear, e^x as elu(x) + 1) and a08 (the
+    whole matrix in a buffer of a legacy constructor, which no torch function records, written and read in place):
+    what a call is given counts as what it creates, and the products and exponentials are more than matmul and exp."""
+    code = {"a02": _strips_of_d_rows("""
+        q2, k2 = qb.reshape(-1, qb.shape[-2], d), k.reshape(-1, t_k, d)
+        s = torch.stack([F.linear(q2[n], k2[n]) for n in range(q2.shape[0])]).reshape(*qb.shape[:-1], t_k)
+    """, "F.elu(s - m) + 1.0"), "broadcast": _strips_of_d_rows("""
+        s = qb[..., :, None, 0] * k[..., None, :, 0]  # the tenth review's a02: by broadcasting
+        for c in range(1, d):
+            s = s + qb[..., :, None, c] * k[..., None, :, c]
+    """), "expanded": _strips_of_d_rows("""
+        s = 0  # the eleventh review's a2: each operand made whole first, so no call outgrows its inputs
+        for c in range(d):
+            a = qb[..., :, c:c + 1].expand(*q.shape[:-2], qb.shape[-2], t_k).contiguous()
+            b = k[..., :, c].unsqueeze(-2).expand(*q.shape[:-2], qb.shape[-2], t_k).contiguous()
+            s = s + a * b
+    """), "a08": """
         _flash_ = flash_attention
 
         def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
