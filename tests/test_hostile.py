@@ -477,6 +477,18 @@ class MultiHeadAttention(MultiHeadAttention):
         return project(merge_heads(sdpa(q, k, v, attn_mask=mask)), self.w_o.weight, self.w_o.bias)
 """, "MultiHeadAttention", "scaled_dot_product_attention"),
     ("""
+class MultiHeadAttention(MultiHeadAttention):  # the twelfth hostile review's b1: SDPA's own CPU kernel, by its name
+    def forward(self, query, key=None, value=None, mask=None):
+        key = query if key is None else key
+        value = key if value is None else value
+        H = self.num_heads
+        q, k, v = (split_heads(project(t, l.weight, l.bias), H) for t, l in ((query, self.w_q), (key, self.w_k), (value, self.w_v)))
+        bias = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype).masked_fill(~mask, float("-inf")).expand(
+            q.shape[0], H, q.shape[2], k.shape[2])
+        out, _ = torch._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias)
+        return project(merge_heads(out), self.w_o.weight, self.w_o.bias)
+""", "MultiHeadAttention", "_scaled_dot_product_flash_attention_for_cpu"),
+    ("""
 class MultiHeadAttention(MultiHeadAttention):
     def forward(self, query, key=None, value=None, mask=None):
         key = query if key is None else key
@@ -1239,3 +1251,30 @@ def softmax(scores, dim=-1):
     result = grade_source(code)
     softmax = next(s for s in result.steps if s.id == "softmax")
     assert softmax.score == 0 and softmax.breach, explain(result)
+
+
+def test_a_cache_length_of_several_entries_fails_its_checks_and_is_no_internal_error(grade_source):
+    """The twelfth hostile review's x1: a length read as a tensor of two entries made `length != 0` raise in the
+    grader (exit 3); a length is an int, and a check says so."""
+    base = (ROOT / "solutions" / "kv_cache.py").read_text()
+    result = grade_source("""
+        class _Length:
+            def __get__(self, obj, owner=None):
+                return self if obj is None else torch.tensor([obj.__dict__["_n"]] * 2)
+
+            def __set__(self, obj, value):
+                obj.__dict__["_n"] = int(value)
+
+        class KVCache(KVCache):
+            length = _Length()
+
+            def append(self, k_new, v_new):
+                start, end = self.__dict__["_n"], self.__dict__["_n"] + k_new.shape[2]
+                if end > self.max_len:
+                    raise ValueError("past max_len")
+                self.k[:, :, start:end], self.v[:, :, start:end] = k_new, v_new
+                self.__dict__["_n"] = end
+                return self.k[:, :, :end], self.v[:, :, :end]
+    """, base=base, name="kv_cache.py")
+    cache = step(result, "KVCache")
+    assert cache.score < cache.max_score, explain(result)

@@ -755,6 +755,14 @@ ATTACKS = {
                     torch.neg(scores[..., :1])
             return _through(call, scores, dim)
     """,
+    "TorchScript": """
+        @torch.jit.script
+        def _normalise(scores: torch.Tensor, dim: int) -> torch.Tensor:
+            return torch.softmax(scores, dim).nan_to_num(0.0)
+
+        def attack(scores, dim):  # the twelfth review's a1: TorchScript runs its calls where no mode sees them
+            return _normalise(scores, dim)
+    """,
     "a default changed in place": _default_attack('defaults = torch.Tensor.dim_order.__kwdefaults__',
                                                   'defaults["ambiguity_check"] = Formats()',
                                                   'defaults["ambiguity_check"] = False'),
@@ -1237,3 +1245,15 @@ def test_scores_made_by_other_names_or_in_a_buffer_nothing_records_lose_tiles_on
     assert lost(result) == {"flash_attention": 6}, explain(result)
     flash = next(s for s in result.steps if s.id == "flash_attention")
     assert [c.name for c in flash.checks if c.points < c.max_points] == ["flash_attention_tiles_only"], explain(result)
+
+
+def test_a_comment_that_names_a_back_door_costs_nothing(grade_source):
+    """The twelfth hostile review's f1: the tampering scan read comments too, and a correct file lost 35 points."""
+    result = grade_source("""
+        _softmax_ = softmax
+
+        def softmax(scores, dim=-1):
+            # torch._refs.softmax would be the reference's; f_back of a frame is not used here
+            return _softmax_(scores, dim)
+    """)
+    assert result.score == 100, explain(result)

@@ -17,3 +17,9 @@ class CheckFailed(AssertionError):
         self.details = details or {}
         self.outcome = outcome
         self.breach = breach
+
+
+def exactly(value, expected: int) -> bool:
+    """The candidate's answer is this whole number, as a plain int: a tensor, a float or a bool of the same value is
+    not (comparing a tensor of several entries with == gives no truth value, and raises)."""
+    return type(value) is int and value == expected

@@ -8,7 +8,9 @@ candidate's source (parsed, never run) here. A forbidden call costs the whole st
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 
 from grader.candidate import HIDDEN
 from grader.engine.diagnose import FORBIDDEN_CALL
@@ -25,13 +27,14 @@ MEANING = {GRAPH: "autograd_graph (an autograd graph built by its torch calls)",
 # Names of ways to blind the worker's record of torch calls: switching the mode off, or reaching the record
 # itself (the mode stack, the worker's frames, the garbage collector's list of every object). A file that
 # names one keeps no rule.
-# torch's own Python implementations (torch._decomp's softmax, torch._refs') record only their elementwise parts, and
-# autograd's engine run directly records nothing: a text scan, as the rest of this list (a name built at run time
-# passes it)
+# torch's own Python implementations (torch._decomp's softmax, torch._refs') record only their elementwise parts,
+# autograd's engine run directly records nothing, and TorchScript runs its calls in C++, where no mode sees them: a
+# scan of the file's code (its comments left out), as the rest of this list (a name built at run time passes it)
 TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_set_torch_function_mode", "torch.ops.",
              "_get_current_function_mode_stack", "_getframe", "currentframe", "f_locals", "f_back", "get_objects",
              "torch._decomp", "torch._refs", "torch._prims", "_decomp.", "_refs.", "_prims.", "interpreters",
-             "interpchannels", "interpqueues", "_execution_engine", "run_backward", "_ImperativeEngine", "_EngineBase")
+             "interpchannels", "interpqueues", "_execution_engine", "run_backward", "_ImperativeEngine", "_EngineBase",
+             "torch.jit", "jit.script", "jit.trace", "jit.load", "import jit", "ScriptFunction", "ScriptModule")
 
 
 def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: str = "",
@@ -44,9 +47,10 @@ def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: st
     written as a call, `item()`, matches that name exactly (`item` would match `__getitem__`).
     An allowed name matches exactly.
     """
-    tampering = [t for t in TAMPERING if (forbidden or allowed is not None) and t in source]
+    code = _without_comments(source)
+    tampering = [t for t in TAMPERING if (forbidden or allowed is not None) and t in code]
     if tampering:  # hiding a forbidden call in the step costs what making it costs; elsewhere, the rules checks
-        step_text = _with_helpers(source, step_source)
+        step_text = _with_helpers(code, _without_comments(step_source))
         in_step = any(t in step_text for t in tampering)
         raise CheckFailed(f"the file uses {tampering[0]}, which hides torch calls from the rules check", FORBIDDEN_CALL,
                           details={"tampering": tampering[0]}, breach=in_step)
@@ -73,12 +77,29 @@ def check_calls(called, forbidden: tuple[str, ...], allowed: tuple[str, ...] | N
                           FORBIDDEN_CALL, details={"forbidden_calls": used}, breach=True)
 
 
+def _without_comments(source: str) -> str:
+    """The file's text with its comments blanked (a comment that names torch._refs runs nothing); as it is where it
+    does not tokenize."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        return source
+    lines = source.splitlines(keepends=True)
+    for token in reversed([t for t in tokens if t.type == tokenize.COMMENT]):
+        (row, start), (_, end) = token.start, token.end
+        lines[row - 1] = lines[row - 1][:start] + " " * (end - start) + lines[row - 1][end:]
+    return "".join(lines)
+
+
 def _with_helpers(source: str, step_source: str) -> str:
     """The step's source and that of every top-level definition it names, and those name, and so on."""
     tree = parse(source)
     if tree is None:
         return step_source
-    defined = {node.name: ast.get_source_segment(source, node) or "" for node in tree.body if hasattr(node, "name")}
+    lines = source.splitlines()
+    defined = {node.name: "\n".join(lines[min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1:
+                                          node.end_lineno])  # its decorators too: @torch.jit.script is one
+               for node in tree.body if hasattr(node, "name") and hasattr(node, "decorator_list")}
     texts, frontier, seen = [step_source], [step_source], set()
     while frontier:
         text = frontier.pop()

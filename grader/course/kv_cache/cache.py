@@ -22,6 +22,7 @@ from grader.engine import (
     Tolerance,
     device_of,
     diagnose,
+    exactly,
     expect_each,
     expect_form,
     expect_result,
@@ -182,7 +183,7 @@ def preallocated(script: CacheScript) -> None:
         except CheckFailed as failure:
             raise CheckFailed(f"KVCache({B}, {H}, {DH}, max_len={MAX_LEN}).{name}, just built: {failure.message}; "
                               f"preallocate (B, H, max_len, Dh)") from None
-    if length != 0 or type(length) is not int:
+    if not exactly(length, 0):
         raise CheckFailed(f"a new cache's length is {length!r}; expected 0")
     for a in script.appends():
         if not isinstance(a.k, torch.Tensor) or tuple(a.k.shape) != (B, H, MAX_LEN, DH):
@@ -253,7 +254,7 @@ def overflow_script(run: Run) -> dict:
         script.get(cache, name)
     names = ("first", "k_before", "v_before", "length_before", "error", "length", "k_after", "v_after")
     seen = dict(zip(names, run.script(script).value[1:], strict=True), k1=k1, v1=v1)
-    if seen["length_before"] != 4:  # the append that fits must have worked first
+    if not exactly(seen["length_before"], 4):  # the append that fits must have worked first
         length = seen["length_before"]
         mistake = {0: LENGTH_NOT_ADVANCED, 8: LENGTH_TWICE}.get(length) if type(length) is int else None
         raise CheckFailed(f"a cache of max_len 6 took 4 tokens, and its length is {length!r}; expected 4", mistake)
@@ -273,7 +274,7 @@ def overflow_raises(run: Run) -> None:
 
 def unchanged_after_overflow(run: Run) -> None:
     seen = overflow_script(run)
-    if seen["length"] != 4:
+    if not exactly(seen["length"], 4):
         raise CheckFailed(f"after the refused append (3 tokens past max_len 6), length is {seen['length']!r}; expected "
                           "4, as before it", CHANGED_BEFORE_RAISING)
     for name in ("k", "v"):
@@ -299,7 +300,7 @@ def fills_to_max_len(run: Run) -> None:
         mistake = FULL_REFUSED if result.type in ("ValueError", "AssertionError") else None
         raise CheckFailed(f"a cache of max_len 7 holding 4 tokens refused 3 more, which fill it exactly: "
                           f"{result.message}", mistake)
-    if length != 7:
+    if not exactly(length, 7):
         raise CheckFailed(f"a cache of max_len 7 took 4 tokens, then 3, and its length is {length!r}; expected 7")
     got = result if isinstance(result, (tuple, list)) and len(result) == 2 else (result, None)
     for name, value, want in (("k", got[0], torch.cat([k1, k2], 2)), ("v", got[1], torch.cat([v1, v2], 2))):

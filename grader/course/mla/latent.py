@@ -24,6 +24,7 @@ from grader.engine import (
     Script,
     StepSpec,
     chunks,
+    exactly,
     expect_chunks,
     expect_close,
     expect_each,
@@ -134,7 +135,7 @@ def preallocated(script: CacheScript) -> None:
             raise CheckFailed(f"LatentCache({B}, max_len={MAX_LEN}, {R}, {DR}).{name}, just built: {failure.message}; "
                               f"preallocate (B, max_len, {'kv_lora_rank' if width == R else 'qk_rope_head_dim'}), no "
                               "head axis", DTYPE_IGNORED if ignored else None) from None
-    if length != 0 or type(length) is not int:
+    if not exactly(length, 0):
         raise CheckFailed(f"a new cache's length is {length!r}; expected 0")
     for a in script.appends():
         if _shape(a.c_kv) != (B, MAX_LEN, R):
@@ -181,7 +182,7 @@ def overflow_refused(run: Run) -> None:
         got = f"raised {error.message}" if hasattr(error, "message") and hasattr(error, "type") else "took them"
         raise CheckFailed(f"a cache of max_len 6 holding 4 tokens was offered 3 more and {got}: check length + T > "
                           "max_len first and raise ValueError", OVERFLOW_NOT_REFUSED)
-    if length != 4:
+    if not exactly(length, 4):
         raise CheckFailed(f"after the refused append its length is {length!r}; expected 4, as before it: check first, "
                           "then write, then advance", CHANGED_BEFORE_RAISING)
     try:
@@ -189,7 +190,7 @@ def overflow_refused(run: Run) -> None:
                       c1)
     except CheckFailed as failure:
         raise CheckFailed(failure.message, CHANGED_BEFORE_RAISING) from None
-    if isinstance(filled, CandidateError) or full_length != 6:
+    if isinstance(filled, CandidateError) or not exactly(full_length, 6):
         got = f"raised {filled.message}" if isinstance(filled, CandidateError) else f"its length is {full_length!r}"
         raise CheckFailed(f"a cache of max_len 6 holding 4 tokens was offered 2 more, which fill it exactly, and "
                           f"{got}; expected length 6", EXACT_FILL_REFUSED)
@@ -396,7 +397,7 @@ def cache_contents(run: Run) -> None:
     for index, t in zip(script.outputs[0], script.splits, strict=True):
         start += t
         length, c_kv, k_rope = script.results[index + 1:index + 4]
-        if length != start:
+        if not exactly(length, start):
             raise CheckFailed(f"after calls of {start} tokens in all the cache's length is {length!r}; expected "
                               f"{start}: append each call's c_kv and k_rope once")
         for name, buffer, want in (("c_kv", c_kv, latents), ("k_rope", k_rope, keys)):
