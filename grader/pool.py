@@ -43,7 +43,6 @@ CHECK_OUTPUT_CAP = 4 * 1024  # of them, bytes kept for one check (`Pool.take_out
 READ_ROUND = 1 << 20  # bytes read from one child's output at a time: a flood never holds the lock for long
 PASSED_ENV = ("PATH", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME")
 ZYGOTE_REPLY_TIMEOUT = 10.0
-AHEAD = int(os.environ.get("ATTN_GRADE_AHEAD", "2"))  # children forked ahead of the steps that will use them
 CHILD_END_GRACE = 0.5  # seconds a child whose pipe closed gets to end by itself, so its cause of death is its own
 STOP_CHECK_INTERVAL = 0.5  # how soon a zygote a candidate stopped (SIGSTOP) is noticed
 SANDBOX_ENV = "ATTN_GRADE_SANDBOX"  # "portable": the portable sandbox even on Linux (unset: chosen by the system)
@@ -284,7 +283,7 @@ class Pool:
         self._owns_zygote = zygote is None
         self.live: Child | None = None  # the child answering calls
         self.serving: str | None = None  # the one function or class it has been called for
-        self.spares: list[Child] = []  # forked ahead, for the next steps, oldest first
+        self.spare: Child | None = None  # forked ahead, for the next step
         self.cuda = False  # the children see CUDA (their hello says so): a killed one is waited for
         self.fs_isolated: bool | None = None  # every child so far saw only the allowlist (None: no child yet)
         self.limits: str | None = None  # how each child's processes and memory are bounded (sandbox/limits.py)
@@ -309,13 +308,13 @@ class Pool:
 
     def close(self) -> None:
         try:
-            for child in (self.live, *self.spares):
+            for child in (self.live, self.spare):
                 if child is not None:
                     try:
                         self.kill(child)
                     except GraderBug:
                         pass  # the zygote is gone: closing it below ends what is left
-            self.live, self.spares = None, []
+            self.live = self.spare = None
         finally:
             if self._owns_zygote and self.zygote is not None:
                 self.zygote.close()
@@ -333,9 +332,9 @@ class Pool:
     # -- the live child ------------------------------------------------------------------
 
     def take_live(self) -> Child:
-        """The child answering calls: once the last was dropped, the oldest spare (or a fresh one if none is)."""
+        """The child answering calls: once the last was dropped, the spare (or a fresh one if none is spare)."""
         if self.live is None:
-            self.live = self.spares.pop(0) if self.spares else self.spawn()
+            self.live, self.spare = self.spare or self.spawn(), None
         return self.live
 
     def leave_other_step(self, name: str) -> None:
@@ -345,10 +344,10 @@ class Pool:
             self.drop_live()
 
     def serve(self, name: str) -> Child:
-        """The live child, now `name`'s; the next steps' children are forked while this step runs."""
+        """The live child, now `name`'s; the next step's child is forked while this step runs."""
         self.serving = name
-        while len(self.spares) < AHEAD:
-            self.spares.append(self.spawn())
+        if self.spare is None:
+            self.spare = self.spawn()
         return self.live
 
     def check_zygote(self, child: Child) -> None:
@@ -431,14 +430,14 @@ class Pool:
 
     def replace_zygote(self) -> None:
         """End what the dead zygote left (it can no longer) and start a fresh one for the rest."""
-        orphans = [c.pid for c in (self.live, *self.spares) if c is not None and c.pid is not None]
-        for child in (self.live, *self.spares):
+        orphans = [c.pid for c in (self.live, self.spare) if c is not None and c.pid is not None]
+        for child in (self.live, self.spare):
             if child is not None:
                 for fd in child.fds:
                     os.close(fd)
         for pid in orphans:
             _kill_group(pid, cgroups=not self.zygote.portable)
-        self.live, self.spares = None, []
+        self.live = self.spare = None
         self.serving = None
         self.zygote.restart()
 
