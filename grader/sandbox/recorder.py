@@ -134,9 +134,7 @@ def make_recorder(torch, lifted):
                 finally:
                     modules["warnings"] = shared
             if self.shapes is not None:
-                self.shapes.add(torch, value, name, given=args)
-                self.shapes.add(torch, args)  # what the call was given: a buffer made where nothing records it (a
-                self.shapes.add(torch, tuple(kwargs.values()))  # legacy constructor), then written in place
+                self.shapes.add(torch, value, name, given=(*args, *kwargs.values()))
             if self.gradients:
                 self.seen.add(CODE_IN_BACKWARD)
             if grad_enabled() and self._builds_graph(value):
@@ -584,33 +582,39 @@ class Shapes:
         self.more = 0
 
     def add(self, torch, value, name: str = "", given: tuple = ()) -> None:
-        """Record `value`'s tensors, those of a call `name` given `given`: as scores too where the call makes them,
-        by its name, or by making twice what the memory of every tensor it was given holds or more (an outer
-        product by broadcasting, or an expanded view made whole: `contiguous`, `clone`, `repeat`)."""
+        """Record the tensors of a call `name`'s result `value` and of what it was `given` (a buffer made where
+        nothing records it, a legacy constructor's, is seen when it is written in place). Its results count as
+        scores too where the call makes them: by its name, or by making twice what the memory of every tensor it was
+        given holds or more (an outer product by broadcasting, or an expanded view made whole: `contiguous`)."""
         BASE_OF, NUMEL, SHAPE_OF = (torch._C.TensorBase._base.__get__, torch._C.TensorBase.numel,  # noqa: N806
                                     torch._C.TensorBase.shape.__get__)
-        makes_scores = name.split(".")[0] in SCORES
-        def memory(t):  # what a tensor holds: an expanded view, its base's
-            view_of = BASE_OF(t)
-            return NUMEL(view_of) if view_of is not None and NUMEL(view_of) < NUMEL(t) else NUMEL(t)
 
-        sizes = [memory(t) for t in given if issubclass(type(t), torch.Tensor)]
-        widest = max(sizes) if sizes else None
-        for t in value if type(value) is tuple or type(value) is list else (value,):
-            if not issubclass(type(t), torch.Tensor):  # the type's own MRO: no __class__ of the file's is asked
-                continue
-            # through torch's C type, whose attributes no file can replace (torch.Tensor's it can)
-            view_of = BASE_OF(t)
-            base = view_of if view_of is not None and NUMEL(view_of) < NUMEL(t) else t  # an expand: its memory
-            key = tuple(int(n) for n in SHAPE_OF(base))
+        def memory(t):  # what a tensor holds, read through torch's C type (whose attributes no file can replace):
+            view_of = BASE_OF(t)  # an expanded view, its base's
+            return view_of if view_of is not None and NUMEL(view_of) < NUMEL(t) else t
+
+        def tensors(values):  # the type's own MRO: no __class__ of the file's is asked
+            return [t for t in (values if type(values) is tuple or type(values) is list else (values,))
+                    if issubclass(type(t), torch.Tensor)]
+
+        inputs = [memory(t) for t in tensors(given)]
+        widest = max((NUMEL(t) for t in inputs), default=None)
+        makes_scores = name.split(".")[0] in SCORES
+        for t in tensors(value):
+            base = memory(t)
             outgrew = widest is not None and base is t and NUMEL(t) >= 2 * widest  # a pad to whole blocks grows less
-            for kept, wanted in ((self.seen, True), (self.scores, makes_scores or outgrew)):
-                if not wanted or key in kept:
-                    continue
-                if len(kept) >= MAX_SHAPES:
-                    self.more += 1
-                    continue
-                kept[key] = True
+            self._keep(tuple(int(n) for n in SHAPE_OF(base)), makes_scores or outgrew)
+        for t in inputs:
+            self._keep(tuple(int(n) for n in SHAPE_OF(t)), False)
+
+    def _keep(self, key: tuple, scores: bool) -> None:
+        for kept, wanted in ((self.seen, True), (self.scores, scores)):
+            if not wanted or key in kept:
+                continue
+            if len(kept) >= MAX_SHAPES:
+                self.more += 1
+                continue
+            kept[key] = True
 
     def data(self) -> dict:
         return {"created": [list(s) for s in self.seen], "more": self.more,
