@@ -371,7 +371,7 @@ class Candidate:
             changed = answer.get("changed_in_place")
             changed = (tuple(errors.printable(n)[:64] for n in changed[:16] if isinstance(n, str))
                        if isinstance(changed, list) else ())
-            value = wire.decode(answer.get("value"), answer_blobs)
+            value = wire.decode(answer.get("value"), answer_blobs, meta=header.get("device") == "meta")
             return Answer(value, called, shape_record(answer.get("shapes")), changed)
         except CandidateError:
             raise

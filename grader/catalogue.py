@@ -46,6 +46,14 @@ def exercise_mistakes(exercise: str) -> list[Entry]:
     return entries
 
 
+def gated_checks(exercise: str, where: str) -> dict[str, list[str]]:
+    """Step id -> its checks gated `where` (ALWAYS or ON_META, grader/engine/spec.py): those that earn their points
+    only beside a right answer (grader/score.py)."""
+    spec = importlib.import_module(f"grader.course.{exercise}.spec").SPEC
+    found = {step.id: [c.name for c in step.checks if c.gated == where] for step in spec.steps}
+    return {step: names for step, names in found.items() if names}
+
+
 def general_mistakes() -> list[Entry]:
     """The mistakes any step of any exercise can show (an exception, a dtype, a shape, a device)."""
     from grader.engine.diagnose import CATALOGUE

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from grader import catalogue
+from grader.engine.spec import ALWAYS
 from grader.exercise import GRADER_DIR, Exercise, load_course
 
 ROOT = GRADER_DIR.parent
@@ -69,6 +70,13 @@ def _step_table(exercise: Exercise) -> list[str]:
                      "however the code reaches it; a step that makes one earns nothing (see "
                      "[the rules](../scoring.md#rules)).")
     notes.append("Every step has device checks." if exercise.device_checks else "There are no device checks.")
+    gated = [f"`{step}`: " + ", ".join(f"`{name}`" for name in names)
+             for step, names in catalogue.gated_checks(exercise.name, ALWAYS).items()]
+    if exercise.device_checks:
+        gated.insert(0, "every device check when it runs on the meta device")
+    if gated:
+        notes.append("Gated checks earn their points only beside a right answer (see [scoring]"
+                     "(../scoring.md#checks)): " + "; ".join(gated) + ".")
     lines.append(" ".join(notes))
     for step in exercise.steps:
         if step.allowed is not None:

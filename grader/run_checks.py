@@ -26,6 +26,7 @@ import pytest
 from grader.candidate import Candidate, CandidateError
 from grader.engine.failure import CheckFailed
 from grader.engine.runner import Context, SpecFile, SpecItem, is_spec
+from grader.engine.spec import ALWAYS, ON_META
 from grader.exercise import ENGINE_DIR, Exercise, GraderBug
 from grader.score import CheckResult
 from grader.source import parse
@@ -196,7 +197,8 @@ class _Plugin:
         """Record the outcome and hand pytest a bare report: its own would render every traceback."""
         failed = call.excinfo is not None
         if call.when == "call" or (call.when == "setup" and failed):
-            outcome = replace(self._outcome(item, call.excinfo), seconds=call.duration,
+            outcome = replace(self._outcome(item, call.excinfo), seconds=call.duration, gated=self._gated(item),
+                              plain=isinstance(item, SpecItem) and item.check is item.step.plain_check(),
                               output=self._candidate.take_output())  # what this check's calls printed
             self.outcomes.append(outcome)
             if self.cache is not None and hasattr(item, "cache_key") and not _timing(outcome):
@@ -205,6 +207,11 @@ class _Plugin:
             longrepr = (str(item.path), 0, outcome.message) if status == "skipped" else outcome.message or None
             return pytest.TestReport(item.nodeid, item.location, {}, status, longrepr, call.when)
         return pytest.TestReport(item.nodeid, item.location, {}, "failed" if failed else "passed", None, call.when)
+
+    def _gated(self, item) -> bool:
+        """Whether a check that passed earns only beside its step's other checks (Check.gated)."""
+        gated = item.check.gated if isinstance(item, SpecItem) else ""
+        return gated == ALWAYS or (gated == ON_META and self._device == "meta")
 
     def _outcome(self, item, excinfo) -> CheckResult:
         step_id, points = _step_and_points(item)

@@ -4,7 +4,11 @@ Results are small frozen dataclasses whose totals are computed from their parts.
 passed check earns its points; so does a skipped one (a check the grader could not
 run, such as an op the meta device lacks, costs the candidate nothing), but only in a
 step whose other checks all passed, so code that cannot run at all earns nothing by
-being unrunnable on the meta device; a failed or errored check earns none.
+being unrunnable on the meta device; a failed or errored check earns none. A gated
+check (a device check on the meta device, a relation between the code's own answers:
+what a wrong answer can pass too) earns only beside a right answer: where the step's
+plain case (its first values check, on every dtype) passed, or, in a step without one,
+where its other checks passed but for losses charged to other steps.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class CheckResult:
     message: str = ""
     mistake_id: str | None = None
     mistake: str | None = None
-    counts: bool = True  # a skipped check earns its points only when this is true (see above)
+    counts: bool = True  # a skipped or gated check earns its points only when this is true (see above)
     details: dict = field(default_factory=dict)  # a failure's numbers: max abs and relative error, where, ...
     breach: bool = False  # a forbidden call: the whole step earns nothing
     end_to_end: bool = False  # a composite run with the candidate's own steps
@@ -37,6 +41,8 @@ class CheckResult:
     seconds: float = 0.0  # how long the check ran (pytest's duration of its call)
     error_kind: str | None = None  # why the candidate's code gave no answer (a CandidateError's kind): timeout, died...
     output: str = ""  # what the candidate's code printed while this check ran, capped
+    gated: bool = False  # earns only beside a right answer (see above)
+    plain: bool = False  # the step's plain case (StepSpec.plain_check)
 
     @property
     def lost_because(self) -> str | None:
@@ -46,7 +52,7 @@ class CheckResult:
 
     @property
     def points(self) -> int:
-        return self.max_points if self.outcome == "passed" or (self.outcome == "skipped" and self.counts) else 0
+        return self.max_points if self.outcome in EARNING and self.counts else 0
 
 
 @dataclass(frozen=True)
@@ -108,11 +114,9 @@ def score(
     for step in exercise.steps:
         checks = tuple(_charged_elsewhere(c, checks_run, losing) for c in checks_run if c.step == step.id)
         if any(c.outcome not in EARNING for c in checks):
-            checks = tuple(
-                replace(c, counts=False, message=c.message + " (no points: other checks of this step failed)")
-                if c.outcome == "skipped" else c
-                for c in checks
-            )
+            checks = tuple(_uncounted(c) if c.outcome == "skipped" else c for c in checks)
+        if not _right(checks):
+            checks = tuple(_uncounted(c) if c.gated and c.outcome == "passed" else c for c in checks)
         result = StepResult(step.id, step.title, checks)
         if not checks or result.max_score != step.points:
             raise GraderBug(
@@ -121,6 +125,21 @@ def score(
             )
         steps.append(result)
     return Grade(exercise.name, exercise.title, file, tuple(steps), environment, candidate_output)
+
+
+def _right(checks: tuple[CheckResult, ...]) -> bool:
+    """Whether the step answered right: its plain case passed, or, without one, every check but the gated ones
+    earned or lost only through other steps."""
+    plain = [c for c in checks if c.plain]
+    if plain:
+        return all(c.outcome == "passed" for c in plain)
+    return all(c.outcome in EARNING or c.charged_elsewhere for c in checks if not c.gated)
+
+
+def _uncounted(check: CheckResult) -> CheckResult:
+    """A skipped or gated check in a step whose other checks did not all earn: no points, and the report says why."""
+    why = "no points: other checks of this step failed"
+    return replace(check, counts=False, message=f"{check.message} ({why})" if check.message else why)
 
 
 def _charged_elsewhere(check: CheckResult, checks_run: list[CheckResult], losing: set[str]) -> CheckResult:

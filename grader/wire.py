@@ -211,17 +211,18 @@ def encode(value, blobs: list[bytes]):
     return {"kind": "object", "type": type_name(value)}
 
 
-def decode(item, blobs: list[bytes]):
+def decode(item, blobs: list[bytes], meta: bool = True):
     """The value an `encode` description stands for, checking every field.
 
-    A tensor from a meta device has no bytes and comes back as a meta tensor.
+    A tensor from a meta device has no bytes and comes back as a meta tensor, where `meta` allows one (an answer to
+    a call made on the meta device): elsewhere it is an answer without values, which no check can read.
     Anything the description does not allow raises WireError: among it, items nested deeper than MAX_DEPTH,
     a blob named by two tensors (each would be a copy of its own), and a device that is no device's name.
     """
-    return _decode(item, blobs, 0, set())
+    return _decode(item, blobs, 0, set(), meta)
 
 
-def _decode(item, blobs: list[bytes], depth: int, used: set):
+def _decode(item, blobs: list[bytes], depth: int, used: set, meta: bool = True):
     import numpy as np
     import torch
 
@@ -240,10 +241,10 @@ def _decode(item, blobs: list[bytes], depth: int, used: set):
     if kind == "float" and item.get("value") in ("inf", "-inf", "nan"):
         return float(item["value"])
     if kind in ("tuple", "list") and type(item.get("items")) is list:
-        items = [_decode(v, blobs, depth + 1, used) for v in item["items"]]
+        items = [_decode(v, blobs, depth + 1, used, meta) for v in item["items"]]
         return tuple(items) if kind == "tuple" else items
     if kind == "dict" and type(item.get("items")) is dict:
-        return {str(k): _decode(v, blobs, depth + 1, used) for k, v in item["items"].items()}
+        return {str(k): _decode(v, blobs, depth + 1, used, meta) for k, v in item["items"].items()}
     if kind == "dtype" and item.get("name") in TORCH_DTYPES:
         return getattr(torch, item["name"])
     if kind == "object":
@@ -261,6 +262,8 @@ def _decode(item, blobs: list[bytes], depth: int, used: set):
         if type(device) is not str or not DEVICE.fullmatch(device):
             raise WireError(f"device {_printable_name(str(device))[:40]!r} is no device's name")
         if kind == "tensor" and device.split(":")[0] == "meta":
+            if not meta:
+                raise WireError("a tensor on the meta device, which holds no values, answered a call made elsewhere")
             return torch.empty(shape, dtype=getattr(torch, dtype), device="meta")
         blob = item.get("blob")
         if type(blob) is not int or not 0 <= blob < len(blobs):

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 
 from grader import cli, report
 from grader.candidate import NOT_IMPORTED
-from grader.exercise import GraderBug
+from grader.exercise import GraderBug, load_course
 from grader.grade import grade
 from grader.pool import Zygote
 from grader.sandbox.worker import BUG_EXIT
@@ -874,9 +874,10 @@ class MultiHeadAttention(MultiHeadAttention):
 """
     result = grade_source(code)
     module = step(result, "MultiHeadAttention")
-    assert module.score == 2, explain(result)  # the layers and the width check, which run no forward pass
+    assert module.score == 1, explain(result)  # the layers (the width check is gated: no right answer beside it)
     assert {"softmax", "MultiHeadAttention"} <= set(lost(result)), explain(result)
-    answered = [c for c in module.checks if c.points < c.max_points and not c.end_to_end]  # end to end: its own softmax
+    answered = [c for c in module.checks  # end to end: its own softmax; a gated check: no right answer beside it
+                if c.points < c.max_points and not c.end_to_end and not c.gated]
     assert answered and all("inputs too large to answer" in c.message for c in answered), explain(result)
     for step_id in ("project", "split_heads", "attention_scores", "weighted_sum", "merge_heads"):
         assert step_id not in lost(result)
@@ -1277,4 +1278,119 @@ def test_a_cache_length_of_several_entries_fails_its_checks_and_is_no_internal_e
                 return self.k[:, :, :end], self.v[:, :, :end]
     """, base=base, name="kv_cache.py")
     cache = step(result, "KVCache")
+    assert cache.score < cache.max_score, explain(result)
+
+
+CONSTANT = '''
+import functools as _ft
+
+def _const(r):
+    if isinstance(r, tuple):
+        return tuple(_const(x) for x in r)
+    if not any(kind in str(getattr(r, "dtype", "")) for kind in ("float", "bool")):
+        return r
+    same = r.copy() if hasattr(r, "copy") else r.clone()  # an array or a tensor, filled in place
+    (same.fill if hasattr(same, "fill") else same.fill_)(FILL)
+    return same
+
+for _name in STEPS:  # every step answers a constant of the right form, its code otherwise the reference's
+    _obj = globals()[_name]
+    if isinstance(_obj, type) and hasattr(_obj, "forward"):
+        _obj.forward = _ft.wraps(_obj.forward)(lambda self, *a, _f=_obj.forward, **k: _const(_f(self, *a, **k)))
+    elif callable(_obj) and not hasattr(_obj, "fn"):
+        globals()[_name] = _ft.wraps(_obj)(lambda *a, _f=_obj, **k: _const(_f(*a, **k)))
+'''
+# What a constant answer may still earn in a step it otherwise loses: its form, the module's structure, a cache's
+# bookkeeping, and a case whose right answer is that constant (one query sees every key).
+FORM_ONLY = re.compile(r"_(shape|structure|cache_contents|one_token|single_query)$")
+
+
+@pytest.mark.parametrize("name, fill", [*((name, 0) for name in sorted(load_course())), ("masks", 1), ("rope", 1)])
+def test_constant_answers_earn_only_their_form(grade_source, name, fill):
+    """The twelfth review's c1 and c2: device checks on the meta device (no values to compare) and checks that relate
+    the code's own answers (no query sees the future, a rotation keeps norms) passed for a constant; they are
+    gated now, earning only beside a right answer."""
+    exercise = load_course()[name]
+    steps = [step.id for step in exercise.steps]
+    base = (ROOT / "solutions" / exercise.file).read_text()
+    result = grade_source(CONSTANT.replace("FILL", str(fill)).replace("STEPS", repr(steps)), base=base,
+                          name=exercise.file, device="auto")
+    unearned = [f"{s.id}/{c.name}" for s in result.steps if s.score < s.max_score
+                for c in s.checks if c.points and not FORM_ONLY.search(c.name)]
+    assert not unearned, explain(result)
+
+
+@pytest.mark.parametrize("name", sorted(load_course()))
+@pytest.mark.parametrize("error", ["ValueError", "RuntimeError"])
+def test_a_stub_that_refuses_everything_earns_nothing(grade_source, name, error):
+    """The thirteenth review's i05 and i06: checks that a refusal passes (a width not divisible by the heads, an
+    append past the pool) earned points for code that refuses every call; they are gated now."""
+    exercise = load_course()[name]
+    stub = (ROOT / "exercises" / exercise.file).read_text().replace("raise NotImplementedError(", f"raise {error}(")
+    result = grade_source("", base=stub, name=exercise.file)
+    assert result.score == 0, explain(result)
+
+
+READ_THROUGH_STRIDES = """
+import struct
+
+
+def _values(t):  # each byte a stride: torch's C++ reads it, .stride() hands it back
+    got = []
+    for piece in t.detach().double().contiguous().reshape(-1).split(4):
+        chunk = piece.view(torch.uint8).long().unbind()
+        got += torch.empty_strided((1,) * len(chunk), chunk).stride()
+    return list(struct.unpack(f"<{len(got) // 8}d", bytes(got)))
+"""
+
+
+def test_a_launcher_that_reads_values_through_strides_keeps_nothing(grade_source):
+    """The thirteenth review's i01: a Triton launcher read its input's bytes as strides of empty tensors (no storage
+    or data pointer asked, every function on its allowed list) and computed the softmax in Python: 100 of 100. A
+    tensor read as a number is recorded as `__index__`, on no allowed list."""
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    result = grade_source(READ_THROUGH_STRIDES + """
+import math
+
+_kernel_softmax = softmax
+
+
+def softmax(x):
+    _kernel_softmax(x[:1, :1])  # a kernel launched, on nothing that matters
+    rows, cols = x.shape
+    flat, out = _values(x), []
+    for r in range(rows):
+        row = flat[r * cols:(r + 1) * cols]
+        e = [math.exp(v - max(row)) for v in row]
+        out += [v / sum(e) for v in e]
+    return torch.tensor(out, dtype=torch.float64).reshape(rows, cols).to(x.dtype)
+""", base=base, name="triton_attention.py")
+    assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
+
+
+def test_a_tiled_step_that_reads_values_through_strides_breaks_its_rule(grade_source):
+    """The thirteenth review's i02: flash_attention built its whole score matrix in Python floats from values read
+    as strides; `__index__` is forbidden beside tolist and item there."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source(READ_THROUGH_STRIDES + """
+_tiled = flash_attention
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    _values(q[..., :1, :1])  # what a Python score matrix would start from
+    return _tiled(q, k, v, causal, block_q, block_k)
+""", base=base, name="flash_attention.py")
+    assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)
+
+
+def test_a_pool_answered_on_the_meta_device_costs_its_checks_and_is_no_internal_error(grade_source):
+    """The thirteenth review's g01: a pool whose buffers came back as meta tensors (no values) reached torch.equal
+    in a check, which has no meta kernel: exit 3. An answer without values to a call made elsewhere is refused."""
+    base = (ROOT / "solutions" / "paged_attention.py").read_text()
+    result = grade_source("""
+class PagedKVCache(PagedKVCache):  # the pool shown as meta tensors by a sloppy property
+    k_cache = property(lambda self: self._k.to("meta"), lambda self, v: setattr(self, "_k", v))
+    v_cache = property(lambda self: self._v.to("meta"), lambda self, v: setattr(self, "_v", v))
+""", base=base, name="paged_attention.py")
+    cache = step(result, "PagedKVCache")
     assert cache.score < cache.max_score, explain(result)

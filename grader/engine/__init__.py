@@ -47,14 +47,30 @@ from grader.engine.script import (
     get,
     type_name,
 )
-from grader.engine.spec import Call, Check, Mistake, Probe, Raises, Spec, StepSpec, device, prop, rules, shape, values
+from grader.engine.spec import (
+    ALWAYS,
+    ON_META,
+    Call,
+    Check,
+    Mistake,
+    Probe,
+    Raises,
+    Spec,
+    StepSpec,
+    device,
+    prop,
+    rules,
+    shape,
+    values,
+)
 from grader.engine.stock import defaults, end_to_end, gradients, linear_layers, raises_value_error
 from grader.engine.tiles import TileSizes, tiles_only
 from grader.engine.tolerance import HALF_TYPES, Tolerance, expect_close, expect_form, grid, upcast
 from grader.wire import device_of
 
 __all__ = [
-    "HALF_TYPES", "RESULT_ON_CPU", "Call", "CandidateError", "Check", "CheckFailed", "Mistake", "Probe", "Raises",
+    "ALWAYS", "ON_META", "HALF_TYPES", "RESULT_ON_CPU", "Call", "CandidateError", "Check", "CheckFailed", "Mistake",
+    "Probe", "Raises",
     "Run", "Seeded", "Spec", "StepSpec", "Tolerance", "as_tensor_tree", "attention", "check_rules", "defaults",
     "device", "device_of", "diagnose", "end_to_end", "expect_close", "expect_form", "expect_no_import", "gradients",
     "grid", "linear_layers", "search",

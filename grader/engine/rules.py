@@ -15,14 +15,15 @@ import tokenize
 from grader.candidate import HIDDEN
 from grader.engine.diagnose import FORBIDDEN_CALL
 from grader.engine.failure import CheckFailed
-from grader.sandbox.recorder import CODE_IN_BACKWARD, GRAPH, GRAPH_IN_BACKWARD
+from grader.sandbox.recorder import CODE_IN_BACKWARD, GRAPH, GRAPH_IN_BACKWARD, READ_AS_NUMBER
 from grader.source import parse
 
 # What the names the worker's record gives to autograd's use (no torch function's names) mean, in a report
 # The record's marks, which name no torch function: no allowed list names them (a forbidden one may)
 MARKS = (GRAPH, GRAPH_IN_BACKWARD, CODE_IN_BACKWARD)
 MEANING = {GRAPH: "autograd_graph (an autograd graph built by its torch calls)",
-           GRAPH_IN_BACKWARD: "autograd inside the backward pass (a graph built, or .backward(), there)"}
+           GRAPH_IN_BACKWARD: "autograd inside the backward pass (a graph built, or .backward(), there)",
+           READ_AS_NUMBER: "__index__ (a tensor's value read as a number: a size, a stride or a bound)"}
 
 # Names of ways to blind the worker's record of torch calls: switching the mode off, or reaching the record
 # itself (the mode stack, the worker's frames, the garbage collector's list of every object). A file that

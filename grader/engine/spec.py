@@ -20,6 +20,8 @@ from typing import Callable
 #   device:   the step runs on the device under test and its result stays there
 #   property: a plain function of its own (the escape hatch: statistics, causality, round trips)
 KINDS = ("shape", "values", "rules", "device", "property")
+# Where a check is gated (Check.gated): on every device, or only on the meta device
+ALWAYS, ON_META = "always", "meta"
 
 
 @dataclass(frozen=True)
@@ -107,9 +109,14 @@ class Check:
     run: Callable | None = None
     end_to_end: bool = False  # a composite run with the candidate's own steps, not the grader's
     situation: Mistake | None = None  # what this check's failure says when nothing names it and the plain case passed
-
+    # where it earns its points only if every other check of its step earns, because it asks what a wrong answer
+    # can have too: ALWAYS (a relation between the code's own answers), ON_META (a device check: on the meta
+    # device it compares no values, only where the result is), "" nowhere
+    gated: str = ""
 
     def __post_init__(self):
+        if self.gated not in ("", ALWAYS, ON_META):
+            raise ValueError(f"check {self.name}: gated is {ALWAYS!r}, {ON_META!r} or empty")
         if self.kind not in KINDS:
             raise ValueError(f"check {self.name}: unknown kind {self.kind!r}")
         if (self.kind == "property") != (self.run is not None):
@@ -130,11 +137,12 @@ def rules(points: int = 1, **params) -> Check:
 
 
 def device(points: int = 1, **params) -> Check:
-    return Check("device", points, "device", params)
+    return Check("device", points, "device", params, gated=ON_META)
 
 
-def prop(name: str, points: int, run: Callable, end_to_end: bool = False, situation: Mistake | None = None) -> Check:
-    return Check(name, points, "property", run=run, end_to_end=end_to_end, situation=situation)
+def prop(name: str, points: int, run: Callable, end_to_end: bool = False, situation: Mistake | None = None,
+         gated: str = "") -> Check:
+    return Check(name, points, "property", run=run, end_to_end=end_to_end, situation=situation, gated=gated)
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,25 @@ AUTOGRAD_PARAMETERS = {
              ("create_graph", False), ("only_inputs", True), ("allow_unused", None), ("is_grads_batched", False),
              ("materialize_grads", False)),
 }
+# A tensor of one integer given where torch takes a number (a size, a stride, a dim, a bound): torch's C++ reads its
+# value, as .item() would, and the shape, stride or error that comes back hands it to Python. The record names such
+# a read as Python's own conversion does: "__index__". Where: any tensor inside a list, a tuple or a slice (but the
+# operands of these, which take lists of tensors as data), and the tensors these take as numbers besides their first
+# operand (a factory's first argument too)
+READ_AS_NUMBER = "__index__"
+TENSOR_LISTS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack", "column_stack",
+                          "row_stack", "broadcast_tensors", "block_diag", "einsum", "meshgrid", "cartesian_prod",
+                          "chain_matmul", "multi_dot", "linalg_multi_dot", "atleast_1d", "atleast_2d", "atleast_3d",
+                          "__getitem__", "__setitem__", "index", "index_put", "index_put_", "_index_put_impl_"})
+FACTORIES = frozenset({"arange", "range", "empty", "zeros", "ones", "full", "rand", "randn", "randint", "randperm",
+                       "empty_strided", "eye", "linspace", "logspace", "tril_indices", "triu_indices"})
+TAKES_NUMBERS = FACTORIES | frozenset({
+    "view", "reshape", "expand", "new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided", "narrow",
+    "narrow_copy", "select", "split", "chunk", "tensor_split", "unflatten", "as_strided", "repeat", "tile",
+    "repeat_interleave", "unfold", "transpose", "permute", "movedim", "moveaxis", "swapaxes", "swapdims", "unsqueeze",
+    "squeeze", "flatten", "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "cumsum", "cumprod",
+    "logsumexp", "topk", "kthvalue", "diagonal", "diag", "tril", "triu", "roll", "flip", "resize_", "size",
+    "stride", "pad", "index_select", "softmax", "log_softmax", "norm", "prod", "std", "var", "all", "any"})
 PLAIN = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis), range)  # arguments that run no code
 # Callables of C types: their attributes are C getters, which run no Python code
 C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
@@ -135,6 +154,8 @@ def make_recorder(torch, lifted):
                     modules["warnings"] = shared
             if self.shapes is not None:
                 self.shapes.add(torch, value, name, given=(*args, *kwargs.values()))
+            if _reads_as_number(torch, name, args, kwargs):
+                self.seen.add(READ_AS_NUMBER)
             if self.gradients:
                 self.seen.add(CODE_IN_BACKWARD)
             if grad_enabled() and self._builds_graph(value):
@@ -563,6 +584,37 @@ def _foreign_argument(numpy, name: str, arguments, own_types, plain, torch_globa
         else:
             return f"an object of the file's own passed to {name}, which may run its code"
     return ""
+
+
+def _reads_as_number(torch, name: str, args, kwargs) -> bool:
+    """Whether torch reads a tensor's value as a number in this call (READ_AS_NUMBER): a tensor of one integer or
+    bool inside a list, tuple or slice argument, or given to a function that takes numbers (TAKES_NUMBERS) besides its
+    first operand. Read through torch's C type: nothing of the file's own runs here."""
+    if type(args) is not tuple:
+        return False
+    numel, is_float, is_complex = (torch._C.TensorBase.numel, torch._C.TensorBase.is_floating_point,
+                                   torch._C.TensorBase.is_complex)
+
+    def number(value) -> bool:
+        return issubclass(type(value), torch.Tensor) and numel(value) == 1 and not is_float(value) \
+            and not is_complex(value)
+
+    takes = name in TAKES_NUMBERS
+    top = (args if name in FACTORIES else args[1:]) if takes else ()
+    if any(number(v) for v in (*top, *(dict.values(kwargs) if takes and type(kwargs) is dict else ()))):
+        return True
+    stack = [(v, 0) for v in (*args, *(dict.values(kwargs) if type(kwargs) is dict else ()))]
+    while stack:
+        value, depth = stack.pop()
+        kind = type(value)
+        if kind is slice:
+            if any(number(v) for v in (value.start, value.stop, value.step)):
+                return True
+        elif (kind is tuple or kind is list) and depth < 4:
+            if name not in TENSOR_LISTS and any(number(v) for v in value):
+                return True
+            stack.extend((v, depth + 1) for v in value)
+    return False
 
 
 class Shapes:

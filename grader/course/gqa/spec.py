@@ -10,6 +10,7 @@ loaded with the contract's shapes, so full-width KV projections cannot load.
 import torch
 
 from grader.engine import (
+    ALWAYS,
     Call,
     Mistake,
     Raises,
@@ -239,9 +240,11 @@ MODULE = StepSpec(
     checks=(
         prop("structure", 1, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, HQ, HKV), "an nn.Linear")),
         prop("defaults", 1, defaults(mask="causal")),  # bias=False, the contract's default
-        prop("validates_width", 1, raises_value_error((10, 3, 1), "10 is not divisible by 3 heads", NO_WIDTH_CHECK)),
+        prop("validates_width", 1, raises_value_error((10, 3, 1), "10 is not divisible by 3 heads", NO_WIDTH_CHECK),
+             gated=ALWAYS),
         prop("validates_kv_heads", 2,
-             raises_value_error((D, HQ, 4), f"{HQ} query heads do not split into 4 equal groups", NO_KV_HEADS_CHECK)),
+             raises_value_error((D, HQ, 4), f"{HQ} query heads do not split into 4 equal groups", NO_KV_HEADS_CHECK),
+             gated=ALWAYS),
         values("values", 3, FLOATS), values("mqa", 4, hkv=1, mask="causal"), values("mha", 4, hkv=HQ, mask="causal"),
         values("mask_causal", 3, mask="causal"), values("mask_padding", 2, mask="padding"),
         values("bias", 4, bias=True, mask="causal"), values("bfloat16", 1, (torch.bfloat16,), mask="causal"),

@@ -11,6 +11,8 @@ from typing import NamedTuple
 import torch
 
 from grader.engine import (
+    ALWAYS,
+    ON_META,
     Call,
     CandidateError,
     CheckFailed,
@@ -390,8 +392,9 @@ CACHE = StepSpec(
         prop("preallocated", 3, _cache_check(preallocated, probe=True)), prop("appends", 4, _cache_check(appends)),
         prop("length", 3, _cache_check(lengths)), prop("contents", 4, _cache_check(contents)),
         prop("unused_slots_nan", 3, unused_slots_nan), prop("fills_to_max_len", 2, fills_to_max_len),
-        prop("overflow_raises", 2, overflow_raises), prop("unchanged_after_overflow", 3, unchanged_after_overflow),
-        prop("half", 3, half), prop("device", 3, cache_on_device),
+        prop("overflow_raises", 2, overflow_raises, gated=ALWAYS),
+        prop("unchanged_after_overflow", 3, unchanged_after_overflow),
+        prop("half", 3, half), prop("device", 3, cache_on_device, gated=ON_META),
     ),
     mistakes=(WRONG_AXIS, GROWN_BY_CAT, LENGTH_NOT_ADVANCED, LENGTH_TWICE, WHOLE_BUFFER, RETURNS_OLD_PREFIX,
               ADDED_NOT_WRITTEN, FULL_REFUSED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, DTYPE_IGNORED,

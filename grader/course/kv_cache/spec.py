@@ -21,6 +21,7 @@ import math
 import torch
 
 from grader.engine import (
+    ON_META,
     Call,
     CandidateError,
     CheckFailed,
@@ -88,7 +89,7 @@ MASK = StepSpec(
     "decode_mask", mask_inputs, mask_reference,
     checks=(
         shape(2), values("prefill", 3, t_new=5, past_len=0), values("one_token", 3, t_new=1, past_len=6),
-        values("chunk", 4, t_new=3, past_len=5), prop("device", 3, mask_on_device),
+        values("chunk", 4, t_new=3, past_len=5), prop("device", 3, mask_on_device, gated=ON_META),
     ),
     mistakes=(
         Mistake("decode_mask.top_left", TOP_LEFT, lambda t, p, device=None: _ones(t, p).tril(), why=AT_PAST_LEN),
@@ -421,7 +422,7 @@ MODULE = StepSpec(
         prop("unused_slots_nan", 3, _module_check(nan=True)), prop("cache_contents", 3, cache_contents),
         prop("reads_cache", 4, reads_cache), prop("other_sequence_first", 2, other_sequence_first),
         prop("half", 2, _module_check(dtype=torch.float16)), prop("rules", 2, module_rules),
-        prop("device", 2, lambda run: ModuleScript(run, device=run.ctx.device).expect_right()),
+        prop("device", 2, lambda run: ModuleScript(run, device=run.ctx.device).expect_right(), gated=ON_META),
         prop("gradients", 3, gradients()), prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),
     mistakes=(TOP_LEFT_MASK, LENGTH_AFTER_APPEND, SQUARE_MASK, NO_MASK_WITH_CACHE, KEYS_ATTENDED_TWICE, CACHE_IGNORED,

@@ -17,6 +17,8 @@ import math
 import torch
 
 from grader.engine import (
+    ALWAYS,
+    ON_META,
     RESULT_ON_CPU,
     Call,
     CheckFailed,
@@ -131,7 +133,7 @@ MASK = StepSpec(
         shape(2), values("square", 4, t_q=8, t_k=8), values("bottom_right", 5, t_q=3, t_k=9, window=4),
         prop("keys_per_row", 4, keys_per_row), prop("wide_window_is_causal", 4, wide_window_is_causal),
         values("window_one", 2, window=1), values("single_query", 2, t_q=1, window=4),
-        prop("device", 2, mask_on_device),
+        prop("device", 2, mask_on_device, gated=ON_META),
     ),
     mistakes=(
         Mistake("sliding_window_mask.window_plus_one", WINDOW_PLUS_ONE, _mask_variant(extra=1),
@@ -375,7 +377,7 @@ LOCAL = StepSpec(
         shape(2, window=WINDOW, alibi=True), values("values", 3, FLOATS, window=WINDOW, alibi=True),
         values("causal", 3), values("window", 4, window=WINDOW), values("alibi", 4, alibi=True),
         values("wide_window", 2, window=TK + 3, alibi=True),
-        prop("shifted_bias", 4, shifted_bias), prop("decode_matches_prefill", 4, decode_matches_prefill),
+        prop("shifted_bias", 4, shifted_bias), prop("decode_matches_prefill", 4, decode_matches_prefill, gated=ALWAYS),
         values("half", 1, HALF, window=WINDOW, alibi=True), rules(2, window=WINDOW, alibi=True),
         device(2, window=WINDOW, alibi=True),
     ),

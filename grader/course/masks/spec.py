@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from grader.engine import (
+    ALWAYS,
+    ON_META,
     RESULT_ON_CPU,
     Call,
     CheckFailed,
@@ -80,7 +82,8 @@ CAUSAL = StepSpec(
     checks=(
         shape(2), values("square", 4, t_q=6, t_k=6),
         values("bottom_right", 5, t_q=3, t_k=8),  # 3 new queries after 5 cached keys
-        values("single_query", 2, t_q=1), prop("no_future", 4, causal_no_future), prop("device", 3, causal_on_device),
+        values("single_query", 2, t_q=1), prop("no_future", 4, causal_no_future, gated=ALWAYS),
+        prop("device", 3, causal_on_device, gated=ON_META),
     ),
     mistakes=(
         Mistake("causal_mask.float_mask", "returned a float 0/1 mask: return a bool mask (dtype=torch.bool), which "
@@ -379,12 +382,13 @@ ATTENTION = StepSpec(
     checks=(
         shape(2), values("values", 3, FLOATS), values("mask_none", 2, mask="none"),
         prop("broadcast_masks", 4, broadcast_masks),
-        prop("causal_no_future", 4, attention_no_future), values("fully_masked_rows", 4, mask="blocked_rows"),
+        prop("causal_no_future", 4, attention_no_future, gated=ALWAYS),
+        values("fully_masked_rows", 4, mask="blocked_rows"),
         prop("any_leading_dims", 2, any_leading_dims), prop("dropout_eval_is_identity", 3, dropout_eval_is_identity),
-        prop("dropout_kept_weights", 5, dropout_kept_weights), prop("dropout_rate", 4, dropout_rate),
-        prop("dropout_output_uses_returned_weights", 3, dropout_output_uses_returned_weights),
+        prop("dropout_kept_weights", 5, dropout_kept_weights, gated=ALWAYS), prop("dropout_rate", 4, dropout_rate),
+        prop("dropout_output_uses_returned_weights", 3, dropout_output_uses_returned_weights, gated=ALWAYS),
         prop("dropout_reproducible", 3, dropout_reproducible), rules(2), device(2, mask="per_query"),
-        prop("dropout_device", 2, dropout_on_device),
+        prop("dropout_device", 2, dropout_on_device, gated=ON_META),
     ),
     mistakes=(
         Mistake("attention.mask_inverted", "mask convention inverted: True means 'may attend'; fill where the mask "

@@ -11,6 +11,7 @@ import math
 import torch
 
 from grader.engine import (
+    ALWAYS,
     Call,
     CheckFailed,
     Mistake,
@@ -478,7 +479,8 @@ MODULE = StepSpec(
               "merge_heads"),
     checks=(
         prop("structure", 1, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, H), "an nn.Linear(embed_dim, embed_dim)")),
-        prop("validates_width", 1, raises_value_error((10, 3), "10 is not divisible by 3", NO_WIDTH_CHECK)),
+        prop("validates_width", 1, raises_value_error((10, 3), "10 is not divisible by 3", NO_WIDTH_CHECK),
+             gated=ALWAYS),
         values("self_attention", 2, FLOATS), values("cross_attention", 2, tk=TK, key=True, value=True),
         values("value_defaults_to_key", 1, key=True),  # Tk == Tq: value = query would run, and be wrong
         values("mask_per_batch", 1, tk=TK, key=True, mask="batch"),

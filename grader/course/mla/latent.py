@@ -15,6 +15,8 @@ from typing import NamedTuple
 import torch
 
 from grader.engine import (
+    ALWAYS,
+    ON_META,
     Call,
     CandidateError,
     CheckFailed,
@@ -290,8 +292,8 @@ CACHE = StepSpec(
         prop("preallocated", 3, _cache_check(preallocated)), prop("appends", 3, _cache_check(appends)),
         prop("contents", 3, _cache_check(contents)),
         prop("unused_slots_nan", 2, _cache_check(appends, nan=True), situation=CACHE_NAN),
-        prop("overflow_refused", 2, overflow_refused),
-        prop("half", 1, half, situation=CACHE_HALF), prop("device", 1, cache_on_device),
+        prop("overflow_refused", 2, overflow_refused, gated=ALWAYS),
+        prop("half", 1, half, situation=CACHE_HALF), prop("device", 1, cache_on_device, gated=ON_META),
     ),
     mistakes=CACHE_MISTAKES,
 )
@@ -496,7 +498,7 @@ MODULE = StepSpec(
         prop("absorbed", 4, _module_check(splits=[(4, 1, 1, 1), (3, 2, 2)], absorbed=True, nan=True),
              situation=MODULE_ABSORBED),
         prop("cache_contents", 3, cache_contents, situation=MODULE_CACHE_CONTENTS),
-        prop("device", 1, lambda run: ModuleScript(run, device=run.ctx.device).expect_right()),
+        prop("device", 1, lambda run: ModuleScript(run, device=run.ctx.device).expect_right(), gated=ON_META),
         prop("end_to_end", 2, module_end_to_end, end_to_end=True),
     ),
     mistakes=(TOP_LEFT_MASK, POSITIONS_FROM_ZERO, ROPE_ON_WHOLE_QUERY, QUERY_UNROTATED, QUERY_SPLIT_SWAPPED,

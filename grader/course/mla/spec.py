@@ -15,6 +15,7 @@ import math
 import torch
 
 from grader.engine import (
+    ALWAYS,
     Call,
     CandidateError,
     CheckFailed,
@@ -244,11 +245,12 @@ LATENT_TQ, LATENT_TK = 7, 13  # sizes no width, head count or product of them sh
 
 
 def _per_head_per_key(size) -> bool:
-    """A tensor of one entry per key (an axis of Tk, none of Tq: not scores) and a per-head width (Dn, Dv, the
-    model's D, or H of them side by side): keys or values expanded from the latents. c_kv (Tk, R), k_rope (Tk, Dr),
-    their views and the scores (Tq, Tk) are not."""
+    """A tensor of one entry per key (an axis of Tk, or of Tk and other axes flattened into it, B·Tk; none of Tq:
+    not scores) and a per-head width on another axis (Dn, Dv, the model's D, or H of them side by side): keys or
+    values expanded from the latents. c_kv (Tk, R), k_rope (Tk, Dr), their views and the scores (Tq, Tk) are not."""
     widths = {DN, DV, D, H * DN, H * DV, H * D}
-    return LATENT_TK in size and LATENT_TQ not in size and any(n in widths for n in size)
+    keys = [i for i, n in enumerate(size) if n % LATENT_TK == 0]
+    return bool(keys) and LATENT_TQ not in size and any(n in widths for i, n in enumerate(size) if i not in keys[:1])
 
 
 def latent_only(run: Run) -> None:
@@ -400,7 +402,7 @@ BYTES = StepSpec(
         prop("deepseek_v2_mla", 3, bytes_check()), prop("deepseek_v2_mha", 2, bytes_check(attention="mha")),
         prop("deepseek_v2_gqa", 2, bytes_check(attention="gqa")),
         prop("small_float32", 2, lambda run: [bytes_check(attention=a, **SMALL)(run) for a in ("mla", "gqa", "mha")]),
-        prop("unknown_refused", 1, unknown_refused),
+        prop("unknown_refused", 1, unknown_refused, gated=ALWAYS),
     ),
     mistakes=(
         NOT_INT, UNKNOWN_NOT_REFUSED,

@@ -15,6 +15,8 @@ from typing import NamedTuple
 import torch
 
 from grader.engine import (
+    ALWAYS,
+    ON_META,
     Call,
     CandidateError,
     CheckFailed,
@@ -518,9 +520,9 @@ CACHE = StepSpec(
         prop("seq_len", 2, _cache_check(seq_lens), situation=COUNTS_WRONG),
         prop("free_blocks", 2, _cache_check(free_counts), situation=COUNTS_WRONG),
         prop("tokens_stay", 3, _cache_check(tokens_stay)), prop("in_place", 2, _cache_check(in_place)),
-        prop("out_of_blocks", 3, out_of_blocks),
+        prop("out_of_blocks", 3, out_of_blocks, gated=ALWAYS),
         prop("unchanged_after_refusal", 3, unchanged_after_refusal), prop("free", 2, free_returns_blocks),
-        prop("device", 2, pool_on_device),
+        prop("device", 2, pool_on_device, gated=ON_META),
     ),
     mistakes=(GROWN_BY_CAT, STORAGE_REPLACED, EXTRA_BLOCK, LAST_BLOCK_MISSING, CROSSES_BLOCK, LOGICAL_WRITTEN,
               TOKENS_MOVED, SLOTS_COUNTED, OUT_OF_BLOCKS_NOT_REFUSED, CHANGED_BEFORE_RAISING, EXACT_FIT_REFUSED,

@@ -16,6 +16,7 @@ have their own `compare`, which widens the engine's tolerance and then compares 
 import torch
 
 from grader.engine import (
+    ALWAYS,
     Call,
     CheckFailed,
     Mistake,
@@ -294,7 +295,8 @@ APPLY = StepSpec(
     "apply_rope", apply_inputs, apply, answered=("rotate_half",),
     checks=(shape(2), values("values", 3, LOW), values("float16", 1, (torch.float16,)),
             values("positions_to_8192", 3, (torch.bfloat16,), long=True), values("noncontiguous", 1, strided=(0,)),
-            prop("position_zero_identity", 3, position_zero_identity), prop("keeps_pair_norms", 2, keeps_pair_norms),
+            prop("position_zero_identity", 3, position_zero_identity, gated=ALWAYS),
+            prop("keeps_pair_norms", 2, keeps_pair_norms, gated=ALWAYS),
             prop("float32_math", 2, float32_math)),
     mistakes=(
         Mistake("apply_rope.low_precision_math", "computed in x's low-precision dtype (cos and sin cast down to it): "
@@ -361,7 +363,7 @@ INTERLEAVED = StepSpec(
     "apply_rope_interleaved", interleaved_inputs, interleaved, compare=angle_compare, answered=("rope_frequencies",),
     checks=(shape(1), values("values", 3, LOW), values("base_500000", 1, base=500000.0),
             values("positions_to_8192", 3, (torch.bfloat16,), long=True), values("noncontiguous", 1, strided=(0,)),
-            prop("keeps_pair_norms", 1, interleaved_pair_norms), device(2)),
+            prop("keeps_pair_norms", 1, interleaved_pair_norms, gated=ALWAYS), device(2)),
     mistakes=(
         Mistake("apply_rope_interleaved.half_layout", "rotated the half layout's pairs (x[j], x[j + Dh/2]), as "
                 "rotate_half does: in the interleaved layout pair i is (x[2i], x[2i+1]), as view_as_complex on "
@@ -481,11 +483,13 @@ MODULE = StepSpec(
     checks=(
         prop("structure", 1, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, H), "an nn.Linear")),
         prop("defaults", 1, defaults(mask="causal")),  # bias=False, the contract's default
-        prop("validates_width", 1, raises_value_error((10, 3), "10 is not divisible by 3 heads", NO_WIDTH_CHECK)),
+        prop("validates_width", 1, raises_value_error((10, 3), "10 is not divisible by 3 heads", NO_WIDTH_CHECK),
+             gated=ALWAYS),
         values("values", 3, LOW), values("default_positions", 3, positions=None),
         values("mask_causal", 2, mask="causal"), values("bias", 2, bias=True, mask="causal"),
         values("positions_to_8192", 3, (torch.bfloat16,), positions="long"),
-        prop("shift_invariant", 3, shift_invariant), prop("gradients", 2, gradients(bias=True, mask="causal")),
+        prop("shift_invariant", 3, shift_invariant, gated=ALWAYS),
+        prop("gradients", 2, gradients(bias=True, mask="causal")),
         prop("base_500000", 2, base_used),
         prop("end_to_end", 2, end_to_end(bias=True, mask="causal"), end_to_end=True), device(2, positions=None),
     ),

@@ -26,6 +26,7 @@ import math
 import torch
 
 from grader.engine import (
+    ALWAYS,
     Call,
     CheckFailed,
     Mistake,
@@ -155,7 +156,7 @@ def launched_kernel(points: int, mistake: Mistake, **params):
                               "(a storage or data pointer asked outside a kernel launch): the launcher computed "
                               "the answer, not the kernel", mistake, {"launched": launched}, breach=True) from None
 
-    return prop("kernel", points, check)
+    return prop("kernel", points, check, gated=ALWAYS)
 
 
 # -- softmax ----------------------------------------------------------------------------
