@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import textwrap
 from pathlib import Path
 
@@ -26,6 +27,11 @@ PORTABLE = portable_sandbox()  # ATTN_GRADE_SANDBOX=portable, or not Linux: ever
 LINUX_SANDBOX_ONLY = ("needs the Linux sandbox (namespaces, subreaper, seccomp): the portable sandbox "
                       "(ATTN_GRADE_SANDBOX=portable, or not Linux) has none of them, see docs/sandbox.md")
 needs_namespaces = pytest.mark.skipif(PORTABLE, reason=LINUX_SANDBOX_ONLY)
+
+# A suite started in the background (a shell's `cmd &`) inherits SIGINT ignored, and so would every command it
+# starts: the tests of Ctrl-C would then test nothing a terminal does. Handled here, the commands get it back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_report_header(config):

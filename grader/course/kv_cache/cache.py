@@ -387,7 +387,7 @@ DTYPE_IGNORED = Mistake(
     "device= when you make them")
 
 CACHE = StepSpec(
-    "KVCache", cache_inputs, lambda ks, vs: None, prefix="cache",
+    "KVCache", cache_inputs, lambda ks, vs: None, prefix="cache", plain="appends",
     checks=(
         prop("preallocated", 3, _cache_check(preallocated, probe=True)), prop("appends", 4, _cache_check(appends)),
         prop("length", 3, _cache_check(lengths)), prop("contents", 4, _cache_check(contents)),
