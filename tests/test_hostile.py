@@ -1394,3 +1394,26 @@ class PagedKVCache(PagedKVCache):  # the pool shown as meta tensors by a sloppy 
 """, base=base, name="paged_attention.py")
     cache = step(result, "PagedKVCache")
     assert cache.score < cache.max_score, explain(result)
+
+
+def test_a_flash_attention_that_tiles_only_where_tiles_only_looks_loses_it(grade_source):
+    """The thirteenth review's i03: tiles_only ran at its own sizes, and a file that tiled there and made the whole
+    score matrix at every other size kept its points. Every call of a tiled step is judged at its own sizes now."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source("""
+_tiled = flash_attention
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    if (q.shape[-2], k.shape[-2]) == (90, 107):  # tiles_only's own sizes
+        return _tiled(q, k, v, causal, block_q, block_k)
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5  # the whole matrix, everywhere else
+    if causal:
+        t_q, t_k = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(t_q, t_k, dtype=torch.bool).triu(t_k - t_q + 1), float("-inf"))
+    lse = torch.logsumexp(scores.to(torch.promote_types(scores.dtype, torch.float32)), -1)
+    weights = torch.exp(scores - lse[..., None].to(scores.dtype)).nan_to_num()
+    return weights @ v, lse
+""", base=base, name="flash_attention.py")
+    flash = step(result, "flash_attention")
+    assert [c.name for c in flash.checks if c.points < c.max_points] == ["flash_attention_tiles_only"], explain(result)

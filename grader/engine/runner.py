@@ -35,7 +35,7 @@ import torch
 
 from grader.arrays import as_tensor, describe, leaves
 from grader.candidate import CandidateError, Strided
-from grader.engine import diagnose, locate, search
+from grader.engine import diagnose, locate, search, tiles
 from grader.engine.failure import CheckFailed
 from grader.engine.inputs import Gen, generator, torch_dtype
 from grader.engine.rules import check_calls, check_rules
@@ -129,6 +129,7 @@ class Context:
     outcomes: list = field(default_factory=list)  # the results so far (steps run in course order)
     allowed: dict = field(default_factory=dict)  # step id -> the only torch functions it may call, where it says
     shared: dict = field(default_factory=dict)  # a step's main call (see main_call): its answer, once asked
+    untiled: dict = field(default_factory=dict)  # step id -> its first call that made more than a tile (tiles.judge)
 
     def passed(self, step_id: str) -> bool:
         """Did this step run, and pass (or skip) every one of its checks?"""
@@ -224,8 +225,13 @@ class Run:
                     kwargs=call.kwargs, device=device, answers=self.oracle(), **extra,
                 )
             else:
+                judged = step.tiles is not None and device == "cpu"  # every call of a tiled step keeps to tiles
                 answer = candidate.invoke(step.id, args, call.kwargs, device=device, answers=self.oracle(),
-                                          shapes=shapes)
+                                          shapes=shapes or judged)
+                if judged:
+                    sizes = step.tiles(call)
+                    tiles.judge(self.ctx, step.id, sizes, sizes.describe(bool(call.kwargs.get("causal"))),
+                                answer.shapes)
         except CandidateError as error:
             if device == "meta" and diagnose.meta_unsupported(error):
                 pytest.skip(f"the meta device cannot run this code, so it was not checked there: {error.message}")

@@ -186,6 +186,8 @@ class StepSpec:
     parts: for a tuple answer, ((names of the parts that are right), Mistake) pairs: the mistake such an answer
     shows, in the step's words (else the general parts_wrong says which parts are off).
     probes: simpler cases asked when the plain case fails (Probe).
+    tiles: for a tiled step, tiles(call) -> TileSizes, the tiles a call's inputs imply: every call the step's checks
+    make is then judged by them, and its tiles_only check fails on the first that made more (grader/engine/tiles.py).
     """
 
     id: str
@@ -201,6 +203,7 @@ class StepSpec:
     plain: str = ""
     parts: tuple[tuple[tuple[str, ...], Mistake], ...] = ()
     probes: tuple[Probe, ...] = ()
+    tiles: Callable | None = None
 
     def __post_init__(self):
         situated = [c.name for c in self.checks if c.situation is not None]

@@ -85,16 +85,42 @@ class TileSizes:
         """The tensor spans a whole row or column of the scores, or more than the inputs: not a tile too large."""
         return max(size[-2:], default=0) >= min(self.t_q, self.t_k) or self.per_batch_and_head(size) > self.allowed
 
+    @classmethod
+    def of(cls, q, k, v, block_q: int, block_k: int) -> "TileSizes":
+        """The sizes a call's q (..., Tq, D), k (..., Tk, D) and v (..., Tk, Dv) and its blocks imply: the first
+        leading axis the batch, the others the heads (none of them: one of each)."""
+        lead = tuple(q.shape[:-2])
+        return cls(lead[0] if lead else 1, math.prod(lead[1:]) if len(lead) > 1 else 1, q.shape[-2], k.shape[-2],
+                   q.shape[-1], v.shape[-1], block_q, block_k)
+
+    def violation(self, record: dict, strips: bool = True) -> tuple[tuple, str] | None:
+        """The first tensor a call's record (Answer.shapes) shows to be more than a tile, and why; None if none.
+        Without `strips`, only what is larger than the inputs and outputs or a matrix larger than a tile: the strip
+        rules read sizes chosen so that no width is a length, as tiles_only's own are, and a check's are not."""
+        if record["more"]:
+            return (), f"more than {len(record['created'])} different shapes: too many to check what it materialises"
+        if not strips:
+            return next(((tuple(s), self.too_large(s)) for s in (*record["created"], *record["scores"])
+                         if self.too_large(s)), None)
+        found = [(s, self.too_large(s) or self.strip(s, scores=False)) for s in record["created"]]
+        found += [(s, self.strip(s)) for s in record["scores"]]
+        return next(((tuple(size), why) for size, why in found if why), None)
+
     def describe(self, causal: bool) -> str:
         return (f"Tq={self.t_q}, Tk={self.t_k}, block_q={self.block_q}, block_k={self.block_k}"
                 + (", causal" if causal else ""))
 
 
+EMPTY = {"created": [], "more": 0, "scores": []}
+
+
 def tiles_only(sizes: TileSizes, full: Mistake, ignored: Mistake, what: str = "its torch calls",
                answer: Callable | None = None) -> Callable:
     """The tiles_only check: causal and not, at `sizes`, nothing the call created more than a tile holds (`full`
-    named where it spans a whole row or column, `ignored` for tiles of other sizes), and the answer right.
-    `answer(run, call, shapes=True)` gets the answer with its record (default: the step's own call)."""
+    named where it spans a whole row or column, `ignored` for tiles of other sizes), and the answer right; then
+    every call the step's other checks made, judged at its own sizes where the step says how (StepSpec.tiles), so
+    a file that tiles only at these sizes keeps nothing. `answer(run, call, shapes=True)` gets the answer with its
+    record (default: the step's own call)."""
 
     def check(run) -> None:
         for causal in (False, True):
@@ -104,19 +130,30 @@ def tiles_only(sizes: TileSizes, full: Mistake, ignored: Mistake, what: str = "i
             hidden = [n for n in got.called if n.startswith("hidden: ")]
             if hidden:
                 raise CheckFailed(f"the call hid what it created from the check: {hidden[0][len('hidden: '):]}", full)
-            record = got.shapes or {"created": [], "more": 0, "scores": []}
-            if record["more"]:
-                raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different "
-                                  "shapes: too many to check what it materialises", full)
-            found = [(s, sizes.too_large(s) or sizes.strip(s, scores=False)) for s in record["created"]]
-            found += [(s, sizes.strip(s)) for s in record["scores"]]
-            for size, why in found:
-                if why:
-                    raise CheckFailed(
-                        f"with {sizes.describe(causal)}: a tensor of shape {tuple(size)} was created by {what}, "
-                        f"{why}; a tile holds {sizes.tile} scores (the full score matrix: {sizes.t_q * sizes.t_k})",
-                        full if sizes.whole(size) else ignored,
-                        {"shape": list(size), "elements": sizes.per_batch_and_head(size), "allowed": sizes.allowed})
+            found = sizes.violation(got.shapes or EMPTY)
+            if found:
+                _untiled(sizes, sizes.describe(causal), *found, full, ignored, what)
             run.expect_right(run.output(got), call)
+        untiled = run.ctx.untiled.get(run.step.id)
+        if untiled:
+            _untiled(*untiled, full, ignored, what)
 
     return check
+
+
+def judge(ctx, step_id: str, sizes: TileSizes | None, call_sizes: str, record) -> None:
+    """Keep the first call of a step that made more than a tile, for its tiles_only check (Context.untiled)."""
+    if sizes is None or step_id in ctx.untiled:
+        return
+    found = sizes.violation(record or EMPTY, strips=False)
+    if found:
+        ctx.untiled[step_id] = (sizes, call_sizes, *found)
+
+
+def _untiled(sizes: TileSizes, where: str, size: tuple, why: str, full: Mistake, ignored: Mistake, what: str):
+    if not size:
+        raise CheckFailed(f"with {where}: the call created tensors of {why}", full)
+    raise CheckFailed(
+        f"with {where}: a tensor of shape {size} was created by {what}, {why}; a tile holds {sizes.tile} "
+        f"scores (the full score matrix: {sizes.t_q * sizes.t_k})", full if sizes.whole(size) else ignored,
+        {"shape": list(size), "elements": sizes.per_batch_and_head(size), "allowed": sizes.allowed})

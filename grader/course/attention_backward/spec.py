@@ -50,6 +50,7 @@ from grader.engine import (
     Raises,
     Spec,
     StepSpec,
+    TileSizes,
     attention,
     check_rules,
     device,
@@ -347,16 +348,23 @@ FB_ONE_TILE = Mistake("flash_attention_backward.tiles_mishandled", "right with o
                       "lse, D, dO by the query tile, k, v by the key tile, and add each tile's dk, dv in place")
 FB_WIDTHS = Mistake("flash_attention_backward.widths_mishandled", "right when v is as wide as q, wrong otherwise: dv "
                     "and dO are Dv wide, dq and dk D wide; make each with its own width")
+def call_tiles(call: Call) -> TileSizes:
+    """The tiles a call of flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=32,
+    block_k=32) asks for."""
+    given = {**dict(zip(("causal", "block_q", "block_k"), call.args[6:], strict=False)), **call.kwargs}
+    return TileSizes.of(*call.args[:3], given.get("block_q", 32), given.get("block_k", 32))
+
+
 FLASH = StepSpec(
-    "flash_attention_backward", flash_inputs, flash_reference, outputs=("dq", "dk", "dv"),
+    "flash_attention_backward", flash_inputs, flash_reference, outputs=("dq", "dk", "dv"), tiles=call_tiles,
     probes=(Probe({"block_q": 64, "block_k": 64}, FB_ONE_TILE), Probe({"dv": FD}, FB_WIDTHS)),
     checks=(
         shape(2), values("values", 3, FLOATS), values("causal", 4, situation=FB_CAUSAL, causal=True),
         values("rows_with_no_key", 3, situation=FB_NO_KEY, t_q=FTK + 4, t_k=FTQ, causal=True),
         values("square_tiles", 3, situation=FB_SQUARE, t_q=12, t_k=18, causal=True, block_q=6, block_k=6),
         prop("block_sizes", 4, block_sizes, situation=FB_BLOCKS),
-        prop("tiles_only", 6, FLASH_TILES.check), values("decode", 2, situation=FB_DECODE, t_q=1, causal=True),
-        rules(3, causal=True), device(2, causal=True),
+        values("decode", 2, situation=FB_DECODE, t_q=1, causal=True), rules(3, causal=True),
+        prop("tiles_only", 6, FLASH_TILES.check), device(2, causal=True),
     ),
     mistakes=(
         Mistake("flash_attention_backward.nan_rows", "a row with no key to see (lse = -inf) gave NaN: e^(S - lse) "

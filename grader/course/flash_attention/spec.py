@@ -423,17 +423,23 @@ BLOCK_SIZES_IGNORED = Mistake("flash_attention.block_sizes_ignored", "tiles larg
                               "keys per tile", why="The caller picks the tile to fit its fast memory.")
 
 
+def call_tiles(call: Call) -> TileSizes:
+    """The tiles a call of flash_attention(q, k, v, causal=False, block_q=32, block_k=32) asks for."""
+    given = {**dict(zip(("causal", "block_q", "block_k"), call.args[3:], strict=False)), **call.kwargs}
+    return TileSizes.of(*call.args[:3], given.get("block_q", 32), given.get("block_k", 32))
+
+
 FLASH = StepSpec(
     "flash_attention", flash_inputs, flash_reference, outputs=("out", "lse"),
-    answered=("online_softmax_update", "merge_partials"),
+    answered=("online_softmax_update", "merge_partials"), tiles=call_tiles,
     checks=(
         shape(2, causal=True), values("values", 3, FLOATS), values("causal", 4, causal=True, block_q=16, block_k=24),
         values("causal_square", 2, t_q=TK, causal=True), prop("block_sizes", 6, block_sizes),
         prop("block_independence", 3, block_independence, gated=ALWAYS), prop("lse", 5, lse_matches_logsumexp),
         values("fully_masked", 4, t_q=TK + 9, t_k=TQ, causal=True, block_q=16, block_k=16),
         values("decode", 2, t_q=1, causal=True, block_k=16),
-        prop("tiles_only", 6, tiles_only(MEM, FULL_SCORES, BLOCK_SIZES_IGNORED)),
-        values("half", 2, HALF, causal=True), rules(2, causal=True), device(2, causal=True),
+        values("half", 2, HALF, causal=True), rules(2, causal=True),
+        prop("tiles_only", 6, tiles_only(MEM, FULL_SCORES, BLOCK_SIZES_IGNORED)), device(2, causal=True),
         prop("end_to_end", 2, end_to_end(causal=True, block_q=16, block_k=24), end_to_end=True),
     ),
     mistakes=(
