@@ -114,6 +114,7 @@ def make_recorder(torch, lifted):
     autograd_entries = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
     grad_enabled, grad_fn_of = torch.is_grad_enabled, torch._C.TensorBase.grad_fn.__get__
     dispatch_modes = torch._C._len_torch_dispatch_stack  # modes below this one, whose Python runs inside a call
+    reads_as_number = _number_reader(torch)
 
     class Recorder(TorchFunctionMode):
         """Records the name of every torch function called while it is active.
@@ -154,7 +155,7 @@ def make_recorder(torch, lifted):
                     modules["warnings"] = shared
             if self.shapes is not None:
                 self.shapes.add(torch, value, name, given=(*args, *kwargs.values()))
-            if _reads_as_number(torch, name, args, kwargs):
+            if reads_as_number(name, args, kwargs):
                 self.seen.add(READ_AS_NUMBER)
             if self.gradients:
                 self.seen.add(CODE_IN_BACKWARD)
@@ -586,35 +587,45 @@ def _foreign_argument(numpy, name: str, arguments, own_types, plain, torch_globa
     return ""
 
 
-def _reads_as_number(torch, name: str, args, kwargs) -> bool:
-    """Whether torch reads a tensor's value as a number in this call (READ_AS_NUMBER): a tensor of one integer or
-    bool inside a list, tuple or slice argument, or given to a function that takes numbers (TAKES_NUMBERS) besides its
-    first operand. Read through torch's C type: nothing of the file's own runs here."""
-    if type(args) is not tuple:
-        return False
+def _number_reader(torch):
+    """reads(name, args, kwargs): whether torch reads a tensor's value as a number in this call (READ_AS_NUMBER): a
+    tensor of one integer or bool inside a list, tuple or slice argument, or given to a function that takes numbers
+    (TAKES_NUMBERS) besides its first operand. Read through torch's C type: nothing of the file's own runs here.
+    Most calls have no container and take no number: those cost one pass over their arguments' types."""
     numel, is_float, is_complex = (torch._C.TensorBase.numel, torch._C.TensorBase.is_floating_point,
                                    torch._C.TensorBase.is_complex)
+    tensor = torch.Tensor
 
     def number(value) -> bool:
-        return issubclass(type(value), torch.Tensor) and numel(value) == 1 and not is_float(value) \
-            and not is_complex(value)
+        return issubclass(type(value), tensor) and numel(value) == 1 and not is_float(value) and not is_complex(value)
 
-    takes = name in TAKES_NUMBERS
-    top = (args if name in FACTORIES else args[1:]) if takes else ()
-    if any(number(v) for v in (*top, *(dict.values(kwargs) if takes and type(kwargs) is dict else ()))):
-        return True
-    stack = [(v, 0) for v in (*args, *(dict.values(kwargs) if type(kwargs) is dict else ()))]
-    while stack:
-        value, depth = stack.pop()
-        kind = type(value)
-        if kind is slice:
-            if any(number(v) for v in (value.start, value.stop, value.step)):
+    def inside(value, name: str, depth: int) -> bool:
+        if type(value) is slice:
+            return number(value.start) or number(value.stop) or number(value.step)
+        for item in value:
+            kind = type(item)
+            if kind is tuple or kind is list or kind is slice:
+                if depth < 4 and inside(item, name, depth + 1):
+                    return True
+            elif name not in TENSOR_LISTS and number(item):
                 return True
-        elif (kind is tuple or kind is list) and depth < 4:
-            if name not in TENSOR_LISTS and any(number(v) for v in value):
+        return False
+
+    def reads(name: str, args, kwargs) -> bool:
+        if type(args) is not tuple:
+            return False
+        given = dict.values(kwargs) if type(kwargs) is dict and kwargs else ()
+        if name in TAKES_NUMBERS:
+            for value in (*(args if name in FACTORIES else args[1:]), *given):
+                if number(value):
+                    return True
+        for value in (*args, *given):
+            kind = type(value)
+            if (kind is tuple or kind is list or kind is slice) and inside(value, name, 0):
                 return True
-            stack.extend((v, depth + 1) for v in value)
-    return False
+        return False
+
+    return reads
 
 
 class Shapes:
