@@ -139,12 +139,13 @@ def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, 
 
 def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal_shift=0, rescale_sum=True,
                   scale="d", top_left=False, last_block=True, normalise=True, lse_base_two=False, local_keys=False,
-                  running_max=True):
+                  running_max=True, block_q=32, last_query_block=True):
     """(out, lse) by the online softmax over key blocks, in float64; the keyword arguments after * make the named
     wrong variants (causal_shift=-1: the diagonal key masked too; scale: "d" (1/√D, right), "v" (1/√Dv), "none",
     "twice" (1/D); last_block=False: the last, shorter key block dropped; normalise=False: acc not divided by l;
     lse_base_two: lse in bits, an exp2 loop's; local_keys: the causal mask compares the tile's own key indices,
-    0 to block_k - 1; running_max=False: the max is the tile's own, not the larger of it and the running one).
+    0 to block_k - 1; running_max=False: the max is the tile's own, not the larger of it and the running one;
+    last_query_block=False: the queries past the last whole block of block_q never computed, out 0 and lse -inf).
     A row with no key: out 0, lse -inf."""
     q64, k64, v64 = q.double(), k.double(), v.double()
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -166,4 +167,7 @@ def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal
         m = m_new
     out = acc / torch.where(total > 0, total, 1.0)[..., None] if normalise else acc
     lse = m + torch.log(total)
+    if not last_query_block:
+        dropped = torch.arange(t_q) >= t_q - t_q % block_q
+        out, lse = out.masked_fill(dropped[:, None], 0.0), lse.masked_fill(dropped, -INF)
     return out.to(q.dtype), (lse * math.log2(math.e) if lse_base_two else lse).to(q.dtype)

@@ -496,10 +496,19 @@ def _forward_variant(**wrong):
     """The Function with a wrong tiled forward (grads.tiled_forward) and a right backward: out as that forward gave
     it, and the gradients flash_attention_backward computes from the out and lse it saved."""
     def answer(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
-        out, lse = grads.tiled_forward(q, k, v, causal, block_k, **wrong)
+        out, lse = grads.tiled_forward(q, k, v, causal, block_k, block_q=block_q, **wrong)
         mask = causal_mask(q.shape[-2], k.shape[-2]) if causal else None
         return (out, *grads.plain(q, k, v, grad_out, mask, out=out, lse=lse))
     return answer
+
+
+def _query_tail_dropped(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+    """The Function whose forward never computed the last, shorter block of queries (out 0, lse -inf there), its
+    backward reading that lse as a row with no key, or guarding -inf to 0 (then e^S, as if nothing was seen)."""
+    out, lse = grads.tiled_forward(q, k, v, causal, block_k, block_q=block_q, last_query_block=False)
+    mask = causal_mask(q.shape[-2], k.shape[-2]) if causal else None
+    return [(out, *grads.plain(q, k, v, grad_out, mask, out=out, lse=saved))
+            for saved in (lse, lse.masked_fill(lse == -math.inf, 0.0))]
 
 
 def function_answer(run, call, shapes=False):
@@ -664,6 +673,9 @@ FUNCTION = StepSpec(
                 "the running sum l when the running max rose: l = alpha * l + rowsum(p), alpha = e^(m - m_new)",
                 _forward_variant(rescale_sum=False),
                 why="l must sum e^(s - m) under the current max; its old terms keep the old max's scale."),
+        Mistake("FlashAttentionFunction.forward_query_tail_dropped", "the forward skipped the last, shorter block "
+                "of queries: loop over range(0, Tq, block_q) and cut each block at Tq",
+                _query_tail_dropped),
         Mistake("FlashAttentionFunction.forward_scale_wrong", "the forward's scores were not scaled by 1/√D, D q's "
                 "width (not scaled, scaled twice, or by v's width): s = q kᵀ / √D",
                 lambda *a, **k: [_forward_variant(scale=wrong)(*a, **k) for wrong in ("none", "twice", "v")]),

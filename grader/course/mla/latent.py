@@ -325,6 +325,10 @@ def latent_attention(state, x, absorbed=False, splits=None, *, bug: str | None =
         if bug == ROPE_ON_WHOLE_QUERY.id:
             q = ref.apply_rope(q, positions)
         q_nope, q_rope = (q[..., DR:], q[..., :DR]) if bug == QUERY_SPLIT_SWAPPED.id else (q[..., :DN], q[..., DN:])
+        if bug == QUERY_SPLIT_ACROSS_HEADS.id:  # every head's nope first, then every head's rope
+            flat = chunk @ w["w_q"].T
+            q_nope = flat[..., :H * DN].view(B, t, H, DN).transpose(1, 2)
+            q_rope = flat[..., H * DN:].view(B, t, H, DR).transpose(1, 2)
         if bug not in (QUERY_UNROTATED.id, ROPE_ON_WHOLE_QUERY.id):
             q_rope = ref.apply_rope(q_rope, positions)
         c_kv, k_rope = ref.compress_kv(chunk, w["w_dkv"], w["w_kr"], positions)
@@ -445,6 +449,9 @@ QUERY_UNROTATED = _mistake(
 QUERY_SPLIT_SWAPPED = _mistake(
     "query_split_swapped", "each head's query was split as [rope, nope]: the contract's order is [nope, rope], "
     "q.split([qk_nope_head_dim, qk_rope_head_dim], dim=-1)")
+QUERY_SPLIT_ACROSS_HEADS = _mistake(
+    "query_split_across_heads", "w_q's output was split as [every head's nope | every head's rope]: view it as "
+    "(B, T, H, Dn + Dr) first, then split each head's features [nope, rope]")
 MERGE_NO_TRANSPOSE = _mistake(
     "merge_no_transpose", "merged the heads without moving the head axis back: transpose(1, 2) before reshaping "
     "(B, H, T, Dv) to (B, T, H·Dv)")
@@ -502,6 +509,7 @@ MODULE = StepSpec(
         prop("end_to_end", 2, module_end_to_end, end_to_end=True),
     ),
     mistakes=(TOP_LEFT_MASK, POSITIONS_FROM_ZERO, ROPE_ON_WHOLE_QUERY, QUERY_UNROTATED, QUERY_SPLIT_SWAPPED,
+              QUERY_SPLIT_ACROSS_HEADS,
               MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, ABSORBED_UNMASKED, CACHE_IGNORED, CACHED_FULL_KEYS,
               PER_HEAD_ROPE_KEY, CACHED_UNROTATED_KEY),
 )

@@ -196,7 +196,7 @@ def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True):
 
 def _absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None, *, width=None, uk="right", uv="right",
               mask_ignored=False, mask_inverted=False, merge_heads_inner=False, softmax_dim=-1, wo_untransposed=False,
-              fill=float("-inf"), rope=True):
+              fill=float("-inf"), rope=True, merge_untransposed=False):
     """The absorbed path, per head, with the knobs of its mistakes: how w_uk and w_uv are cut into heads."""
     h, dn, dr, r = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1], c_kv.shape[-1]
     dv = w_uv.shape[0] // h
@@ -213,6 +213,7 @@ def _absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None, *, width
     if wo_untransposed:  # w_o (D, H·Dv) reshaped straight to (H, Dv, D): its numbers scrambled into that shape
         return torch.einsum("bhqv,hvd->bqd", y, w_o.reshape(h, dv, -1))
     merged = y.permute(0, 2, 3, 1) if merge_heads_inner else y.transpose(1, 2)  # (B, Tq, Dv, H) or (B, Tq, H, Dv)
+    merged = y if merge_untransposed else merged  # (B, H, Tq, Dv) read straight as (B, Tq, H·Dv)
     return merged.reshape(*y.shape[:1], y.shape[2], h * dv) @ w_o.T
 
 
@@ -320,6 +321,10 @@ ABSORBED = StepSpec(
                 "are (H, Dv), heads outer; merge (B, Tq, H, Dv) into H·Dv", _absorbed_variant(merge_heads_inner=True),
                 why="An einsum output written btvh, or a permute that puts H last, keeps the shapes and pairs each "
                     "number with another head's column of w_o."),
+        Mistake("absorbed_attention.heads_merged_untransposed", "(B, H, Tq, Dv) reshaped straight to (B, Tq, H·Dv): "
+                "move the heads next to Dv first, y.transpose(1, 2), then reshape", _absorbed_variant(
+                    merge_untransposed=True), why="The reshape keeps the shape for any Tq and is right only for one "
+                                                  "query, where no token sits between the heads."),
         EXPANDED,
     ),
 )

@@ -65,12 +65,12 @@ def _proj(state, y, name):
 
 
 def served(state, streams, schedule=PREFILL_DECODE, *, refilled: bool = False, bug: str | None = None,
-           only: str | None = None):
+           only: str | None = None, merged_inner: bool = False):
     """Every call's outputs of `schedule`, concatenated in call order, from the contract: each new token attends
     causally to its own sequence. `refilled`: after the first call every key and value the pool holds is K_FILL and
     V_FILL (the grader wrote them there). `bug`, the id of one of the module's mistakes, makes its wrong answer
     instead; with `only` ("decode" or "prefill"), in that path's calls only (a module with two paths may get one of
-    them wrong)."""
+    them wrong); `merged_inner`: the heads merged back as (Dh, H), as the split inner undone."""
     split = (lambda y: y.view(-1, DH, H).transpose(1, 2)) if bug == HEADS_SPLIT_INNER.id else (
         lambda y: y.view(-1, H, DH))  # (N, H, Dh): heads outer, or the features read as (Dh, H)
     heads = [tuple(split(_proj(state, x, n)) for n in ("w_q", "w_k", "w_v")) for x in streams]
@@ -92,7 +92,8 @@ def served(state, streams, schedule=PREFILL_DECODE, *, refilled: bool = False, b
                     hi = p - t
                 keys = slice(lo, max(hi + 1, lo))  # none when hi < lo
                 scores = torch.einsum("hd,nhd->hn", q[p], k[keys]) / math.sqrt(DH)  # (H, keys)
-                y = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), v[keys]).reshape(D)  # 0 for no key
+                y = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), v[keys])  # (H, Dh), 0 for no key
+                y = (y.T if merged_inner else y).reshape(D)
                 outputs.append(y if wrong == NO_OUTPUT_PROJECTION.id else _proj(state, y, "w_o"))
             done[i] += t
         if refilled and call is schedule[0]:
@@ -130,7 +131,7 @@ NO_OUTPUT_PROJECTION = _mistake("no_output_projection",
 HEADS_SPLIT_INNER = Mistake(
     "PagedSelfAttention.heads_split_inner", "the projections were split as (N, Dh, H), heads inner: head h owns "
     "features h·Dh … (h + 1)·Dh − 1, so view(N, H, Dh)",
-    lambda *a, **kw: served(*a, **kw, bug=HEADS_SPLIT_INNER.id),
+    lambda *a, **kw: [served(*a, **kw, bug=HEADS_SPLIT_INNER.id, merged_inner=inner) for inner in (False, True)],
     why="view(N, Dh, H).transpose(1, 2) has the right shape, but each head gets every H-th feature, and w_o's "
         "columns expect heads outer.")
 NAN_READ = Mistake(

@@ -390,8 +390,9 @@ FLASH = StepSpec(
                 "the exponent, e^(scale·(s - m)), the log-sum-exp is scale·m + log(l)",
                 flash_variant(lse_form="unscaled_max"),
                 why="out is right either way: the max cancels in acc / l, but not in lse."),
-        Mistake("flash_attention.lse_in_base_two", "lse was stored in base 2 (an exp2 kernel's m·log2(e) + "
-                "log2(l)): convert it back, multiplying by ln(2)", flash_variant(lse_form="base_two"),
+        Mistake("flash_attention.lse_in_base_two", "lse kept an exp2 kernel's base 2 (its max m·log2(e), with "
+                "log2(l) or log(l)): store (m₂ + log2(l))·ln(2)",
+                lambda *a, **k: [flash_variant(lse_form=form)(*a, **k) for form in ("base_two", "max_in_bits")],
                 why="exp2 of scores pre-scaled by log2(e) is the same softmax; its log-sum-exp comes out in bits."),
         Mistake("flash_attention.strides_swapped", "the token and width strides were swapped: the token's "
                 "stride is x.stride(2), the width's x.stride(3)", strides_swapped),

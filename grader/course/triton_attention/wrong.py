@@ -155,7 +155,8 @@ def tiled(q, k, v, causal=False, block_m=16, block_n=16, *, rescale=True, lse_la
     """The forward kernel's loop, one query block at a time; the keyword arguments after * make the named wrong
     variants. The key loop ends where the reference kernel's does (causal: past the block's last query). lse_form:
     "natural" (m + log l), "no_max" (log l, relative to the running max), "base_two" (log2 of the sum, as an exp2
-    kernel has it before converting back) or "unscaled_max" (the max of the raw scores with log l). diagonal=False:
+    kernel has it before converting back), "max_in_bits" (that kernel's max in base 2 with the natural log of l) or
+    "unscaled_max" (the max of the raw scores with log l). diagonal=False:
     causal masks each query's own key too (< for <=)."""
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale_width = max(16, next_power_of_two(d)) if padded_scale else d  # the kernel's BLOCK_D, or d
@@ -191,6 +192,7 @@ def tiled(q, k, v, causal=False, block_m=16, block_n=16, *, rescale=True, lse_la
         outs.append(out)
         lse = last[0] + torch.log(last[1]) if lse_last_block else m + torch.log(l)
         forms = {"natural": lse, "no_max": torch.log(l), "base_two": lse * math.log2(math.e),
+                 "max_in_bits": m * math.log2(math.e) + torch.log(l),  # an exp2 kernel's max, a natural log's sum
                  "unscaled_max": m * math.sqrt(scale_width) + torch.log(l)}  # the scale inside exp, m of raw scores
         lses.append(forms[lse_form])
     return torch.cat(outs, -2).to(q.dtype), torch.cat(lses, -1)

@@ -317,6 +317,13 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
     Variant("fn_forward_diagonal_masked", function().replace("scores.masked_fill(cols > rows, -math.inf)",
                                                              "scores.masked_fill(cols >= rows, -math.inf)"),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_diagonal_masked"),
+    Variant("fn_forward_query_tail_dropped", function(tiles="range(0, t_q - block_q + 1, block_q)", save="""\
+        tail = t_q - out.shape[-2]  # the rows no block reached: out 0, lse -inf, as a zeroed buffer leaves them
+        out = torch.cat([out, out.new_zeros(*out.shape[:-2], tail, out.shape[-1])], dim=-2)
+        lse = torch.cat([lse, lse.new_full((*lse.shape[:-1], tail), -math.inf)], dim=-1)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k"""),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_query_tail_dropped"),
     Variant("fn_forward_sum_not_rescaled", function().replace("l = alpha * l + p.sum", "l = l + p.sum"),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_sum_not_rescaled"),
     Variant("fn_forward_scale_by_dv", function().replace("scale = q.shape[-2], k.shape[-2], 1.0 / math.sqrt(q.shape[-1])",

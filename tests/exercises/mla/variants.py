@@ -194,6 +194,8 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
             "absorbed_attention", "absorbed_attention.mask_inverted"),
     Variant("absorbed_heads_merged_inner", absorbed_with("y.transpose(1, 2).reshape", "y.permute(0, 2, 3, 1).reshape"),
             "absorbed_attention", "absorbed_attention.heads_merged_inner"),
+    Variant("absorbed_heads_merged_untransposed", absorbed_with("y.transpose(1, 2).reshape", "y.reshape"),
+            "absorbed_attention", "absorbed_attention.heads_merged_untransposed"),
     Variant("absorbed_by_expanding", """
 def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
     k_nope, v = expand_kv(c_kv, w_uk, w_uv, q_nope.shape[1])  # the plain path: every latent up-projected
@@ -335,6 +337,11 @@ class LatentCache(LatentCache):
     Variant("module_query_split_swapped", forward_with(
         "q_nope, q_rope = q.split([Dn, Dr], dim=-1)", "q_rope, q_nope = q.split([Dr, Dn], dim=-1)"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.query_split_swapped"),
+    Variant("module_query_split_across_heads", forward_with(
+        "q_nope, q_rope = q.split([Dn, Dr], dim=-1)",
+        "q_nope, q_rope = (part.reshape(B, T, H, -1).transpose(1, 2)\n"
+        "                          for part in self.w_q(x).split([H * Dn, H * Dr], dim=-1))"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.query_split_across_heads"),
     Variant("module_merge_no_transpose", forward_with(
         "y.transpose(1, 2).reshape(B, T, H * self.v_dim)", "y.reshape(B, T, H * self.v_dim)"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.merge_no_transpose"),
