@@ -1417,3 +1417,104 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
 """, base=base, name="flash_attention.py")
     flash = step(result, "flash_attention")
     assert [c.name for c in flash.checks if c.points < c.max_points] == ["flash_attention_tiles_only"], explain(result)
+
+
+def test_a_launcher_that_reads_values_through_a_masks_selection_keeps_nothing(grade_source):
+    """The fourteenth review's i02: a Triton launcher read each byte as the length of what a bool mask selects (a
+    result as long as its True entries) and computed the softmax in Python: 100 of 100. A selection by a mask is a
+    read, as what is as long as a count of its data is (masked_select, nonzero, unique)."""
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    result = grade_source("""
+import math
+
+_kernel_softmax = softmax
+_ROW = torch.tensor([j >= 255 for j in range(512)]).unfold(0, 257, 1)  # window n holds n + 2 Trues
+
+
+def softmax(x):
+    _kernel_softmax(x[:1, :1])  # a kernel launched, on nothing that matters
+    raw = x.detach().double().contiguous().reshape(-1).view(torch.uint8).long()
+    data = bytes(torch.ones(257)[_ROW[b]].shape[0] - 2 for b in raw.unbind())
+    rows, cols = x.shape
+    flat, out = list(struct.unpack(f"<{rows * cols}d", data)), []
+    for r in range(rows):
+        row = flat[r * cols:(r + 1) * cols]
+        e = [math.exp(v - max(row)) for v in row]
+        out += [v / sum(e) for v in e]
+    return torch.tensor(out, dtype=torch.float64).reshape(rows, cols).to(x.dtype)
+""", base="import struct\n" + base, name="triton_attention.py")
+    assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
+
+
+def test_a_tiled_step_that_reads_values_as_text_breaks_its_rule(grade_source):
+    """The fourteenth review's i01: flash_attention read its inputs through repr (20 digits) and built the scores in
+    Python; a tensor's text is forbidden in the tiled steps, as tolist is."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source("""
+_tiled = flash_attention
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    text = repr(q[..., :1, :1])  # what a Python score matrix would start from
+    return _tiled(q, k, v, causal, block_q, block_k)
+""", base=base, name="flash_attention.py")
+    assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)
+
+
+def test_a_function_whose_forward_tiles_only_where_tiles_only_looks_loses_it(grade_source):
+    """The fourteenth review's i03: FlashAttentionFunction's calls were judged only at tiles_only's sizes; its
+    forward made the whole score matrix at every other size and kept its points."""
+    base = (ROOT / "solutions" / "attention_backward.py").read_text()
+    result = grade_source("""
+_Tiled = FlashAttentionFunction
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, block_q=32, block_k=32):
+        if (q.shape[-2], k.shape[-2]) != (90, 107):  # anywhere but tiles_only's own sizes: the whole matrix
+            (q @ k.transpose(-2, -1)).sum()
+        return _Tiled.forward(ctx, q, k, v, causal, block_q, block_k)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return _Tiled.backward(ctx, grad_out)
+""", base=base, name="attention_backward.py")
+    function = step(result, "FlashAttentionFunction")
+    lost_checks = {c.name for c in function.checks if c.points < c.max_points}
+    assert "FlashAttentionFunction_tiles_only" in lost_checks, explain(result)
+
+
+@pytest.mark.parametrize("loop", ["batch", "head"])
+def test_flash_attention_looping_over_the_batch_or_the_heads_keeps_tiles_only(grade_source, loop):
+    """The fourteenth review's f01 and f02: a slice of one batch's heads (H, T, D), or of one head of every batch,
+    was counted as one batch and head's: a correct file lost tiles_only."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    per = ("torch.stack([_tiled(q[b], k[b], v[b], causal, block_q, block_k)[i] for b in range(q.shape[0])])"
+           if loop == "batch" else
+           "torch.stack([_tiled(q[:, h], k[:, h], v[:, h], causal, block_q, block_k)[i] for h in range(q.shape[1])], 1)")
+    result = grade_source(f"""
+_tiled = flash_attention
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    if q.dim() != 4:
+        return _tiled(q, k, v, causal, block_q, block_k)
+    return tuple({per} for i in (0, 1))
+""", base=base, name="flash_attention.py")
+    assert result.full_marks, explain(result)
+
+
+def test_a_pool_of_another_layout_costs_its_checks_and_is_no_internal_error(grade_source):
+    """The fourteenth review's g01: a pool laid out heads first, (num_blocks, H, block_size, Dh), made a check index
+    a slot past its axis: exit 3. The pool's layout is checked before it is read."""
+    base = (ROOT / "solutions" / "paged_attention.py").read_text()
+    result = grade_source("""
+class PagedKVCache(PagedKVCache):
+    def __init__(self, num_blocks, block_size, num_heads, head_dim, dtype=torch.float32, device=None):
+        super().__init__(num_blocks, block_size, num_heads, head_dim, dtype, device)
+        self.k_cache = self.k_cache.transpose(1, 2).contiguous()
+        self.v_cache = self.v_cache.transpose(1, 2).contiguous()
+""", base=base, name="paged_attention.py")
+    cache = step(result, "PagedKVCache")
+    assert cache.score < cache.max_score, explain(result)

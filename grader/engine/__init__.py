@@ -64,7 +64,7 @@ from grader.engine.spec import (
     values,
 )
 from grader.engine.stock import defaults, end_to_end, gradients, linear_layers, raises_value_error
-from grader.engine.tiles import TileSizes, tiles_only
+from grader.engine.tiles import TileSizes, judge_tiles, tiles_only
 from grader.engine.tolerance import HALF_TYPES, Tolerance, expect_close, expect_form, grid, upcast
 from grader.wire import device_of
 
@@ -75,6 +75,6 @@ __all__ = [
     "device", "device_of", "diagnose", "end_to_end", "expect_close", "expect_form", "expect_no_import", "gradients",
     "grid", "linear_layers", "search",
     "matches_any", "numpy_only", "prop", "raises_value_error", "rules", "shape", "source_of", "upcast", "values",
-    "TileSizes", "tiles_only", "CODE_IN_BACKWARD", "GRAPH", "parse", "exactly",
+    "TileSizes", "judge_tiles", "tiles_only", "CODE_IN_BACKWARD", "GRAPH", "parse", "exactly",
     "Script", "build", "call", "chunks", "expect_chunks", "expect_each", "expect_result", "fill", "get", "type_name",
 ]

@@ -23,7 +23,9 @@ from grader.source import parse
 MARKS = (GRAPH, GRAPH_IN_BACKWARD, CODE_IN_BACKWARD)
 MEANING = {GRAPH: "autograd_graph (an autograd graph built by its torch calls)",
            GRAPH_IN_BACKWARD: "autograd inside the backward pass (a graph built, or .backward(), there)",
-           READ_AS_NUMBER: "__index__ (a tensor's value read as a number: a size, a stride or a bound)"}
+           READ_AS_NUMBER: "__index__ (a tensor's values read as numbers: a size, a stride, a bound, a mask's count)",
+           "__repr__": "__repr__ (a tensor's values as text: printing one reads them into Python)",
+           "__str__": "__str__ (a tensor's values as text)", "__format__": "__format__ (a tensor's values as text)"}
 
 # Names of ways to blind the worker's record of torch calls: switching the mode off, or reaching the record
 # itself (the mode stack, the worker's frames, the garbage collector's list of every object). A file that

@@ -230,7 +230,7 @@ class Run:
                                           shapes=shapes or judged)
                 if judged:
                     sizes = step.tiles(call)
-                    tiles.judge(self.ctx, step.id, sizes, sizes.describe(bool(call.kwargs.get("causal"))),
+                    tiles.judge_tiles(self.ctx, step.id, sizes, sizes.describe(bool(call.kwargs.get("causal"))),
                                 answer.shapes)
         except CandidateError as error:
             if device == "meta" and diagnose.meta_unsupported(error):

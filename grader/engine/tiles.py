@@ -45,13 +45,17 @@ class TileSizes:
     def per_batch_and_head(self, size) -> int:
         """A tensor's elements per batch and head: divided by B·H when its axes before the last two hold a multiple
         of B·H (batched, or batch and heads flattened, or stacked blocks of them), or when it has a batch axis and a
-        head axis wherever they are ((B, T, H, D), flash-attn's own layout, or scores (B, Tq, H, Tk)), else all of
-        them (a loop over the batch and heads, or a (Tq, Tk) mask shared by all)."""
+        head axis wherever they are ((B, T, H, D), flash-attn's own layout, or scores (B, Tq, H, Tk)); divided by H
+        or B when they hold a multiple of that (a loop over the batch, or over the heads); else all of them (a loop
+        over the batch and heads, or a (Tq, Tk) mask shared by all)."""
         lead = math.prod(size[:-2]) if len(size) > 2 else 1
         rest = list(size)
         heads_after_batch = self.b in rest and self.h in rest[rest.index(self.b) + 1:]
         whole = math.prod(size)
-        return whole // (self.b * self.h) if lead % (self.b * self.h) == 0 or heads_after_batch else whole
+        if lead % (self.b * self.h) == 0 or heads_after_batch:
+            return whole // (self.b * self.h)
+        # one batch's heads, or one head of every batch (a loop over the other): the leading axes are those
+        return next((whole // n for n in (self.h, self.b) if n > 1 and lead % n == 0), whole)
 
     def too_large(self, size) -> str:
         """Why a created tensor is more than a tile holds ('' if it is not)."""
@@ -141,7 +145,7 @@ def tiles_only(sizes: TileSizes, full: Mistake, ignored: Mistake, what: str = "i
     return check
 
 
-def judge(ctx, step_id: str, sizes: TileSizes | None, call_sizes: str, record) -> None:
+def judge_tiles(ctx, step_id: str, sizes: TileSizes | None, call_sizes: str, record) -> None:
     """Keep the first call of a step that made more than a tile, for its tiles_only check (Context.untiled)."""
     if sizes is None or step_id in ctx.untiled:
         return

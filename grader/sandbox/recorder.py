@@ -65,6 +65,9 @@ TAKES_NUMBERS = FACTORIES | frozenset({
     "squeeze", "flatten", "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "cumsum", "cumprod",
     "logsumexp", "topk", "kthvalue", "diagonal", "diag", "tril", "triu", "roll", "flip", "resize_", "size",
     "stride", "pad", "index_select", "softmax", "log_softmax", "norm", "prod", "std", "var", "all", "any"})
+# What hands a tensor's values back as a shape whatever its arguments: its result's size is a count of its data
+DATA_SHAPED = frozenset({"masked_select", "nonzero", "nonzero_static", "argwhere", "unique", "unique_consecutive",
+                         "_unique", "_unique2", "bincount", "histc", "histogram", "bucketize", "searchsorted"})
 PLAIN = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis), range)  # arguments that run no code
 # Callables of C types: their attributes are C getters, which run no Python code
 C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
@@ -140,6 +143,8 @@ def make_recorder(torch, lifted):
                                or (dispatch_modes() and "a torch dispatch mode, whose Python runs inside every call")
                                or kept.changed(func)
                                or _foreign_argument(numpy, name, (args, kwargs), own_types, plain, torch_globals))
+            if reads_as_number(name, args, kwargs):  # before the call: what it raises hands the value back too
+                self.seen.add(READ_AS_NUMBER)
             if self.device == "meta":
                 args, kwargs = _scalars_to_meta(torch, args, kwargs)
             if name in REENTERED and any(func is entry for entry in autograd_entries):
@@ -155,8 +160,6 @@ def make_recorder(torch, lifted):
                     modules["warnings"] = shared
             if self.shapes is not None:
                 self.shapes.add(torch, value, name, given=(*args, *kwargs.values()))
-            if reads_as_number(name, args, kwargs):
-                self.seen.add(READ_AS_NUMBER)
             if self.gradients:
                 self.seen.add(CODE_IN_BACKWARD)
             if grad_enabled() and self._builds_graph(value):
@@ -590,7 +593,8 @@ def _foreign_argument(numpy, name: str, arguments, own_types, plain, torch_globa
 def _number_reader(torch):
     """reads(name, args, kwargs): whether torch reads a tensor's value as a number in this call (READ_AS_NUMBER): a
     tensor of one integer or bool inside a list, tuple or slice argument, or given to a function that takes numbers
-    (TAKES_NUMBERS) besides its first operand. Read through torch's C type: nothing of the file's own runs here.
+    (TAKES_NUMBERS) besides its first operand; a selection by a mask, and what is as long as a count of its data
+    (DATA_SHAPED). Read through torch's C type: nothing of the file's own runs here.
     Most calls have no container and take no number: those cost one pass over their arguments' types."""
     numel, is_float, is_complex = (torch._C.TensorBase.numel, torch._C.TensorBase.is_floating_point,
                                    torch._C.TensorBase.is_complex)
@@ -611,9 +615,20 @@ def _number_reader(torch):
                 return True
         return False
 
+    dtype_of, masks = torch._C.TensorBase.dtype.__get__, (torch.bool, torch.uint8)
+
+    def mask(value) -> bool:
+        return issubclass(type(value), tensor) and any(dtype_of(value) is m for m in masks)
+
     def reads(name: str, args, kwargs) -> bool:
         if type(args) is not tuple:
             return False
+        if name in DATA_SHAPED:
+            return True
+        if name in ("__getitem__", "index") and len(args) > 1:  # a mask's selection: as long as its True entries
+            index = args[1]
+            if mask(index) or ((type(index) is tuple or type(index) is list) and any(mask(i) for i in index)):
+                return True
         given = dict.values(kwargs) if type(kwargs) is dict and kwargs else ()
         if name in TAKES_NUMBERS:
             for value in (*(args if name in FACTORIES else args[1:]), *given):

@@ -55,6 +55,7 @@ from grader.engine import (
     check_rules,
     device,
     diagnose,
+    judge_tiles,
     parse,
     prop,
     rules,
@@ -512,13 +513,17 @@ def _query_tail_dropped(q, k, v, grad_out, causal=False, block_q=32, block_k=32)
 
 
 def function_answer(run, call, shapes=False):
-    """The file's flash_attention_and_grads(*call): (out, dq, dk, dv) through the candidate's Function."""
+    """The file's flash_attention_and_grads(*call): (out, dq, dk, dv) through the candidate's Function. Every call
+    keeps to tiles, forward and backward, judged at its own sizes for the step's tiles_only check."""
     try:
-        return run.ctx.candidate.invoke(RUNNER, call.args, call.kwargs, answers=run.oracle(), shapes=shapes)
+        got = run.ctx.candidate.invoke(RUNNER, call.args, call.kwargs, answers=run.oracle(), shapes=True)
     except CandidateError as error:
         if error.kind == "not_implemented":
             raise
         raise run.error_failure(error, call, "cpu") from None
+    sizes = TileSizes.of(*call.args[:3], call.kwargs.get("block_q", 32), call.kwargs.get("block_k", 32))
+    judge_tiles(run.ctx, run.step.id, sizes, sizes.describe(bool(call.kwargs.get("causal"))), got.shapes)
+    return got
 
 
 def function_case(**params):

@@ -82,7 +82,7 @@ def _gathered(cache, table, n: int):
     """The n tokens a table points at, (n, H, Dh), or None when it cannot point at them."""
     if not isinstance(cache, torch.Tensor) or cache.dim() != 4 or table is None or len(table) < ceil_blocks(n):
         return None
-    if any(not 0 <= b < cache.shape[0] for b in table):
+    if any(not 0 <= b < cache.shape[0] for b in table) or cache.shape[1] < min(n, BLOCK):  # a pool of another layout
         return None
     slots = [(table[t // BLOCK], t % BLOCK) for t in range(n)]
     return cache[[b for b, _ in slots], [s for _, s in slots]] if n else cache[:0, 0]
