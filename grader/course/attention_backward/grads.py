@@ -139,13 +139,14 @@ def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, 
 
 def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal_shift=0, rescale_sum=True,
                   scale="d", top_left=False, last_block=True, normalise=True, lse_base_two=False, local_keys=False,
-                  running_max=True, block_q=32, last_query_block=True):
+                  running_max=True, block_q=32, last_query_block=True, skip_from_first_row=False):
     """(out, lse) by the online softmax over key blocks, in float64; the keyword arguments after * make the named
     wrong variants (causal_shift=-1: the diagonal key masked too; scale: "d" (1/√D, right), "v" (1/√Dv), "none",
     "twice" (1/D); last_block=False: the last, shorter key block dropped; normalise=False: acc not divided by l;
     lse_base_two: lse in bits, an exp2 loop's; local_keys: the causal mask compares the tile's own key indices,
     0 to block_k - 1; running_max=False: the max is the tile's own, not the larger of it and the running one;
-    last_query_block=False: the queries past the last whole block of block_q never computed, out 0 and lse -inf).
+    last_query_block=False: the queries past the last whole block of block_q never computed, out 0 and lse -inf;
+    skip_from_first_row: causal, a query block stops at the first key block past its first row's last key).
     A row with no key: out 0, lse -inf."""
     q64, k64, v64 = q.double(), k.double(), v.double()
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -159,6 +160,9 @@ def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal
         if causal:
             first = 0 if local_keys else j
             scores = scores.masked_fill(torch.arange(first, first + scores.shape[-1])[None, :] > rows, -INF)
+            if skip_from_first_row:  # the whole key block, for every row of a query block whose first row it passes
+                block_first = (torch.arange(t_q) // block_q * block_q + t_k - t_q)[:, None]
+                scores = scores.masked_fill(j > block_first, -INF)
         m_new = torch.maximum(m, scores.amax(-1)) if running_max else scores.amax(-1)
         shift = torch.where(m_new == -INF, 0.0, m_new)
         alpha, p = torch.exp(m - shift), torch.exp(scores - shift[..., None])

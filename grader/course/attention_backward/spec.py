@@ -681,6 +681,9 @@ FUNCTION = StepSpec(
         Mistake("FlashAttentionFunction.forward_query_tail_dropped", "the forward skipped the last, shorter block "
                 "of queries: loop over range(0, Tq, block_q) and cut each block at Tq",
                 _query_tail_dropped),
+        Mistake("FlashAttentionFunction.forward_tiles_skipped_from_first_row", "the forward's causal loop stopped at "
+                "the first key block past the query block's first row: stop past its last row's last key, "
+                "Tk - Tq + its last query", _forward_variant(skip_from_first_row=True)),
         Mistake("FlashAttentionFunction.forward_scale_wrong", "the forward's scores were not scaled by 1/√D, D q's "
                 "width (not scaled, scaled twice, or by v's width): s = q kᵀ / √D",
                 lambda *a, **k: [_forward_variant(scale=wrong)(*a, **k) for wrong in ("none", "twice", "v")]),

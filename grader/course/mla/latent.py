@@ -10,6 +10,7 @@ the stand-in (stand_ins.py beside this file), and while a function step has lost
 grader answers its calls; only its end-to-end check runs the candidate's own.
 """
 
+from dataclasses import replace
 from typing import NamedTuple
 
 import torch
@@ -321,6 +322,7 @@ def latent_attention(state, x, absorbed=False, splits=None, *, bug: str | None =
     latents, keys, outs, past = [], [], [], 0
     for t, chunk in zip(splits, chunks(x, splits), strict=True):
         positions = torch.arange(t) if bug == POSITIONS_FROM_ZERO.id else torch.arange(past, past + t)
+        query_positions = torch.arange(t) if bug == QUERY_FROM_ZERO else positions
         q = (chunk @ w["w_q"].T).view(B, t, H, DN + DR).transpose(1, 2)
         if bug == ROPE_ON_WHOLE_QUERY.id:
             q = ref.apply_rope(q, positions)
@@ -330,7 +332,7 @@ def latent_attention(state, x, absorbed=False, splits=None, *, bug: str | None =
             q_nope = flat[..., :H * DN].view(B, t, H, DN).transpose(1, 2)
             q_rope = flat[..., H * DN:].view(B, t, H, DR).transpose(1, 2)
         if bug not in (QUERY_UNROTATED.id, ROPE_ON_WHOLE_QUERY.id):
-            q_rope = ref.apply_rope(q_rope, positions)
+            q_rope = ref.apply_rope(q_rope, query_positions)
         c_kv, k_rope = ref.compress_kv(chunk, w["w_dkv"], w["w_kr"], positions)
         latents.append(c_kv)
         keys.append(k_rope)
@@ -440,6 +442,9 @@ POSITIONS_FROM_ZERO = _mistake(
     "past_len + T − 1, so decoding token p turns by p",
     why="RoPE makes q(m)·k(n) depend on m − n; a new token rotated as position 0 is compared with cached keys from "
         "their real positions.")
+QUERY_FROM_ZERO = POSITIONS_FROM_ZERO.id + ":query"  # its other form: only the queries rotated from 0
+POSITIONS_FROM_ZERO = replace(POSITIONS_FROM_ZERO, variant=lambda state, x, absorbed=False, splits=None: [
+    latent_attention(state, x, absorbed, splits=splits, bug=bug) for bug in (POSITIONS_FROM_ZERO.id, QUERY_FROM_ZERO)])
 ROPE_ON_WHOLE_QUERY = _mistake(
     "rope_on_whole_query", "RoPE was applied to the whole query, its no-position part too: rotate only q_rope, the "
     "last qk_rope_head_dim features of each head")

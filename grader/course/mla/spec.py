@@ -94,17 +94,24 @@ def expand_inputs(gen, dtype, t=5):
     return Call((c_kv, w_uk, w_uv, H), names=("c_kv", "w_uk", "w_uv", "num_heads"))
 
 
-def _expand(c_kv, w_uk, w_uv, num_heads, *, split="right"):
+def _expand(c_kv, w_uk, w_uv, num_heads, *, split="right", only=""):
+    """The keys and values, both split into heads the `split` way, or only the one `only` names ("k" or "v")."""
     b, t, _ = c_kv.shape
 
-    def heads(y):
-        if split == "no_transpose":
+    def heads(y, part):
+        way = split if only in ("", part) else "right"
+        if way == "no_transpose":
             return y.reshape(b, num_heads, t, -1)
-        if split == "heads_inner":
+        if way == "heads_inner":
             return y.view(b, t, -1, num_heads).permute(0, 3, 1, 2)
         return y.view(b, t, num_heads, -1).transpose(1, 2)
 
-    return heads(c_kv @ w_uk.T), heads(c_kv @ w_uv.T)
+    return heads(c_kv @ w_uk.T, "k"), heads(c_kv @ w_uv.T, "v")
+
+
+def _split_wrong(split: str):
+    """A split of `split`'s for the keys and the values, or for one of them (a line written twice, fixed once)."""
+    return lambda *a: [_expand(*a, split=split, only=only) for only in ("", "k", "v")]
 
 
 EXPAND = StepSpec(
@@ -113,9 +120,9 @@ EXPAND = StepSpec(
     mistakes=(
         Mistake("expand_kv.split_no_transpose", "(B, T, H·width) reshaped straight to (B, H, T, width) mixes "
                 "tokens and heads: view(B, T, H, width), then transpose(1, 2)",
-                lambda *a: _expand(*a, split="no_transpose")),
+                _split_wrong("no_transpose")),
         Mistake("expand_kv.heads_inner", "split the features as (width, H), heads inner: head h owns rows "
-                "h·width … (h + 1)·width − 1, so view(B, T, H, width)", lambda *a: _expand(*a, split="heads_inner")),
+                "h·width … (h + 1)·width − 1, so view(B, T, H, width)", _split_wrong("heads_inner")),
         Mistake("expand_kv.weight_not_transposed", "c_kv @ w multiplied by the weight as stored, (out, in): use "
                 "c_kv @ w.T", raises=Raises(message=UNTRANSPOSED, line=r"@\s*w_u[kv]\b(?!\s*\.)")),
         Mistake("expand_kv.value_from_key_weight", "v was up-projected with w_uk (a copied line): "
@@ -343,11 +350,12 @@ def bytes_inputs(gen, dtype, attention="mla", layers=60, heads=128, head_dim=128
 
 
 def _bytes(attention, layers, heads, head_dim, kv_heads, rank, rope, dtype, *, itemsize=None, unit=1, kv_factor=2,
-           mla_per_head=False, mla_factor=1, rope_per_head=False, gqa_query_heads=False):
+           mla_per_head=False, mla_factor=1, rope_per_head=False, gqa_query_heads=False, gqa_group=False):
     """The count, from the formula; the keyword arguments make the named wrong counts."""
     item = itemsize or torch.empty((), dtype=dtype).element_size()
+    cached_heads = heads if gqa_query_heads else heads // kv_heads if gqa_group else kv_heads
     per_layer = {"mha": kv_factor * heads * head_dim,
-                 "gqa": kv_factor * (heads if gqa_query_heads else kv_heads) * head_dim,
+                 "gqa": kv_factor * cached_heads * head_dim,
                  "mla": mla_factor * (heads if mla_per_head else 1) * (rank + (heads if rope_per_head else 1) * rope)}
     return layers * per_layer[attention] * item * unit
 
@@ -419,6 +427,8 @@ BYTES = StepSpec(
                 "every head, L·(kv_lora_rank + qk_rope_head_dim)", _count(rope_per_head=True)),
         Mistake("cache_bytes_per_token.mla_factor_two", "counted the latent twice, for keys and values: both come from "
                 "the one latent, L·(kv_lora_rank + qk_rope_head_dim)", _count(mla_factor=2)),
+        Mistake("cache_bytes_per_token.gqa_group_size", "GQA counted with the group size, num_heads // num_kv_heads: "
+                "its cache holds num_kv_heads heads, 2·L·num_kv_heads·head_dim", _count(gqa_group=True)),
         Mistake("cache_bytes_per_token.gqa_query_heads", "GQA counted with the query heads: its cache holds "
                 "num_kv_heads heads, 2·L·num_kv_heads·head_dim", _count(gqa_query_heads=True)),
         Mistake("cache_bytes_per_token.no_factor_two", "counted the keys only for MHA or GQA: the cache holds keys and "

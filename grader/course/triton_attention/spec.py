@@ -42,6 +42,7 @@ from grader.engine import (
 
 from .wrong import (
     all_nan,
+    cache_with_query_strides,
     decode_ids_swapped,
     decode_keys_unmasked,
     decode_reference,
@@ -463,6 +464,11 @@ DECODE = StepSpec(
                 "B·H programs, b = pid // H and h = pid % H", test=decode_ids_swapped,
                 why="b = pid % H, h = pid // H names every pair only when B = H; otherwise some sequences are "
                     "read with another's length, or never computed."),
+        Mistake("decode_attention.block_not_power_of_two", "tl.arange's length must be a power of two: pad the "
+                "head width to triton.next_power_of_2(D) and mask the lanes past D", raises=NOT_POWER_OF_TWO),
+        Mistake("decode_attention.cache_with_query_strides", "the cache was addressed with q's batch and head "
+                "strides: k_cache and v_cache have their own, k_cache.stride(0) and k_cache.stride(1)",
+                cache_with_query_strides),
         Mistake("decode_attention.past_length", "the kernel read the cache past the sequence's length (NaN "
                 "there): loop over range(0, lengths[b], BLOCK_N) and mask keys j >= lengths[b]", test=has_nan,
                 why="The cache is allocated for T_max positions; only the first lengths[b] hold keys."),

@@ -263,6 +263,15 @@ def decode_reference(q, k_cache, v_cache, lengths, block_n=16):
     return torch.stack(outs)
 
 
+def cache_with_query_strides(q, k_cache, v_cache, lengths, block_n=16):
+    """The kernel that found its sequence's keys and values with q's batch and head strides: program (b, h) reads
+    the cache from b·q.stride(0) + h·q.stride(1), on contiguous memory as the plain checks hand it over."""
+    def misread(cache):
+        flat = cache.contiguous()
+        return flat.as_strided(cache.shape, (q.stride(0), q.stride(1), flat.stride(2), flat.stride(3)))
+    return decode_reference(q, misread(k_cache), misread(v_cache), lengths)
+
+
 def first_length(q, k_cache, v_cache, lengths, block_n=16):
     """Every sequence read to lengths[0]."""
     return decode_reference(q, k_cache, v_cache, torch.full_like(lengths, int(lengths[0])))

@@ -324,6 +324,11 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k"""),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_query_tail_dropped"),
+    Variant("fn_forward_tiles_skipped_from_first_row", function().replace(
+        "            for j in range(0, t_k, bk_):\n",
+        "            for j in range(0, t_k, bk_):\n                if causal and j > t_k - t_q + i:  # the block's first row\n"
+        "                    break\n"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_tiles_skipped_from_first_row"),
     Variant("fn_forward_sum_not_rescaled", function().replace("l = alpha * l + p.sum", "l = l + p.sum"),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_sum_not_rescaled"),
     Variant("fn_forward_scale_by_dv", function().replace("scale = q.shape[-2], k.shape[-2], 1.0 / math.sqrt(q.shape[-1])",

@@ -396,6 +396,8 @@ class MultiHeadLatentAttention(MultiHeadLatentAttention):
             "cache_bytes_per_token", "cache_bytes_per_token.mla_factor_two"),
     Variant("bytes_gqa_query_heads", bytes_with(gqa="2 * num_heads * head_dim"),
             "cache_bytes_per_token", "cache_bytes_per_token.gqa_query_heads"),
+    Variant("bytes_gqa_group_size", bytes_with(gqa="2 * (num_heads // num_kv_heads) * head_dim"),
+            "cache_bytes_per_token", "cache_bytes_per_token.gqa_group_size"),
     Variant("bytes_no_factor_two", bytes_with(mha="num_heads * head_dim", gqa="num_kv_heads * head_dim"),
             "cache_bytes_per_token", "cache_bytes_per_token.no_factor_two"),
     Variant("bytes_in_bits", bytes_with(item="torch.finfo(dtype).bits"),

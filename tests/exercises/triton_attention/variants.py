@@ -189,6 +189,13 @@ BUGGY = [
     Variant("decode_past_length", changed(
         "decode_attention", ("q, k_cache, v_cache, out, lengths,", "q, k_cache, v_cache, out, torch.full_like(lengths, k_cache.shape[2]),")),
         "decode_attention", "decode_attention.past_length"),
+    Variant("decode_cache_with_query_strides", changed(
+        "decode_attention", ("*q.stride(), *k_cache.stride(), *v_cache.stride(),",
+                             "*q.stride(), *q.stride()[:2], *k_cache.stride()[2:], *q.stride()[:2], *v_cache.stride()[2:],")),
+        "decode_attention", "decode_attention.cache_with_query_strides"),
+    Variant("decode_block_not_power_of_two", changed(
+        "decode_attention", ("BLOCK_D=triton.next_power_of_2(d)", "BLOCK_D=d")),
+        "decode_attention", "decode_attention.block_not_power_of_two"),
     Variant("decode_first_length", changed("decode_kernel", ("n = tl.load(len_ptr + b)", "n = tl.load(len_ptr)")),
             "decode_attention", "decode_attention.first_length"),
     Variant("decode_in_torch", DECODE_IN_TORCH, "decode_attention", "decode_attention.no_kernel"),
