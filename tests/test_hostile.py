@@ -1332,6 +1332,15 @@ def test_a_stub_that_refuses_everything_earns_nothing(grade_source, name, error)
     assert result.score == 0, explain(result)
 
 
+# The rest of a launcher that read its input's values into `flat` (rows × cols floats): the softmax in Python
+SOFTMAX_IN_PYTHON = """\
+    for r in range(rows):
+        row = flat[r * cols:(r + 1) * cols]
+        e = [math.exp(v - max(row)) for v in row]
+        out += [v / sum(e) for v in e]
+    return torch.tensor(out, dtype=torch.float64).reshape(rows, cols).to(x.dtype)
+"""
+
 READ_THROUGH_STRIDES = """
 import struct
 
@@ -1360,12 +1369,7 @@ def softmax(x):
     _kernel_softmax(x[:1, :1])  # a kernel launched, on nothing that matters
     rows, cols = x.shape
     flat, out = _values(x), []
-    for r in range(rows):
-        row = flat[r * cols:(r + 1) * cols]
-        e = [math.exp(v - max(row)) for v in row]
-        out += [v / sum(e) for v in e]
-    return torch.tensor(out, dtype=torch.float64).reshape(rows, cols).to(x.dtype)
-""", base=base, name="triton_attention.py")
+""" + SOFTMAX_IN_PYTHON, base=base, name="triton_attention.py")
     assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
 
 
@@ -1438,12 +1442,7 @@ def softmax(x):
     data = bytes(torch.ones(257)[_ROW[b]].shape[0] - 2 for b in raw.unbind())
     rows, cols = x.shape
     flat, out = list(struct.unpack(f"<{rows * cols}d", data)), []
-    for r in range(rows):
-        row = flat[r * cols:(r + 1) * cols]
-        e = [math.exp(v - max(row)) for v in row]
-        out += [v / sum(e) for v in e]
-    return torch.tensor(out, dtype=torch.float64).reshape(rows, cols).to(x.dtype)
-""", base="import struct\n" + base, name="triton_attention.py")
+""" + SOFTMAX_IN_PYTHON, base="import struct\n" + base, name="triton_attention.py")
     assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
 
 
