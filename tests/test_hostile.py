@@ -1518,3 +1518,103 @@ class PagedKVCache(PagedKVCache):
 """, base=base, name="paged_attention.py")
     cache = step(result, "PagedKVCache")
     assert cache.score < cache.max_score, explain(result)
+
+
+def test_a_launcher_that_reads_memory_through_torchs_c_tensor_type_keeps_nothing(grade_source):
+    """A gap docs/sandbox.md named: the kernel check's probe replaced torch.Tensor's storage and pointer readers, and
+    a launcher that asked torch._C.TensorBase for its input's storage read the real bytes (each an int of the
+    storage, no torch call) and computed the softmax in Python. The probe answers every way to those readers now."""
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    result = grade_source("""
+import math
+
+_kernel_softmax = softmax
+
+
+def softmax(x):
+    _kernel_softmax(x[:1, :1])  # a kernel launched, on nothing that matters
+    whole = x.detach().double().contiguous()
+    storage = torch._C.TensorBase.untyped_storage(whole)
+    data = bytes(storage[i] for i in range(whole.numel() * 8))
+    rows, cols = x.shape
+    flat, out = list(struct.unpack(f"<{rows * cols}d", data)), []
+""" + SOFTMAX_IN_PYTHON, base="import struct\n" + base, name="triton_attention.py")
+    assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
+
+
+PROBE_ON_A_READER = """
+import importlib.util, sys, torch
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+load("candidate", sys.argv[1])
+probe = load("probe", sys.argv[2]).Launches()
+x = torch.randn(3, 5)
+print(bool(probe.unread("softmax", x).isnan().all()))
+"""
+
+
+@pytest.mark.parametrize("reader", ["torch._C.TensorBase.untyped_storage", "_KEPT"])
+def test_the_kernel_probe_answers_every_way_to_a_storage(tmp_path, reader):
+    """The probe itself, outside the sandbox (where no tamper check stands behind it): a launcher that reaches the
+    storage through torch's C tensor type, or through the method it kept before the probe ran, reads NaN."""
+    source = (ROOT / "solutions" / "triton_attention.py").read_text() + f"""
+import math
+import struct
+
+_kernel_softmax = softmax
+_KEPT = torch.Tensor.untyped_storage
+
+
+def softmax(x):
+    _kernel_softmax(x[:1, :1])
+    whole = x.detach().double().contiguous()
+    storage = {reader}(whole)
+    data = bytes(storage[i] for i in range(whole.numel() * 8))
+    rows, cols = x.shape
+    flat, out = list(struct.unpack(f"<{{rows * cols}}d", data)), []
+""" + SOFTMAX_IN_PYTHON
+    (tmp_path / "reader.py").write_text(source)
+    (tmp_path / "probe.py").write_text(PROBE_ON_A_READER)
+    done = subprocess.run([sys.executable, str(tmp_path / "probe.py"), str(tmp_path / "reader.py"),
+                           str(ROOT / "grader" / "course" / "triton_attention" / "stand_ins.py")],
+                          capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
+    assert done.stdout.strip() == "True", done.stderr[-2000:]
+
+
+def test_an_absorbed_path_that_expands_the_latents_into_one_flat_axis_loses_latent_only(grade_source):
+    """A gap docs/sandbox.md named: latent_only found keys expanded on an axis of Tk (or of the batch and Tk), not
+    keys and values made as one flat axis, every token's every head's width in a row. It counts elements now, at
+    sizes whose every factor tells which."""
+    base = (ROOT / "solutions" / "mla.py").read_text()
+    result = grade_source("""
+def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
+    b, h, tq, dn = q_nope.shape
+    tk, r, dv = c_kv.shape[1], c_kv.shape[2], w_uv.shape[0] // h
+    at = dict(device=c_kv.device)
+    # every token's every head's key, one flat axis (b, tk, h, dn), summed over the latent with index_add_: no
+    # tensor here has an axis of tokens beside one of widths
+    n = torch.arange(b * tk * h * dn * r, **at)
+    lane, row, token = n % r, (n // r) % (h * dn), n // (r * h * dn)
+    products = c_kv.reshape(-1)[token * r + lane] * w_uk.reshape(-1)[row * r + lane]
+    keys = torch.zeros(b * tk * h * dn, dtype=c_kv.dtype, **at).index_add_(0, n // r, products)
+    # the no-position scores from the flat keys, the same way
+    n = torch.arange(b * h * tq * tk * dn, **at)
+    d, j, i, hh, bb = n % dn, (n // dn) % tk, (n // (dn * tk)) % tq, (n // (dn * tk * tq)) % h, n // (dn * tk * tq * h)
+    products = q_nope.reshape(-1)[((bb * h + hh) * tq + i) * dn + d] * keys[((bb * tk + j) * h + hh) * dn + d]
+    nope = torch.zeros(b * h * tq * tk, dtype=c_kv.dtype, **at).index_add_(0, n // dn, products).view(b, h, tq, tk)
+    scores = (nope + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)) / (dn + q_rope.shape[-1]) ** 0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    latent = scores.softmax(-1) @ c_kv.unsqueeze(1)  # (b, h, tq, r): the values stay folded
+    y = latent @ w_uv.view(h, dv, r).transpose(-2, -1)
+    return y.transpose(1, 2).reshape(b, tq, h * dv) @ w_o.T
+""", base=base, name="mla.py")
+    absorbed = step(result, "absorbed_attention")
+    assert [c.name for c in absorbed.checks if c.points < c.max_points] == ["absorbed_attention_latent_only"], \
+        explain(result)

@@ -192,11 +192,13 @@ SCORES = StepSpec(
 ABSORBED_NAMES = ("q_nope", "q_rope", "c_kv", "k_rope", "w_uk", "w_uv", "w_o")
 
 
-def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True):
-    q_nope, q_rope = gen.randn(B, H, tq, DN, dtype=dtype), gen.randn(B, H, tq, DR, dtype=dtype)
-    c_kv, k_rope = gen.randn(B, tk, R, dtype=dtype), gen.randn(B, tk, DR, dtype=dtype)
-    w_uk, w_uv = gen.randn(H * DN, R, dtype=dtype, scale=R**-0.5), gen.randn(H * DV, R, dtype=dtype, scale=R**-0.5)
-    w_o = gen.randn(D, H * DV, dtype=dtype, scale=(H * DV) ** -0.5)
+def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True, widths=None):
+    """`widths` (a dict of h, dn, dr, dv, d, r) replaces the exercise's sizes."""
+    h, dn, dr, dv, d, r = (dict(h=H, dn=DN, dr=DR, dv=DV, d=D, r=R) | (widths or {})).values()
+    q_nope, q_rope = gen.randn(B, h, tq, dn, dtype=dtype), gen.randn(B, h, tq, dr, dtype=dtype)
+    c_kv, k_rope = gen.randn(B, tk, r, dtype=dtype), gen.randn(B, tk, dr, dtype=dtype)
+    w_uk, w_uv = gen.randn(h * dn, r, dtype=dtype, scale=r**-0.5), gen.randn(h * dv, r, dtype=dtype, scale=r**-0.5)
+    w_o = gen.randn(d, h * dv, dtype=dtype, scale=(h * dv) ** -0.5)
     kwargs = {"mask": bottom_right(tq, tk)} if masked else {}
     return Call((q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o), kwargs, ABSORBED_NAMES)
 
@@ -249,22 +251,26 @@ EXPANDED = Mistake("absorbed_attention.latents_expanded", "expanded the latents 
                    "w_uk into the query and w_uv into the output, and attend over c_kv itself",
                    why="What absorbing saves is exactly that expansion: H·(Dn + Dv) numbers per cached token read "
                        "at every decoded token, where the latent holds kv_lora_rank.")
-LATENT_TQ, LATENT_TK = 7, 13  # sizes no width, head count or product of them shares
+# latent_only's sizes: Tq, Tk and the per-head widths primes that share no factor with any other size, so that a key
+# or value of every token for each head shows in a tensor's element count, however its axes were flattened
+LATENT_TQ, LATENT_TK = 7, 13
+LATENT_WIDTHS = {"h": 3, "dn": 11, "dr": 6, "dv": 17, "d": 19, "r": 4}  # the message below names them
 
 
 def _per_head_per_key(size) -> bool:
-    """A tensor of one entry per key (an axis of Tk, or of Tk and other axes flattened into it, B·Tk; none of Tq:
-    not scores) and a per-head width on another axis (Dn, Dv, the model's D, or H of them side by side): keys or
-    values expanded from the latents. c_kv (Tk, R), k_rope (Tk, Dr), their views and the scores (Tq, Tk) are not."""
-    widths = {DN, DV, D, H * DN, H * DV, H * D}
-    keys = [i for i, n in enumerate(size) if n % LATENT_TK == 0]
-    return bool(keys) and LATENT_TQ not in size and any(n in widths for i, n in enumerate(size) if i not in keys[:1])
+    """A tensor holding a per-head width (Dn, Dv, or the model's D, which values folded through w_o have) for every
+    key, in any layout (an axis of Tk, Tk flattened with the batch, everything flattened into one axis, queries
+    beside them): keys or values expanded from the latents. c_kv (Tk, R), k_rope (Tk, Dr), their views and
+    broadcasts over the heads, and the scores (Tq, Tk) are not: only Tk has the factor 13, and only those widths
+    11, 17 and 19."""
+    elements = math.prod(size)
+    return any(elements % (LATENT_TK * LATENT_WIDTHS[w]) == 0 for w in ("dn", "dv", "d"))
 
 
 def latent_only(run: Run) -> None:
     """Nothing the call's torch functions create is a per-head key or value of every cached token; and the answer is
     right. Keys expanded head by head, or all at once, or values through the folded output matrix, are."""
-    call = run.inputs(tq=LATENT_TQ, tk=LATENT_TK)
+    call = run.inputs(tq=LATENT_TQ, tk=LATENT_TK, widths=LATENT_WIDTHS)
     got = run.answer(call, shapes=True)
     record = got.shapes or {"created": [], "more": 0, "scores": []}
     if record["more"]:
@@ -272,7 +278,7 @@ def latent_only(run: Run) -> None:
                           "to check what it expands", EXPANDED)
     for size in record["created"]:
         if _per_head_per_key(size):
-            raise CheckFailed(f"with Tq={LATENT_TQ}, Tk={LATENT_TK} (R={R}, Dn={DN}, Dv={DV}, H={H}, D={D}): a tensor "
+            raise CheckFailed(f"with Tq={LATENT_TQ}, Tk={LATENT_TK} and H=3, Dn=11, Dr=6, Dv=17, D=19, R=4: a tensor "
                               f"of shape {tuple(size)} was created, a per-head key or value for every cached token; "
                               "the absorbed path reads only c_kv and k_rope per token", EXPANDED,
                               {"shape": list(size)})

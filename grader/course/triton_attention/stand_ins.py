@@ -46,7 +46,11 @@ class Launches:
     def unread(self, launcher, *args, **kwargs):
         """The launcher's answer where its own Python reads no tensor's memory: outside a kernel launch, a storage
         or a data pointer it asks a tensor for is one of as many NaN (inside one, Triton reads the real ones). A
-        launcher that computes its answer in Python from the bytes of its inputs answers NaN here."""
+        launcher that computes its answer in Python from the bytes of its inputs answers NaN here.
+
+        The readers are answered by a torch-function mode of this probe's, not by replacing torch.Tensor's methods:
+        torch dispatches every way to them to the mode (torch._C.TensorBase's own methods, a `.data` view's, a
+        subclass's), where a replaced method is only one of those ways."""
         import torch
 
         jit = sys.modules.get("triton.runtime.jit")
@@ -55,12 +59,9 @@ class Launches:
         KernelInterface = jit.KernelInterface
         original = KernelInterface.__getitem__
         inside = [0]
-        # each reader, and whether torch.Tensor holds it itself (it inherits both from TensorBase: put back, they
-        # must be inherited again, or the record would see torch's tensor class changed)
-        readers = {name: (getattr(torch.Tensor, name), name in vars(torch.Tensor))
-                   for name in ("untyped_storage", "data_ptr")}
-        store, pointer = readers["untyped_storage"][0], readers["data_ptr"][0]
         kept = []  # the NaN stand-ins, alive until the launcher is done
+        base = torch._C.TensorBase
+        store, pointer = base.untyped_storage, base.data_ptr
 
         def nan_like(t):
             elements = max(1, store(t).nbytes() // t.element_size())
@@ -68,11 +69,18 @@ class Launches:
                                    device=t.device))
             return kept[-1]
 
-        def poisoned_storage(t, *a, **k):
-            return store(t, *a, **k) if inside[0] else store(nan_like(t))
+        poisoned = {
+            "untyped_storage": lambda t, *a, **k: store(nan_like(t)),
+            "data_ptr": lambda t, *a, **k: pointer(nan_like(t)) + t.storage_offset() * t.element_size(),
+        }
 
-        def poisoned_pointer(t, *a, **k):
-            return pointer(t, *a, **k) if inside[0] else pointer(nan_like(t)) + t.storage_offset() * t.element_size()
+        class Unread(torch.overrides.TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                reader = poisoned.get(getattr(func, "__name__", ""))
+                if reader is not None and not inside[0] and args and isinstance(args[0], torch.Tensor):
+                    return reader(*args, **kwargs)
+                return func(*args, **kwargs)
 
         def launching(kernel, grid):
             launch = original(kernel, grid)
@@ -86,16 +94,11 @@ class Launches:
             return run
 
         KernelInterface.__getitem__ = launching
-        torch.Tensor.untyped_storage, torch.Tensor.data_ptr = poisoned_storage, poisoned_pointer
         try:
-            return getattr(_candidate(), launcher)(*args, **kwargs)
+            with Unread():
+                return getattr(_candidate(), launcher)(*args, **kwargs)
         finally:
             KernelInterface.__getitem__ = original
-            for name, (reader, own) in readers.items():
-                if own:
-                    setattr(torch.Tensor, name, reader)
-                else:
-                    delattr(torch.Tensor, name)
 
 
 class Timer:
