@@ -1618,3 +1618,32 @@ def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None)
     absorbed = step(result, "absorbed_attention")
     assert [c.name for c in absorbed.checks if c.points < c.max_points] == ["absorbed_attention_latent_only"], \
         explain(result)
+
+
+def test_a_flash_attention_that_makes_strips_where_tiles_only_does_not_look_loses_it(grade_source):
+    """A gap docs/sandbox.md named: the strips of scores (one block of queries against every key) were judged only at
+    tiles_only's sizes, so a file that tiled there and made a strip per query block at every other size where the
+    strip holds no more than v (block_q ≤ Dv: not too large) kept its points. A strip is judged at every call whose
+    sizes tell one (no length a width, a block or a count)."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source("""
+_tiled = flash_attention
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    if (t_q, t_k) == (90, 107) or block_q > v.shape[-1]:  # tiles_only's own sizes, or a strip larger than v
+        return _tiled(q, k, v, causal, block_q, block_k)
+    outs, lses = [], []
+    for start in range(0, t_q, block_q):  # a strip of every key per block of queries
+        strip = q[..., start:start + block_q, :] @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+        if causal:
+            rows = torch.arange(start, start + strip.shape[-2], device=q.device)[:, None]
+            strip = strip.masked_fill(torch.arange(t_k, device=q.device) > rows + t_k - t_q, float("-inf"))
+        lse = torch.logsumexp(strip.to(torch.promote_types(strip.dtype, torch.float32)), -1)
+        outs.append(torch.exp(strip - lse[..., None].to(strip.dtype)).nan_to_num() @ v)
+        lses.append(lse)
+    return torch.cat(outs, -2), torch.cat(lses, -1)
+""", base=base, name="flash_attention.py")
+    flash = step(result, "flash_attention")
+    assert [c.name for c in flash.checks if c.points < c.max_points] == ["flash_attention_tiles_only"], explain(result)

@@ -85,6 +85,13 @@ class TileSizes:
             return f"a {a} × {z} strip of scores, more than a block_q × block_k tile"
         return ""
 
+    def distinct(self) -> bool:
+        """No length (padded or not) is a width, a block or a count of batches or heads: sizes at which the strip
+        rules read a tensor's axes unambiguously, as they do at tiles_only's own."""
+        pad = lambda t, b: -(-t // b) * b  # noqa: E731
+        lengths = {self.t_q, self.t_k, pad(self.t_q, self.block_q), pad(self.t_k, self.block_k)}
+        return not lengths & {1, self.b, self.h, self.b * self.h, self.d, self.dv, self.block_q, self.block_k}
+
     def whole(self, size) -> bool:
         """The tensor spans a whole row or column of the scores, or more than the inputs: not a tile too large."""
         return max(size[-2:], default=0) >= min(self.t_q, self.t_k) or self.per_batch_and_head(size) > self.allowed
@@ -100,7 +107,7 @@ class TileSizes:
     def violation(self, record: dict, strips: bool = True) -> tuple[tuple, str] | None:
         """The first tensor a call's record (Answer.shapes) shows to be more than a tile, and why; None if none.
         Without `strips`, only what is larger than the inputs and outputs or a matrix larger than a tile: the strip
-        rules read sizes chosen so that no width is a length, as tiles_only's own are, and a check's are not."""
+        rules need sizes at which no width is a length (`distinct`)."""
         if record["more"]:
             return (), f"more than {len(record['created'])} different shapes: too many to check what it materialises"
         if not strips:
@@ -146,10 +153,11 @@ def tiles_only(sizes: TileSizes, full: Mistake, ignored: Mistake, what: str = "i
 
 
 def judge_tiles(ctx, step_id: str, sizes: TileSizes | None, call_sizes: str, record) -> None:
-    """Keep the first call of a step that made more than a tile, for its tiles_only check (Context.untiled)."""
+    """Keep the first call of a step that made more than a tile, for its tiles_only check (Context.untiled): a strip
+    of scores too, at sizes where one tells (`TileSizes.distinct`)."""
     if sizes is None or step_id in ctx.untiled:
         return
-    found = sizes.violation(record or EMPTY, strips=False)
+    found = sizes.violation(record or EMPTY, strips=sizes.distinct())
     if found:
         ctx.untiled[step_id] = (sizes, call_sizes, *found)
 

@@ -145,12 +145,15 @@ def scores_inputs(gen, dtype, tq=3, tk=5, b=B):
     return Call((q_nope, q_rope, k_nope, k_rope), names=("q_nope", "q_rope", "k_nope", "k_rope"))
 
 
-def _scores(q_nope, q_rope, k_nope, k_rope, *, width=None, rope_scaled=True, rope=True, per_part=False):
+def _scores(q_nope, q_rope, k_nope, k_rope, *, width=None, rope_scaled=True, nope_scaled=True, rope=True,
+            per_part=False):
     scale = math.sqrt(width or (q_nope.shape[-1] + q_rope.shape[-1]))
     nope = q_nope @ k_nope.transpose(-2, -1)
     part = q_rope @ k_rope.unsqueeze(1).transpose(-2, -1) if rope else 0
     if per_part:  # each part by the square root of its own width
         return nope / math.sqrt(q_nope.shape[-1]) + part / math.sqrt(q_rope.shape[-1])
+    if not nope_scaled:  # nope + rope / scale: the division bound tighter than the sum
+        return nope + part / scale
     return (nope + part) / scale if rope_scaled else nope / scale + part
 
 
@@ -174,6 +177,9 @@ SCORES = StepSpec(
                 lambda *a: _scores(*a, width=1)),
         Mistake("mla_scores.rope_part_unscaled", "only the no-position part was scaled: divide the sum of both parts "
                 "by √(qk_nope_head_dim + qk_rope_head_dim)", lambda *a: _scores(*a, rope_scaled=False)),
+        Mistake("mla_scores.nope_part_unscaled", "only the RoPE part was scaled, nope + rope / √(Dn + Dr): divide "
+                "the sum of both parts, (nope + rope) / √(Dn + Dr)", lambda *a: _scores(*a, nope_scaled=False),
+                why="The division binds tighter than the sum: without brackets only the RoPE part is scaled."),
         Mistake("mla_scores.scaled_per_part", "each part was scaled by the square root of its own width: the query "
                 "and key are one [nope, rope] vector, so divide their sum by √(qk_nope_head_dim + qk_rope_head_dim)",
                 lambda *a: _scores(*a, per_part=True)),
@@ -356,9 +362,12 @@ def bytes_inputs(gen, dtype, attention="mla", layers=60, heads=128, head_dim=128
 
 
 def _bytes(attention, layers, heads, head_dim, kv_heads, rank, rope, dtype, *, itemsize=None, unit=1, kv_factor=2,
-           mla_per_head=False, mla_factor=1, rope_per_head=False, gqa_query_heads=False, gqa_group=False):
+           mla_per_head=False, mla_factor=1, rope_per_head=False, gqa_query_heads=False, gqa_group=False,
+           by_family=False):
     """The count, from the formula; the keyword arguments make the named wrong counts."""
     item = itemsize or torch.empty((), dtype=dtype).element_size()
+    if by_family:  # 2 bytes for the half types, 4 for every other
+        item = 2 if dtype in (torch.float16, torch.bfloat16) else 4
     cached_heads = heads if gqa_query_heads else heads // kv_heads if gqa_group else kv_heads
     per_layer = {"mha": kv_factor * heads * head_dim,
                  "gqa": kv_factor * cached_heads * head_dim,
@@ -414,13 +423,16 @@ UNKNOWN_NOT_REFUSED = Mistake(
 NOT_INT = Mistake("cache_bytes_per_token.not_int", "returned a float or a tensor: a count of bytes is an int (// not "
                   "/, and int(...) around a tensor)")
 SMALL = dict(layers=3, heads=4, head_dim=16, kv_heads=2, rank=24, rope=8, of=torch.float32)
+OTHER_DTYPES = (torch.float64, torch.int8)  # 8 bytes, and the 1 byte of a quantised cache
 
 BYTES = StepSpec(
     "cache_bytes_per_token", bytes_inputs, _bytes, compare=_same_count,
     checks=(
         prop("deepseek_v2_mla", 3, bytes_check()), prop("deepseek_v2_mha", 2, bytes_check(attention="mha")),
         prop("deepseek_v2_gqa", 2, bytes_check(attention="gqa")),
-        prop("small_float32", 2, lambda run: [bytes_check(attention=a, **SMALL)(run) for a in ("mla", "gqa", "mha")]),
+        prop("small_float32", 1, lambda run: [bytes_check(attention=a, **SMALL)(run) for a in ("mla", "gqa", "mha")]),
+        prop("other_dtypes", 1, lambda run: [bytes_check(attention=a, **{**SMALL, "of": of})(run)
+                                             for of in OTHER_DTYPES for a in ("mla", "mha")]),
         prop("unknown_refused", 1, unknown_refused, gated=ALWAYS),
     ),
     mistakes=(
@@ -440,6 +452,9 @@ BYTES = StepSpec(
         Mistake("cache_bytes_per_token.no_factor_two", "counted the keys only for MHA or GQA: the cache holds keys and "
                 "values, a factor 2", _count(kv_factor=1)),
         Mistake("cache_bytes_per_token.in_bits", "counted bits (itemsize · 8): the answer is in bytes", _count(unit=8)),
+        Mistake("cache_bytes_per_token.itemsize_by_family", "the element size was guessed from the dtype (2 bytes "
+                "for a half type, 4 for any other): float64 takes 8, an int8 cache 1; use dtype.itemsize",
+                _count(by_family=True)),
         Mistake("cache_bytes_per_token.fixed_itemsize", "assumed 2 bytes per element whatever the dtype: use "
                 "torch.empty((), dtype=dtype).element_size(), or dtype.itemsize", _count(itemsize=2)),
     ),

@@ -167,6 +167,26 @@ def _logical(record: PoolScript, *_) -> bool:
     return False
 
 
+def _wrapped(record: PoolScript, *_) -> bool:
+    """An append that crossed a block boundary wrote all its tokens into the block of its first, at slot t %
+    block_size: the later ones wrapped round onto that block's start."""
+    for s in record.seen():
+        seq_id, t = record.schedule[s.index]
+        keys, table = s.keys[seq_id], _table(s.tables[seq_id])
+        n = len(keys)
+        start = n - t
+        if t < 2 or start // BLOCK == (n - 1) // BLOCK or table is None or len(table) <= start // BLOCK:
+            continue
+        last = {p % BLOCK: p for p in range(start, n)}  # the token each touched slot holds last
+        got = _gathered(s.k_cache, [table[start // BLOCK]] * len(last), 0)  # the layout checks alone
+        if got is None:
+            return False
+        block = s.k_cache[table[start // BLOCK]]
+        return all(torch.equal(block[slot].nan_to_num(), keys[p].to(block.dtype).nan_to_num())
+                   for slot, p in last.items())
+    return False
+
+
 def _slots_counted(record: PoolScript, *_) -> bool:
     return any(s.lengths[i] == ceil_blocks(len(k)) * BLOCK != len(k) for s in record.seen() for i, k in s.keys.items())
 
@@ -270,7 +290,8 @@ def tokens_stay(record: PoolScript) -> None:
             if got is None or not torch.equal(got.nan_to_num(), keys.to(got.dtype).nan_to_num()):
                 raise CheckFailed(f"{record.after(s)}, sequence {seq_id}'s keys are no longer at the slots its block "
                                   f"table {table} gave them: a stored token never moves",
-                                  LOGICAL_WRITTEN if _logical(record) else TOKENS_MOVED)
+                                  LOGICAL_WRITTEN if _logical(record) else WRAPPED if _wrapped(record)
+                                  else TOKENS_MOVED)
 
 
 def in_place(record: PoolScript) -> None:
@@ -457,6 +478,11 @@ CROSSES_BLOCK = Mistake(
     "PagedKVCache.append_written_as_one_slice", "wrote an append's T tokens as one slice of one block: past its end "
     "they belong in the next block; write token by token, or by (block, slot) index tensors",
     raises=Raises(message=r"shape mismatch|must match the size|expanded size|broadcast"))
+WRAPPED = Mistake(
+    "PagedKVCache.append_wrapped_in_one_block", "an append crossing a block boundary wrote every token into its "
+    "first token's block: look each token's block up, table[t // block_size]",
+    why="At slot t % block_size of that one block, the tokens past the boundary overwrite the block's start.",
+    test=_wrapped)
 TOKENS_MOVED = Mistake(
     "PagedKVCache.tokens_moved", "stored tokens moved on append (new blocks for the whole sequence, copied): keep "
     "each token where it was written; take blocks only for the new tokens, at the table's end",
@@ -525,6 +551,6 @@ CACHE = StepSpec(
         prop("device", 2, pool_on_device, gated=ON_META),
     ),
     mistakes=(GROWN_BY_CAT, STORAGE_REPLACED, EXTRA_BLOCK, LAST_BLOCK_MISSING, CROSSES_BLOCK, LOGICAL_WRITTEN,
-              TOKENS_MOVED, SLOTS_COUNTED, OUT_OF_BLOCKS_NOT_REFUSED, CHANGED_BEFORE_RAISING, EXACT_FIT_REFUSED,
-              FREE_KEEPS_BLOCKS, FREE_KEEPS_SEQUENCE, DTYPE_IGNORED, TABLE_SORTED),
+              WRAPPED, TOKENS_MOVED, SLOTS_COUNTED, OUT_OF_BLOCKS_NOT_REFUSED, CHANGED_BEFORE_RAISING,
+              EXACT_FIT_REFUSED, FREE_KEEPS_BLOCKS, FREE_KEEPS_SEQUENCE, DTYPE_IGNORED, TABLE_SORTED),
 )

@@ -134,6 +134,11 @@ HEADS_SPLIT_INNER = Mistake(
     lambda *a, **kw: [served(*a, **kw, bug=HEADS_SPLIT_INNER.id, merged_inner=inner) for inner in (False, True)],
     why="view(N, Dh, H).transpose(1, 2) has the right shape, but each head gets every H-th feature, and w_o's "
         "columns expect heads outer.")
+HEADS_MERGED_INNER = Mistake(
+    "PagedSelfAttention.heads_merged_inner", "the heads were merged as (N, Dh, H), heads inner: the output here is "
+    "(N, H, Dh), so reshape(N, H·Dh) as it is", lambda *a, **kw: served(*a, **kw, merged_inner=True),
+    why="A transpose(1, 2) kept from the (B, H, T, Dh) layout puts each head's features apart, and w_o's columns "
+        "expect head h's at h·Dh … (h + 1)·Dh − 1.")
 NAN_READ = Mistake(
     "PagedSelfAttention.unused_slots_read", "read slots of the pool no sequence holds (a whole block, or a −1 of a "
     "table): gather each sequence's first seq_len tokens only",
@@ -241,7 +246,8 @@ MODULE = StepSpec(
         prop("reads_pool", 2, _serve_check(refill=True), situation=POOL_NOT_READ),
         prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),
-    mistakes=(NOT_CAUSAL, NEW_ONLY, LENGTHS_BEFORE, NO_OUTPUT_PROJECTION, HEADS_SPLIT_INNER, NAN_READ),
+    mistakes=(NOT_CAUSAL, NEW_ONLY, LENGTHS_BEFORE, NO_OUTPUT_PROJECTION, HEADS_SPLIT_INNER, HEADS_MERGED_INNER,
+              NAN_READ),
 )
 
 SPEC = Spec((CACHE, DECODE, VARLEN, MODULE))

@@ -51,6 +51,7 @@ from .wrong import (
     first_length,
     flash_reference,
     flash_variant,
+    grid_from_keys,
     grid_rounded_down,
     has_nan,
     head_dims_cut,
@@ -338,7 +339,7 @@ FLASH = StepSpec(
     checks=(
         checked("values", 6), checked("causal", 6, causal=True, situation=FLASH_CAUSAL),
         checked("causal_square", 3, t_q=TK, causal=True, situation=FLASH_CAUSAL),
-        checked("fully_masked", 4, t_q=TK + 9, t_k=TQ, causal=True, situation=FLASH_NO_KEY),
+        checked("fully_masked", 4, t_q=TK + 13, t_k=TQ, causal=True, situation=FLASH_NO_KEY),
         checked("strided", 2, strided=(0, 1, 2), situation=FLASH_STRIDES),
         checked("layouts", 2, strided=((0, 1, 2), (2, 1, 2)), situation=FLASH_STRIDES),
         prop("block_sizes", 4, block_sizes, situation=FLASH_BLOCKS),
@@ -354,6 +355,9 @@ FLASH = StepSpec(
                 "block was never computed: use triton.cdiv(t_q, block_m) and mask its rows", test=grid_rounded_down,
                 why="Floor division drops the rows past the last full block; their output is whatever torch.empty "
                     "held."),
+        Mistake("flash_attention.grid_from_keys", "the grid's query blocks were counted from the keys, cdiv(t_k, "
+                "block_m): with more queries than keys the last query blocks never run; count them from the queries, "
+                "triton.cdiv(t_q, block_m)", test=grid_from_keys),
         Mistake("flash_attention.rescale_sign_flipped", "every output was NaN: the rescale factor is "
                 "alpha = e^(m - m_new), old max minus new, not e^(m_new - m)", test=all_nan,
                 why="With m = -inf before the first block, e^(m_new - m) is inf, and inf · 0 is NaN in every row."),

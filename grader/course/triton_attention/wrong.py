@@ -233,17 +233,26 @@ def grid_rounded_down(value, q, k, v, causal=False, block_m=16, block_n=16):
     """Does the answer show a grid of t_q // block_m query blocks: its full blocks right, the last partial one never
     written (whatever torch.empty held), so wrong in every row whose reference is not 0? (A wrong online softmax
     is right in the rows that see a single key block, and those may be in the last block.)"""
-    t_q = q.shape[-2]
-    full = t_q // block_m * block_m
-    if not 0 < full < t_q or not isinstance(value, (tuple, list)) or not isinstance(value[0], torch.Tensor):
+    return _unwritten_after(q.shape[-2] // block_m * block_m, value, q, k, v, causal)
+
+
+def grid_from_keys(value, q, k, v, causal=False, block_m=16, block_n=16):
+    """Does the answer show a grid of cdiv(t_k, block_m) query blocks, counted from the keys: where Tq is longer, the
+    rows past them never written?"""
+    return _unwritten_after(-(-k.shape[-2] // block_m) * block_m, value, q, k, v, causal)
+
+
+def _unwritten_after(rows: int, value, q, k, v, causal) -> bool:
+    """The answer right in its first `rows` query rows and wrong in every later row whose reference is not 0."""
+    if not 0 < rows < q.shape[-2] or not isinstance(value, (tuple, list)) or not isinstance(value[0], torch.Tensor):
         return False
     if value[0].shape != q.shape:
         return False
     want = flash_reference(*(x.to(torch.float64) for x in (q, k, v)), causal)[0]
     got = value[0].to(torch.float64)
-    if not torch.allclose(got[..., :full, :], want[..., :full, :], rtol=1e-2, atol=1e-2):
+    if not torch.allclose(got[..., :rows, :], want[..., :rows, :], rtol=1e-2, atol=1e-2):
         return False
-    tail, wanted = got[..., full:, :].nan_to_num(1e9), want[..., full:, :]
+    tail, wanted = got[..., rows:, :].nan_to_num(1e9), want[..., rows:, :]
     close = torch.isclose(tail, wanted, rtol=1e-2, atol=1e-2).all(-1)  # (..., rows): each unwritten row right?
     nonzero = (wanted != 0).any(-1)
     return bool(nonzero.any()) and not bool((close & nonzero).any())

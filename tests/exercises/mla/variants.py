@@ -144,6 +144,8 @@ def expand_kv(c_kv, w_uk, w_uv, num_heads):
     Variant("scores_rope_part_unscaled",
             scores_with("nope / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1]) + rope"),
             "mla_scores", "mla_scores.rope_part_unscaled"),
+    Variant("scores_nope_part_unscaled", scores_with("nope + rope / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])"),
+            "mla_scores", "mla_scores.nope_part_unscaled"),
     Variant("scores_scaled_per_part", scores_with("nope / math.sqrt(q_nope.shape[-1]) + rope / math.sqrt(q_rope.shape[-1])"),
             "mla_scores", "mla_scores.scaled_per_part"),
     Variant("scores_rope_part_dropped", scores_with("nope / math.sqrt(q_nope.shape[-1])"),
@@ -404,6 +406,8 @@ class MultiHeadLatentAttention(MultiHeadLatentAttention):
             "cache_bytes_per_token", "cache_bytes_per_token.in_bits"),
     Variant("bytes_fixed_itemsize", bytes_with(item="2  # bf16"),
             "cache_bytes_per_token", "cache_bytes_per_token.fixed_itemsize"),
+    Variant("bytes_itemsize_by_family", bytes_with(item="(2 if dtype in (torch.float16, torch.bfloat16) else 4)"),
+            "cache_bytes_per_token", "cache_bytes_per_token.itemsize_by_family"),
     Variant("bytes_unknown_key_error", """
 def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_heads, kv_lora_rank, qk_rope_head_dim,
                           dtype):

@@ -95,6 +95,13 @@ class PagedKVCache(PagedKVCache):
         self.free_blocks.extend(table)
         table, start = [self.free_blocks.pop(0) for _ in range(-(-end // bs))], 0
 """ + WRITE), "PagedKVCache", "PagedKVCache.tokens_moved"),
+    Variant("pool_append_wrapped_in_one_block", append_with(TAKE + """\
+        block = table[start // bs]  # looked up once, for the append's first token
+        for i, t in enumerate(range(start, end)):
+            self.k_cache[block, t % bs] = k[i]
+            self.v_cache[block, t % bs] = v[i]
+        self.tables[seq_id], self.lengths[seq_id] = table, end"""),
+            "PagedKVCache", "PagedKVCache.append_wrapped_in_one_block"),
     Variant("pool_logical_block_written", append_with(TAKE + """\
         for i, t in enumerate(range(start, end)):
             self.k_cache[t // bs, t % bs] = k[i]  # the logical block, not table[t // bs]

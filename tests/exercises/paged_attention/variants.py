@@ -268,6 +268,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
     Variant("module_heads_split_inner", forward(APPEND, GATHER, ATTEND).replace(
         "w(x).view(N, self.num_heads, self.head_dim)", "w(x).view(N, self.head_dim, self.num_heads).transpose(1, 2)"),
             "PagedSelfAttention", "PagedSelfAttention.heads_split_inner"),
+    Variant("module_heads_merged_inner", forward(APPEND, GATHER, ATTEND.replace("self.w_o(y.reshape(N, D))",
+                                                                                "self.w_o(y.transpose(1, 2).reshape(N, D))")),
+            "PagedSelfAttention", "PagedSelfAttention.heads_merged_inner"),
     Variant("cache_table_sorted", """
 class PagedKVCache(PagedKVCache):
     def block_table(self, seq_id):
