@@ -1647,3 +1647,71 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
 """, base=base, name="flash_attention.py")
     flash = step(result, "flash_attention")
     assert [c.name for c in flash.checks if c.points < c.max_points] == ["flash_attention_tiles_only"], explain(result)
+
+
+# The fifteenth review's a01: a launcher whose kernel does nothing, its Python run inside the launch (where the kernel
+# probe handed Triton the real memory), reading its input's bytes. Each form runs `_work` there: `WHERE` says how.
+IN_THE_LAUNCH = """
+import math
+import struct
+
+_JOB = []
+
+
+def _run_job(*_):
+    if _JOB:
+        _JOB.append(_JOB.pop()())
+    return (1,)
+
+
+{where}
+
+
+def softmax(x):
+    def work():
+        whole = x.detach().double().contiguous()
+        data = bytes(whole.untyped_storage())
+        return list(struct.unpack(f"<{{whole.numel()}}d", data))
+
+    _JOB.append(work)
+    {launch}
+    flat, out = _JOB.pop(), []
+    rows, cols = x.shape
+"""
+LAUNCH_FORMS = {
+    "grid_function": ("@triton.jit\ndef _idle(x_ptr):\n    pid = tl.program_id(0)", "_idle[_run_job](x)"),
+    "pre_run_hook": ("@triton.jit\ndef _idle(x_ptr):\n    pid = tl.program_id(0)\n\n\n_idle.add_pre_run_hook(_run_job)",
+                     "_idle[(1,)](x)"),
+    "kernel_body": ("@triton.jit\ndef _idle(x_ptr):\n    _run_job()", "_idle[(1,)](x)"),
+}
+
+
+@pytest.mark.parametrize("form", sorted(LAUNCH_FORMS))
+def test_a_launcher_whose_python_runs_inside_the_launch_keeps_nothing(grade_source, form):
+    """The fifteenth review's a01, a01b and a01c: the probe let Triton read real memory for the whole launch, and a
+    grid function, a pre-run hook, or Python the interpreted kernel's body called read the input there: 100 of 100.
+    Only Triton's own copies of a launch's arguments read memory now."""
+    where, launch = LAUNCH_FORMS[form]
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    result = grade_source(IN_THE_LAUNCH.format(where=where, launch=launch) + SOFTMAX_IN_PYTHON, base=base,
+                          name="triton_attention.py")
+    assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
+
+
+@pytest.mark.parametrize("reader", ["complex(value).real", "_SCALAR(value)"])
+def test_a_tiled_step_that_reads_values_by_any_conversion_breaks_its_rule(grade_source, reader):
+    """The fifteenth review's i01 and i01c: flash_attention read its inputs through complex(t), and through
+    aten._local_scalar_dense reached by getattr (past the scan for `torch.ops.`), names on no forbidden list. A call
+    given a tensor that answers a Python number (not one of its layout, not a bool) is recorded as a read now."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source(f"""
+_tiled = flash_attention
+_SCALAR = getattr(torch, "ops").aten._local_scalar_dense
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    value = q[0, 0, 0, 0]
+    read = {reader}  # what a Python score matrix would start from
+    return _tiled(q, k, v, causal, block_q, block_k)
+""", base=base, name="flash_attention.py")
+    assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)

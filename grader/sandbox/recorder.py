@@ -68,6 +68,12 @@ TAKES_NUMBERS = FACTORIES | frozenset({
 # What hands a tensor's values back as a shape whatever its arguments: its result's size is a count of its data
 DATA_SHAPED = frozenset({"masked_select", "nonzero", "nonzero_static", "argwhere", "unique", "unique_consecutive",
                          "_unique", "_unique2", "bincount", "histc", "histogram", "bucketize", "searchsorted"})
+# A call given a tensor that answers a Python number is a read of its value too (`complex(t)`, `float(t)`,
+# aten._local_scalar_dense reached by any spelling), but for these, which answer a number of its layout; a bool is one
+# bit (`if mask.any():`), not a value
+LAYOUT_NUMBERS = frozenset({"size", "stride", "dim", "ndimension", "numel", "nelement", "element_size",
+                            "storage_offset", "data_ptr", "get_device", "__len__", "__get__", "__hash__", "_version",
+                            "__sizeof__", "nbytes", "itemsize"})
 PLAIN = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis), range)  # arguments that run no code
 # Callables of C types: their attributes are C getters, which run no Python code
 C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
@@ -158,6 +164,10 @@ def make_recorder(torch, lifted):
                     value = func(*args, **kwargs)
                 finally:
                     modules["warnings"] = shared
+            kind = type(value)
+            if ((kind is int or kind is float or kind is complex) and str.split(name, ".")[0] not in LAYOUT_NUMBERS
+                    and any(issubclass(type(a), torch.Tensor) for a in (*args, *dict.values(kwargs)))):
+                self.seen.add(READ_AS_NUMBER)
             if self.shapes is not None:
                 self.shapes.add(torch, value, name, given=(*args, *kwargs.values()))
             if self.gradients:

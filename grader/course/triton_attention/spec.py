@@ -28,6 +28,7 @@ import torch
 from grader.engine import (
     ALWAYS,
     Call,
+    CandidateError,
     CheckFailed,
     Mistake,
     Probe,
@@ -131,9 +132,10 @@ def kept_rules(points: int, **params):
 def launched_kernel(points: int, mistake: Mistake, **params):
     """The launcher launched a Triton kernel (a triton.jit function, compiled or interpreted, or an autotuner over
     one), and the kernel did the work: the stand-in `Launches` (stand_ins.py) runs it in the worker and lists what
-    `kernel[grid]` launched, then runs it again where its own Python can read no tensor's memory (outside a launch,
-    a storage or data pointer is one of NaN); a launcher right the first time must be right the second (else it
-    computed the answer itself, from its inputs' bytes)."""
+    `kernel[grid]` launched, then runs it again where no Python of the candidate's can read a tensor's memory (a
+    storage or data pointer is one of NaN but to Triton's own copies of a launch's arguments); a launcher right the
+    first time must be right the second, and not raise (else it computed the answer itself, from its inputs'
+    bytes)."""
     def check(run):
         call = run.inputs(**params)
         device = triton_device(run)
@@ -141,7 +143,8 @@ def launched_kernel(points: int, mistake: Mistake, **params):
         probe = script.build("Launches", stand_in=True)
         names = ("launcher", *call.names)
         index = script.call(probe, "run", run.step.id, *call.args, kwargs=call.kwargs, names=names)
-        unread = script.call(probe, "unread", run.step.id, *call.args, kwargs=call.kwargs, names=names)
+        unread = script.call(probe, "unread", run.step.id, *call.args, kwargs=call.kwargs, names=names,
+                             may_raise=True)
         results = run.script(script, device=device).value
         launched = results[index]
         if not isinstance(launched, list) or not launched:
@@ -152,11 +155,15 @@ def launched_kernel(points: int, mistake: Mistake, **params):
         except CheckFailed:
             return  # a wrong answer is its checks' to charge, not this one's
         try:
+            if isinstance(results[unread], CandidateError):  # it raised only where its Python read NaN
+                raise CheckFailed(results[unread].message)
             run.expect_right(results[unread], call, device)
         except CheckFailed:
             raise CheckFailed(f"{run.step.id} was right, and wrong when its own Python could read no tensor's memory "
-                              "(a storage or data pointer asked outside a kernel launch): the launcher computed "
-                              "the answer, not the kernel", mistake, {"launched": launched}, breach=True) from None
+                              "(a storage or data pointer asked anywhere but in Triton's own copy of a launch's "
+                              "arguments: before the launch, in a grid function or hook, or in Python the kernel "
+                              "calls): the launcher computed the answer, not the kernel", mistake,
+                              {"launched": launched}, breach=True) from None
 
     return prop("kernel", points, check, gated=ALWAYS)
 

@@ -44,9 +44,11 @@ class Launches:
 
 
     def unread(self, launcher, *args, **kwargs):
-        """The launcher's answer where its own Python reads no tensor's memory: outside a kernel launch, a storage
-        or a data pointer it asks a tensor for is one of as many NaN (inside one, Triton reads the real ones). A
-        launcher that computes its answer in Python from the bytes of its inputs answers NaN here.
+        """The launcher's answer where no Python of the candidate's reads a tensor's memory: a storage or a data
+        pointer asked for is one of as many NaN, except while Triton itself copies a launch's arguments (the
+        interpreter) or launches a compiled kernel. A launcher that computes its answer in Python from the bytes of
+        its inputs answers NaN here, wherever that Python runs: before the launch, in a grid function, in a launch
+        hook, or (the interpreter running a kernel's body as Python) in a function the kernel calls.
 
         The readers are answered by a torch-function mode of this probe's, not by replacing torch.Tensor's methods:
         torch dispatches every way to them to the mode (torch._C.TensorBase's own methods, a `.data` view's, a
@@ -56,8 +58,9 @@ class Launches:
         jit = sys.modules.get("triton.runtime.jit")
         if jit is None:
             return getattr(_candidate(), launcher)(*args, **kwargs)
-        KernelInterface = jit.KernelInterface
-        original = KernelInterface.__getitem__
+        interpreter = sys.modules.get("triton.runtime.interpreter")
+        executor = getattr(interpreter, "GridExecutor", None)
+        interpreted = getattr(interpreter, "InterpretedFunction", None)
         inside = [0]
         kept = []  # the NaN stand-ins, alive until the launcher is done
         base = torch._C.TensorBase
@@ -82,23 +85,57 @@ class Launches:
                     return reader(*args, **kwargs)
                 return func(*args, **kwargs)
 
-        def launching(kernel, grid):
-            launch = original(kernel, grid)
-
+        def with_memory(function, depth: int):
+            """`function` run where the readers answer truly (depth 1) or NaN (depth 0)."""
             def run(*a, **k):
-                inside[0] += 1
+                kept_depth, inside[0] = inside[0], depth
                 try:
-                    return launch(*a, **k)
+                    return function(*a, **k)
                 finally:
-                    inside[0] -= 1
+                    inside[0] = kept_depth
             return run
 
-        KernelInterface.__getitem__ = launching
+        # What Triton runs of the candidate's inside a launch reads NaN: a grid function, the kernel's hooks, the
+        # launch hooks; and in the interpreter only Triton's own copies of the arguments read memory (the kernel's
+        # body, run as Python, is the candidate's too)
+        patches = [(jit.KernelInterface, "__getitem__", None)]
+        runtime = getattr(sys.modules.get("triton.knobs"), "runtime", None)
+        for hook in ("launch_enter_hook", "launch_exit_hook"):
+            if callable(getattr(runtime, hook, None)):
+                patches.append((runtime, hook, with_memory(getattr(runtime, hook), 0)))
+        if executor is not None and interpreted is not None and hasattr(interpreter, "_implicit_cvt"):
+            patches += [(executor, "_init_args_hst", with_memory(executor._init_args_hst, 1)),
+                        (executor, "_restore_args_dev", with_memory(executor._restore_args_dev, 1)),
+                        (interpreter, "_implicit_cvt", with_memory(interpreter._implicit_cvt, 1))]
+        original = jit.KernelInterface.__getitem__
+
+        hooked = []  # (kernel, its own pre-run hooks), put back when the launcher is done
+
+        def launching(kernel, grid):
+            hooks = getattr(kernel, "pre_run_hooks", None)
+            if isinstance(hooks, list):
+                hooked.append((kernel, hooks))
+                kernel.pre_run_hooks = [with_memory(h, 0) for h in hooks]
+            launch = original(kernel, with_memory(grid, 0) if callable(grid) else grid)
+            if interpreted is not None and isinstance(kernel, interpreted):
+                return launch  # its argument copies read memory, nothing else of the launch
+            return with_memory(launch, 1)  # compiled: the launch reads the arguments in C
+
+        patches[0] = (jit.KernelInterface, "__getitem__", launching)
+        saved = [(owner, name, vars(owner).get(name)) for owner, name, _ in patches]
         try:
+            for owner, name, value in patches:
+                setattr(owner, name, value)
             with Unread():
                 return getattr(_candidate(), launcher)(*args, **kwargs)
         finally:
-            KernelInterface.__getitem__ = original
+            for owner, name, value in saved:
+                if value is None:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, value)
+            for kernel, hooks in reversed(hooked):
+                kernel.pre_run_hooks = hooks
 
 
 class Timer:
