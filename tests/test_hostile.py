@@ -1683,14 +1683,17 @@ LAUNCH_FORMS = {
     "pre_run_hook": ("@triton.jit\ndef _idle(x_ptr):\n    pid = tl.program_id(0)\n\n\n_idle.add_pre_run_hook(_run_job)",
                      "_idle[(1,)](x)"),
     "kernel_body": ("@triton.jit\ndef _idle(x_ptr):\n    _run_job()", "_idle[(1,)](x)"),
+    "autotuned_kernel_body": ("@triton.autotune(configs=[triton.Config({'BLOCK': 16})], key=[])\n@triton.jit\n"
+                              "def _idle(x_ptr, BLOCK: tl.constexpr):\n    _run_job()", "_idle[(1,)](x)"),
 }
 
 
 @pytest.mark.parametrize("form", sorted(LAUNCH_FORMS))
 def test_a_launcher_whose_python_runs_inside_the_launch_keeps_nothing(grade_source, form):
     """The fifteenth review's a01, a01b and a01c: the probe let Triton read real memory for the whole launch, and a
-    grid function, a pre-run hook, or Python the interpreted kernel's body called read the input there: 100 of 100.
-    Only Triton's own copies of a launch's arguments read memory now."""
+    grid function, a pre-run hook, or Python the interpreted kernel's body called read the input there: 100 of 100
+    (through an autotuner too, which launches its kernel itself). Only Triton's own copies of a launch's arguments
+    read memory now."""
     where, launch = LAUNCH_FORMS[form]
     base = (ROOT / "solutions" / "triton_attention.py").read_text()
     result = grade_source(IN_THE_LAUNCH.format(where=where, launch=launch) + SOFTMAX_IN_PYTHON, base=base,

@@ -117,7 +117,12 @@ class Launches:
                 hooked.append((kernel, hooks))
                 kernel.pre_run_hooks = [with_memory(h, 0) for h in hooks]
             launch = original(kernel, with_memory(grid, 0) if callable(grid) else grid)
-            if interpreted is not None and isinstance(kernel, interpreted):
+            inner = kernel  # an autotuner's or heuristics' kernel, down to the jit function it runs
+            for _ in range(8):
+                if interpreted is None or isinstance(inner, interpreted) or not hasattr(inner, "fn"):
+                    break
+                inner = inner.fn
+            if interpreted is not None and isinstance(inner, interpreted):
                 return launch  # its argument copies read memory, nothing else of the launch
             return with_memory(launch, 1)  # compiled: the launch reads the arguments in C
 
