@@ -1659,7 +1659,7 @@ _JOB = []
 
 
 def _run_job(*_):
-    if _JOB:
+    if _JOB and callable(_JOB[-1]):  # once: Triton may ask more than once
         _JOB.append(_JOB.pop()())
     return (1,)
 
@@ -1683,6 +1683,11 @@ LAUNCH_FORMS = {
     "pre_run_hook": ("@triton.jit\ndef _idle(x_ptr):\n    pid = tl.program_id(0)\n\n\n_idle.add_pre_run_hook(_run_job)",
                      "_idle[(1,)](x)"),
     "kernel_body": ("@triton.jit\ndef _idle(x_ptr):\n    _run_job()", "_idle[(1,)](x)"),
+    "fake_argument": ("class _Fake:  # Triton asks a launch's argument for its storage: this one's is Python\n"
+                      "    def data_ptr(self):\n        return 0\n\n"
+                      "    def untyped_storage(self):\n        _run_job()\n        raise AttributeError('none')\n\n\n"
+                      "@triton.jit\ndef _idle(x_ptr):\n    pid = tl.program_id(0)",
+                      "try:\n        _idle[(1,)](_Fake())\n    except Exception:\n        pass"),
     "autotuned_kernel_body": ("@triton.autotune(configs=[triton.Config({'BLOCK': 16})], key=[])\n@triton.jit\n"
                               "def _idle(x_ptr, BLOCK: tl.constexpr):\n    _run_job()", "_idle[(1,)](x)"),
 }
@@ -1692,8 +1697,8 @@ LAUNCH_FORMS = {
 def test_a_launcher_whose_python_runs_inside_the_launch_keeps_nothing(grade_source, form):
     """The fifteenth review's a01, a01b and a01c: the probe let Triton read real memory for the whole launch, and a
     grid function, a pre-run hook, or Python the interpreted kernel's body called read the input there: 100 of 100
-    (through an autotuner too, which launches its kernel itself). Only Triton's own copies of a launch's arguments
-    read memory now."""
+    (through an autotuner too, which launches its kernel itself, or an argument of the file's own class, whose
+    storage Triton asks for). Only Triton's own copies of a launch's plain arguments read memory now."""
     where, launch = LAUNCH_FORMS[form]
     base = (ROOT / "solutions" / "triton_attention.py").read_text()
     result = grade_source(IN_THE_LAUNCH.format(where=where, launch=launch) + SOFTMAX_IN_PYTHON, base=base,
@@ -1718,3 +1723,62 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
     return _tiled(q, k, v, causal, block_q, block_k)
 """, base=base, name="flash_attention.py")
     assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)
+
+
+def test_a_launcher_that_reads_values_through_index_errors_keeps_nothing(grade_source):
+    """The sixteenth review's a02: a Triton launcher indexed a one-element tensor with each of its input's words, and
+    read the value back from the IndexError ("index 7 is out of bounds"), with allowed calls only: 100 of 100. A call
+    that raises, given a tensor of integers, is recorded as a read."""
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    result = grade_source("""
+import math
+import re
+
+_kernel_softmax = softmax
+_SAID = re.compile(r"index (-?\\d+) is out of bounds")
+
+
+def softmax(x):
+    _kernel_softmax(x[:1, :1])  # a kernel launched, on nothing that matters
+    words, one = [], torch.zeros(1)
+    for word in x.detach().double().contiguous().view(torch.int32).long().reshape(-1).unbind(0):
+        try:
+            one[word]
+            words.append(0)
+        except IndexError as error:
+            words.append(int(_SAID.search(str(error)).group(1)))
+    rows, cols = x.shape
+    flat, out = list(struct.unpack(f"<{rows * cols}d", struct.pack(f"<{len(words)}i", *words))), []
+""" + SOFTMAX_IN_PYTHON, base="import struct\n" + base, name="triton_attention.py")
+    assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
+
+
+def test_a_tiled_step_that_reads_values_as_the_lengths_of_pieces_breaks_its_rule(grade_source):
+    """The sixteenth review's i01 and i02: flash_attention (and its backward) cut a tensor at its input's values with
+    tensor_split and read each value back as a piece's length: 100 of 100. A tensor of many integers given where
+    torch reads numbers is a read, as one integer is."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source("""
+_tiled = flash_attention
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    cuts = (q[0, 0, :4, 0] * 0).long().cumsum(0) + torch.arange(4)  # what values would be cut at
+    lengths = [len(piece) for piece in torch.zeros(64).tensor_split(cuts)]
+    return _tiled(q, k, v, causal, block_q, block_k)
+""", base=base, name="flash_attention.py")
+    assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)
+
+
+def test_a_launch_argument_that_claims_to_be_tritons_gets_no_memory(grade_source):
+    """The sixteenth review's a03: an object whose class said `__module__ = "triton.language"` passed the probe's
+    check of a launch's arguments, and its `data_ptr` property, which Triton's copy of the arguments asks for, read
+    the real inputs: 100 of 100. Types are compared by identity now."""
+    where = ("class _Fake:\n    __module__ = 'triton.language.core'\n\n"
+             "    @property\n    def data_ptr(self):\n        _run_job()\n        raise AttributeError('none')\n\n\n"
+             "@triton.jit\ndef _idle(x_ptr):\n    pid = tl.program_id(0)")
+    launch = "try:\n        _idle[(1,)](_Fake())\n    except Exception:\n        pass"
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    result = grade_source(IN_THE_LAUNCH.format(where=where, launch=launch) + SOFTMAX_IN_PYTHON, base=base,
+                          name="triton_attention.py")
+    assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)

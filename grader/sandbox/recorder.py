@@ -65,6 +65,8 @@ TAKES_NUMBERS = FACTORIES | frozenset({
     "squeeze", "flatten", "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "cumsum", "cumprod",
     "logsumexp", "topk", "kthvalue", "diagonal", "diag", "tril", "triu", "roll", "flip", "resize_", "size",
     "stride", "pad", "index_select", "softmax", "log_softmax", "norm", "prod", "std", "var", "all", "any"})
+# Of those, the ones whose tensor of many integers is an index, not numbers: the result's shape is its count alone
+INDEXES = frozenset({"index_select"})
 # What hands a tensor's values back as a shape whatever its arguments: its result's size is a count of its data
 DATA_SHAPED = frozenset({"masked_select", "nonzero", "nonzero_static", "argwhere", "unique", "unique_consecutive",
                          "_unique", "_unique2", "bincount", "histc", "histogram", "bucketize", "searchsorted"})
@@ -124,6 +126,7 @@ def make_recorder(torch, lifted):
     grad_enabled, grad_fn_of = torch.is_grad_enabled, torch._C.TensorBase.grad_fn.__get__
     dispatch_modes = torch._C._len_torch_dispatch_stack  # modes below this one, whose Python runs inside a call
     reads_as_number = _number_reader(torch)
+    integers = _integer_arguments(torch)
 
     class Recorder(TorchFunctionMode):
         """Records the name of every torch function called while it is active.
@@ -162,6 +165,10 @@ def make_recorder(torch, lifted):
                 modules["warnings"] = quiet
                 try:
                     value = func(*args, **kwargs)
+                except BaseException:
+                    if integers(args, kwargs):  # what it raises may name a value ("index 7 is out of bounds")
+                        self.seen.add(READ_AS_NUMBER)
+                    raise
                 finally:
                     modules["warnings"] = shared
             kind = type(value)
@@ -613,6 +620,9 @@ def _number_reader(torch):
     def number(value) -> bool:
         return issubclass(type(value), tensor) and numel(value) == 1 and not is_float(value) and not is_complex(value)
 
+    def numbers(value) -> bool:  # an integer tensor of any size: a list of numbers (tensor_split's cut points)
+        return issubclass(type(value), tensor) and numel(value) >= 1 and not is_float(value) and not is_complex(value)
+
     def inside(value, name: str, depth: int) -> bool:
         if type(value) is slice:
             return number(value.start) or number(value.stop) or number(value.step)
@@ -640,9 +650,12 @@ def _number_reader(torch):
             if mask(index) or ((type(index) is tuple or type(index) is list) and any(mask(i) for i in index)):
                 return True
         given = dict.values(kwargs) if type(kwargs) is dict and kwargs else ()
+        if name == "where" and len(args) == 1 and not given:  # torch.where(condition): nonzero's indices
+            return True
         if name in TAKES_NUMBERS:
+            read = number if name in INDEXES else numbers
             for value in (*(args if name in FACTORIES else args[1:]), *given):
-                if number(value):
+                if read(value):
                     return True
         for value in (*args, *given):
             kind = type(value)
@@ -651,6 +664,27 @@ def _number_reader(torch):
         return False
 
     return reads
+
+
+def _integer_arguments(torch):
+    """given(args, kwargs): whether a call was given a tensor of integers or bools, as an argument or in a list or tuple
+    of them (a message of what the call raised may name one of its values). Read through torch's C type."""
+    numel, is_float, is_complex = (torch._C.TensorBase.numel, torch._C.TensorBase.is_floating_point,
+                                   torch._C.TensorBase.is_complex)
+    tensor = torch.Tensor
+
+    def integer(value) -> bool:
+        return issubclass(type(value), tensor) and numel(value) >= 1 and not is_float(value) and not is_complex(value)
+
+    def given(args, kwargs) -> bool:
+        values = (*(args if type(args) is tuple else ()), *(dict.values(kwargs) if type(kwargs) is dict else ()))
+        for value in values:
+            kind = type(value)
+            if integer(value) or ((kind is tuple or kind is list) and any(integer(v) for v in value)):
+                return True
+        return False
+
+    return given
 
 
 class Shapes:

@@ -85,10 +85,27 @@ class Launches:
                     return reader(*args, **kwargs)
                 return func(*args, **kwargs)
 
-        def with_memory(function, depth: int):
-            """`function` run where the readers answer truly (depth 1) or NaN (depth 0)."""
+        numbers = (int, float, bool, str, type(None))
+
+        def plain(value, depth=0) -> bool:
+            """A launch's argument that runs no code of the candidate's when Triton reads it: a tensor of torch's own
+            class, a number, or a tuple, list or dict of those, each type compared by identity (an object of any
+            other class, a Triton dtype among them, may answer Triton's `hasattr(arg, "data_ptr")` with its code)."""
+            kind = type(value)
+            if kind is torch.Tensor or any(kind is n for n in numbers):
+                return True
+            if kind is tuple or kind is list:
+                return depth < 4 and all(plain(v, depth + 1) for v in value)
+            if kind is dict:
+                return depth < 4 and all(plain(v, depth + 1) for v in dict.values(value))
+            return False
+
+        def with_memory(function, depth: int, arguments: bool = False):
+            """`function` run where the readers answer truly (depth 1) or NaN (depth 0); with `arguments`, truly
+            only if every argument is plain (an object of the candidate's own would run its code there)."""
             def run(*a, **k):
-                kept_depth, inside[0] = inside[0], depth
+                own = depth if not arguments or plain((a[1:] if a and type(a[0]) is executor else a, k)) else 0
+                kept_depth, inside[0] = inside[0], own
                 try:
                     return function(*a, **k)
                 finally:
@@ -104,9 +121,9 @@ class Launches:
             if callable(getattr(runtime, hook, None)):
                 patches.append((runtime, hook, with_memory(getattr(runtime, hook), 0)))
         if executor is not None and interpreted is not None and hasattr(interpreter, "_implicit_cvt"):
-            patches += [(executor, "_init_args_hst", with_memory(executor._init_args_hst, 1)),
-                        (executor, "_restore_args_dev", with_memory(executor._restore_args_dev, 1)),
-                        (interpreter, "_implicit_cvt", with_memory(interpreter._implicit_cvt, 1))]
+            patches += [(executor, "_init_args_hst", with_memory(executor._init_args_hst, 1, arguments=True)),
+                        (executor, "_restore_args_dev", with_memory(executor._restore_args_dev, 1, arguments=True)),
+                        (interpreter, "_implicit_cvt", with_memory(interpreter._implicit_cvt, 1, arguments=True))]
         original = jit.KernelInterface.__getitem__
 
         hooked = []  # (kernel, its own pre-run hooks), put back when the launcher is done
