@@ -1782,3 +1782,47 @@ def test_a_launch_argument_that_claims_to_be_tritons_gets_no_memory(grade_source
     result = grade_source(IN_THE_LAUNCH.format(where=where, launch=launch) + SOFTMAX_IN_PYTHON, base=base,
                           name="triton_attention.py")
     assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
+
+
+def test_a_launcher_that_reads_values_from_any_error_it_catches_keeps_nothing(grade_source):
+    """The seventeenth review's a05 (and a04, i03, i04): review 16's mark looked for integer tensors one level into a
+    call's arguments, and an index nested two deep (or a float bound whose arange overflowed, "sizes=[N]") named the
+    value in what the call raised: 100 of 100. A recorded call that raises (but for a missing attribute) is a read
+    now, whatever its arguments: a call that fails this way fails, unless the file catches it."""
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    result = grade_source("""
+import math
+import re
+
+_kernel_softmax = softmax
+_SAID = re.compile(r"index (-?\\d+) is out of bounds")
+
+
+def softmax(x):
+    _kernel_softmax(x[:1, :1])  # a kernel launched, on nothing that matters
+    words, one = [], torch.zeros(1)
+    for word in x.detach().double().contiguous().view(torch.int32).long().reshape(-1).unbind(0):
+        try:
+            one[((word,),)]
+            words.append(0)
+        except IndexError as error:
+            words.append(int(_SAID.search(str(error)).group(1)))
+    rows, cols = x.shape
+    flat, out = list(struct.unpack(f"<{rows * cols}d", struct.pack(f"<{len(words)}i", *words))), []
+""" + SOFTMAX_IN_PYTHON, base="import struct\n" + base, name="triton_attention.py")
+    assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
+
+
+def test_a_tiled_step_that_reads_a_value_as_a_factorys_bound_breaks_its_rule(grade_source):
+    """The seventeenth review's i03: a float tensor given to arange as its end is read by torch as a number (the
+    result's length names it); any tensor of one number given to a factory is a read now, a float's too."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source("""
+_tiled = flash_attention
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    length = len(torch.arange(q[0, 0, 0, 0].abs() * 0 + 3))  # what a value would be read as
+    return _tiled(q, k, v, causal, block_q, block_k)
+""", base=base, name="flash_attention.py")
+    assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)

@@ -69,7 +69,8 @@ TAKES_NUMBERS = FACTORIES | frozenset({
 INDEXES = frozenset({"index_select"})
 # What hands a tensor's values back as a shape whatever its arguments: its result's size is a count of its data
 DATA_SHAPED = frozenset({"masked_select", "nonzero", "nonzero_static", "argwhere", "unique", "unique_consecutive",
-                         "_unique", "_unique2", "bincount", "histc", "histogram", "bucketize", "searchsorted"})
+                         "_unique", "_unique2", "bincount", "histc", "histogram", "bucketize", "searchsorted",
+                         "one_hot", "sparse_coo_tensor", "_sparse_coo_tensor_unsafe"})
 # A call given a tensor that answers a Python number is a read of its value too (`complex(t)`, `float(t)`,
 # aten._local_scalar_dense reached by any spelling), but for these, which answer a number of its layout; a bool is one
 # bit (`if mask.any():`), not a value
@@ -126,7 +127,6 @@ def make_recorder(torch, lifted):
     grad_enabled, grad_fn_of = torch.is_grad_enabled, torch._C.TensorBase.grad_fn.__get__
     dispatch_modes = torch._C._len_torch_dispatch_stack  # modes below this one, whose Python runs inside a call
     reads_as_number = _number_reader(torch)
-    integers = _integer_arguments(torch)
 
     class Recorder(TorchFunctionMode):
         """Records the name of every torch function called while it is active.
@@ -165,8 +165,10 @@ def make_recorder(torch, lifted):
                 modules["warnings"] = quiet
                 try:
                     value = func(*args, **kwargs)
-                except BaseException:
-                    if integers(args, kwargs):  # what it raises may name a value ("index 7 is out of bounds")
+                except BaseException as error:
+                    # What it raises may name a value ("index 7 is out of bounds", "sizes=[N]") to code that catches
+                    # it; a call that fails this way fails, unless caught. A missing attribute names none.
+                    if not issubclass(type(error), AttributeError):
                         self.seen.add(READ_AS_NUMBER)
                     raise
                 finally:
@@ -620,6 +622,9 @@ def _number_reader(torch):
     def number(value) -> bool:
         return issubclass(type(value), tensor) and numel(value) == 1 and not is_float(value) and not is_complex(value)
 
+    def scalar(value) -> bool:  # any tensor of one number, a float too: a factory's bound (arange's end)
+        return issubclass(type(value), tensor) and numel(value) == 1
+
     def numbers(value) -> bool:  # an integer tensor of any size: a list of numbers (tensor_split's cut points)
         return issubclass(type(value), tensor) and numel(value) >= 1 and not is_float(value) and not is_complex(value)
 
@@ -652,8 +657,10 @@ def _number_reader(torch):
         given = dict.values(kwargs) if type(kwargs) is dict and kwargs else ()
         if name == "where" and len(args) == 1 and not given:  # torch.where(condition): nonzero's indices
             return True
+        if name == "repeat_interleave" and len(args) == 1 and not given:  # (repeats): as long as their sum
+            return True
         if name in TAKES_NUMBERS:
-            read = number if name in INDEXES else numbers
+            read = number if name in INDEXES else scalar if name in FACTORIES else numbers
             for value in (*(args if name in FACTORIES else args[1:]), *given):
                 if read(value):
                     return True
@@ -664,27 +671,6 @@ def _number_reader(torch):
         return False
 
     return reads
-
-
-def _integer_arguments(torch):
-    """given(args, kwargs): whether a call was given a tensor of integers or bools, as an argument or in a list or tuple
-    of them (a message of what the call raised may name one of its values). Read through torch's C type."""
-    numel, is_float, is_complex = (torch._C.TensorBase.numel, torch._C.TensorBase.is_floating_point,
-                                   torch._C.TensorBase.is_complex)
-    tensor = torch.Tensor
-
-    def integer(value) -> bool:
-        return issubclass(type(value), tensor) and numel(value) >= 1 and not is_float(value) and not is_complex(value)
-
-    def given(args, kwargs) -> bool:
-        values = (*(args if type(args) is tuple else ()), *(dict.values(kwargs) if type(kwargs) is dict else ()))
-        for value in values:
-            kind = type(value)
-            if integer(value) or ((kind is tuple or kind is list) and any(integer(v) for v in value)):
-                return True
-        return False
-
-    return given
 
 
 class Shapes:
