@@ -1826,3 +1826,25 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
     return _tiled(q, k, v, causal, block_q, block_k)
 """, base=base, name="flash_attention.py")
     assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)
+
+
+@pytest.mark.parametrize("reader", [
+    "torch._nested_view_from_buffer(torch.zeros(1), sizes, torch.zeros_like(sizes), torch.zeros(4, dtype=torch.long))",
+    "value.to_sparse()",
+])
+def test_a_tiled_step_that_reads_values_through_a_nested_or_sparse_tensor_breaks_its_rule(grade_source, reader):
+    """The eighteenth review's i05 and i06: flash_attention (and its backward) made a nested tensor whose components'
+    sizes were its input's words, and read them back as shapes: 100 of 100 (to_sparse's indices, as long as the
+    nonzeros, are the same kind of read). Every nested or sparse call is a read now."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source(f"""
+_tiled = flash_attention
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    value = q[0, 0, :4, 0]
+    sizes = (value * 0).long().reshape(-1, 1) + 1  # what the words would be
+    read = {reader}
+    return _tiled(q, k, v, causal, block_q, block_k)
+""", base=base, name="flash_attention.py")
+    assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)

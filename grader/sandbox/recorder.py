@@ -65,6 +65,11 @@ TAKES_NUMBERS = FACTORIES | frozenset({
     "squeeze", "flatten", "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "cumsum", "cumprod",
     "logsumexp", "topk", "kthvalue", "diagonal", "diag", "tril", "triu", "roll", "flip", "resize_", "size",
     "stride", "pad", "index_select", "softmax", "log_softmax", "norm", "prod", "std", "var", "all", "any"})
+# Nested and sparse tensors: their components' shapes and their index tensors' lengths are read from a tensor's data
+# (the sizes of _nested_view_from_buffer, the nonzeros of to_sparse): every such call, by a part of its name
+STRUCTURED = ("nested", "sparse")
+SPARSE_PARTS = frozenset({"indices", "_indices", "values", "_values", "col_indices", "crow_indices", "row_indices",
+                          "ccol_indices", "coalesce", "_coalesced_"})
 # Of those, the ones whose tensor of many integers is an index, not numbers: the result's shape is its count alone
 INDEXES = frozenset({"index_select"})
 # What hands a tensor's values back as a shape whatever its arguments: its result's size is a count of its data
@@ -648,7 +653,7 @@ def _number_reader(torch):
     def reads(name: str, args, kwargs) -> bool:
         if type(args) is not tuple:
             return False
-        if name in DATA_SHAPED:
+        if name in DATA_SHAPED or name in SPARSE_PARTS or any(part in name for part in STRUCTURED):
             return True
         if name in ("__getitem__", "index") and len(args) > 1:  # a mask's selection: as long as its True entries
             index = args[1]
