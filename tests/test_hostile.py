@@ -1725,12 +1725,15 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
     assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)
 
 
-def test_a_launcher_that_reads_values_through_index_errors_keeps_nothing(grade_source):
+@pytest.mark.parametrize("index", ["word", "((word,),)"])
+def test_a_launcher_that_reads_values_from_an_error_it_catches_keeps_nothing(grade_source, index):
     """The sixteenth review's a02: a Triton launcher indexed a one-element tensor with each of its input's words, and
-    read the value back from the IndexError ("index 7 is out of bounds"), with allowed calls only: 100 of 100. A call
-    that raises, given a tensor of integers, is recorded as a read."""
+    read the value back from the IndexError ("index 7 is out of bounds"), with allowed calls only: 100 of 100. The
+    seventeenth's a05 nested the index two deep, past the fix (a04, i03 and i04 read arange's overflow, "sizes=[N]").
+    A recorded call that raises (but for a missing attribute) is a read now, whatever its arguments: a call that
+    fails this way fails, unless the file catches it."""
     base = (ROOT / "solutions" / "triton_attention.py").read_text()
-    result = grade_source("""
+    result = grade_source(f"""
 import math
 import re
 
@@ -1743,12 +1746,12 @@ def softmax(x):
     words, one = [], torch.zeros(1)
     for word in x.detach().double().contiguous().view(torch.int32).long().reshape(-1).unbind(0):
         try:
-            one[word]
+            one[{index}]
             words.append(0)
         except IndexError as error:
             words.append(int(_SAID.search(str(error)).group(1)))
     rows, cols = x.shape
-    flat, out = list(struct.unpack(f"<{rows * cols}d", struct.pack(f"<{len(words)}i", *words))), []
+    flat, out = list(struct.unpack(f"<{{rows * cols}}d", struct.pack(f"<{{len(words)}}i", *words))), []
 """ + SOFTMAX_IN_PYTHON, base="import struct\n" + base, name="triton_attention.py")
     assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
 
@@ -1781,35 +1784,6 @@ def test_a_launch_argument_that_claims_to_be_tritons_gets_no_memory(grade_source
     base = (ROOT / "solutions" / "triton_attention.py").read_text()
     result = grade_source(IN_THE_LAUNCH.format(where=where, launch=launch) + SOFTMAX_IN_PYTHON, base=base,
                           name="triton_attention.py")
-    assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
-
-
-def test_a_launcher_that_reads_values_from_any_error_it_catches_keeps_nothing(grade_source):
-    """The seventeenth review's a05 (and a04, i03, i04): review 16's mark looked for integer tensors one level into a
-    call's arguments, and an index nested two deep (or a float bound whose arange overflowed, "sizes=[N]") named the
-    value in what the call raised: 100 of 100. A recorded call that raises (but for a missing attribute) is a read
-    now, whatever its arguments: a call that fails this way fails, unless the file catches it."""
-    base = (ROOT / "solutions" / "triton_attention.py").read_text()
-    result = grade_source("""
-import math
-import re
-
-_kernel_softmax = softmax
-_SAID = re.compile(r"index (-?\\d+) is out of bounds")
-
-
-def softmax(x):
-    _kernel_softmax(x[:1, :1])  # a kernel launched, on nothing that matters
-    words, one = [], torch.zeros(1)
-    for word in x.detach().double().contiguous().view(torch.int32).long().reshape(-1).unbind(0):
-        try:
-            one[((word,),)]
-            words.append(0)
-        except IndexError as error:
-            words.append(int(_SAID.search(str(error)).group(1)))
-    rows, cols = x.shape
-    flat, out = list(struct.unpack(f"<{rows * cols}d", struct.pack(f"<{len(words)}i", *words))), []
-""" + SOFTMAX_IN_PYTHON, base="import struct\n" + base, name="triton_attention.py")
     assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
 
 
