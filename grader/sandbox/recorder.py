@@ -65,17 +65,17 @@ TAKES_NUMBERS = FACTORIES | frozenset({
     "squeeze", "flatten", "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "cumsum", "cumprod",
     "logsumexp", "topk", "kthvalue", "diagonal", "diag", "tril", "triu", "roll", "flip", "resize_", "size",
     "stride", "pad", "index_select", "softmax", "log_softmax", "norm", "prod", "std", "var", "all", "any"})
-# Nested and sparse tensors: their components' shapes and their index tensors' lengths are read from a tensor's data
-# (the sizes of _nested_view_from_buffer, the nonzeros of to_sparse): every such call, by a part of its name
-STRUCTURED = ("nested", "sparse")
-SPARSE_PARTS = frozenset({"indices", "_indices", "values", "_values", "col_indices", "crow_indices", "row_indices",
-                          "ccol_indices", "coalesce", "_coalesced_"})
 # Of those, the ones whose tensor of many integers is an index, not numbers: the result's shape is its count alone
 INDEXES = frozenset({"index_select"})
 # What hands a tensor's values back as a shape whatever its arguments: its result's size is a count of its data
 DATA_SHAPED = frozenset({"masked_select", "nonzero", "nonzero_static", "argwhere", "unique", "unique_consecutive",
                          "_unique", "_unique2", "bincount", "histc", "histogram", "bucketize", "searchsorted",
                          "one_hot", "sparse_coo_tensor", "_sparse_coo_tensor_unsafe"})
+# Nested and sparse tensors: their components' shapes and their index tensors' lengths are read from a tensor's data
+# (the sizes of _nested_view_from_buffer, the nonzeros of to_sparse): every such call, by a part of its name
+STRUCTURED = ("nested", "sparse")
+SPARSE_PARTS = frozenset({"indices", "_indices", "values", "_values", "col_indices", "crow_indices", "row_indices",
+                          "ccol_indices", "coalesce", "_coalesced_"})
 # A call given a tensor that answers a Python number is a read of its value too (`complex(t)`, `float(t)`,
 # aten._local_scalar_dense reached by any spelling), but for these, which answer a number of its layout; a bool is one
 # bit (`if mask.any():`), not a value
