@@ -112,10 +112,31 @@ class Launches:
                     inside[0] = kept_depth
             return run
 
+        original = jit.KernelInterface.__getitem__
+        hooked = []  # (kernel, its own pre-run hooks), put back when the launcher is done
+
+        def interpreted_kernel(kernel) -> bool:
+            """Does this launch run in the interpreter (an autotuner's or heuristics' kernel looked through)?"""
+            for _ in range(8):
+                if interpreted is None or isinstance(kernel, interpreted) or not hasattr(kernel, "fn"):
+                    break
+                kernel = kernel.fn
+            return interpreted is not None and isinstance(kernel, interpreted)
+
+        def launching(kernel, grid):
+            hooks = getattr(kernel, "pre_run_hooks", None)
+            if isinstance(hooks, list):
+                hooked.append((kernel, hooks))
+                kernel.pre_run_hooks = [with_memory(h, 0) for h in hooks]
+            launch = original(kernel, with_memory(grid, 0) if callable(grid) else grid)
+            if interpreted_kernel(kernel):
+                return launch  # its argument copies read memory, nothing else of the launch
+            return with_memory(launch, 1)  # compiled: the launch reads the arguments in C
+
         # What Triton runs of the candidate's inside a launch reads NaN: a grid function, the kernel's hooks, the
         # launch hooks; and in the interpreter only Triton's own copies of the arguments read memory (the kernel's
         # body, run as Python, is the candidate's too)
-        patches = [(jit.KernelInterface, "__getitem__", None)]
+        patches = [(jit.KernelInterface, "__getitem__", launching)]
         runtime = getattr(sys.modules.get("triton.knobs"), "runtime", None)
         for hook in ("launch_enter_hook", "launch_exit_hook"):
             if callable(getattr(runtime, hook, None)):
@@ -124,26 +145,6 @@ class Launches:
             patches += [(executor, "_init_args_hst", with_memory(executor._init_args_hst, 1, arguments=True)),
                         (executor, "_restore_args_dev", with_memory(executor._restore_args_dev, 1, arguments=True)),
                         (interpreter, "_implicit_cvt", with_memory(interpreter._implicit_cvt, 1, arguments=True))]
-        original = jit.KernelInterface.__getitem__
-
-        hooked = []  # (kernel, its own pre-run hooks), put back when the launcher is done
-
-        def launching(kernel, grid):
-            hooks = getattr(kernel, "pre_run_hooks", None)
-            if isinstance(hooks, list):
-                hooked.append((kernel, hooks))
-                kernel.pre_run_hooks = [with_memory(h, 0) for h in hooks]
-            launch = original(kernel, with_memory(grid, 0) if callable(grid) else grid)
-            inner = kernel  # an autotuner's or heuristics' kernel, down to the jit function it runs
-            for _ in range(8):
-                if interpreted is None or isinstance(inner, interpreted) or not hasattr(inner, "fn"):
-                    break
-                inner = inner.fn
-            if interpreted is not None and isinstance(inner, interpreted):
-                return launch  # its argument copies read memory, nothing else of the launch
-            return with_memory(launch, 1)  # compiled: the launch reads the arguments in C
-
-        patches[0] = (jit.KernelInterface, "__getitem__", launching)
         saved = [(owner, name, vars(owner).get(name)) for owner, name, _ in patches]
         try:
             for owner, name, value in patches:
