@@ -1822,3 +1822,40 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
     return _tiled(q, k, v, causal, block_q, block_k)
 """, base=base, name="flash_attention.py")
     assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)
+
+
+@pytest.mark.parametrize("reader", [
+    "getattr(torch, 'op' + 's').aten.narrow.default(torch.zeros(1).expand(64), 0, 0, word).shape[0]",
+    "torch.zeros(64).unsafe_split(word)[0].shape[0]",
+])
+def test_a_tiled_step_that_reads_values_through_an_overload_or_an_unsafe_split_breaks_its_rule(grade_source, reader):
+    """The nineteenth review's j01, j02 and j04: flash_attention (and its backward) gave a value as the length of
+    `aten.narrow.default` (torch.ops' overload, recorded by that name, which no list named) or of `unsafe_split`
+    (on no list), and read it back as a shape: 100 of 100. An overload counts as its op now, and the other ways to
+    split are on the list."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source(f"""
+_tiled = flash_attention
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    word = (q[0, 0, 0, 0] * 0).long() + 3  # what a value's bits would be
+    read = {reader}
+    return _tiled(q, k, v, causal, block_q, block_k)
+""", base=base, name="flash_attention.py")
+    assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)
+
+
+def test_a_launcher_may_not_call_an_overload_of_an_allowed_op(grade_source):
+    """The nineteenth review's j03: a Triton launcher called `aten.narrow.default`, which the allowed list let through
+    as `narrow`, with a value as its length: 100 of 100. An allowed name matches the recorded name whole now."""
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    result = grade_source("""
+_kernel_softmax = softmax
+
+
+def softmax(x):
+    getattr(torch, "op" + "s").aten.narrow.default(x, 0, 0, 1)  # a view, by an allowed op's overload
+    return _kernel_softmax(x)
+""", base=base, name="triton_attention.py")
+    assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)

@@ -60,7 +60,9 @@ FACTORIES = frozenset({"arange", "range", "empty", "zeros", "ones", "full", "ran
                        "empty_strided", "eye", "linspace", "logspace", "tril_indices", "triu_indices"})
 TAKES_NUMBERS = FACTORIES | frozenset({
     "view", "reshape", "expand", "new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided", "narrow",
-    "narrow_copy", "select", "split", "chunk", "tensor_split", "unflatten", "as_strided", "repeat", "tile",
+    "narrow_copy", "select", "split", "unsafe_split", "split_with_sizes", "unsafe_split_with_sizes", "chunk",
+    "unsafe_chunk", "tensor_split", "hsplit", "vsplit", "dsplit", "slice", "slice_copy", "diag_embed", "rot90",
+    "unflatten", "as_strided", "repeat", "tile",
     "repeat_interleave", "unfold", "transpose", "permute", "movedim", "moveaxis", "swapaxes", "swapdims", "unsqueeze",
     "squeeze", "flatten", "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "cumsum", "cumprod",
     "logsumexp", "topk", "kthvalue", "diagonal", "diag", "tril", "triu", "roll", "flip", "resize_", "size",
@@ -653,6 +655,7 @@ def _number_reader(torch):
     def reads(name: str, args, kwargs) -> bool:
         if type(args) is not tuple:
             return False
+        name = str.split(name, ".")[0]  # an overload reached through torch.ops ("narrow.default") is its op
         if name in DATA_SHAPED or name in SPARSE_PARTS or any(part in name for part in STRUCTURED):
             return True
         if name in ("__getitem__", "index") and len(args) > 1:  # a mask's selection: as long as its True entries
