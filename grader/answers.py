@@ -12,11 +12,12 @@ from grader import errors
 MAX_LAYERS = 4096  # a module's child layers, and the parameters it names (its gradients, those it left unloaded)
 MAX_CLASSES = 64  # the classes one layer is (its MRO)
 MAX_NAME = 200  # characters of a layer's, a parameter's or a class's name
+HEX = frozenset("0123456789abcdef")
 
 
 def shape_record(record) -> dict | None:
     """The worker's record of the shapes a call created (and of those its products and exponentials returned),
-    checked to be what it says: lists of whole numbers."""
+    checked to be what it says: lists of whole numbers; and of the calls it made, a digest and a count."""
     if record is None:
         return None
     lists = [record.get(k) if isinstance(record, dict) else None for k in ("created", "scores")]
@@ -26,7 +27,12 @@ def shape_record(record) -> dict | None:
     if not all(isinstance(s, list) and len(s) <= 64 and all(type(n) is int and n >= 0 for n in s)
                for shapes in lists for s in shapes):
         raise Malformed("a malformed record of shapes")
-    return {"created": [tuple(s) for s in lists[0]], "more": more, "scores": [tuple(s) for s in lists[1]]}
+    sequence, calls = record.get("sequence"), record.get("calls")
+    if not (type(sequence) is str and len(sequence) == 32 and all(c in HEX for c in sequence)
+            and type(calls) is int and calls >= 0):
+        raise Malformed("a malformed record of calls")
+    return {"created": [tuple(s) for s in lists[0]], "more": more, "scores": [tuple(s) for s in lists[1]],
+            "sequence": sequence, "calls": calls}
 
 
 class Malformed(ValueError):

@@ -1859,3 +1859,39 @@ def softmax(x):
     return _kernel_softmax(x)
 """, base=base, name="triton_attention.py")
     assert step(result, "softmax").score == 0 and step(result, "softmax").breach, explain(result)
+
+
+def test_a_tiled_step_whose_calls_follow_its_values_breaks_its_rule(grade_source):
+    """One bit per call: a comparison read as a bool (which no list can forbid: `if mask.any():` is fair code) leaked
+    the inputs' bits to Python, the calls the same whatever the bits. A step that may read no values makes the same
+    sequence of calls, the same sizes, numbers and bools answered, on inputs of the same shapes and other values:
+    this one answers other bools, so it read values."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source("""
+_tiled = flash_attention
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    bits = [bool(x > 0) for x in q[0, 0, :8, 0].unbind(0)]  # what the score matrix in Python would start from
+    return _tiled(q, k, v, causal, block_q, block_k)
+""", base=base, name="flash_attention.py")
+    assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)
+
+
+def test_a_tiled_step_that_keeps_its_masks_between_calls_keeps_its_points(grade_source):
+    """Fair code the comparison of calls must not blame: a step that makes its causal masks once per size and keeps
+    them makes other calls the first time than after. A difference is settled by one more call, compared with the
+    one before it."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source("""
+_tiled = flash_attention
+_made = {}
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    key = (q.shape[-2], k.shape[-2], causal)
+    if key not in _made:  # made once per size, as a cache of masks would be
+        _made[key] = torch.ones(2, 2).tril()
+    return _tiled(q, k, v, causal, block_q, block_k)
+""", base=base, name="flash_attention.py")
+    assert result.score == 100, explain(result)

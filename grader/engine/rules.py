@@ -80,6 +80,12 @@ def check_calls(called, forbidden: tuple[str, ...], allowed: tuple[str, ...] | N
                           FORBIDDEN_CALL, details={"forbidden_calls": used}, breach=True)
 
 
+def reads_forbidden(forbidden: tuple[str, ...], allowed: tuple[str, ...] | None) -> bool:
+    """Whether reading a tensor's values into Python breaks the step's rules: it forbids `__index__()` (the tiled
+    steps), or names the only calls it may make (Triton's launchers)."""
+    return allowed is not None or f"{READ_AS_NUMBER}()" in forbidden
+
+
 def _without_comments(source: str) -> str:
     """The file's text with its comments blanked (a comment that names torch._refs runs nothing); as it is where it
     does not tokenize."""

@@ -26,7 +26,7 @@ import importlib
 import inspect
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,10 +38,11 @@ from grader.candidate import CandidateError, Strided
 from grader.engine import diagnose, locate, search, tiles
 from grader.engine.failure import CheckFailed
 from grader.engine.inputs import Gen, generator, torch_dtype
-from grader.engine.rules import check_calls, check_rules
+from grader.engine.rules import check_calls, check_rules, reads_forbidden
 from grader.engine.spec import Call, Check, Spec, StepSpec
 from grader.engine.tolerance import Tolerance, expect_close, expect_form, upcast
 from grader.oracle import Oracle
+from grader.sandbox.recorder import READ_AS_NUMBER
 from grader.source import parse
 
 if TYPE_CHECKING:  # script.py builds on this module
@@ -130,6 +131,7 @@ class Context:
     allowed: dict = field(default_factory=dict)  # step id -> the only torch functions it may call, where it says
     shared: dict = field(default_factory=dict)  # a step's main call (see main_call): its answer, once asked
     untiled: dict = field(default_factory=dict)  # step id -> its first call that made more than a tile (tiles.judge)
+    traces: dict = field(default_factory=dict)  # a call's inputs (`_layout`) -> the calls it makes (`Run.steered`)
 
     def passed(self, step_id: str) -> bool:
         """Did this step run, and pass (or skip) every one of its checks?"""
@@ -148,6 +150,7 @@ class Run:
         plain = check.kind in ("shape", "rules") and not check.params and not check.strided
         self.shared = main if plain or name == main else None  # the main call's name, if this check asks it
         self.gen = Gen(generator(context.seed, self.shared or name), spec.backend)
+        self.others = generator(context.seed, f"other values: {name}")  # for `steered`, apart from the inputs' draws
 
     # -- the kinds of check ------------------------------------------------------------
 
@@ -226,12 +229,23 @@ class Run:
                 )
             else:
                 judged = step.tiles is not None and device == "cpu"  # every call of a tiled step keeps to tiles
-                answer = candidate.invoke(step.id, args, call.kwargs, device=device, answers=self.oracle(),
-                                          shapes=shapes or judged)
+                # and every call of a step that may read no values into Python makes the calls its inputs' shapes
+                # make, whatever their values
+                traced = device == "cpu" and reads_forbidden(self.ctx.forbidden.get(step.id, ()),
+                                                             self.ctx.allowed.get(step.id))
+                oracle = self.oracle()
+                answer = candidate.invoke(step.id, args, call.kwargs, device=device, answers=oracle,
+                                          shapes=shapes or judged or traced)
                 if judged:
                     sizes = step.tiles(call)
                     tiles.judge_tiles(self.ctx, step.id, sizes, sizes.describe(bool(call.kwargs.get("causal"))),
                                 answer.shapes)
+                if traced:
+                    again = lambda: candidate.invoke(  # noqa: E731
+                        step.id, _other_values(args, self.others), _other_values(call.kwargs, self.others),
+                        device=device, answers=oracle, shapes=True)
+                    key = (step.id, _layout(args), _layout(call.kwargs), oracle and oracle.names)
+                    answer = self.steered(answer, again, key)
         except CandidateError as error:
             if device == "meta" and diagnose.meta_unsupported(error):
                 pytest.skip(f"the meta device cannot run this code, so it was not checked there: {error.message}")
@@ -241,6 +255,29 @@ class Run:
         # every call keeps the rules, not one
         check_calls(answer.called, self.ctx.forbidden.get(step.id, ()), self.ctx.allowed.get(step.id))
         return answer
+
+    def steered(self, answer, again, key):
+        """The answer, with a read of values (READ_AS_NUMBER) in its calls where the sequence of calls it made is not
+        the one its inputs' shapes make: called `again` on the same shapes and other values, code that reads no value
+        into Python makes the same calls (the same sizes, numbers and bools answered); code that does, not. A key's
+        first call is made twice, so each is compared; a file that keeps something between calls may make other
+        calls the first time only, so a difference is settled by one more call, compared with the one before it."""
+        sequence = lambda a: a.shapes["sequence"] if a.shapes else None  # noqa: E731
+        known, now = self.ctx.traces.get(key), sequence(answer)
+        called = answer.called
+        try:
+            if known is None:
+                twin = again()
+                known, now, called = now, sequence(twin), called | twin.called
+            if now != known:
+                latest = again()
+                known, called = sequence(latest), called | latest.called
+                if known != now:
+                    called |= {READ_AS_NUMBER}
+        except CandidateError:  # other values the file cannot take: its own checks say so, not this comparison
+            pass
+        self.ctx.traces[key] = known
+        return replace(answer, called=called)
 
     def script(self, script: Script, device: str = "cpu"):
         """The candidate's answer to a Script (grader/engine/script.py): one result per action, in its `value`.
@@ -441,6 +478,43 @@ def matches_any(value, candidates) -> bool:
 
 def replace_mistake(failure: CheckFailed, mistake) -> CheckFailed:
     return CheckFailed(failure.message, mistake, failure.details, failure.outcome, failure.breach)
+
+
+def _other_values(value, rng: torch.Generator, depth: int = 0):
+    """The same inputs with other values (`Run.steered`): a float tensor's finite entries drawn afresh, at its
+    scale; an infinity, a NaN, an integer or bool tensor and a number as they were."""
+    if isinstance(value, Strided):
+        return Strided(_other_values(value.tensor, rng, depth), value.axes)
+    if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()):
+        finite = torch.isfinite(value)
+        scale = value[finite].abs().max().item() if finite.any() else 1.0
+        fresh = (torch.rand(value.shape, generator=rng, dtype=torch.float64) * 2 - 1) * scale
+        return torch.where(finite, fresh.to(value.dtype), value)
+    if isinstance(value, (tuple, list)) and depth < 3:
+        return type(value)(_other_values(v, rng, depth + 1) for v in value)
+    if isinstance(value, dict) and depth < 3:
+        return {k: _other_values(v, rng, depth + 1) for k, v in value.items()}
+    return value
+
+
+def _layout(value, depth: int = 0):
+    """A call's inputs as what makes its calls the same (rules.values_steered): a float tensor's shape, strides and
+    dtype; an integer or bool tensor's values too (lengths, a mask: what a step may read); a number as itself."""
+    if isinstance(value, Strided):
+        return ("strided", value.axes, _layout(value.tensor, depth))
+    if isinstance(value, torch.Tensor):
+        exact = not (value.is_floating_point() or value.is_complex())
+        values = exact and tuple(value.flatten().tolist())
+        return ("tensor", tuple(value.shape), value.stride(), str(value.dtype), values)
+    if isinstance(value, np.ndarray):
+        return ("array", value.shape, str(value.dtype))
+    if isinstance(value, (tuple, list)) and depth < 3:
+        return tuple(_layout(v, depth + 1) for v in value)
+    if isinstance(value, dict) and depth < 3:
+        return tuple((k, _layout(v, depth + 1)) for k, v in sorted(value.items(), key=lambda item: str(item[0])))
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return type(value).__name__
 
 
 def _elements(value) -> int:

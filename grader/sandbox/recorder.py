@@ -10,6 +10,7 @@ this file costs nothing before the zygote imports torch.
 """
 
 import functools
+import hashlib
 import os
 import sys
 import types
@@ -186,6 +187,7 @@ def make_recorder(torch, lifted):
                 self.seen.add(READ_AS_NUMBER)
             if self.shapes is not None:
                 self.shapes.add(torch, value, name, given=(*args, *kwargs.values()))
+                self.shapes.trace(torch, name, value)
             if self.gradients:
                 self.seen.add(CODE_IN_BACKWARD)
             if grad_enabled() and self._builds_graph(value):
@@ -690,12 +692,27 @@ class Shapes:
     apart as well. Plain data, bounded: each distinct shape once, in the order first seen, at most MAX_SHAPES
     of them; `more` counts the distinct shapes left out:
     {"created": [[2, 2, 16, 24], [2, 2, 16], ...], "more": 0, "scores": [[2, 2, 16, 24]]}.
+
+    It also keeps the calls themselves, in order, as one digest of each one's name and what it answered (a tensor's
+    layout, a number, a bool, a size): "sequence", of "calls" calls. Called again on inputs of the same shapes and
+    other values, code that reads no value into Python makes the same calls; code that does shows a size, a number
+    or a bool, or takes a branch, that it did not before (grader/engine/runner.py compares them).
     """
 
     def __init__(self):
         self.seen = {}
         self.scores = {}
         self.more = 0
+        self.sequence = BLAKE2B(digest_size=16)
+        self.calls = 0
+
+    def trace(self, torch, name: str, value) -> None:
+        """Add the call `name` that answered `value` to the sequence. An address (or a hash, or a version count) is
+        where memory happens to be, the same in no two calls: kept as no value."""
+        if str.split(name, ".")[0] in UNSTEADY:
+            value = None
+        self.sequence.update(repr((name, _answered(torch, value, 0))).encode("utf-8", "backslashreplace"))
+        self.calls += 1
 
     def add(self, torch, value, name: str = "", given: tuple = ()) -> None:
         """Record the tensors of a call `name`'s result `value` and of what it was `given` (a buffer made where
@@ -734,7 +751,32 @@ class Shapes:
 
     def data(self) -> dict:
         return {"created": [list(s) for s in self.seen], "more": self.more,
-                "scores": [list(s) for s in self.scores]}
+                "scores": [list(s) for s in self.scores], "sequence": self.sequence.hexdigest(), "calls": self.calls}
+
+
+BLAKE2B = hashlib.blake2b
+UNSTEADY = frozenset({"data_ptr", "__hash__", "_cdata", "_version"})
+NUMBERS = (type(None), bool, int, float, complex, str)
+
+
+def _answered(torch, value, depth: int):
+    """What a call answered, as plain data, read without running code of the file's own: a tensor's layout (through
+    torch's C type, as Shapes.add reads it), a number, a bool or a string as itself, a tuple or a list (a size) item
+    by item, anything else by its type's name."""
+    kind = type(value)
+    if issubclass(kind, torch.Tensor):
+        base = torch._C.TensorBase
+        dtype = str(base.dtype.__get__(value))
+        try:
+            return ("tensor", tuple(base.shape.__get__(value)), tuple(base.stride(value)), base.storage_offset(value),
+                    dtype)
+        except BaseException:  # a nested or sparse tensor has no strides: its parts answer for it
+            return ("tensor", dtype)
+    if any(kind is k for k in NUMBERS):
+        return value
+    if (kind is tuple or kind is list or kind is torch.Size) and depth < 3:
+        return (len(value), *(_answered(torch, v, depth + 1) for v in tuple(value)[:256]))
+    return TYPE_NAME(kind)
 
 
 def _scalars_to_meta(torch, args, kwargs):
