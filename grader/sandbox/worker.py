@@ -52,7 +52,7 @@ import traceback
 from typing import NoReturn
 
 # this folder's modules the worker runs
-SIBLINGS = ("limits", "isolation", "seccomp", "guard", "recorder", "answered", "serve", "scripts")
+SIBLINGS = ("limits", "isolation", "seccomp", "guard", "recorder", "answered", "serve", "scripts", "warm")
 PRIVATE_PREFIX = "_attn_grade_sandbox_"  # their names here: no import of the grader package finds them
 SANDBOX_SETUP_TIMEOUT = 10.0  # seconds the zygote waits for a child to say whether it is isolated
 BUG_EXIT = 70  # the zygote's exit status for "a bug here, not the candidate's doing" (EX_SOFTWARE)
@@ -91,8 +91,8 @@ def _load_siblings() -> dict:
 
 
 _siblings = _load_siblings()
-isolation, limits, seccomp, guard, serve, recorder = (_siblings[n] for n in ("isolation", "limits", "seccomp", "guard",
-                                                                              "serve", "recorder"))
+isolation, limits, seccomp, guard, serve, recorder, warm = (
+    _siblings[n] for n in ("isolation", "limits", "seccomp", "guard", "serve", "recorder", "warm"))
 # One thread for every numeric library, before any is imported: a child may start no thread (seccomp.py),
 # and a pool that one of them forked without would try to start its threads again.
 THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
@@ -126,7 +126,8 @@ def main() -> None:
     torch.set_num_interop_threads(1)
     cuda = torch.cuda.is_available()  # asked once, here: NVML's handles would not survive the sandbox
     if os.environ.get("ATTN_GRADE_WARM") == "device" and not cuda:
-        _warm_meta(torch)
+        warm.warm_meta(torch)
+        warm.seal()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     arm, lifted = guard.install(torch)  # held in this frame and the children's only (guard.py)
     recorder.remember_classes()  # once here, before any candidate's code: every child's record starts from them
@@ -372,29 +373,6 @@ def _parents_by_ps() -> dict[int, int]:
             pass
     parents.pop(ps.pid, None)  # ps itself, ended and reaped by now: its pid is no longer its own
     return parents
-
-
-def _warm_meta(torch) -> None:
-    """Pay for the meta device's first use now, while the grader is still importing torch."""
-    _skip_lazy_dynamo_import(torch)
-    x = torch.ones(2, 2, device="meta")
-    (x @ x.T).exp().amax(-1, keepdim=True).masked_fill(x[:, :1] > 0, 0.0)
-
-
-def _skip_lazy_dynamo_import(torch) -> None:
-    """Spare the meta device's first elementwise op an import of torch._dynamo (over a second).
-
-    torch wraps its Python meta kernels in torch._disable_dynamo, which imports
-    torch._dynamo on a function's first call only to wrap it so torch.compile will not
-    trace it. Nothing is compiled here, so each wrapper gets its function as is.
-    """
-    inner = torch._compile._disable_dynamo(_warm_meta).__code__
-    slot = inner.co_freevars.index("fn")
-    for obj in gc.get_objects():
-        if type(obj) is type(_warm_meta) and obj.__code__ is inner:
-            fn = obj.__closure__[slot].cell_contents
-            if getattr(fn, "__dynamo_disable", None) is None:
-                fn.__dynamo_disable = fn
 
 
 # -- a child: the sandbox, then the candidate ------------------------------------------
