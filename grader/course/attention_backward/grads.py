@@ -41,10 +41,13 @@ def softmax_backward(probs, grad_probs, dim=-1, *, row_sum="p_dp", sign=-1, oute
 
 
 def probabilities(q, k, mask=None, *, lse=None, fill=-INF, use_mask=True, softmax_dim=-1, invert_mask=False,
-                  mask_added=False):
+                  mask_added=False, mask_after_softmax=False):
     """P = softmax(q kᵀ / √D, masked), or e^(S − lse) from a given lse. mask_added: the bool mask added to the
-    scores (+1 where allowed), as an additive mask would be."""
+    scores (+1 where allowed), as an additive mask would be. mask_after_softmax: the softmax of every score, the
+    blocked probabilities then zeroed (each row sums to less than 1)."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None and mask_after_softmax:
+        return torch.softmax(scores, softmax_dim).masked_fill(~mask, 0.0)
     if mask is not None and mask_added:
         scores = scores + mask.to(scores.dtype)
     elif mask is not None and use_mask:
@@ -56,14 +59,15 @@ def probabilities(q, k, mask=None, *, lse=None, fill=-INF, use_mask=True, softma
 
 def plain(q, k, v, grad_out, mask=None, *, out=None, lse=None, fill=-INF, use_mask=True, softmax_dim=-1,
           delta_sign=-1, ds_scale="sqrt", dv_transposed=True, dk_transposed=True, row_sum="p_dp", scale_dv=False,
-          dq_scale=None, dk_scale=None, invert_mask=False, operands_swapped="", mask_added=False):
+          dq_scale=None, dk_scale=None, invert_mask=False, operands_swapped="", mask_added=False,
+          mask_after_softmax=False):
     """(dq, dk, dv), computed whole; with `out` and `lse`, P from lse and D = rowsum(dO ∘ O) (the flash way).
 
     The keyword arguments after * make the named wrong variants.
     """
     d = q.shape[-1]
     probs = probabilities(q, k, mask, lse=lse, fill=fill, use_mask=use_mask, softmax_dim=softmax_dim,
-                          invert_mask=invert_mask, mask_added=mask_added)
+                          invert_mask=invert_mask, mask_added=mask_added, mask_after_softmax=mask_after_softmax)
     grad_v = (probs.transpose(-2, -1) if dv_transposed else probs) @ grad_out
     if scale_dv:
         grad_v = grad_v / math.sqrt(d)

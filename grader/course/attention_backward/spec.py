@@ -284,6 +284,10 @@ ATTENTION = StepSpec(
         Mistake("attention_backward.mask_added", "the bool mask was added to the scores (+1 where allowed, +0 where "
                 "blocked): fill the blocked scores with -inf, masked_fill(~mask, -inf)", _att_variant(mask_added=True),
                 why="A bool mask says which keys may be seen; adding it shifts scores by 1 and blocks nothing."),
+        Mistake("attention_backward.mask_after_softmax", "the blocked probabilities were zeroed after the softmax, "
+                "so each row sums to less than 1: fill the blocked scores with -inf before it",
+                _att_variant(mask_after_softmax=True),
+                why="Zeroing after the softmax leaves the blocked keys' share in every other key's denominator."),
         Mistake("attention_backward.mask_ignored", "the recomputed scores were not masked: mask them as the forward "
                 "did, -inf where the mask is False", _att_variant(use_mask=False),
                 why="Recomputing P must give the forward's P exactly, blocked keys at 0."),

@@ -318,11 +318,14 @@ def latent_attention(state, x, absorbed=False, splits=None, *, bug: str | None =
     """The module's outputs for x fed in chunks of `splits` (None: one call, no cache), from the contract; the
     plain and absorbed paths give the same. `bug`, one of the step's mistakes' ids, makes its wrong answer."""
     w = {name: state[f"{name}.weight"] for name in LAYERS}
+    cached = splits is not None
     splits = splits or (x.shape[1],)
     latents, keys, outs, past = [], [], [], 0
     for t, chunk in zip(splits, chunks(x, splits), strict=True):
         positions = torch.arange(t) if bug == POSITIONS_FROM_ZERO.id else torch.arange(past, past + t)
-        query_positions = torch.arange(t) if bug == QUERY_FROM_ZERO else positions
+        after_append = torch.arange(past + t, past + 2 * t)  # the cache's length read after the append
+        query_positions = (torch.arange(t) if bug == QUERY_FROM_ZERO else
+                           after_append if bug == QUERY_AFTER_APPEND.id and cached else positions)
         q = (chunk @ w["w_q"].T).view(B, t, H, DN + DR).transpose(1, 2)
         if bug == ROPE_ON_WHOLE_QUERY.id:
             q = ref.apply_rope(q, positions)
@@ -445,6 +448,10 @@ POSITIONS_FROM_ZERO = _mistake(
 QUERY_FROM_ZERO = POSITIONS_FROM_ZERO.id + ":query"  # its other form: only the queries rotated from 0
 POSITIONS_FROM_ZERO = replace(POSITIONS_FROM_ZERO, variant=lambda state, x, absorbed=False, splits=None: [
     latent_attention(state, x, absorbed, splits=splits, bug=bug) for bug in (POSITIONS_FROM_ZERO.id, QUERY_FROM_ZERO)])
+QUERY_AFTER_APPEND = _mistake(
+    "query_after_append", "with a cache, the queries were rotated from the cache's length after the append: the new "
+    "tokens sit at past_len … past_len + T − 1, the length before it",
+    why="Read after the append, the cache's length already counts the new tokens, so every query turns T too far.")
 ROPE_ON_WHOLE_QUERY = _mistake(
     "rope_on_whole_query", "RoPE was applied to the whole query, its no-position part too: rotate only q_rope, the "
     "last qk_rope_head_dim features of each head")
@@ -513,8 +520,8 @@ MODULE = StepSpec(
         prop("device", 1, lambda run: ModuleScript(run, device=run.ctx.device).expect_right(), gated=ON_META),
         prop("end_to_end", 2, module_end_to_end, end_to_end=True),
     ),
-    mistakes=(TOP_LEFT_MASK, POSITIONS_FROM_ZERO, ROPE_ON_WHOLE_QUERY, QUERY_UNROTATED, QUERY_SPLIT_SWAPPED,
-              QUERY_SPLIT_ACROSS_HEADS,
+    mistakes=(TOP_LEFT_MASK, POSITIONS_FROM_ZERO, QUERY_AFTER_APPEND, ROPE_ON_WHOLE_QUERY, QUERY_UNROTATED,
+              QUERY_SPLIT_SWAPPED, QUERY_SPLIT_ACROSS_HEADS,
               MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, ABSORBED_UNMASKED, CACHE_IGNORED, CACHED_FULL_KEYS,
               PER_HEAD_ROPE_KEY, CACHED_UNROTATED_KEY),
 )

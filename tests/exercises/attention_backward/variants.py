@@ -183,6 +183,10 @@ BUGGY = [
             "attention_backward", "attention_backward.dv_scaled"),
     Variant("att_mask_ignored", attention(scores="    scores = q @ k.transpose(-2, -1) * scale"),
             "attention_backward", "attention_backward.mask_ignored"),
+    Variant("att_mask_after_softmax", attention(scores="    scores = q @ k.transpose(-2, -1) * scale", probs="""\
+    probs = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        probs = probs.masked_fill(~mask, 0.0)"""), "attention_backward", "attention_backward.mask_after_softmax"),
     Variant("att_finite_fill", attention(scores="""\
     scores = q @ k.transpose(-2, -1) * scale
     if mask is not None:

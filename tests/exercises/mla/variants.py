@@ -329,6 +329,13 @@ class LatentCache(LatentCache):
         "torch.arange(past_len, past_len + T, device=x.device)", "torch.arange(T, device=x.device)"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.positions_from_zero",
             situations=("MultiHeadLatentAttention.cache_contents_mishandled",)),
+    Variant("module_query_after_append", forward_with(
+        "        q_rope = apply_rope(q_rope, positions)\n", "").replace(
+        "            c_kv, k_rope = cache.append(c_kv, k_rope)",
+        "            c_kv, k_rope = cache.append(c_kv, k_rope)\n"
+        "        after = positions + (T if cache is not None else 0)  # the length read after the append\n"
+        "        q_rope = apply_rope(q_rope, after)"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.query_after_append"),
     Variant("module_rope_on_whole_query", forward_with(
         """        q_nope, q_rope = q.split([Dn, Dr], dim=-1)
         q_rope = apply_rope(q_rope, positions)""",
