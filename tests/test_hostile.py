@@ -1827,6 +1827,7 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
 @pytest.mark.parametrize("reader", [
     "getattr(torch, 'op' + 's').aten.narrow.default(torch.zeros(1).expand(64), 0, 0, word).shape[0]",
     "torch.zeros(64).unsafe_split(word)[0].shape[0]",
+    "torch.ones(()).broadcast_to(word).shape[0]",
 ])
 def test_a_tiled_step_that_reads_values_through_an_overload_or_an_unsafe_split_breaks_its_rule(grade_source, reader):
     """The nineteenth review's j01, j02 and j04: flash_attention (and its backward) gave a value as the length of
@@ -1895,3 +1896,48 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
     return _tiled(q, k, v, causal, block_q, block_k)
 """, base=base, name="flash_attention.py")
     assert result.score == 100, explain(result)
+
+
+def test_a_tiled_step_that_maps_its_inputs_to_a_file_breaks_its_rule(grade_source):
+    """The twentieth review's k01 and k02: flash_attention (and its backward) wrote its inputs into a tensor mapped on
+    a file of its working folder (`torch.from_file(..., shared=True)`) and read them back with `open`: no torch
+    call answers a value, so neither the lists nor the sequence of calls saw it (100 of 100). Memory shared with a
+    file or a buffer Python reads is forbidden where values may not be read."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source("""
+import struct
+
+_tiled = flash_attention
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    mapped = torch.from_file("values.bin", shared=True, size=4, dtype=torch.float32)
+    mapped.copy_(q[0, 0, 0, :4].float())
+    with open("values.bin", "rb") as f:
+        read = struct.unpack("<4f", f.read(16))  # what a score matrix in Python would start from
+    return _tiled(q, k, v, causal, block_q, block_k)
+""", base=base, name="flash_attention.py")
+    assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)
+
+
+def test_a_tiled_step_that_replays_its_answer_to_the_graders_next_call_breaks_its_rule(grade_source):
+    """The twentieth review's k03 and k04: the step's worker lives across its calls, so a file counted them, read
+    values on the grader's first call of a layout and replayed that call's torch calls and answer on the next, which
+    the grader makes on other values to compare: the same calls, so nothing showed (100 of 100). A call made again on
+    other values must answer right where the first did; this one answers the first call's answer."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source("""
+_tiled = flash_attention
+_kept = {}
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    key = (tuple(q.shape), tuple(k.shape), causal, block_q, block_k)
+    count, answer = _kept.get(key, (0, None))
+    got = _tiled(q, k, v, causal, block_q, block_k)  # the same calls every time
+    if count % 2:  # the grader's call on other values: the last answer, replayed
+        got = answer
+    _kept[key] = (count + 1, got)
+    return got
+""", base=base, name="flash_attention.py")
+    assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)

@@ -219,7 +219,8 @@ class Run:
         # strided: argument positions, or (position, axis, axis) for another pair of axes than the last two
         layouts = {item[0]: tuple(item[1:]) for item in strided if isinstance(item, tuple)}
         layouts.update({item: (-1, -2) for item in strided if not isinstance(item, tuple)})
-        args = tuple(Strided(a, layouts[i]) if i in layouts else a for i, a in enumerate(call.args))
+        laid = lambda c: tuple(Strided(a, layouts[i]) if i in layouts else a for i, a in enumerate(c.args))  # noqa: E731
+        args = laid(call)
         candidate = self.ctx.candidate
         try:
             if step.module:
@@ -230,22 +231,24 @@ class Run:
             else:
                 judged = step.tiles is not None and device == "cpu"  # every call of a tiled step keeps to tiles
                 # and every call of a step that may read no values into Python makes the calls its inputs' shapes
-                # make, whatever their values
+                # make, whatever their values (`steered`)
                 traced = device == "cpu" and reads_forbidden(self.ctx.forbidden.get(step.id, ()),
                                                              self.ctx.allowed.get(step.id))
                 oracle = self.oracle()
-                answer = candidate.invoke(step.id, args, call.kwargs, device=device, answers=oracle,
-                                          shapes=shapes or judged or traced)
-                if judged:
-                    sizes = step.tiles(call)
-                    tiles.judge_tiles(self.ctx, step.id, sizes, sizes.describe(bool(call.kwargs.get("causal"))),
-                                answer.shapes)
+
+                def invoke(c: Call):
+                    got = candidate.invoke(step.id, laid(c), c.kwargs, device=device, answers=oracle,
+                                           shapes=shapes or judged or traced)
+                    if judged:
+                        sizes = step.tiles(c)
+                        tiles.judge_tiles(self.ctx, step.id, sizes, sizes.describe(bool(c.kwargs.get("causal"))),
+                                          got.shapes)
+                    return got
+
+                answer = invoke(call)
                 if traced:
-                    again = lambda: candidate.invoke(  # noqa: E731
-                        step.id, _other_values(args, self.others), _other_values(call.kwargs, self.others),
-                        device=device, answers=oracle, shapes=True)
-                    key = (step.id, _layout(args), _layout(call.kwargs), oracle and oracle.names)
-                    answer = self.steered(answer, again, key)
+                    answer = self.steered(answer, call, invoke, (step.id, _layout(args), _layout(call.kwargs),
+                                                                 oracle and oracle.names))
         except CandidateError as error:
             if device == "meta" and diagnose.meta_unsupported(error):
                 pytest.skip(f"the meta device cannot run this code, so it was not checked there: {error.message}")
@@ -256,28 +259,59 @@ class Run:
         check_calls(answer.called, self.ctx.forbidden.get(step.id, ()), self.ctx.allowed.get(step.id))
         return answer
 
-    def steered(self, answer, again, key):
-        """The answer, with a read of values (READ_AS_NUMBER) in its calls where the sequence of calls it made is not
-        the one its inputs' shapes make: called `again` on the same shapes and other values, code that reads no value
-        into Python makes the same calls (the same sizes, numbers and bools answered); code that does, not. A key's
-        first call is made twice, so each is compared; a file that keeps something between calls may make other
-        calls the first time only, so a difference is settled by one more call, compared with the one before it."""
+    def steered(self, answer, call: Call, invoke, key):
+        """The answer, with a read of values (READ_AS_NUMBER) in its calls where what the call did follows its
+        inputs' values. Called again on the same shapes and other values (`other_values`), code that reads no value
+        into Python makes the same torch calls, answered the same sizes, numbers and bools; code that does, not. A
+        key's first call is made twice, so each is compared; a file that keeps something between calls may make other
+        calls the first time only, so a difference is settled by one more call, compared with the one before it. A
+        call made again must answer right where this one did: a file that tells the grader's calls apart and replays
+        what it read before (its calls the same, its answer the last one's) reads values too. Those calls keep the
+        rules and the tiles as every call does."""
         sequence = lambda a: a.shapes["sequence"] if a.shapes else None  # noqa: E731
-        known, now = self.ctx.traces.get(key), sequence(answer)
-        called = answer.called
+        known, now, called, again = self.ctx.traces.get(key), sequence(answer), answer.called, []
+
+        def another():
+            other = self.other_values(call)
+            got = invoke(other)
+            again.append((got, other))
+            return got
+
         try:
             if known is None:
-                twin = again()
+                twin = another()
                 known, now, called = now, sequence(twin), called | twin.called
+            read = False
             if now != known:
-                latest = again()
+                latest = another()
                 known, called = sequence(latest), called | latest.called
-                if known != now:
-                    called |= {READ_AS_NUMBER}
+                read = known != now
+            if not read and any(not self.right(a, c) for a, c in again):
+                read = self.right(answer, call)
+            if read:
+                called |= {READ_AS_NUMBER}
         except CandidateError:  # other values the file cannot take: its own checks say so, not this comparison
             pass
         self.ctx.traces[key] = known
         return replace(answer, called=called)
+
+    def other_values(self, call: Call) -> Call:
+        """The call on the same shapes and other values: the step's own `remake`, else every float tensor's finite
+        entries drawn afresh, at its scale (integer and bool tensors, infinities and numbers as they were)."""
+        if self.step.remake is not None:
+            return self.step.remake(call, self.others)
+        return replace(call, args=_other_values(call.args, self.others), kwargs=_other_values(call.kwargs, self.others))
+
+    def right(self, answer, call: Call) -> bool:
+        """Whether the answer matches the reference, told without diagnosing it."""
+        try:
+            native, exact = self.reference(call, exact=False), self.reference(call)
+            value = self.output(answer)
+            expect_form(value, native, self.spec.backend, "cpu", self.step.outputs)
+            (self.step.compare or expect_close)(value, exact, call, Tolerance.of(native, exact), self.step.outputs)
+        except CheckFailed:
+            return False
+        return True
 
     def script(self, script: Script, device: str = "cpu"):
         """The candidate's answer to a Script (grader/engine/script.py): one result per action, in its `value`.

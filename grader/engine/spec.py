@@ -188,6 +188,9 @@ class StepSpec:
     probes: simpler cases asked when the plain case fails (Probe).
     tiles: for a tiled step, tiles(call) -> TileSizes, the tiles a call's inputs imply: every call the step's checks
     make is then judged by them, and its tiles_only check fails on the first that made more (grader/engine/tiles.py).
+    remake: for a step that may read no values, remake(call, rng) -> Call, the call on the same shapes and other
+    values, still one the reference answers (its inputs consistent: a forward's out and lse from its q, k, v); by
+    default every float tensor's values are drawn afresh (grader/engine/runner.py, `Run.steered`).
     """
 
     id: str
@@ -204,6 +207,7 @@ class StepSpec:
     parts: tuple[tuple[tuple[str, ...], Mistake], ...] = ()
     probes: tuple[Probe, ...] = ()
     tiles: Callable | None = None
+    remake: Callable | None = None
 
     def __post_init__(self):
         situated = [c.name for c in self.checks if c.situation is not None]

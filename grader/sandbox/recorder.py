@@ -63,6 +63,7 @@ TAKES_NUMBERS = FACTORIES | frozenset({
     "view", "reshape", "expand", "new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided", "narrow",
     "narrow_copy", "select", "split", "unsafe_split", "split_with_sizes", "unsafe_split_with_sizes", "chunk",
     "unsafe_chunk", "tensor_split", "hsplit", "vsplit", "dsplit", "slice", "slice_copy", "diag_embed", "rot90",
+    "broadcast_to", "diff", "vander", "combinations",
     "unflatten", "as_strided", "repeat", "tile",
     "repeat_interleave", "unfold", "transpose", "permute", "movedim", "moveaxis", "swapaxes", "swapdims", "unsqueeze",
     "squeeze", "flatten", "sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "cumsum", "cumprod",
@@ -649,7 +650,7 @@ def _number_reader(torch):
                 return True
         return False
 
-    dtype_of, masks = torch._C.TensorBase.dtype.__get__, (torch.bool, torch.uint8)
+    dtype_of, masks, dims = torch._C.TensorBase.dtype.__get__, (torch.bool, torch.uint8), torch._C.TensorBase.dim
 
     def mask(value) -> bool:
         return issubclass(type(value), tensor) and any(dtype_of(value) is m for m in masks)
@@ -660,9 +661,10 @@ def _number_reader(torch):
         name = str.split(name, ".")[0]  # an overload reached through torch.ops ("narrow.default") is its op
         if name in DATA_SHAPED or name in SPARSE_PARTS or any(part in name for part in STRUCTURED):
             return True
-        if name in ("__getitem__", "index") and len(args) > 1:  # a mask's selection: as long as its True entries
-            index = args[1]
-            if mask(index) or ((type(index) is tuple or type(index) is list) and any(mask(i) for i in index)):
+        if name in ("__getitem__", "index") and len(args) > 1:  # a mask's selection: as long as its True entries;
+            index = args[1]  # an integer of no dims, a view at that offset
+            items = index if type(index) is tuple or type(index) is list else (index,)
+            if any(mask(i) or (number(i) and dims(i) == 0) for i in items):
                 return True
         given = dict.values(kwargs) if type(kwargs) is dict and kwargs else ()
         if name == "where" and len(args) == 1 and not given:  # torch.where(condition): nonzero's indices

@@ -326,6 +326,15 @@ def flash_inputs(gen, dtype, t_q=FTQ, t_k=FTK, causal=False, block_q=BQ, block_k
                 ("q", "k", "v", "out", "lse", "grad_out"))
 
 
+def flash_remake(call: Call, rng: torch.Generator) -> Call:
+    """The call on other values (StepSpec.remake): q, k, v and grad_out drawn afresh, out and lse their forward's."""
+    q, k, v, _, _, grad_out = call.args
+    q, k, v, grad_out = (torch.randn(t.shape, generator=rng, dtype=torch.float64).to(t.dtype)
+                         for t in (q, k, v, grad_out))
+    out, lse = forward(q, k, v, call.kwargs.get("causal", False))
+    return Call((q, k, v, out, lse, grad_out), call.kwargs, call.names)
+
+
 def flash_reference(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32):
     """The gradients computed whole from the given lse and D = rowsum(dO ∘ O) (grads.plain), whatever the blocks:
     the model answer equals them (tests/exercises/attention_backward/test_oracle.py)."""
@@ -362,6 +371,7 @@ def call_tiles(call: Call) -> TileSizes:
 
 FLASH = StepSpec(
     "flash_attention_backward", flash_inputs, flash_reference, outputs=("dq", "dk", "dv"), tiles=call_tiles,
+    remake=flash_remake,
     probes=(Probe({"block_q": 64, "block_k": 64}, FB_ONE_TILE), Probe({"dv": FD}, FB_WIDTHS)),
     checks=(
         shape(2), values("values", 3, FLOATS), values("causal", 4, situation=FB_CAUSAL, causal=True),
