@@ -1941,3 +1941,63 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
     return got
 """, base=base, name="flash_attention.py")
     assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)
+
+
+def test_a_tiled_step_that_writes_into_memory_of_its_own_making_breaks_its_rule(grade_source):
+    """The twenty-first review's l01 to l03: a step made a storage of its own (`torch.UntypedStorage`) and a tensor on
+    it by a legacy constructor, neither a torch call, copied its inputs there and read the storage's bytes (100 of
+    100, in flash_attention, its backward and the Triton launchers). A call that writes into a tensor whose memory
+    neither the inputs nor a recorded call made is a read."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source("""
+_tiled = flash_attention
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    raw = torch.UntypedStorage(16)
+    buf = torch.FloatTensor(torch.TypedStorage(wrap_storage=raw, dtype=torch.float32, _internal=True))
+    buf.copy_(q[0, 0, 0, :4].float())
+    read = bytes(raw.tolist())  # what a score matrix in Python would start from
+    return _tiled(q, k, v, causal, block_q, block_k)
+""", base=base, name="flash_attention.py")
+    assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)
+
+
+def test_a_tiled_step_that_raises_on_the_graders_next_call_breaks_its_rule(grade_source):
+    """The twenty-first review's l05: a file counted the grader's calls and raised on every call the grader makes on
+    other values, so nothing was compared (100 of 100). A call made again that raises where the first answered right
+    reads values too."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source("""
+_tiled = flash_attention
+_count = {}
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    key = (tuple(q.shape), tuple(k.shape), causal, block_q, block_k)
+    _count[key] = _count.get(key, 0) + 1
+    if _count[key] % 2 == 0:  # the grader's call on other values
+        raise RuntimeError("not now")
+    return _tiled(q, k, v, causal, block_q, block_k)
+""", base=base, name="flash_attention.py")
+    assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)
+
+
+def test_flash_attention_function_is_held_to_its_calls_too(grade_source):
+    """The twenty-first review's l04: FlashAttentionFunction's calls (through the given runner) were never called
+    again on other values, so its forward read values through `hann_window`'s length, which no list named (100 of
+    100). Its calls are compared as the tiled steps' are, and every one keeps the rules."""
+    base = (ROOT / "solutions" / "attention_backward.py").read_text()
+    result = grade_source("""
+_forward = FlashAttentionFunction.forward
+
+
+def _reading_forward(ctx, q, k, v, causal=False, block_q=32, block_k=32):
+    word = (q[0, 0, 0, 0] > 0).long() + 2  # what a value's bits would be
+    read = torch.hann_window(word).shape[0]
+    return _forward(ctx, q, k, v, causal, block_q, block_k)
+
+
+FlashAttentionFunction.forward = staticmethod(_reading_forward)
+""", base=base, name="attention_backward.py")
+    assert step(result, "FlashAttentionFunction").score == 0, explain(result)

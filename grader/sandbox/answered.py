@@ -54,7 +54,10 @@ class Answered:
             reply, reply_blobs = self.wire.read_frame(self.read_fd)
             if reply.get("ok") is not True:
                 raise RuntimeError(f"{header.get('name', 'a step')} (answered by the grader): {reply.get('error')}")
-            return self.wire.decode(reply.get("value"), reply_blobs), reply.get("index")
+            value = self.wire.decode(reply.get("value"), reply_blobs)
+            if self.record.shapes is not None:  # the grader's answer: memory the file may write, as its own results
+                self.record.shapes.know(self.torch, value)
+            return value, reply.get("index")
 
     def _channel(self):
         """The questions' way to `ask`: a generator, whose frame (the only thing that holds this object) the

@@ -78,6 +78,9 @@ DATA_SHAPED = frozenset({"masked_select", "nonzero", "nonzero_static", "argwhere
 # Nested and sparse tensors: their components' shapes and their index tensors' lengths are read from a tensor's data
 # (the sizes of _nested_view_from_buffer, the nonzeros of to_sparse): every such call, by a part of its name
 STRUCTURED = ("nested", "sparse")
+# Calls whose result's size is a number they are given, by a part of their name (a window's length, an FFT's n, an
+# adaptive pool's or an interpolation's output size): an integer tensor anywhere among their arguments is read
+SIZED = ("window", "fft", "adaptive_", "interpolate", "upsample", "stft")
 SPARSE_PARTS = frozenset({"indices", "_indices", "values", "_values", "col_indices", "crow_indices", "row_indices",
                           "ccol_indices", "coalesce", "_coalesced_"})
 # A call given a tensor that answers a Python number is a read of its value too (`complex(t)`, `float(t)`,
@@ -163,6 +166,9 @@ def make_recorder(torch, lifted):
                                or _foreign_argument(numpy, name, (args, kwargs), own_types, plain, torch_globals))
             if reads_as_number(name, args, kwargs):  # before the call: what it raises hands the value back too
                 self.seen.add(READ_AS_NUMBER)
+            if self.shapes is not None and not self.gradients and self.shapes.unknown_written(torch, name, args,
+                                                                                              kwargs):
+                self.seen.add(READ_AS_NUMBER)
             if self.device == "meta":
                 args, kwargs = _scalars_to_meta(torch, args, kwargs)
             if name in REENTERED and any(func is entry for entry in autograd_entries):
@@ -189,6 +195,7 @@ def make_recorder(torch, lifted):
             if self.shapes is not None:
                 self.shapes.add(torch, value, name, given=(*args, *kwargs.values()))
                 self.shapes.trace(torch, name, value)
+                self.shapes.know(torch, value)
             if self.gradients:
                 self.seen.add(CODE_IN_BACKWARD)
             if grad_enabled() and self._builds_graph(value):
@@ -667,6 +674,8 @@ def _number_reader(torch):
             if any(mask(i) or (number(i) and dims(i) == 0) for i in items):
                 return True
         given = dict.values(kwargs) if type(kwargs) is dict and kwargs else ()
+        if any(part in name for part in SIZED) and any(numbers(v) for v in (*args, *given)):
+            return True
         if name == "where" and len(args) == 1 and not given:  # torch.where(condition): nonzero's indices
             return True
         if name == "repeat_interleave" and len(args) == 1 and not given:  # (repeats): as long as their sum
@@ -707,6 +716,28 @@ class Shapes:
         self.more = 0
         self.sequence = BLAKE2B(digest_size=16)
         self.calls = 0
+        self.known = set()  # the addresses of the memory the call's inputs and its torch calls' results hold
+
+    def know(self, torch, value) -> None:
+        """Keep the memory of these tensors (a call's inputs, a torch call's results, the grader's answers) as
+        memory torch made, which code may write."""
+        if issubclass(type(value), tuple):  # torch's named tuples (max's values and indices) too, read as tuples
+            value = [tuple.__getitem__(value, i) for i in range(tuple.__len__(value))]
+        for t in value if type(value) is list else (value,):
+            if issubclass(type(t), torch.Tensor):
+                self.known.add(_memory(torch, t))
+
+    def unknown_written(self, torch, name: str, args, kwargs) -> bool:
+        """Whether the call writes into a tensor on a storage the file holds, whose memory neither the inputs nor a
+        recorded call made (a legacy constructor's on `torch.UntypedStorage(n)`): Python reads a storage where no
+        torch call answers (its list, its items, its text). A legacy constructor's own memory, which no storage
+        object of the file's reaches, may be written."""
+        op = str.split(name, ".")[0]
+        written = [args[0]] if args and (op in IN_PLACE or (op[-1:] == "_" and op[:2] != "__")) else []
+        out = dict.get(kwargs, "out") if type(kwargs) is dict else None
+        written += list(out) if type(out) is tuple or type(out) is list else [out]
+        return any(issubclass(type(t), torch.Tensor) and _memory(torch, t) not in self.known and _held(torch, t)
+                   for t in written)
 
     def trace(self, torch, name: str, value) -> None:
         """Add the call `name` that answered `value` to the sequence. An address (or a hash, or a version count) is
@@ -757,6 +788,37 @@ class Shapes:
 
 
 BLAKE2B = hashlib.blake2b
+GETREFCOUNT = sys.getrefcount
+IN_PLACE = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+                      "__ipow__", "__imatmul__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"})
+
+
+def _held(torch, t) -> bool:
+    """Whether a Python object of the file's holds the tensor's storage: torch keeps one storage object for its
+    memory, so one held elsewhere is the one asked for here, with more references than a storage nothing holds
+    (counted once, the same way, on a fresh tensor: `_references`)."""
+    if not UNHELD:
+        UNHELD.append(_references(torch, torch.empty(1)))
+    return _references(torch, t) > UNHELD[0]
+
+
+UNHELD = []  # the references a storage that nothing holds has, as `_references` counts them
+
+
+def _references(torch, t) -> int:
+    try:
+        storage = torch._C.TensorBase.untyped_storage(t)
+    except BaseException:
+        return 0
+    return GETREFCOUNT(storage)
+
+
+def _memory(torch, t):
+    """Where a tensor's memory is (its storage's address), read through torch's C type; None if it has none."""
+    try:
+        return torch._C.TensorBase.untyped_storage(t).data_ptr()
+    except BaseException:
+        return None
 UNSTEADY = frozenset({"data_ptr", "__hash__", "_cdata", "_version"})
 NUMBERS = (type(None), bool, int, float, complex, str)
 

@@ -63,6 +63,7 @@ from grader.engine import (
     source_of,
     values,
 )
+from grader.engine.rules import check_calls
 from solutions import attention_backward as ref
 
 from . import grads
@@ -528,16 +529,25 @@ def _query_tail_dropped(q, k, v, grad_out, causal=False, block_q=32, block_k=32)
 
 def function_answer(run, call, shapes=False):
     """The file's flash_attention_and_grads(*call): (out, dq, dk, dv) through the candidate's Function. Every call
-    keeps to tiles, forward and backward, judged at its own sizes for the step's tiles_only check."""
+    keeps to tiles, forward and backward, judged at its own sizes for the step's tiles_only check, and makes the
+    calls its inputs' shapes make, whatever their values (Run.steered)."""
+    oracle = run.oracle()
+
+    def invoke(c):
+        got = run.ctx.candidate.invoke(RUNNER, c.args, c.kwargs, answers=oracle, shapes=True)
+        sizes = TileSizes.of(*c.args[:3], c.kwargs.get("block_q", 32), c.kwargs.get("block_k", 32))
+        judge_tiles(run.ctx, run.step.id, sizes, sizes.describe(bool(c.kwargs.get("causal"))), got.shapes)
+        return got
+
     try:
-        got = run.ctx.candidate.invoke(RUNNER, call.args, call.kwargs, answers=run.oracle(), shapes=True)
+        got = invoke(call)
     except CandidateError as error:
         if error.kind == "not_implemented":
             raise
         raise run.error_failure(error, call, "cpu") from None
-    sizes = TileSizes.of(*call.args[:3], call.kwargs.get("block_q", 32), call.kwargs.get("block_k", 32))
-    judge_tiles(run.ctx, run.step.id, sizes, sizes.describe(bool(call.kwargs.get("causal"))), got.shapes)
-    return got
+    got = run.steered(got, call, invoke)  # its calls those its inputs' shapes make, whatever their values
+    check_calls(got.called, run.ctx.forbidden.get(run.step.id, ()), run.ctx.allowed.get(run.step.id))
+    return got  # every call keeps the rules, as Run.answer's do
 
 
 def function_case(**params):
