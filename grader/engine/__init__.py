@@ -33,7 +33,7 @@ from grader.candidate import CandidateError, Seeded
 from grader.engine import attention, diagnose, search
 from grader.engine.diagnose import RESULT_ON_CPU
 from grader.engine.failure import CheckFailed, exactly
-from grader.engine.rules import CODE_IN_BACKWARD, GRAPH, check_rules, expect_no_import, numpy_only, parse
+from grader.engine.rules import CODE_IN_BACKWARD, GRAPH, check_calls, check_rules, expect_no_import, numpy_only, parse
 from grader.engine.runner import Run, matches_any, source_of
 from grader.engine.script import (
     Script,
@@ -71,7 +71,8 @@ from grader.wire import device_of
 __all__ = [
     "ALWAYS", "ON_META", "HALF_TYPES", "RESULT_ON_CPU", "Call", "CandidateError", "Check", "CheckFailed", "Mistake",
     "Probe", "Raises",
-    "Run", "Seeded", "Spec", "StepSpec", "Tolerance", "as_tensor_tree", "attention", "check_rules", "defaults",
+    "Run", "Seeded", "Spec", "StepSpec", "Tolerance", "as_tensor_tree", "attention", "check_calls", "check_rules",
+    "defaults",
     "device", "device_of", "diagnose", "end_to_end", "expect_close", "expect_form", "expect_no_import", "gradients",
     "grid", "linear_layers", "search",
     "matches_any", "numpy_only", "prop", "raises_value_error", "rules", "shape", "source_of", "upcast", "values",

@@ -52,6 +52,7 @@ from grader.engine import (
     StepSpec,
     TileSizes,
     attention,
+    check_calls,
     check_rules,
     device,
     diagnose,
@@ -63,7 +64,6 @@ from grader.engine import (
     source_of,
     values,
 )
-from grader.engine.rules import check_calls
 from solutions import attention_backward as ref
 
 from . import grads
