@@ -199,6 +199,8 @@ def encode(value, blobs: list[bytes]):
         }
         if tensor.device.type != "meta":
             flat = tensor.to("cpu").contiguous().reshape(-1)
+            if flat.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+                flat = flat.clone()  # numpy() lends a storage's memory for good (never resizable again): a copy's
             out["blob"] = len(blobs)
             blobs.append(flat.view(torch.uint8).numpy().tobytes())
         return out
@@ -284,7 +286,9 @@ def _decode(item, blobs: list[bytes], depth: int, used: set, meta: bool = True):
             tensor = torch.empty(shape, dtype=torch_dtype)
             tensor.worker_device = device[:40]
             return tensor
-        tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(torch_dtype).reshape(shape)
+        # Copied into a storage torch allocates: a worker's record marks a tensor on lent memory (a bytearray's)
+        storage = torch.UntypedStorage.from_buffer(data, dtype=torch.uint8)
+        tensor = torch.empty(0, dtype=torch.uint8).set_(storage).view(torch_dtype).reshape(shape)
         tensor.worker_device = device[:40]  # where the worker had it; see device_of
         return tensor
     raise WireError(f"unknown kind {kind!r}")

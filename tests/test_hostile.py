@@ -1943,24 +1943,94 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
     assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)
 
 
-def test_a_tiled_step_that_writes_into_memory_of_its_own_making_breaks_its_rule(grade_source):
-    """The twenty-first review's l01 to l03: a step made a storage of its own (`torch.UntypedStorage`) and a tensor on
-    it by a legacy constructor, neither a torch call, copied its inputs there and read the storage's bytes (100 of
-    100, in flash_attention, its backward and the Triton launchers). A call that writes into a tensor whose memory
-    neither the inputs nor a recorded call made is a read."""
+# Ways a tiled step copies its inputs into memory Python reads with no torch call (reviews 21 and 22): a storage of
+# its own making and a tensor a legacy constructor puts on it (neither a torch call), the storage then made "known" by
+# a recorded view of it; a NumPy array's memory under a tensor
+STORAGE = """
+    raw = torch.UntypedStorage(16)
+    buf = torch.FloatTensor(torch.TypedStorage(wrap_storage=raw, dtype=torch.float32, _internal=True))
+"""
+CHANNELS = {
+    "storage": STORAGE + """
+    buf.copy_(q[0, 0, 0, :4].float())
+    read = bytes(raw.tolist())
+""",
+    "storage_viewed": STORAGE + """
+    buf.view(-1).copy_(q[0, 0, 0, :4].float())
+    read = bytes(raw.tolist())
+""",
+    "numpy_array": """
+    import numpy
+    kept = numpy.zeros(4, dtype=numpy.float32)
+    torch.from_numpy(kept).copy_(q[0, 0, 0, :4].float())
+    read = kept.tolist()
+""",
+}
+
+
+@pytest.mark.parametrize("channel", sorted(CHANNELS))
+def test_a_tiled_step_that_reads_its_inputs_outside_torch_breaks_its_rule(grade_source, channel):
+    """The twenty-first review's l01 to l03 and the twenty-second's m01: a step copied its inputs into memory it
+    reads with no torch call (100 of 100, in flash_attention, its backward and the Triton launchers). A storage's
+    bytes read in Python (through any spelling: guard.py replaces torch._C.StorageBase's readers) and a tensor on
+    memory torch did not allocate (the NumPy array's) are each marked, and break the tiled step's rule."""
     base = (ROOT / "solutions" / "flash_attention.py").read_text()
-    result = grade_source("""
+    result = grade_source(f"""
 _tiled = flash_attention
 
 
 def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
-    raw = torch.UntypedStorage(16)
-    buf = torch.FloatTensor(torch.TypedStorage(wrap_storage=raw, dtype=torch.float32, _internal=True))
-    buf.copy_(q[0, 0, 0, :4].float())
-    read = bytes(raw.tolist())  # what a score matrix in Python would start from
+{CHANNELS[channel]}
     return _tiled(q, k, v, causal, block_q, block_k)
 """, base=base, name="flash_attention.py")
     assert step(result, "flash_attention").score == 0 and step(result, "flash_attention").breach, explain(result)
+
+
+TRITON_CHANNELS = '''
+import weakref
+
+_softmax, _flash, _decode = softmax, flash_attention, decode_attention
+
+
+def _buffer():
+    raw = torch.UntypedStorage(16)
+    return raw, torch.FloatTensor(torch.TypedStorage(wrap_storage=raw, dtype=torch.float32, _internal=True))
+
+
+def softmax(x):
+    raw, buf = _buffer()
+    held = weakref.ref(raw)
+    del raw
+    buf.copy_(x.reshape(-1)[:4].float())
+    read = torch._C.StorageBase.__getitem__(held(), 0)
+    return _softmax(x)
+
+
+def flash_attention(q, k, v, causal=False, block_m=16, block_n=16):
+    raw, buf = _buffer()
+    torch._foreach_copy_([buf], [q.reshape(-1)[:4].float()])
+    read = list(raw)
+    return _flash(q, k, v, causal, block_m, block_n)
+
+
+def decode_attention(q, k_cache, v_cache, lengths, block_n=16):
+    raw, buf = _buffer()
+    name = raw._share_filename_cpu_()[1]
+    buf.copy_(q.reshape(-1)[:4].float())
+    return _decode(q, k_cache, v_cache, lengths, block_n)
+'''
+
+
+def test_triton_launchers_that_read_their_inputs_outside_torch_break_their_rule(grade_source):
+    """The twenty-second review's m03 to m05, one in each launcher: a storage read through the C type's own method,
+    held by a weak reference only while torch writes it (m04); a write given in a list (`_foreach_copy_`, m05); a
+    storage shared through a file that Python reads. Each launcher's answer is its kernel's, so only the read costs
+    it."""
+    pytest.importorskip("triton")
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    result = grade_source(TRITON_CHANNELS, base=base, name="triton_attention.py")
+    for launcher in ("softmax", "flash_attention", "decode_attention"):
+        assert step(result, launcher).score == 0 and step(result, launcher).breach, (launcher, explain(result))
 
 
 def test_a_tiled_step_that_raises_on_the_graders_next_call_breaks_its_rule(grade_source):

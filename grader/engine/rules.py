@@ -15,7 +15,14 @@ import tokenize
 from grader.candidate import HIDDEN
 from grader.engine.diagnose import FORBIDDEN_CALL
 from grader.engine.failure import CheckFailed
-from grader.sandbox.recorder import CODE_IN_BACKWARD, GRAPH, GRAPH_IN_BACKWARD, READ_AS_NUMBER
+from grader.sandbox.recorder import (
+    CODE_IN_BACKWARD,
+    FOREIGN_MEMORY,
+    GRAPH,
+    GRAPH_IN_BACKWARD,
+    READ_AS_NUMBER,
+    STORAGE_BYTES,
+)
 from grader.source import parse
 
 # What the names the worker's record gives to autograd's use (no torch function's names) mean, in a report
@@ -25,7 +32,9 @@ MEANING = {GRAPH: "autograd_graph (an autograd graph built by its torch calls)",
            GRAPH_IN_BACKWARD: "autograd inside the backward pass (a graph built, or .backward(), there)",
            READ_AS_NUMBER: "__index__ (a tensor's values read as numbers: a size, a stride, a bound, a mask's count)",
            "__repr__": "__repr__ (a tensor's values as text: printing one reads them into Python)",
-           "__str__": "__str__ (a tensor's values as text)", "__format__": "__format__ (a tensor's values as text)"}
+           "__str__": "__str__ (a tensor's values as text)", "__format__": "__format__ (a tensor's values as text)",
+           STORAGE_BYTES: "storage_bytes (a storage's bytes read in Python: its items, its file, its shared memory)",
+           FOREIGN_MEMORY: "foreign_memory (a tensor on memory torch did not allocate: a NumPy array's, a buffer's)"}
 
 # Names of ways to blind the worker's record of torch calls: switching the mode off, or reaching the record
 # itself (the mode stack, the worker's frames, the garbage collector's list of every object). A file that

@@ -14,7 +14,8 @@ Once armed, for the rest of a child's life, before the candidate's file is impor
   though it were a torch function (in torch._C and torch.overrides, under every name a torch module
   imported them by), refuse a caller outside torch's own package;
 - signal handlers (which receive the interrupted frame) cannot be set, nor threads started (the kernel
-  refuses them too, where seccomp.py's filter is in place).
+  refuses them too, where seccomp.py's filter is in place);
+- a storage's bytes reach Python only through the hook, which tells the record (`STORAGE_READERS`).
 
 A refusal is `Refused`, which is both an AttributeError and a ValueError: library code that asks for
 its caller's frame only to name a module (collections.namedtuple, typing) catches those and goes on.
@@ -56,6 +57,17 @@ ORIGINAL = "attn_grade.original"  # the audit event by which a guarded function 
 # where the record is stashed; an automatic garbage collection could start there too (serve.py turns it off).
 REFUSED_CALLS = ("signal.signal", "_signal.signal", "_thread.start_new_thread", "_thread.start_new",
                  "threading._start_new_thread", "torch._C._dispatch_library", "gc.enable")
+# The ways a storage's bytes reach Python with no torch call to record (its items, its file, its shared memory),
+# as methods of torch._C.StorageBase: a C type, under every storage class and every spelling of the call. Each is
+# replaced there by one that asks the hook to run it (STORAGE_EVENT): the hook alone holds the original, and tells
+# the record first. Its layout (its size, its address, a copy into another storage) stays as it is: Triton's
+# interpreter reads it.
+STORAGE_READERS = ("__getitem__", "_write_file", "_share_fd_cpu_", "_share_filename_cpu_", "_share_cuda_",
+                   "_get_shared_fd", "_new_shared_fd_cpu", "_new_shared_filename_cpu", "_new_using_fd_cpu",
+                   "_new_using_filename_cpu", "_new_shared_cuda", "_new_with_file", "from_file")
+STORAGE_EVENT = "attn_grade.storage"
+IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE: set on a C type, its attributes cannot be set
+TYPE_FLAGS_AT = 21  # tp_flags follows 21 pointer-sized fields in CPython's PyTypeObject
 
 
 # The ways to a new code object: the record trusts code from torch's own files (it runs inside a torch call), so a
@@ -71,9 +83,10 @@ class Refused(AttributeError, ValueError):
 
 def install(torch):
     """Ready the guard in the zygote, once; return `arm` and `lifted`, to be held in locals (a frame is the only
-    way to them). A child calls `arm()` before the candidate's file is imported: from then on the back doors
-    are closed; under `lifted()` the worker's own code may read frames and the mode stack. Until armed,
-    nothing is refused: the zygote and the child's setup use ctypes and the object graph freely.
+    way to them). A child calls `arm(record)` before the candidate's file is imported: from then on the back doors
+    are closed, and a storage's bytes read are told to `record` (its `storage_read()`); under `lifted()` the
+    worker's own code may read frames and the mode stack. Until armed, nothing is refused: the zygote and the
+    child's setup use ctypes and the object graph freely.
 
     The originals of the guarded functions are held by the hook alone (no object the candidate can reach
     refers to them): a guarded function asks for its original with an audit event, and the hook hands it
@@ -86,8 +99,19 @@ def install(torch):
     unmarshalling = [False]  # the hook's own marshal.loads, which raises its event again
     originals = {}
     guard_code = _guarded("").__code__
+    readers = _storage_readers(torch)
+    watched = [None]  # the record a storage's bytes read are told to, once armed
 
     def hook(event, args):
+        if event == STORAGE_EVENT:  # whoever raises it, the record hears of it before the original runs
+            original = readers.get(_plain(args[0])) if len(args) == 4 else None
+            given, named, box = args[1:] if original is not None else (None, None, None)
+            if original is None or type(given) is not tuple or type(named) is not dict or type(box) is not list:
+                raise Refused("the sandbox refuses this reading of a storage")
+            if watched[0] is not None:
+                watched[0].storage_read()
+            box.append(original(*given, **named))
+            return
         if event == ORIGINAL:
             given = lifted_now[0]  # before arming, or the worker's own code
             if not given and args[0] not in REFUSED_CALLS:
@@ -159,7 +183,8 @@ def install(torch):
             setattr(module, attribute, _guarded(name))
     sys.addaudithook(hook)
 
-    def arm():
+    def arm(record):
+        watched[0] = record
         loaded.update(sys.modules)
         torch_globals.update(id(vars(m)) for n, m in list(sys.modules.items())
                              if (n == "torch" or n.startswith("torch.")) and hasattr(m, "__dict__"))
@@ -185,6 +210,47 @@ def install(torch):
         return lifted_once
 
     return arm, lifted
+
+
+def _storage_readers(torch) -> dict:
+    """Replace STORAGE_READERS on torch._C.StorageBase by stand-ins that ask the hook to run them; return the
+    originals by name. The type is immutable, as C types are: its flag is lifted for the change (ctypes, before
+    the guard is armed) and set again. Where the flags are not where CPython keeps them, nothing is replaced."""
+    import ctypes
+
+    base = torch._C.StorageBase
+    offset = TYPE_FLAGS_AT * ctypes.sizeof(ctypes.c_void_p)
+    flags = ctypes.c_ulong.from_address(id(base) + offset)
+    found = {}
+    if flags.value != base.__flags__ or ctypes.c_ulong.from_address(id(int) + offset).value != int.__flags__:
+        return found  # not the layout CPython has kept since 3.8: touch nothing
+    flags.value &= ~IMMUTABLE_TYPE
+    try:
+        for name in STORAGE_READERS:
+            original = vars(base).get(name)
+            if original is None:
+                continue
+            static = type(original) is staticmethod
+            found[name] = original.__func__ if static else original
+            stand_in = _storage_reader(name)
+            type.__setattr__(base, name, staticmethod(stand_in) if static else stand_in)
+    finally:
+        flags.value |= IMMUTABLE_TYPE
+    return found
+
+
+def _storage_reader(name: str):
+    """A stand-in for StorageBase's method `name`: the hook runs the original and tells the record."""
+
+    def read(*args, **kwargs):
+        box = []
+        sys.audit(STORAGE_EVENT, name, args, kwargs, box)
+        if not box:
+            raise Refused(f"the sandbox refuses a storage's {name}")
+        return box[0]
+
+    read.__name__ = read.__qualname__ = name
+    return read
 
 
 def _own_code(event, args, torch_folder: str, unmarshalling) -> bool:

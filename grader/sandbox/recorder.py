@@ -37,6 +37,11 @@ REENTERED = ("backward", "grad")
 # ("autograd_graph.NAME", NAME the call's), autograd used while torch.autograd's backward pass runs (a graph built,
 # or a backward pass entered, inside one), and any torch call made there (Python's, a Function's own backward)
 GRAPH, GRAPH_IN_BACKWARD, CODE_IN_BACKWARD = "autograd_graph", "autograd_in_backward", "code_in_backward"
+# Two more that name what leaves torch with no torch call to record: a storage's bytes read in Python (its items,
+# its file, its shared memory: guard.py's STORAGE_READERS), and a tensor on memory torch did not allocate given to or
+# returned by a torch call (a NumPy array's, a bytearray's, a file's, which Python reads where no call answers).
+# torch allocates resizable storages; another's memory is lent, and never resizable.
+STORAGE_BYTES, FOREIGN_MEMORY = "storage_bytes", "foreign_memory"
 # Their parameters and defaults (torch 2.x), bound here by hand: the record's own code calls nothing the file could
 # have replaced (inspect.signature is Python, and the record is stashed while it runs)
 AUTOGRAD_PARAMETERS = {
@@ -139,6 +144,7 @@ def make_recorder(torch, lifted):
     grad_enabled, grad_fn_of = torch.is_grad_enabled, torch._C.TensorBase.grad_fn.__get__
     dispatch_modes = torch._C._len_torch_dispatch_stack  # modes below this one, whose Python runs inside a call
     reads_as_number = _number_reader(torch)
+    foreign = _foreign_finder(torch)
 
     class Recorder(TorchFunctionMode):
         """Records the name of every torch function called while it is active.
@@ -166,9 +172,6 @@ def make_recorder(torch, lifted):
                                or _foreign_argument(numpy, name, (args, kwargs), own_types, plain, torch_globals))
             if reads_as_number(name, args, kwargs):  # before the call: what it raises hands the value back too
                 self.seen.add(READ_AS_NUMBER)
-            if self.shapes is not None and not self.gradients and self.shapes.unknown_written(torch, name, args,
-                                                                                              kwargs):
-                self.seen.add(READ_AS_NUMBER)
             if self.device == "meta":
                 args, kwargs = _scalars_to_meta(torch, args, kwargs)
             if name in REENTERED and any(func is entry for entry in autograd_entries):
@@ -195,12 +198,17 @@ def make_recorder(torch, lifted):
             if self.shapes is not None:
                 self.shapes.add(torch, value, name, given=(*args, *kwargs.values()))
                 self.shapes.trace(torch, name, value)
-                self.shapes.know(torch, value)
+            if foreign(args) or foreign(dict.values(kwargs)) or foreign((value,)):
+                self.seen.add(FOREIGN_MEMORY)
             if self.gradients:
                 self.seen.add(CODE_IN_BACKWARD)
             if grad_enabled() and self._builds_graph(value):
                 self.seen.add(GRAPH_IN_BACKWARD if self.gradients else f"{GRAPH}.{name}")
             return value
+
+        def storage_read(self):
+            """Told by the guard's hook: the candidate's code read a storage's bytes (guard.py)."""
+            self.seen.add(STORAGE_BYTES)
 
         def _builds_graph(self, value) -> bool:
             """The call's result is a node of an autograd graph: gradients could be taken through it."""
@@ -626,6 +634,31 @@ def _foreign_argument(numpy, name: str, arguments, own_types, plain, torch_globa
     return ""
 
 
+def _foreign_finder(torch):
+    """foreign(values): whether a tensor among `values`, or in a list or tuple among them (a foreach op's, an
+    `out=`), holds memory torch did not allocate (FOREIGN_MEMORY). Read through torch's C types: nothing of the
+    file's own runs here, and most calls cost one pass over their arguments' types."""
+    tensor, storage_of, resizable = torch.Tensor, torch._C.TensorBase.untyped_storage, torch._C.StorageBase.resizable
+
+    def lent(t) -> bool:
+        try:
+            return not resizable(storage_of(t))
+        except BaseException:  # a sparse or nested tensor: no storage of its own
+            return False
+
+    def foreign(values) -> bool:
+        for value in values:
+            kind = type(value)
+            if kind is tuple or kind is list:
+                if any(issubclass(type(t), tensor) and lent(t) for t in value):
+                    return True
+            elif issubclass(kind, tensor) and lent(value):
+                return True
+        return False
+
+    return foreign
+
+
 def _number_reader(torch):
     """reads(name, args, kwargs): whether torch reads a tensor's value as a number in this call (READ_AS_NUMBER): a
     tensor of one integer or bool inside a list, tuple or slice argument, or given to a function that takes numbers
@@ -716,28 +749,6 @@ class Shapes:
         self.more = 0
         self.sequence = BLAKE2B(digest_size=16)
         self.calls = 0
-        self.known = set()  # the addresses of the memory the call's inputs and its torch calls' results hold
-
-    def know(self, torch, value) -> None:
-        """Keep the memory of these tensors (a call's inputs, a torch call's results, the grader's answers) as
-        memory torch made, which code may write."""
-        if issubclass(type(value), tuple):  # torch's named tuples (max's values and indices) too, read as tuples
-            value = [tuple.__getitem__(value, i) for i in range(tuple.__len__(value))]
-        for t in value if type(value) is list else (value,):
-            if issubclass(type(t), torch.Tensor):
-                self.known.add(_memory(torch, t))
-
-    def unknown_written(self, torch, name: str, args, kwargs) -> bool:
-        """Whether the call writes into a tensor on a storage the file holds, whose memory neither the inputs nor a
-        recorded call made (a legacy constructor's on `torch.UntypedStorage(n)`): Python reads a storage where no
-        torch call answers (its list, its items, its text). A legacy constructor's own memory, which no storage
-        object of the file's reaches, may be written."""
-        op = str.split(name, ".")[0]
-        written = [args[0]] if args and (op in IN_PLACE or (op[-1:] == "_" and op[:2] != "__")) else []
-        out = dict.get(kwargs, "out") if type(kwargs) is dict else None
-        written += list(out) if type(out) is tuple or type(out) is list else [out]
-        return any(issubclass(type(t), torch.Tensor) and _memory(torch, t) not in self.known and _held(torch, t)
-                   for t in written)
 
     def trace(self, torch, name: str, value) -> None:
         """Add the call `name` that answered `value` to the sequence. An address (or a hash, or a version count) is
@@ -788,37 +799,6 @@ class Shapes:
 
 
 BLAKE2B = hashlib.blake2b
-GETREFCOUNT = sys.getrefcount
-IN_PLACE = frozenset({"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
-                      "__ipow__", "__imatmul__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__"})
-
-
-def _held(torch, t) -> bool:
-    """Whether a Python object of the file's holds the tensor's storage: torch keeps one storage object for its
-    memory, so one held elsewhere is the one asked for here, with more references than a storage nothing holds
-    (counted once, the same way, on a fresh tensor: `_references`)."""
-    if not UNHELD:
-        UNHELD.append(_references(torch, torch.empty(1)))
-    return _references(torch, t) > UNHELD[0]
-
-
-UNHELD = []  # the references a storage that nothing holds has, as `_references` counts them
-
-
-def _references(torch, t) -> int:
-    try:
-        storage = torch._C.TensorBase.untyped_storage(t)
-    except BaseException:
-        return 0
-    return GETREFCOUNT(storage)
-
-
-def _memory(torch, t):
-    """Where a tensor's memory is (its storage's address), read through torch's C type; None if it has none."""
-    try:
-        return torch._C.TensorBase.untyped_storage(t).data_ptr()
-    except BaseException:
-        return None
 UNSTEADY = frozenset({"data_ptr", "__hash__", "_cdata", "_version"})
 NUMBERS = (type(None), bool, int, float, complex, str)
 

@@ -57,7 +57,7 @@ def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins,
     # guard refuses gc.enable.
     collect = gc.collect
     gc.disable()
-    arm()
+    arm(record)
     hello = {"ok": True, "torch": torch.__version__, "cuda": cuda}
     module, error = _import_candidate(candidate_path, lifted)
     if error:
@@ -98,8 +98,6 @@ def _handle(torch, wire, record, module, stand_ins, request, blobs, blobs_out, f
     device = request.get("device", "cpu")
     args = [to_device(torch, _decode(wire, a, blobs), device, a) for a in request.get("args", [])]
     kwargs = {k: to_device(torch, _decode(wire, v, blobs), device, v) for k, v in request.get("kwargs", {}).items()}
-    if record.shapes is not None:  # the inputs' memory is torch's: the call may write its arguments
-        record.shapes.know(torch, [*args, *kwargs.values()])
     target = getattr(module, request["name"])
     record.seen = set()
     record.device = device
