@@ -268,8 +268,10 @@ class Run:
         what it read before (its calls the same, its answer the last one's) reads values too. Those calls keep the
         rules and the tiles as every call does, and one that raises there, where this one answered right, read values
         too (a file that counts the grader's calls could raise on every other one, and be compared with nothing). Only
-        a right answer is compared: a wrong one loses its checks as it is, and the calls made again cost time."""
-        if not self.right(answer, call):  # a wrong answer loses its checks anyway: no calls made again for it
+        a right answer (as the checks judge it) is compared: a wrong one loses its checks as it is, the calls made
+        again cost time, and a wrong file that is roughly right on its values, wrong on others (a peaked softmax that
+        misses a key) reads nothing."""
+        if not self.matches(answer, call):  # a wrong answer loses its checks anyway: no calls made again for it
             return answer
         oracle = self.oracle()
         key = (self.step.id, layout or _layout(call.args), _layout(call.kwargs), oracle and oracle.names)
@@ -404,6 +406,19 @@ class Run:
             (self.step.compare or expect_close)(value, exact, call, tolerance, self.step.outputs)
         except CheckFailed as failure:
             raise self.diagnosed(failure, value, call, device=device) from None
+
+    def matches(self, answer, call: Call) -> bool:
+        """Whether the answer (on the CPU) is right as the checks judge it: its form, its values within the tolerance
+        policy. Nothing is diagnosed."""
+        try:
+            value = self.output(answer)
+            native = self.expect_form(value, call, "cpu")
+            exact = self.reference(call)
+            (self.step.compare or expect_close)(value, exact, call, Tolerance.of(native, exact, "cpu"),
+                                                self.step.outputs)
+        except CheckFailed:
+            return False
+        return True
 
     # -- diagnosis ---------------------------------------------------------------------
 
