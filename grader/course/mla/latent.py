@@ -345,7 +345,7 @@ def latent_attention(state, x, absorbed=False, splits=None, *, bug: str | None =
         mask = torch.ones(t, seen + t, dtype=torch.bool).tril() if top_left else bottom_right(t, seen + t)
         k_rope = torch.cat(keys, dim=1)[:, past - seen:]
         scores = ref.mla_scores(q_nope, q_rope, k_nope, k_rope)
-        if not (absorbed and bug == ABSORBED_UNMASKED.id):
+        if not (absorbed and bug == ABSORBED_UNMASKED.id) and not (bug == CHUNK_UNMASKED.id and past):
             scores = scores.masked_fill(mask if bug == MASK_INVERTED.id else ~mask, float("-inf"))
         y = torch.softmax(scores, dim=-1) @ v  # (B, H, t, Dv)
         merged = {MERGE_NO_TRANSPOSE.id: y, MERGE_HEADS_INNER.id: y.permute(0, 2, 3, 1)}.get(bug, y.transpose(1, 2))
@@ -363,10 +363,11 @@ def _mistake(name: str, message: str, **recognisers) -> Mistake:
 
 class ModuleScript:
     """The module built with the grader's weights, then x fed in chunks of each feed of `splits` with a fresh cache
-    (the candidate's, or the stand-in); `contents` reads the cache after every call."""
+    (the candidate's, or the stand-in), feed after feed or, `interleaved`, a chunk of each in turn (one module serving
+    several sequences); `contents` reads the cache after every call."""
 
     def __init__(self, run: Run, splits=(3, 1, 2, 1), absorbed: bool = False, dtype=torch.float32,
-                 device: str = "cpu", nan: bool = False, contents: bool = False):
+                 device: str = "cpu", nan: bool = False, contents: bool = False, interleaved: bool = False):
         self.run, self.device = run, device
         self.feeds = [tuple(splits)] if isinstance(splits[0], int) else [tuple(s) for s in splits]
         self.splits = self.feeds[0]
@@ -376,18 +377,21 @@ class ModuleScript:
         on = {"device": device} if device != "cpu" else {}
         script = Script()
         module = script.build("MultiHeadLatentAttention", *INIT, state=self.call.state)
-        self.outputs = []
-        for feed in self.feeds:
+        self.outputs = [[] for _ in self.feeds]
+        turns = []  # (feed, its cache, a chunk of it), in the order the module is called
+        for i, feed in enumerate(self.feeds):
             cache = script.build("LatentCache", B, MAX_LEN, R, DR, stand_in=not own, dtype=dtype, **on)
             if nan:
                 script.fill(cache, ("c_kv", "k_rope"), axis=1, start="length")
-            self.outputs.append([])
-            for chunk in chunks(x, feed):
-                self.outputs[-1].append(script.call(module, "__call__", chunk, names=X, refs={"cache": cache},
-                                                    kwargs={"absorbed": True} if absorbed else None))
-                if contents:
-                    for name in ("length", "c_kv", "k_rope"):
-                        script.get(cache, name)
+            turns.append([(i, cache, chunk) for chunk in chunks(x, feed)])
+        order = ([t for rank in range(max(map(len, turns))) for feed in turns for t in feed[rank:rank + 1]]
+                 if interleaved else [t for feed in turns for t in feed])
+        for i, cache, chunk in order:
+            self.outputs[i].append(script.call(module, "__call__", chunk, names=X, refs={"cache": cache},
+                                               kwargs={"absorbed": True} if absorbed else None))
+            if contents:
+                for name in ("length", "c_kv", "k_rope"):
+                    script.get(cache, name)
         self.results = run.script(script, device=device).value
 
     def expect_right(self) -> None:
@@ -476,6 +480,11 @@ MASK_INVERTED = _mistake(
 ABSORBED_UNMASKED = _mistake(
     "absorbed_unmasked", "the absorbed path attended without the causal mask: a call of several new tokens must mask "
     "the future ones there too, as the plain path does")
+CHUNK_UNMASKED = _mistake(
+    "chunk_unmasked", "with a cache, a call of several new tokens after earlier ones attended without the causal "
+    "mask: mask on every call, new token i sees keys 0 … past_len + i, not only on the first",
+    why="Chunked prefill feeds a long prompt a few tokens at a time: each chunk's tokens must not see the later "
+        "ones of the same chunk.")
 CACHE_IGNORED = _mistake(
     "cache_ignored", "attended over this call's tokens only: append c_kv and k_rope to the cache and attend over "
     "every position it returns")
@@ -501,6 +510,11 @@ MODULE_CACHED = Mistake("MultiHeadLatentAttention.cache_mishandled", "right with
 MODULE_ABSORBED = Mistake("MultiHeadLatentAttention.absorbed_mishandled", "right on the plain path, wrong with "
                           "absorbed=True: fold w_uk into the query and w_uv into the output, per head, keeping the "
                           "RoPE part and the mask")
+MODULE_OWN_POSITIONS = Mistake("MultiHeadLatentAttention.positions_of_its_own", "right for one sequence, wrong "
+                               "when one module serves two caches in turn: the new tokens' positions are the cache's "
+                               "length (past_len = cache.length), not a count the module keeps",
+                               why="A server decodes many sequences with one layer; only the cache knows how far its "
+                                   "own sequence has come.")
 MODULE_CACHE_CONTENTS = Mistake("MultiHeadLatentAttention.cache_contents_mishandled", "the cache holds other values "
                                 "than each token's latent and rotated RoPE key: append c_kv and k_rope as "
                                 "compress_kv gives them")
@@ -512,8 +526,10 @@ MODULE = StepSpec(
         prop("structure", 2, linear_layers(tuple(LAYERS), INIT, "an nn.Linear")),
         values("no_cache", 3, FLOATS), values("no_cache_absorbed", 2, situation=MODULE_ABSORBED, absorbed=True),
         prop("decode", 3, _module_check(splits=(4, 1, 1, 1)), situation=MODULE_CACHED),
-        prop("every_split", 3, _module_check(splits=EVERY_SPLIT), situation=MODULE_CACHED),
-        prop("chunked", 4, _module_check(splits=(3, 2, 2)), situation=MODULE_CACHED),
+        prop("every_split", 2, _module_check(splits=EVERY_SPLIT), situation=MODULE_CACHED),
+        prop("chunked", 3, _module_check(splits=(3, 2, 2)), situation=MODULE_CACHED),
+        prop("two_caches", 2, _module_check(splits=[(3, 2, 2), (4, 1, 1, 1)], interleaved=True),
+             situation=MODULE_OWN_POSITIONS),
         prop("absorbed", 4, _module_check(splits=[(4, 1, 1, 1), (3, 2, 2)], absorbed=True, nan=True),
              situation=MODULE_ABSORBED),
         prop("cache_contents", 3, cache_contents, situation=MODULE_CACHE_CONTENTS),
@@ -522,6 +538,7 @@ MODULE = StepSpec(
     ),
     mistakes=(TOP_LEFT_MASK, POSITIONS_FROM_ZERO, QUERY_AFTER_APPEND, ROPE_ON_WHOLE_QUERY, QUERY_UNROTATED,
               QUERY_SPLIT_SWAPPED, QUERY_SPLIT_ACROSS_HEADS,
-              MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, ABSORBED_UNMASKED, CACHE_IGNORED, CACHED_FULL_KEYS,
+              MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, ABSORBED_UNMASKED, CHUNK_UNMASKED, CACHE_IGNORED,
+              CACHED_FULL_KEYS,
               PER_HEAD_ROPE_KEY, CACHED_UNROTATED_KEY),
 )

@@ -455,6 +455,9 @@ BYTES = StepSpec(
         Mistake("cache_bytes_per_token.itemsize_by_family", "the element size was guessed from the dtype (2 bytes "
                 "for a half type, 4 for any other): float64 takes 8, an int8 cache 1; use dtype.itemsize",
                 _count(by_family=True)),
+        Mistake("cache_bytes_per_token.finfo_for_integers", "the element size came from torch.finfo, which takes "
+                "floating dtypes only, so an int8 cache raised: use dtype.itemsize, or "
+                "torch.empty((), dtype=dtype).element_size()", raises=Raises(types=("TypeError",), message=r"finfo")),
         Mistake("cache_bytes_per_token.fixed_itemsize", "assumed 2 bytes per element whatever the dtype: use "
                 "torch.empty((), dtype=dtype).element_size(), or dtype.itemsize", _count(itemsize=2)),
     ),

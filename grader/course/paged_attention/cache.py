@@ -320,9 +320,10 @@ def pool_on_device(run: Run) -> None:
 
 def _refusal_script(run: Run) -> dict:
     """A pool of 4 blocks: sequence 7 takes 6 tokens (2 blocks), sequence 2 takes 4 (exactly 1 block); then 7 asks for
-    7 more (13 tokens: 4 blocks, 2 more than it holds, 1 free). What it showed before and after, and once 2 takes 4
-    more (8 in all: exactly the 1 block left)."""
-    (k1, k2, k3, k4), (v1, v2, v3, v4) = run.inputs(schedule=((7, 6), (2, 4), (7, 7), (2, 4))).args
+    7 more (13 tokens: 4 blocks, 2 more than it holds, 1 free). What it showed before and after, once 2 takes 4
+    more (8 in all: exactly the 1 block left), and once 7 takes 2 more with no block free (the room left in its
+    last block)."""
+    (k1, k2, k3, k4, k5), (v1, v2, v3, v4, v5) = run.inputs(schedule=((7, 6), (2, 4), (7, 7), (2, 4), (7, 2))).args
     script = Script()
     pool = script.build("PagedKVCache", 4, BLOCK, H, DH)
     script.call(pool, "append", 7, k1, v1, names=KV)
@@ -338,10 +339,13 @@ def _refusal_script(run: Run) -> dict:
     after = reads()
     fits = script.call(pool, "append", 2, k4, v4, names=KV, may_raise=True)
     last = reads()
+    room = script.call(pool, "append", 7, k5, v5, names=KV, may_raise=True)
+    roomed = reads()
     results = run.script(script).value
     pick = lambda read: {name: results[i] for name, i in read.items()}  # noqa: E731
     return {"before": pick(before), "error": results[error], "after": pick(after), "fits": results[fits],
-            "last": pick(last), "k": (k1, k2, k4), "v": (v1, v2, v4)}
+            "last": pick(last), "room": results[room], "roomed": pick(roomed), "k": (k1, k2, k4, k5),
+            "v": (v1, v2, v4, v5)}
 
 
 def out_of_blocks(run: Run) -> None:
@@ -375,8 +379,13 @@ def unchanged_after_refusal(run: Run) -> None:
                           f"(8 in all: exactly 1 more block, and 1 is free): {seen['fits'].message}"
                           + (f"; its 4 tokens held blocks {before['table2']!r}" if extra else ""),
                           EXTRA_BLOCK if extra else EXACT_FIT_REFUSED)
-    _expect_held(seen["last"], {7: (seen["k"][0], 6, "table7"), 2: (torch.cat(seen["k"][1:]), 8, "table2")},
+    _expect_held(seen["last"], {7: (seen["k"][0], 6, "table7"), 2: (torch.cat(seen["k"][1:3]), 8, "table2")},
                  "after the refused append and one that fits")
+    if isinstance(seen["room"], CandidateError):
+        raise CheckFailed(f"with no block free, sequence 7 (6 tokens in 2 blocks of {BLOCK}) could not take 2 more, "
+                          f"which fit in its last block: {seen['room'].message}", ROOM_IGNORED)
+    _expect_held(seen["roomed"], {7: (torch.cat([seen["k"][0], seen["k"][3]]), 8, "table7")},
+                 "after sequence 7 took 2 more tokens into the room left in its last block")
 
 
 def _expect_held(read: dict, sequences: dict, when: str) -> None:
@@ -512,6 +521,11 @@ EXACT_FIT_REFUSED = Mistake(
     "PagedKVCache.exact_fit_refused", "an append needing exactly the free blocks was refused: raise only when the "
     "blocks needed exceed the free ones (needed > free, not >=)",
     why="An off-by-one in the capacity check wastes the pool's last block, and a server then preempts for nothing.")
+ROOM_IGNORED = Mistake(
+    "PagedKVCache.room_in_last_block_ignored", "an append that fits in the room left in the sequence's last block was "
+    "refused: the blocks it needs are ceil((seq_len + T) / block_size) minus the blocks it holds, not ceil(T / "
+    "block_size)",
+    why="A decoding sequence adds one token at a time: most of its appends need no new block at all.")
 FREE_KEEPS_BLOCKS = Mistake(
     "PagedKVCache.free_keeps_blocks", "free did not return the sequence's blocks: put every block "
     "of its table back on the free list",
@@ -552,5 +566,5 @@ CACHE = StepSpec(
     ),
     mistakes=(GROWN_BY_CAT, STORAGE_REPLACED, EXTRA_BLOCK, LAST_BLOCK_MISSING, CROSSES_BLOCK, LOGICAL_WRITTEN,
               WRAPPED, TOKENS_MOVED, SLOTS_COUNTED, OUT_OF_BLOCKS_NOT_REFUSED, CHANGED_BEFORE_RAISING,
-              EXACT_FIT_REFUSED, FREE_KEEPS_BLOCKS, FREE_KEEPS_SEQUENCE, DTYPE_IGNORED, TABLE_SORTED),
+              EXACT_FIT_REFUSED, ROOM_IGNORED, FREE_KEEPS_BLOCKS, FREE_KEEPS_SEQUENCE, DTYPE_IGNORED, TABLE_SORTED),
 )

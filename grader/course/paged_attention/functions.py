@@ -214,8 +214,9 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, *, bug=None):
     if bug == CROSSES.id:
         forms = [torch.ones(nq, nk, dtype=torch.bool)] if not causal else [cols <= rows, cols <= rows + nk - nq]
         return [_attend(q, k, v, mask) for mask in forms]
-    if causal and bug == GLOBAL_POSITIONS.id:  # packed rows, with no offset or one offset for the whole batch
-        return [_attend(q, k, v, same & (cols <= rows + shift)) for shift in (0, nk - nq)]
+    if causal and bug == GLOBAL_POSITIONS.id:  # packed rows, with no offset, one for the whole batch, or each its own
+        shifts = (0, nk - nq, lk[None, :] - lq[:, None])
+        return [_attend(q, k, v, same & (cols <= rows + shift)) for shift in shifts]
     if causal and bug == TOP_LEFT.id:
         return _attend(q, k, v, same & (pk[None, :] <= pq[:, None]))
     if bug == CAUSAL_IGNORED.id:

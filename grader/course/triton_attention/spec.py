@@ -43,6 +43,7 @@ from grader.engine import (
 
 from .wrong import (
     all_nan,
+    cache_read_as_contiguous,
     cache_with_query_strides,
     decode_ids_swapped,
     decode_keys_unmasked,
@@ -480,6 +481,9 @@ DECODE = StepSpec(
         Mistake("decode_attention.cache_with_query_strides", "the cache was addressed with q's batch and head "
                 "strides: k_cache and v_cache have their own, k_cache.stride(0) and k_cache.stride(1)",
                 cache_with_query_strides),
+        Mistake("decode_attention.cache_assumed_contiguous", "the cache was read as a contiguous one, its strides "
+                "computed from its shape: pass k_cache.stride(0) … stride(3) and v_cache's own, which a transposed or "
+                "sliced cache does not share with a fresh one", cache_read_as_contiguous),
         Mistake("decode_attention.past_length", "the kernel read the cache past the sequence's length (NaN "
                 "there): loop over range(0, lengths[b], BLOCK_N) and mask keys j >= lengths[b]", test=has_nan,
                 why="The cache is allocated for T_max positions; only the first lengths[b] hold keys."),

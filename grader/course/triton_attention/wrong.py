@@ -281,6 +281,15 @@ def cache_with_query_strides(q, k_cache, v_cache, lengths, block_n=16):
     return decode_reference(q, misread(k_cache), misread(v_cache), lengths)
 
 
+def cache_read_as_contiguous(q, k_cache, v_cache, lengths, block_n=16):
+    """The kernel that took the cache's strides from its shape, as a contiguous cache's: over a cache of the strided
+    checks' layouts (its last two axes transposed, or its heads and positions) it reads the memory in another
+    order. One form for each layout."""
+    def misread(cache, axes):
+        return cache.transpose(*axes).contiguous().view(cache.shape)
+    return [decode_reference(q, misread(k_cache, axes), misread(v_cache, axes), lengths) for axes in ((2, 3), (1, 2))]
+
+
 def first_length(q, k_cache, v_cache, lengths, block_n=16):
     """Every sequence read to lengths[0]."""
     return decode_reference(q, k_cache, v_cache, torch.full_like(lengths, int(lengths[0])))

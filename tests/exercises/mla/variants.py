@@ -362,6 +362,17 @@ class LatentCache(LatentCache):
         """            cache.append(c_kv, k_rope)  # kept for later; this call's tokens attended
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()"""),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.cache_ignored"),
+    Variant("module_chunk_unmasked", forward_with(
+        "        mask = torch.ones(T, past_len + T, dtype=torch.bool, device=x.device).tril(diagonal=past_len)",
+        "        mask = torch.ones(T, past_len + T, dtype=torch.bool, device=x.device)\n"
+        "        if past_len == 0:  # the prompt; later calls see everything cached\n"
+        "            mask = mask.tril()"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.chunk_unmasked"),
+    Variant("module_positions_of_its_own", forward_with(
+        "        past_len = 0 if cache is None else cache.length\n",
+        "        past_len = getattr(self, 'seen', 0) if cache is not None else 0  # tokens fed so far\n"
+        "        self.seen = past_len + T if cache is not None else 0\n"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.positions_of_its_own"),
     Variant("module_cached_full_keys", forward_with(
         """        if cache is not None:
             c_kv, k_rope = cache.append(c_kv, k_rope)""",
@@ -411,6 +422,8 @@ class MultiHeadLatentAttention(MultiHeadLatentAttention):
             "cache_bytes_per_token", "cache_bytes_per_token.no_factor_two"),
     Variant("bytes_in_bits", bytes_with(item="torch.finfo(dtype).bits"),
             "cache_bytes_per_token", "cache_bytes_per_token.in_bits"),
+    Variant("bytes_finfo_for_integers", bytes_with(item="torch.finfo(dtype).bits // 8"),
+            "cache_bytes_per_token", "cache_bytes_per_token.finfo_for_integers"),
     Variant("bytes_fixed_itemsize", bytes_with(item="2  # bf16"),
             "cache_bytes_per_token", "cache_bytes_per_token.fixed_itemsize"),
     Variant("bytes_itemsize_by_family", bytes_with(item="(2 if dtype in (torch.float16, torch.bfloat16) else 4)"),

@@ -135,6 +135,9 @@ class PagedKVCache(PagedKVCache):
 """, "PagedKVCache", "PagedKVCache.free_keeps_blocks"),
     Variant("pool_exact_fit_refused", append_with(TAKE.replace("needed > len", "needed >= len") + WRITE),
             "PagedKVCache", "PagedKVCache.exact_fit_refused"),
+    Variant("pool_room_in_last_block_ignored", append_with(TAKE.replace(
+        "if needed > len(self.free_blocks):", "if -(-k.shape[0] // bs) > len(self.free_blocks):  # new tokens' blocks")
+        + WRITE), "PagedKVCache", "PagedKVCache.room_in_last_block_ignored"),
     Variant("pool_free_keeps_table", """
 class PagedKVCache(PagedKVCache):
     def free(self, seq_id):

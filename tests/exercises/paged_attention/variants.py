@@ -223,6 +223,11 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
         f"({SAME_SEQUENCE}) & (~torch.tensor(causal) | (torch.arange(k.shape[0])[None, :] <= "
         "torch.arange(q.shape[0])[:, None] + (k.shape[0] - q.shape[0])))"),
             "varlen_attention", "varlen_attention.causal_global_positions"),
+    Variant("varlen_causal_packed_rows_per_sequence", varlen_with(VARLEN_BODY.replace(
+        "allowed = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(diagonal=tk - tq)",
+        "rows, cols = torch.arange(qs, qe, device=q.device), torch.arange(ks, ke, device=q.device)\n"
+        "            allowed = cols[None, :] <= rows[:, None] + (tk - tq)")),
+            "varlen_attention", "varlen_attention.causal_global_positions"),
     Variant("varlen_causal_top_left", varlen_with(VARLEN_BODY.replace(".tril(diagonal=tk - tq)", ".tril()")),
             "varlen_attention", "varlen_attention.causal_top_left"),
     Variant("varlen_causal_ignored", varlen_with(VARLEN_BODY.replace("if causal:", "if False:  # causal")),

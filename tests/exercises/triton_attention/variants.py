@@ -196,6 +196,10 @@ BUGGY = [
         "decode_attention", ("*q.stride(), *k_cache.stride(), *v_cache.stride(),",
                              "*q.stride(), *q.stride()[:2], *k_cache.stride()[2:], *q.stride()[:2], *v_cache.stride()[2:],")),
         "decode_attention", "decode_attention.cache_with_query_strides"),
+    Variant("decode_cache_assumed_contiguous", changed(
+        "decode_attention", ("*q.stride(), *k_cache.stride(), *v_cache.stride(),",
+                             "*q.stride(), *torch.empty(k_cache.shape).stride(), *torch.empty(v_cache.shape).stride(),")),
+        "decode_attention", "decode_attention.cache_assumed_contiguous"),
     Variant("decode_block_not_power_of_two", changed(
         "decode_attention", ("BLOCK_D=triton.next_power_of_2(d)", "BLOCK_D=d")),
         "decode_attention", "decode_attention.block_not_power_of_two"),
