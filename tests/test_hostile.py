@@ -1965,15 +1965,35 @@ CHANNELS = {
     torch.from_numpy(kept).copy_(q[0, 0, 0, :4].float())
     read = kept.tolist()
 """,
+    # the twenty-third review's n01, n04, n07 and n08: torch._C's own exporters, which no torch function mode sees
+    "zip_writer": STORAGE + """
+    import io
+    buf.copy_(q[0, 0, 0, :4].float())
+    torch._C.PyTorchFileWriter(io.BytesIO()).write_record("x", raw, raw.nbytes())
+""",
+    "dlpack_capsule": """
+    capsule = torch._C._to_dlpack(q[0, 0, 0, :4].float())
+""",
+    "pickler": """
+    data = torch._C._pickle_save(q[0, 0, 0, :4].float())
+""",
+    "storage_on_an_address": STORAGE + """
+    import numpy
+    buf.copy_(q[0, 0, 0, :4].float())
+    kept = numpy.zeros(4, dtype=numpy.float32)
+    lent = torch._C._construct_storage_from_data_pointer(kept.__array_interface__["data"][0], torch.device("cpu"), 16)
+    lent.copy_(raw)
+""",
 }
 
 
 @pytest.mark.parametrize("channel", sorted(CHANNELS))
 def test_a_tiled_step_that_reads_its_inputs_outside_torch_breaks_its_rule(grade_source, channel):
-    """The twenty-first review's l01 to l03 and the twenty-second's m01: a step copied its inputs into memory it
-    reads with no torch call (100 of 100, in flash_attention, its backward and the Triton launchers). A storage's
-    bytes read in Python (through any spelling: guard.py replaces torch._C.StorageBase's readers) and a tensor on
-    memory torch did not allocate (the NumPy array's) are each marked, and break the tiled step's rule."""
+    """The twenty-first review's l01 to l03, the twenty-second's m01 and the twenty-third's n01 to n08: a step copied
+    its inputs into memory it reads with no torch call (100 of 100, in flash_attention, its backward and the Triton
+    launchers). A storage's or a tensor's bytes read in Python (through any spelling: guard.py replaces
+    torch._C.StorageBase's readers, torch._C's exporters and the zip writer's method) and a tensor on memory torch did
+    not allocate (the NumPy array's) are each marked, and break the tiled step's rule."""
     base = (ROOT / "solutions" / "flash_attention.py").read_text()
     result = grade_source(f"""
 _tiled = flash_attention

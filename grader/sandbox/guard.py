@@ -15,7 +15,8 @@ Once armed, for the rest of a child's life, before the candidate's file is impor
   imported them by), refuse a caller outside torch's own package;
 - signal handlers (which receive the interrupted frame) cannot be set, nor threads started (the kernel
   refuses them too, where seccomp.py's filter is in place);
-- a storage's bytes reach Python only through the hook, which tells the record (`STORAGE_READERS`).
+- a tensor's or a storage's bytes reach Python outside a torch call only through the hook, which tells the
+  record (`STORAGE_READERS`, `C_READERS`).
 
 A refusal is `Refused`, which is both an AttributeError and a ValueError: library code that asks for
 its caller's frame only to name a module (collections.namedtuple, typing) catches those and goes on.
@@ -57,14 +58,22 @@ ORIGINAL = "attn_grade.original"  # the audit event by which a guarded function 
 # where the record is stashed; an automatic garbage collection could start there too (serve.py turns it off).
 REFUSED_CALLS = ("signal.signal", "_signal.signal", "_thread.start_new_thread", "_thread.start_new",
                  "threading._start_new_thread", "torch._C._dispatch_library", "gc.enable")
-# The ways a storage's bytes reach Python with no torch call to record (its items, its file, its shared memory),
-# as methods of torch._C.StorageBase: a C type, under every storage class and every spelling of the call. Each is
-# replaced there by one that asks the hook to run it (STORAGE_EVENT): the hook alone holds the original, and tells
-# the record first. Its layout (its size, its address, a copy into another storage) stays as it is: Triton's
-# interpreter reads it.
+# The ways a tensor's or a storage's bytes reach Python with no torch call to record, each replaced by a stand-in
+# that asks the hook to run it (STORAGE_EVENT): the hook alone holds the original, and tells the record first. By
+# where they are:
+# - methods of torch._C.StorageBase, a C type, under every storage class and every spelling of the call: a storage's
+#   items, its file, its shared memory, and a copy between storages (told only where one of them is on memory torch
+#   did not allocate, as NumPy's: Triton's interpreter copies between torch's own). Its layout stays as it is;
+# - functions of torch._C, under every name a torch module holds them by: DLPack's exporters, the serialisers, a
+#   storage made on an address;
+# - the zip writer's method (torch.save's), torch._C.PyTorchFileWriter.write_record.
 STORAGE_READERS = ("__getitem__", "_write_file", "_share_fd_cpu_", "_share_filename_cpu_", "_share_cuda_",
                    "_get_shared_fd", "_new_shared_fd_cpu", "_new_shared_filename_cpu", "_new_using_fd_cpu",
-                   "_new_using_filename_cpu", "_new_shared_cuda", "_new_with_file", "from_file")
+                   "_new_using_filename_cpu", "_new_shared_cuda", "_new_with_file", "from_file", "copy_")
+C_READERS = ("_to_dlpack", "_to_dlpack_versioned", "_pickle_save", "_save_parameters", "_save_jit_module",
+             "_save_jit_module_to_bytes", "_save_mobile_module", "_save_mobile_module_to_bytes",
+             "_construct_storage_from_data_pointer", "_gds_save_storage")
+WRITER_READERS = ("write_record",)
 STORAGE_EVENT = "attn_grade.storage"
 IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE: set on a C type, its attributes cannot be set
 TYPE_FLAGS_AT = 21  # tp_flags follows 21 pointer-sized fields in CPython's PyTypeObject
@@ -99,16 +108,21 @@ def install(torch):
     unmarshalling = [False]  # the hook's own marshal.loads, which raises its event again
     originals = {}
     guard_code = _guarded("").__code__
-    readers = _storage_readers(torch)
+    readers, resizable = _readers(torch)
+    storage_type = torch._C.StorageBase
     watched = [None]  # the record a storage's bytes read are told to, once armed
 
     def hook(event, args):
         if event == STORAGE_EVENT:  # whoever raises it, the record hears of it before the original runs
-            original = readers.get(_plain(args[0])) if len(args) == 4 else None
+            key = _plain(args[0]) if len(args) == 4 else None
+            original = readers.get(key) if type(key) is str else None
             given, named, box = args[1:] if original is not None else (None, None, None)
             if original is None or type(given) is not tuple or type(named) is not dict or type(box) is not list:
                 raise Refused("the sandbox refuses this reading of a storage")
-            if watched[0] is not None:
+            # a copy between storages is a read where one of them is on memory torch did not allocate
+            told = (key != "StorageBase.copy_"
+                    or any(issubclass(type(s), storage_type) and not resizable(s) for s in given[:2]))
+            if told and watched[0] is not None:
                 watched[0].storage_read()
             box.append(original(*given, **named))
             return
@@ -212,44 +226,58 @@ def install(torch):
     return arm, lifted
 
 
-def _storage_readers(torch) -> dict:
-    """Replace STORAGE_READERS on torch._C.StorageBase by stand-ins that ask the hook to run them; return the
-    originals by name. The type is immutable, as C types are: its flag is lifted for the change (ctypes, before
-    the guard is armed) and set again. Where the flags are not where CPython keeps them, nothing is replaced."""
+def _readers(torch) -> tuple[dict, object]:
+    """Replace the readers (STORAGE_READERS, C_READERS, WRITER_READERS) by stand-ins that ask the hook to run them;
+    return the originals by key, and StorageBase's own `resizable`. StorageBase is immutable, as C types are: its flag
+    is lifted for the change (ctypes, before the guard is armed) and set again; where the flags are not where CPython
+    keeps them, its methods are left alone."""
     import ctypes
 
+    found = {}
     base = torch._C.StorageBase
     offset = TYPE_FLAGS_AT * ctypes.sizeof(ctypes.c_void_p)
     flags = ctypes.c_ulong.from_address(id(base) + offset)
-    found = {}
-    if flags.value != base.__flags__ or ctypes.c_ulong.from_address(id(int) + offset).value != int.__flags__:
-        return found  # not the layout CPython has kept since 3.8: touch nothing
-    flags.value &= ~IMMUTABLE_TYPE
-    try:
-        for name in STORAGE_READERS:
-            original = vars(base).get(name)
-            if original is None:
-                continue
-            static = type(original) is staticmethod
-            found[name] = original.__func__ if static else original
-            stand_in = _storage_reader(name)
-            type.__setattr__(base, name, staticmethod(stand_in) if static else stand_in)
-    finally:
-        flags.value |= IMMUTABLE_TYPE
-    return found
+    if flags.value == base.__flags__ and ctypes.c_ulong.from_address(id(int) + offset).value == int.__flags__:
+        flags.value &= ~IMMUTABLE_TYPE
+        try:
+            _replace_methods(base, "StorageBase", STORAGE_READERS, found)
+        finally:
+            flags.value |= IMMUTABLE_TYPE
+    _replace_methods(torch._C.PyTorchFileWriter, "PyTorchFileWriter", WRITER_READERS, found)
+    originals = {id(getattr(torch._C, name)): f"torch._C.{name}" for name in C_READERS if hasattr(torch._C, name)}
+    for module_name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None) if module_name.split(".")[0] == "torch" else None
+        for attribute, value in list(namespace.items()) if isinstance(namespace, dict) else ():
+            key = originals.get(id(value))
+            if key is not None:
+                found[key] = value
+                namespace[attribute] = _reader(key)
+    return found, vars(base)["resizable"]
 
 
-def _storage_reader(name: str):
-    """A stand-in for StorageBase's method `name`: the hook runs the original and tells the record."""
+def _replace_methods(owner, owner_name: str, names, found: dict) -> None:
+    for name in names:
+        original = vars(owner).get(name)
+        if original is None:
+            continue
+        key = f"{owner_name}.{name}"
+        static = type(original) is staticmethod
+        found[key] = original.__func__ if static else original
+        stand_in = _reader(key)
+        setattr(owner, name, staticmethod(stand_in) if static else stand_in)
+
+
+def _reader(key: str):
+    """A stand-in for the reader `key`: the hook runs the original and tells the record."""
 
     def read(*args, **kwargs):
         box = []
-        sys.audit(STORAGE_EVENT, name, args, kwargs, box)
+        sys.audit(STORAGE_EVENT, key, args, kwargs, box)
         if not box:
-            raise Refused(f"the sandbox refuses a storage's {name}")
+            raise Refused(f"the sandbox refuses {key}")
         return box[0]
 
-    read.__name__ = read.__qualname__ = name
+    read.__name__ = read.__qualname__ = key.rsplit(".", 1)[-1]
     return read
 
 
