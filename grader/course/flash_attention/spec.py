@@ -402,7 +402,7 @@ def lse_matches_logsumexp(run):
 
 
 # The memory check's sizes: tiles, score rows, score columns, the full matrix and the inputs all of different sizes.
-MEM = TileSizes(b=B, h=H, t_q=90, t_k=107, d=8, dv=12, block_q=16, block_k=24)
+MEM = TileSizes(b=B, h=H, t_q=45, t_k=107, d=8, dv=12, block_q=16, block_k=24)
 
 
 def _unless_unmasked(forms, q, k, v, causal=False, block_q=32, block_k=32):
