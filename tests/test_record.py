@@ -763,6 +763,21 @@ ATTACKS = {
         def attack(scores, dim):  # the twelfth review's a1: TorchScript runs its calls where no mode sees them
             return _normalise(scores, dim)
     """,
+    # the twenty-fourth review's p01 and p05, by names the source scan does not know: TorchScript compiled by torch._C
+    # (it hides its calls from the record when it runs), and the dispatcher's boxed call (refused)
+    "TorchScript by a built name": """
+        _unit = getattr(torch._C, "Compilation" + "Unit")()
+        _unit.define("def normalise(x: Tensor, d: int) -> Tensor:\\n    return torch.softmax(x, d)\\n",
+                     rcb={"torch": torch}.get)
+
+        def attack(scores, dim):
+            return getattr(_unit, "normalise")(scores, dim).nan_to_num(0.0)
+    """,
+    "the dispatcher's boxed call by a built name": """
+        def attack(scores, dim):
+            schema = torch._C._dispatch_find_schema_or_throw("aten::softmax", "int")
+            return getattr(torch._C, "_dispatch_call_" + "boxed")(schema, scores, dim, None).nan_to_num(0.0)
+    """,
     "a default changed in place": _default_attack('defaults = torch.Tensor.dim_order.__kwdefaults__',
                                                   'defaults["ambiguity_check"] = Formats()',
                                                   'defaults["ambiguity_check"] = False'),

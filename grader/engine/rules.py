@@ -46,7 +46,8 @@ TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_s
              "_get_current_function_mode_stack", "_getframe", "currentframe", "f_locals", "f_back", "get_objects",
              "torch._decomp", "torch._refs", "torch._prims", "_decomp.", "_refs.", "_prims.", "interpreters",
              "interpchannels", "interpqueues", "_execution_engine", "run_backward", "_ImperativeEngine", "_EngineBase",
-             "torch.jit", "jit.script", "jit.trace", "jit.load", "import jit", "ScriptFunction", "ScriptModule")
+             "torch.jit", "jit.script", "jit.trace", "jit.load", "import jit", "ScriptFunction", "ScriptModule",
+             "CompilationUnit", "parse_ir", "_create_function_from_graph", "_dispatch_call_boxed")
 
 
 def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: str = "",

@@ -50,6 +50,15 @@ MODE_STACK = {
     "torch.overrides": ("_get_current_function_mode", "_get_current_function_mode_stack", "_pop_mode",
                         "_pop_mode_temporarily", "handle_torch_function"),
 }
+# torch._C's ways to run operators where no torch-function mode sees them: the dispatcher's boxed call (any aten op by
+# its schema), and TorchScript's compilers and loaders, reached without naming torch.jit (the twenty-fourth review).
+# Refused to a caller outside torch, as MODE_STACK is; a TorchScript function, method or module made any other way
+# hides its calls from the record when it runs (HIDING).
+MODE_STACK["torch._C"] += ("_dispatch_call_boxed", "parse_ir", "_create_function_from_graph", "_jit_script_compile",
+                           "_jit_script_class_compile", "import_ir_module", "import_ir_module_from_buffer",
+                           "_load_jit_module_from_bytes", "_load_jit_module_from_file", "_load_for_lite_interpreter",
+                           "_load_for_lite_interpreter_from_buffer", "_load_mobile_module_from_bytes",
+                           "_load_mobile_module_from_file", "_import_ir_module_from_package")
 ORIGINAL = "attn_grade.original"  # the audit event by which a guarded function asks the hook for its original
 # Refused once armed, to torch's code too: a signal handler gets the interrupted frame, and a thread runs where
 # the record (per thread) cannot see. The kernel refuses threads too (seccomp.py); these say so on every system.
@@ -74,6 +83,9 @@ C_READERS = ("_to_dlpack", "_to_dlpack_versioned", "_pickle_save", "_save_parame
              "_save_jit_module_to_bytes", "_save_mobile_module", "_save_mobile_module_to_bytes",
              "_construct_storage_from_data_pointer", "_gds_save_storage")
 WRITER_READERS = ("write_record",)
+# What runs TorchScript, whose calls no torch-function mode sees: each call tells the record that it hid them
+HIDING = {"ScriptFunction": ("__call__",), "ScriptMethod": ("__call__",), "ScriptClassFunction": ("__call__",),
+          "LiteScriptModule": ("__call__", "forward", "run_method")}
 STORAGE_EVENT = "attn_grade.storage"
 IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE: set on a C type, its attributes cannot be set
 TYPE_FLAGS_AT = 21  # tp_flags follows 21 pointer-sized fields in CPython's PyTypeObject
@@ -122,7 +134,9 @@ def install(torch):
             # a copy between storages is a read where one of them is on memory torch did not allocate
             told = (key != "StorageBase.copy_"
                     or any(issubclass(type(s), storage_type) and not resizable(s) for s in given[:2]))
-            if told and watched[0] is not None:
+            if watched[0] is not None and key.split(".")[0] in HIDING:
+                watched[0].hide("TorchScript, whose calls the record cannot see")
+            elif told and watched[0] is not None:
                 watched[0].storage_read()
             box.append(original(*given, **named))
             return
@@ -244,6 +258,9 @@ def _readers(torch) -> tuple[dict, object]:
         finally:
             flags.value |= IMMUTABLE_TYPE
     _replace_methods(torch._C.PyTorchFileWriter, "PyTorchFileWriter", WRITER_READERS, found)
+    for name, methods in HIDING.items():
+        if hasattr(torch._C, name):
+            _replace_methods(getattr(torch._C, name), name, methods, found)
     originals = {id(getattr(torch._C, name)): f"torch._C.{name}" for name in C_READERS if hasattr(torch._C, name)}
     for module_name, module in list(sys.modules.items()):
         namespace = getattr(module, "__dict__", None) if module_name.split(".")[0] == "torch" else None

@@ -210,6 +210,10 @@ def make_recorder(torch, lifted):
             """Told by the guard's hook: the candidate's code read a storage's bytes (guard.py)."""
             self.seen.add(STORAGE_BYTES)
 
+        def hide(self, why: str):
+            """Told by the guard's hook: calls ran where this record cannot see them (guard.py's HIDING)."""
+            self.hidden = self.hidden or why
+
         def _builds_graph(self, value) -> bool:
             """The call's result is a node of an autograd graph: gradients could be taken through it."""
             for t in value if type(value) is tuple or type(value) is list else (value,):
