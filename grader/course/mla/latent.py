@@ -481,10 +481,10 @@ ABSORBED_UNMASKED = _mistake(
     "absorbed_unmasked", "the absorbed path attended without the causal mask: a call of several new tokens must mask "
     "the future ones there too, as the plain path does")
 CHUNK_UNMASKED = _mistake(
-    "chunk_unmasked", "with a cache, a call of several new tokens after earlier ones attended without the causal "
-    "mask: mask on every call, new token i sees keys 0 … past_len + i, not only on the first",
+    "chunk_unmasked", "with a cache, a chunk of several new tokens was not masked causally: mask on every call, new "
+    "token i sees keys 0 … past_len + i",
     why="Chunked prefill feeds a long prompt a few tokens at a time: each chunk's tokens must not see the later "
-        "ones of the same chunk.")
+        "ones of the same chunk, on the first call or any other.")
 CACHE_IGNORED = _mistake(
     "cache_ignored", "attended over this call's tokens only: append c_kv and k_rope to the cache and attend over "
     "every position it returns")

@@ -522,10 +522,10 @@ EXACT_FIT_REFUSED = Mistake(
     "blocks needed exceed the free ones (needed > free, not >=)",
     why="An off-by-one in the capacity check wastes the pool's last block, and a server then preempts for nothing.")
 ROOM_IGNORED = Mistake(
-    "PagedKVCache.room_in_last_block_ignored", "an append that fits in the room left in the sequence's last block was "
-    "refused: the blocks it needs are ceil((seq_len + T) / block_size) minus the blocks it holds, not ceil(T / "
-    "block_size)",
-    why="A decoding sequence adds one token at a time: most of its appends need no new block at all.")
+    "PagedKVCache.room_in_last_block_ignored", "an append that fits in the room left in its last block was refused: "
+    "it needs ceil((seq_len + T) / block_size) − len(table) new blocks",
+    why="Counting ceil(T / block_size) ignores the room left: a decoding sequence adds one token at a time, and most "
+        "of its appends need no new block at all.")
 FREE_KEEPS_BLOCKS = Mistake(
     "PagedKVCache.free_keeps_blocks", "free did not return the sequence's blocks: put every block "
     "of its table back on the free list",

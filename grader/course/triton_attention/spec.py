@@ -482,8 +482,8 @@ DECODE = StepSpec(
                 "strides: k_cache and v_cache have their own, k_cache.stride(0) and k_cache.stride(1)",
                 cache_with_query_strides),
         Mistake("decode_attention.cache_assumed_contiguous", "the cache was read as a contiguous one, its strides "
-                "computed from its shape: pass k_cache.stride(0) … stride(3) and v_cache's own, which a transposed or "
-                "sliced cache does not share with a fresh one", cache_read_as_contiguous),
+                "computed from its shape: pass k_cache's and v_cache's own strides", cache_read_as_contiguous,
+                why="A transposed or sliced cache has other strides than a fresh one of its shape."),
         Mistake("decode_attention.past_length", "the kernel read the cache past the sequence's length (NaN "
                 "there): loop over range(0, lengths[b], BLOCK_N) and mask keys j >= lengths[b]", test=has_nan,
                 why="The cache is allocated for T_max positions; only the first lengths[b] hold keys."),
