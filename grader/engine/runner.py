@@ -400,10 +400,8 @@ class Run:
         native = self.expect_form(value, call, device)
         if device == "meta":
             return
-        exact = self.reference(call)
-        tolerance = Tolerance.of(native, exact, device)
         try:
-            (self.step.compare or expect_close)(value, exact, call, tolerance, self.step.outputs)
+            self._compare(value, native, call, device)
         except CheckFailed as failure:
             raise self.diagnosed(failure, value, call, device=device) from None
 
@@ -412,13 +410,15 @@ class Run:
         policy. Nothing is diagnosed."""
         try:
             value = self.output(answer)
-            native = self.expect_form(value, call, "cpu")
-            exact = self.reference(call)
-            (self.step.compare or expect_close)(value, exact, call, Tolerance.of(native, exact, "cpu"),
-                                                self.step.outputs)
+            self._compare(value, self.expect_form(value, call, "cpu"), call, "cpu")
         except CheckFailed:
             return False
         return True
+
+    def _compare(self, value, native, call: Call, device: str) -> None:
+        """The values against the reference's, within the tolerance policy for `native` (the answer's form)."""
+        exact = self.reference(call)
+        (self.step.compare or expect_close)(value, exact, call, Tolerance.of(native, exact, device), self.step.outputs)
 
     # -- diagnosis ---------------------------------------------------------------------
 
