@@ -211,16 +211,21 @@ def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True, widths=None):
 
 def _absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None, *, width=None, uk="right", uv="right",
               mask_ignored=False, mask_inverted=False, merge_heads_inner=False, softmax_dim=-1, wo_untransposed=False,
-              fill=float("-inf"), rope=True, merge_untransposed=False):
-    """The absorbed path, per head, with the knobs of its mistakes: how w_uk and w_uv are cut into heads."""
+              fill=float("-inf"), rope=True, merge_untransposed=False, scaled="both"):
+    """The absorbed path, per head, with the knobs of its mistakes: how w_uk and w_uv are cut into heads, which part
+    of the scores is scaled ("both", "nope", "rope" or "per_part", each by the square root of its own width)."""
     h, dn, dr, r = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1], c_kv.shape[-1]
     dv = w_uv.shape[0] // h
     cut = {  # each head's (width, R) matrix: right, or the weight's numbers scrambled into that shape
         "right": lambda w, n: w.reshape(h, n, r), "viewed": lambda w, n: w.reshape(h, r, n).transpose(1, 2),
         "transposed": lambda w, n: w.T.reshape(h, n, r), "transposed_viewed": lambda w, n: w.T.reshape(h, r, n).mT,
         "heads_inner": lambda w, n: w.reshape(n, h, r).transpose(0, 1)}
-    scores = (q_nope @ cut[uk](w_uk, dn)) @ c_kv.unsqueeze(1).transpose(-2, -1)
-    scores = (scores + (q_rope @ k_rope.unsqueeze(1).transpose(-2, -1) if rope else 0)) / math.sqrt(width or dn + dr)
+    nope = (q_nope @ cut[uk](w_uk, dn)) @ c_kv.unsqueeze(1).transpose(-2, -1)
+    part = q_rope @ k_rope.unsqueeze(1).transpose(-2, -1) if rope else 0
+    scale = math.sqrt(width or dn + dr)
+    scores = {"both": lambda: (nope + part) / scale, "nope": lambda: nope / scale + part,
+              "rope": lambda: nope + part / scale,
+              "per_part": lambda: nope / math.sqrt(dn) + part / math.sqrt(dr)}[scaled]()
     if mask is not None and not mask_ignored:
         scores = scores.masked_fill(mask if mask_inverted else ~mask, fill)
     weights = torch.softmax(scores, dim=softmax_dim)
@@ -307,6 +312,14 @@ ABSORBED = StepSpec(
         Mistake("absorbed_attention.scaled_by_v_head_dim", "scaled by √v_head_dim: the scores are the keys' "
                 "[nope, rope] dot products; scale by √(qk_nope_head_dim + qk_rope_head_dim)",
                 _absorbed_variant(width=DV)),
+        Mistake("absorbed_attention.rope_part_unscaled", "only the absorbed (no-position) part was scaled: divide the "
+                "sum of both parts, (q_latent c_kvᵀ + q_rope k_ropeᵀ) / √(Dn + Dr)", _absorbed_variant(scaled="nope"),
+                why="Both parts are pieces of one dot product of [nope, rope] vectors; the RoPE part unscaled "
+                    "outweighs the other by √(Dn + Dr)."),
+        Mistake("absorbed_attention.nope_part_unscaled", "only the RoPE part was scaled, nope + rope / √(Dn + Dr): "
+                "divide the sum of both parts", _absorbed_variant(scaled="rope")),
+        Mistake("absorbed_attention.scaled_per_part", "each part was scaled by the square root of its own width: "
+                "divide their sum by √(qk_nope_head_dim + qk_rope_head_dim)", _absorbed_variant(scaled="per_part")),
         Mistake("absorbed_attention.key_weight_cut_wrong", "w_uk was cut into heads in the wrong order: head h's "
                 "key up-projection is w_uk.view(H, Dn, R)[h], so q_nope @ w_uk.view(H, Dn, R)", _cut_wrong("uk"),
                 why="w_uk is (H·Dn, R), heads outer: viewing it as (H, R, Dn), or reshaping its transpose, keeps the "

@@ -175,7 +175,9 @@ DECODE = StepSpec(
 # -- varlen_attention ---------------------------------------------------------------------
 
 PACKED = (3, 5, 1, 4)  # a packed batch's lengths, queries and keys alike
-CHUNK_Q, CHUNK_K = (2, 5, 1), (6, 5, 4)  # new tokens after a cache, a prefill, one token after three
+# New tokens after a cache, a prefill, one token after two. The prefill is longer than the other offsets' sum, so that
+# one offset for the whole batch (total_k − total_q = 4) still hides some of its keys: not the same as no mask.
+CHUNK_Q, CHUNK_K = (2, 9, 1), (4, 9, 3)
 VARLEN_NAMES = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
 
 
@@ -214,9 +216,10 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, *, bug=None):
     if bug == CROSSES.id:
         forms = [torch.ones(nq, nk, dtype=torch.bool)] if not causal else [cols <= rows, cols <= rows + nk - nq]
         return [_attend(q, k, v, mask) for mask in forms]
-    if causal and bug == GLOBAL_POSITIONS.id:  # packed rows, with no offset, one for the whole batch, or each its own
-        shifts = (0, nk - nq, lk[None, :] - lq[:, None])
-        return [_attend(q, k, v, same & (cols <= rows + shift)) for shift in shifts]
+    if causal and bug == GLOBAL_POSITIONS.id:  # packed rows, with no offset, one for the whole batch, or each its own;
+        shifts = (0, nk - nq, lk[None, :] - lq[:, None])  # or positions in each sequence, the whole batch's offset
+        return [*(_attend(q, k, v, same & (cols <= rows + shift)) for shift in shifts),
+                _attend(q, k, v, same & (pk[None, :] <= pq[:, None] + nk - nq))]
     if causal and bug == TOP_LEFT.id:
         return _attend(q, k, v, same & (pk[None, :] <= pq[:, None]))
     if bug == CAUSAL_IGNORED.id:
@@ -253,8 +256,8 @@ CROSSES = _varlen_mistake(
     "sequence): each query sees only its own sequence's keys; cut by cu_seqlens",
     why="Packing puts unrelated sequences side by side: nothing may cross a boundary.")
 GLOBAL_POSITIONS = _varlen_mistake(
-    "causal_global_positions", "the causal mask compared rows of the packed batch, not positions in each sequence: "
-    "compare positions within each sequence, offset by its own Tk − Tq",
+    "causal_global_positions", "the causal mask used packed rows or the whole batch's offset: compare positions "
+    "within each sequence, offset by its own Tk − Tq",
     why="With as many queries as keys both agree; with fewer queries (a chunk after a cache) the rows are offset, and "
         "one offset for the whole batch, total_k − total_q, is right for no sequence but the last.")
 TOP_LEFT = _varlen_mistake(

@@ -139,6 +139,38 @@ HEADS_MERGED_INNER = Mistake(
     "(N, H, Dh), so reshape(N, H·Dh) as it is", lambda *a, **kw: served(*a, **kw, merged_inner=True),
     why="A transpose(1, 2) kept from the (B, H, T, Dh) layout puts each head's features apart, and w_o's columns "
         "expect head h's at h·Dh … (h + 1)·Dh − 1.")
+def _opening_rows(schedule) -> list[int]:
+    """The rows of `served`'s outputs that are one-token decodes opening a new block (their position a multiple of
+    BLOCK): the tokens whose own key sits in a block their table gets only at the append."""
+    done, rows, row = {}, [], 0
+    for call in schedule:
+        ids = [i for i, t in call.items() if t]
+        decoding = all(call[i] == 1 for i in ids)
+        for i in ids:
+            for p in range(done.get(i, 0), done.get(i, 0) + call[i]):
+                if decoding and p % BLOCK == 0:
+                    rows.append(row)
+                row += 1
+            done[i] = done.get(i, 0) + call[i]
+    return rows
+
+
+def _table_before_append(value, state, streams, schedule=PREFILL_DECODE, refilled=False) -> bool:
+    """Wrong exactly at the decoded tokens that open a block, and right everywhere else."""
+    right = served(state, streams, schedule, refilled=refilled).to(value.dtype)
+    if value.shape != right.shape:
+        return False
+    wrong = ~torch.isclose(value, right, rtol=1e-3, atol=1e-4).all(dim=-1)
+    opening = torch.zeros_like(wrong)
+    opening[_opening_rows(schedule)] = True
+    return bool(wrong.any()) and bool((wrong <= opening).all())
+
+
+TABLE_BEFORE_APPEND = Mistake(
+    "PagedSelfAttention.table_before_append", "took the block tables before appending: a decoded token that opens a "
+    "new block finds -1 where its own key's block belongs; append first, then read block_table and seq_len",
+    why="Only the tokens at a multiple of block_size show it: every other new token lands in a block the table "
+        "already holds.", test=_table_before_append)
 NAN_READ = Mistake(
     "PagedSelfAttention.unused_slots_read", "read slots of the pool no sequence holds (a whole block, or a −1 of a "
     "table): gather each sequence's first seq_len tokens only",
@@ -247,7 +279,7 @@ MODULE = StepSpec(
         prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),
     mistakes=(NOT_CAUSAL, NEW_ONLY, LENGTHS_BEFORE, NO_OUTPUT_PROJECTION, HEADS_SPLIT_INNER, HEADS_MERGED_INNER,
-              NAN_READ),
+              TABLE_BEFORE_APPEND, NAN_READ),
 )
 
 SPEC = Spec((CACHE, DECODE, VARLEN, MODULE))

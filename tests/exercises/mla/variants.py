@@ -160,6 +160,18 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
             "absorbed_attention", "absorbed_attention.scaled_by_latent_width"),
     Variant("absorbed_scaled_by_nope", absorbed_with("math.sqrt(Dn + Dr)", "math.sqrt(Dn)"),
             "absorbed_attention", "absorbed_attention.scaled_by_nope"),
+    Variant("absorbed_rope_part_unscaled", absorbed_with("""    scores = q_latent @ latents.transpose(-2, -1) + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)
+    scores = scores / math.sqrt(Dn + Dr)""", """    scores = (q_latent @ latents.transpose(-2, -1)) / math.sqrt(Dn + Dr)
+    scores = scores + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)"""),
+            "absorbed_attention", "absorbed_attention.rope_part_unscaled"),
+    Variant("absorbed_nope_part_unscaled", absorbed_with("""    scores = q_latent @ latents.transpose(-2, -1) + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)
+    scores = scores / math.sqrt(Dn + Dr)""", """    rope = q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)
+    scores = q_latent @ latents.transpose(-2, -1) + rope / math.sqrt(Dn + Dr)"""),
+            "absorbed_attention", "absorbed_attention.nope_part_unscaled"),
+    Variant("absorbed_scaled_per_part", absorbed_with("""    scores = q_latent @ latents.transpose(-2, -1) + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)
+    scores = scores / math.sqrt(Dn + Dr)""", """    scores = (q_latent @ latents.transpose(-2, -1)) / Dn ** 0.5
+    scores = scores + (q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)) / Dr ** 0.5"""),
+            "absorbed_attention", "absorbed_attention.scaled_per_part"),
     Variant("absorbed_scaled_by_v_head_dim",
             absorbed_with("math.sqrt(Dn + Dr)", "math.sqrt(w_uv.shape[0] // H)"),
             "absorbed_attention", "absorbed_attention.scaled_by_v_head_dim"),

@@ -228,6 +228,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
         "rows, cols = torch.arange(qs, qe, device=q.device), torch.arange(ks, ke, device=q.device)\n"
         "            allowed = cols[None, :] <= rows[:, None] + (tk - tq)")),
             "varlen_attention", "varlen_attention.causal_global_positions"),
+    Variant("varlen_causal_batch_offset_per_sequence", varlen_with(VARLEN_BODY.replace(
+        ".tril(diagonal=tk - tq)", ".tril(diagonal=k.shape[0] - q.shape[0])")),
+            "varlen_attention", "varlen_attention.causal_global_positions"),
     Variant("varlen_causal_top_left", varlen_with(VARLEN_BODY.replace(".tril(diagonal=tk - tq)", ".tril()")),
             "varlen_attention", "varlen_attention.causal_top_left"),
     Variant("varlen_causal_ignored", varlen_with(VARLEN_BODY.replace("if causal:", "if False:  # causal")),
@@ -267,6 +270,19 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
             y = paged_decode(q, cache.k_cache, cache.v_cache, tables, context_lens)
             return self.w_o(y.reshape(N, D))
 """, APPEND, GATHER, ATTEND), "PagedSelfAttention", "PagedSelfAttention.lengths_before_append"),
+    Variant("module_decode_tables_before_append", forward("""\
+        if N == len(seq_ids):  # one new token each: decode straight from the pool
+            rows = [cache.block_table(s) for s in seq_ids]  # before the append: a block opened now is missing
+            for b, seq_id in enumerate(seq_ids):
+                cache.append(seq_id, k[b:b + 1], v[b:b + 1])
+            context_lens = torch.tensor([cache.seq_len(s) for s in seq_ids], dtype=torch.int32)
+            width = max(-(-int(n) // cache.k_cache.shape[1]) for n in context_lens)
+            tables = torch.full((N, width), -1, dtype=torch.int32)
+            for b, row in enumerate(rows):
+                tables[b, :len(row)] = torch.tensor(row, dtype=torch.int32)
+            y = paged_decode(q, cache.k_cache, cache.v_cache, tables, context_lens)
+            return self.w_o(y.reshape(N, D))
+""", APPEND, GATHER, ATTEND), "PagedSelfAttention", "PagedSelfAttention.table_before_append"),
     Variant("module_no_output_projection", forward(APPEND, GATHER, ATTEND.replace("self.w_o(y.reshape(N, D))",
                                                                                   "y.reshape(N, D)")),
             "PagedSelfAttention", "PagedSelfAttention.no_output_projection"),
