@@ -176,39 +176,73 @@ def type_name_of(cls) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"[:MAX_TYPE_NAME]
 
 
+class Bound:
+    """What encode reads of torch and NumPy, bound once, before any candidate's code runs (the worker binds it in
+    the zygote): the worker encodes an answer after the call, where no record is kept, so nothing it calls may be
+    what a file put in place of torch's own (a Tensor method replaced, sys.modules' torch swapped). The methods are
+    torch._C.TensorBase's, a C type whose attributes no file can set."""
+
+    __slots__ = ("tensor", "dtype", "uint8", "detach", "to", "contiguous", "reshape", "view",
+                 "clone", "to_numpy", "storage", "data_ptr", "dtype_of", "shape_of", "device_of", "grad_of",
+                 "equal", "ndarray", "contiguous_array", "isfinite")
+
+    def __init__(self):
+        import numpy
+        import torch
+
+        base = torch._C.TensorBase
+        self.tensor, self.dtype, self.uint8 = torch.Tensor, torch.dtype, torch.uint8
+        self.detach, self.to, self.contiguous, self.reshape, self.view, self.clone = (
+            base.detach, base.to, base.contiguous, base.reshape, base.view, base.clone)
+        self.to_numpy, self.storage, self.data_ptr = base.numpy, base.untyped_storage, torch._C.StorageBase.data_ptr
+        self.dtype_of, self.shape_of, self.device_of, self.grad_of = (
+            base.dtype.__get__, base.shape.__get__, base.device.__get__, base.grad.__get__)
+        self.equal, self.ndarray, self.contiguous_array = torch.equal, numpy.ndarray, numpy.ascontiguousarray
+        self.isfinite = math.isfinite
+
+
+_BOUND: list[Bound] = []
+
+
+def bound() -> Bound:
+    """The codec's torch and NumPy, bound at the first call (`Bound`)."""
+    if not _BOUND:
+        _BOUND.append(Bound())
+    return _BOUND[0]
+
+
 def encode(value, blobs: list[bytes]):
     """A JSON-able description of `value`; tensor and array bytes are appended to `blobs`."""
-    import numpy as np
-    import torch
-
+    b = bound()
     if value is None or type(value) in (bool, int, str):
         return value
     if type(value) is float:
-        return value if math.isfinite(value) else {"kind": "float", "value": repr(value)}
+        return value if b.isfinite(value) else {"kind": "float", "value": repr(value)}
     if type(value) in (tuple, list):
         return {"kind": type(value).__name__, "items": [encode(v, blobs) for v in value]}
     if type(value) is dict and all(type(k) is str for k in value):
         return {"kind": "dict", "items": {k: encode(v, blobs) for k, v in value.items()}}
-    if type(value) is torch.Tensor and str(value.dtype).removeprefix("torch.") in TORCH_DTYPES:
-        tensor = value.detach()
+    if type(value) is b.tensor and str(b.dtype_of(value)).removeprefix("torch.") in TORCH_DTYPES:
+        tensor = b.detach(value)
+        device = b.device_of(tensor)
         out = {
             "kind": "tensor",
-            "dtype": str(tensor.dtype).removeprefix("torch."),
-            "shape": list(tensor.shape),
-            "device": str(tensor.device),
+            "dtype": str(b.dtype_of(tensor)).removeprefix("torch."),
+            "shape": list(b.shape_of(tensor)),
+            "device": str(device),
         }
-        if tensor.device.type != "meta":
-            flat = tensor.to("cpu").contiguous().reshape(-1)
-            if flat.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
-                flat = flat.clone()  # numpy() lends a storage's memory for good (never resizable again): a copy's
+        if device.type != "meta":
+            flat = b.reshape(b.contiguous(b.to(tensor, "cpu")), -1)
+            if b.data_ptr(b.storage(flat)) == b.data_ptr(b.storage(tensor)):
+                flat = b.clone(flat)  # numpy() lends a storage's memory for good (never resizable again): a copy's
             out["blob"] = len(blobs)
-            blobs.append(flat.view(torch.uint8).numpy().tobytes())
+            blobs.append(b.to_numpy(b.view(flat, b.uint8)).tobytes())
         return out
-    if type(value) is torch.dtype and str(value).removeprefix("torch.") in TORCH_DTYPES:
+    if type(value) is b.dtype and str(value).removeprefix("torch.") in TORCH_DTYPES:
         return {"kind": "dtype", "name": str(value).removeprefix("torch.")}
-    if type(value) is np.ndarray and value.dtype.name in NUMPY_DTYPES:
+    if type(value) is b.ndarray and value.dtype.name in NUMPY_DTYPES:
         out = {"kind": "ndarray", "dtype": value.dtype.name, "shape": list(value.shape), "blob": len(blobs)}
-        blobs.append(np.ascontiguousarray(value).tobytes())
+        blobs.append(b.contiguous_array(value).tobytes())
         return out
     return {"kind": "object", "type": type_name(value)}
 

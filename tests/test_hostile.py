@@ -2091,3 +2091,88 @@ def _reading_forward(ctx, q, k, v, causal=False, block_q=32, block_k=32):
 FlashAttentionFunction.forward = staticmethod(_reading_forward)
 """, base=base, name="attention_backward.py")
     assert step(result, "FlashAttentionFunction").score == 0, explain(result)
+
+
+def test_a_tiled_step_under_vmap_by_its_c_entry_points_breaks_its_rule(grade_source):
+    """The twenty-fifth review's q01: whole rows of scores, one query at a time under functorch's vmap reached by its
+    C entry points (torch.vmap itself asks for a frame): the record saw one slice's (Tk,) shapes (100 of 100). Those
+    entry points are refused to a caller outside torch, as the mode stack's are."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source("""
+from torch._C._functorch import _add_batch_dim, _remove_batch_dim, _vmap_decrement_nesting, _vmap_increment_nesting
+
+
+def batched(f, args, dims, n):
+    level = _vmap_increment_nesting(n, "error")
+    try:
+        given = [a if d is None else _add_batch_dim(a, d, level) for a, d in zip(args, dims)]
+        return tuple(_remove_batch_dim(o, level, n, 0) for o in f(*given))
+    finally:
+        _vmap_decrement_nesting()
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    work = torch.promote_types(q.dtype, torch.float32)
+    qf, kf, vf = (x.reshape(-1, x.shape[-2], x.shape[-1]).to(work) for x in (q, k, v))
+    pos_q, pos_k = torch.arange(t_q) + (t_k - t_q), torch.arange(t_k)
+
+    def one(qi, i, kb, vb):  # one query's whole row of scores: (Tk,)
+        s = (kb @ qi) / math.sqrt(d)
+        if causal:
+            s = torch.where(pos_k <= i, s, -math.inf)
+        m = s.amax()
+        m_safe = torch.where(m == -math.inf, 0.0, m)
+        p = torch.exp(s - m_safe)
+        l = p.sum()
+        return (p @ vb) / torch.where(l > 0, l, 1.0), m + torch.log(l)
+
+    def heads(qb, kb, vb):
+        return batched(one, (qb, pos_q, kb, vb), (0, 0, None, None), t_q)
+
+    out, lse = batched(heads, (qf, kf, vf), (0, 0, 0), qf.shape[0])
+    return out.reshape(*q.shape[:-1], v.shape[-1]).to(q.dtype), lse.reshape(q.shape[:-1])
+""", base=base, name="flash_attention.py")
+    assert step(result, "flash_attention").score == 0, explain(result)
+
+
+def test_a_tensor_method_replaced_for_the_workers_code_after_the_call_changes_nothing_graded(grade_source):
+    """The twenty-fifth review's q03 to q05: a step answered placeholders, and as its last act replaced
+    torch.Tensor.detach, which the worker's own code called once the record had closed (to see what the call changed,
+    to encode the answer): the replacement computed the real answer there, with softmax over the whole matrix (100 of
+    100). The worker's codec now calls only what it bound before the file ran (wire.Bound): the answer graded is
+    the placeholders."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source('''
+_PENDING = {}
+
+
+def _detach(self):
+    entry = _PENDING.pop(id(self), None)
+    if entry is None or entry[0] is not self:
+        return torch._C.TensorBase.detach(self)
+    if not _PENDING:
+        del torch.Tensor.detach
+    return entry[1]()
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+    lse = torch.empty(q.shape[:-1], dtype=torch.promote_types(q.dtype, torch.float32))
+
+    def scores():
+        s = q.float() @ k.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if causal:
+            s = s.masked_fill(torch.ones(t_q, t_k, dtype=torch.bool).tril(t_k - t_q).logical_not(), -math.inf)
+        return s
+
+    _PENDING[id(out)] = (out, lambda: (torch.softmax(scores(), -1).nan_to_num(0.0) @ v.float()).to(q.dtype))
+    _PENDING[id(lse)] = (lse, lambda: torch.logsumexp(scores(), -1).to(lse.dtype))
+    torch.Tensor.detach = _detach  # the last thing: no torch call follows it
+    return out, lse
+''', base=base, name="flash_attention.py")
+    # the answer is what the call returned, the placeholders: it keeps its shape checks and no more
+    flash = step(result, "flash_attention")
+    assert all(c.points == 0 for c in flash.checks if "values" in c.name or "tiles" in c.name), explain(result)
+    assert flash.score <= 4, explain(result)

@@ -773,6 +773,15 @@ ATTACKS = {
         def attack(scores, dim):
             return getattr(_unit, "normalise")(scores, dim).nan_to_num(0.0)
     """,
+    # the twenty-fifth review's q02: an autograd graph's node called by hand runs its backward formula where no mode
+    # sees it (the gradient of logsumexp is the softmax); calling one tells the record that it hid its calls
+    "an autograd node called by hand": """
+        def attack(scores, dim):
+            x = scores.detach().requires_grad_(True)
+            with torch.enable_grad():
+                total = torch.logsumexp(x, dim, keepdim=True)
+            return total.grad_fn(torch.ones_like(total)).nan_to_num(0.0)
+    """,
     "the dispatcher's boxed call by a built name": """
         def attack(scores, dim):
             schema = torch._C._dispatch_find_schema_or_throw("aten::softmax", "int")

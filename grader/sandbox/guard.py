@@ -59,6 +59,13 @@ MODE_STACK["torch._C"] += ("_dispatch_call_boxed", "parse_ir", "_create_function
                            "_load_jit_module_from_bytes", "_load_jit_module_from_file", "_load_for_lite_interpreter",
                            "_load_for_lite_interpreter_from_buffer", "_load_mobile_module_from_bytes",
                            "_load_mobile_module_from_file", "_import_ir_module_from_package")
+# functorch's transforms by their C entry points: vmap's levels and batched tensors, whose calls the record sees one
+# slice of, and grad's and jvp's wrappers (the twenty-fifth review). torch.func reaches them from torch's own code.
+MODE_STACK["torch._C._functorch"] = (
+    "_vmap_increment_nesting", "_vmap_decrement_nesting", "_add_batch_dim", "_remove_batch_dim", "_unwrap_batched",
+    "_grad_increment_nesting", "_grad_decrement_nesting", "_jvp_increment_nesting", "_jvp_decrement_nesting",
+    "_func_increment_nesting", "_func_decrement_nesting", "_wrap_for_grad", "_unwrap_for_grad",
+    "_wrap_functional_tensor", "_unwrap_functional_tensor")
 ORIGINAL = "attn_grade.original"  # the audit event by which a guarded function asks the hook for its original
 # Refused once armed, to torch's code too: a signal handler gets the interrupted frame, and a thread runs where
 # the record (per thread) cannot see. The kernel refuses threads too (seccomp.py); these say so on every system.
@@ -86,6 +93,10 @@ WRITER_READERS = ("write_record",)
 # What runs TorchScript, whose calls no torch-function mode sees: each call tells the record that it hid them
 HIDING = {"ScriptFunction": ("__call__",), "ScriptMethod": ("__call__",), "ScriptClassFunction": ("__call__",),
           "LiteScriptModule": ("__call__", "forward", "run_method")}
+# So does calling an autograd graph's node by hand (`out.grad_fn(grad)`): its backward formula runs in C++, where no
+# mode sees it, with no engine, backward or grad to record (the twenty-fifth review). Every node type of
+# torch._C._functions, by the name HIDING's keys take
+NODE = "autograd node"
 STORAGE_EVENT = "attn_grade.storage"
 IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE: set on a C type, its attributes cannot be set
 TYPE_FLAGS_AT = 21  # tp_flags follows 21 pointer-sized fields in CPython's PyTypeObject
@@ -125,6 +136,8 @@ def install(torch):
     watched = [None]  # the record a storage's bytes read are told to, once armed
 
     def hook(event, args):
+        if event == "builtins.id":  # the commonest event by far (the record compares types by id): nothing to refuse
+            return
         if event == STORAGE_EVENT:  # whoever raises it, the record hears of it before the original runs
             key = _plain(args[0]) if len(args) == 4 else None
             original = readers.get(key) if type(key) is str else None
@@ -134,8 +147,10 @@ def install(torch):
             # a copy between storages is a read where one of them is on memory torch did not allocate
             told = (key != "StorageBase.copy_"
                     or any(issubclass(type(s), storage_type) and not resizable(s) for s in given[:2]))
-            if watched[0] is not None and key.split(".")[0] in HIDING:
-                watched[0].hide("TorchScript, whose calls the record cannot see")
+            owner = key.split(".")[0]
+            if watched[0] is not None and (owner in HIDING or owner.startswith(NODE)):
+                watched[0].hide("TorchScript, whose calls the record cannot see" if owner in HIDING else
+                                "an autograd node called by hand, whose backward formula the record cannot see")
             elif told and watched[0] is not None:
                 watched[0].storage_read()
             box.append(original(*given, **named))
@@ -245,18 +260,15 @@ def _readers(torch) -> tuple[dict, object]:
     return the originals by key, and StorageBase's own `resizable`. StorageBase is immutable, as C types are: its flag
     is lifted for the change (ctypes, before the guard is armed) and set again; where the flags are not where CPython
     keeps them, its methods are left alone."""
-    import ctypes
-
     found = {}
     base = torch._C.StorageBase
-    offset = TYPE_FLAGS_AT * ctypes.sizeof(ctypes.c_void_p)
-    flags = ctypes.c_ulong.from_address(id(base) + offset)
-    if flags.value == base.__flags__ and ctypes.c_ulong.from_address(id(int) + offset).value == int.__flags__:
-        flags.value &= ~IMMUTABLE_TYPE
-        try:
-            _replace_methods(base, "StorageBase", STORAGE_READERS, found)
-        finally:
-            flags.value |= IMMUTABLE_TYPE
+    with _mutable(base):
+        _replace_methods(base, "StorageBase", STORAGE_READERS, found)
+    nodes = torch._C._functions
+    for name, kind in list(vars(nodes).items()):
+        if isinstance(kind, type) and "__call__" in vars(kind):
+            with _mutable(kind):
+                _replace_methods(kind, f"{NODE} {name}", ("__call__",), found)
     _replace_methods(torch._C.PyTorchFileWriter, "PyTorchFileWriter", WRITER_READERS, found)
     for name, methods in HIDING.items():
         if hasattr(torch._C, name):
@@ -270,6 +282,29 @@ def _readers(torch) -> tuple[dict, object]:
                 found[key] = value
                 namespace[attribute] = _reader(key)
     return found, vars(base)["resizable"]
+
+
+class _mutable:
+    """`with _mutable(kind):` a C type's attributes may be set (ctypes lifts its immutable flag, before the guard is
+    armed, and sets it again); where the flags are not where CPython keeps them, nothing is lifted and the setting
+    fails (kept as it was)."""
+
+    def __init__(self, kind):
+        import ctypes
+
+        offset = TYPE_FLAGS_AT * ctypes.sizeof(ctypes.c_void_p)
+        flags = ctypes.c_ulong.from_address(id(kind) + offset)
+        known = flags.value == kind.__flags__ and ctypes.c_ulong.from_address(id(int) + offset).value == int.__flags__
+        self.flags = flags if known and kind.__flags__ & IMMUTABLE_TYPE else None
+
+    def __enter__(self):
+        if self.flags is not None:
+            self.flags.value &= ~IMMUTABLE_TYPE
+
+    def __exit__(self, *exc):
+        if self.flags is not None:
+            self.flags.value |= IMMUTABLE_TYPE
+        return exc[0] is TypeError  # an attribute of a type whose flags were not found: left alone
 
 
 def _replace_methods(owner, owner_name: str, names, found: dict) -> None:

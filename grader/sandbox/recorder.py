@@ -111,6 +111,9 @@ METHOD_FUNCTION = types.MethodType.__dict__["__func__"].__get__
 TYPE_NAME = type.__dict__["__name__"].__get__
 
 
+TENSOR: list = []  # torch.Tensor, once a record is made: the type most arguments are
+
+
 def make_recorder(torch, lifted):
     """The recorder for a child: one TorchFunctionMode, entered (`with recorder:`) around the candidate's code.
 
@@ -118,6 +121,8 @@ def make_recorder(torch, lifted):
     """
     import numpy
     from torch.overrides import TorchFunctionMode
+
+    TENSOR[:] = [torch.Tensor]
 
     # Everything below is compared by identity (id), never by == or hashing, which a type of the file's own (a
     # metaclass) could answer with its own code while the record is stashed.
@@ -136,6 +141,7 @@ def make_recorder(torch, lifted):
                      if n in ("torch", "builtins") or n.startswith("torch.")
                      for t in list(getattr(m, "__dict__", {}).values()) if issubclass(type(t), type)}
     torch_callables = {id(t) for t in vars(torch._ops).values() if isinstance(t, type)}
+    passable = frozenset(own_types | plain)  # what an argument may be without running code of the file's own
     hooks = _Hooks(torch)
     kept = _Namespaces(torch, torch_globals, torch_classes, plain)
     modules = sys.modules  # the interpreter's own dict, as the worker found it
@@ -169,7 +175,7 @@ def make_recorder(torch, lifted):
                 self.hidden = (why or _hiding(func, name, types, own_types, torch_globals) or hooks.set()
                                or (dispatch_modes() and "a torch dispatch mode, whose Python runs inside every call")
                                or kept.changed(func)
-                               or _foreign_argument(numpy, name, (args, kwargs), own_types, plain, torch_globals))
+                               or _foreign_argument(numpy, name, (args, kwargs), passable, torch_globals))
             if reads_as_number(name, args, kwargs):  # before the call: what it raises hands the value back too
                 self.seen.add(READ_AS_NUMBER)
             if self.device == "meta":
@@ -198,7 +204,7 @@ def make_recorder(torch, lifted):
             if self.shapes is not None:
                 self.shapes.add(torch, value, name, given=(*args, *kwargs.values()))
                 self.shapes.trace(torch, name, value)
-            if foreign(args) or foreign(dict.values(kwargs)) or foreign((value,)):
+            if foreign(args, dict.values(kwargs), (value,)):
                 self.seen.add(FOREIGN_MEMORY)
             if self.gradients:
                 self.seen.add(CODE_IN_BACKWARD)
@@ -387,26 +393,29 @@ class _Namespaces:
         if not self._plain_defaults(func):
             return "a default of one of torch's functions replaced: torch's code reads it inside a call"
         for key in (*self.always, id(FUNCTION_GLOBALS(func))):
-            kept = self.kept.get(key)
-            if kept is None:
-                continue
-            # the values themselves are kept and compared by identity (an id alone could be a new object's, at the
-            # address a freed one left)
-            values, n = tuple(self.spaces[key].values()), len(kept)
-            if len(values) >= n and all(map(is_, values, kept)):
-                if len(values) == n:
-                    continue
-                added = (tuple(self.spaces[key].items())[n:] if key == "modules" else
-                         tuple((None, v) for v in values[n:]))
-                if all(type(v) is types.ModuleType and self._genuine(name, v) for name, v in added):
-                    self.kept[key] = values  # a lazy import's submodules, added after them
-                    continue
-            # a name replaced, or one added that is not a module: it may shadow a builtin, or a class's inherited
-            # method (torch.Tensor.expand_as set on the subclass)
-            return ("a builtin, or a name in one of torch's modules or tensor classes, replaced or added: torch's "
-                    "code reads it inside a call")
+            if self._changed(key):
+                # a name replaced, or one added that is not a module: it may shadow a builtin, or a class's inherited
+                # method (torch.Tensor.expand_as set on the subclass)
+                return ("a builtin, or a name in one of torch's modules or tensor classes, replaced or added: torch's "
+                        "code reads it inside a call")
         return ""
 
+    def _changed(self, key) -> bool:
+        kept = self.kept.get(key)
+        if kept is None:
+            return False
+        # the values themselves are kept and compared by identity (an id alone could be a new object's, at the
+        # address a freed one left)
+        values, n = tuple(self.spaces[key].values()), len(kept)
+        if len(values) >= n and all(map(is_, values, kept)):
+            if len(values) == n:
+                return False
+            added = (tuple(self.spaces[key].items())[n:] if key == "modules" else
+                     tuple((None, v) for v in values[n:]))
+            if all(type(v) is types.ModuleType and self._genuine(name, v) for name, v in added):
+                self.kept[key] = values  # a lazy import's submodules, added after them
+                return False
+        return True
 
     def _known_ids(self) -> set:
         if self.known_ids is None:  # made when first needed (a lazy import's module looked into), from the list
@@ -507,7 +516,8 @@ def _name(func, torch_classes, torch_callables) -> tuple[str, str]:
         kind = type(func)
     if kind is types.FunctionType:
         raw = FUNCTION_NAME(func)
-    elif id(kind) in C_CALLABLE_IDS:
+    elif (kind is C_CALLABLES[0] or kind is C_CALLABLES[1] or kind is C_CALLABLES[2] or kind is C_CALLABLES[3]
+          or id(kind) in C_CALLABLE_IDS):  # the commonest first: no id(), an audited call
         raw = func.__name__
     elif id(kind) in torch_callables or kind is functools.partial:
         raw = func.__name__ if kind is not functools.partial else "partial"
@@ -557,7 +567,7 @@ def _hiding(func, name: str, kinds, own_types, torch_globals) -> str:
     Read through C getters only: nothing of the file's own runs here.
     """
     for t in kinds if type(kinds) is tuple else ():
-        if id(t) not in own_types:
+        if t is not TENSOR[0] and id(t) not in own_types:  # the commonest first: no id(), an audited call
             return "a tensor subclass of the file's own, which runs its own code inside torch calls"
     if name in CALLBACKS:
         return f"Tensor.{name}, which runs a Python callable inside the call"
@@ -605,28 +615,34 @@ class _Hooks:
     def set(self) -> str:
         if self.callbacks:
             return "a garbage-collector callback of the file's own, which may run inside a torch call"
-        if any(a is not b for a, b in zip(self._now(), self.kept, strict=True)):
+        kept, warnings, sys = self.kept, self.warnings, self.sys
+        if (warnings.showwarning is not kept[0] or warnings._showwarnmsg is not kept[1]
+                or warnings.formatwarning is not kept[2] or sys.unraisablehook is not kept[3]
+                or sys.excepthook is not kept[4]):
             return "a warnings or exception hook of the file's own, which torch may call inside a call"
         if self.top_hooks(True) is not None:
             return "saved-tensor hooks of the file's own, which autograd runs inside a torch call"
         return ""
 
 
-def _foreign_argument(numpy, name: str, arguments, own_types, plain, torch_globals) -> str:
+def _foreign_argument(numpy, name: str, arguments, passable, torch_globals) -> str:
     """Why an argument of this call could run the file's own code inside it, or "": an object of a type of the
-    file's own (torch reads a sequence's items, calls a hook), or a function of the file's own. Types are compared
-    by identity and functions read through C getters: nothing of the file's own runs here."""
-    stack = [arguments]
+    file's own (torch reads a sequence's items, calls a hook), or a function of the file's own. `passable`: the ids
+    of torch's tensor types and the plain ones. Types are compared by identity and functions read through C getters:
+    nothing of the file's own runs here."""
+    stack = list(arguments)
     while stack:
         value = stack.pop()
         kind = type(value)
+        if kind is TENSOR[0] or kind is int or kind is float or kind is bool or value is None:
+            continue  # the commonest first, and the containers: no id(), an audited call
         if kind is tuple or kind is list:
             stack.extend(value)
         elif kind is dict:
             stack.extend(dict.values(value))
         elif kind is slice:
             stack.extend((value.start, value.stop, value.step))
-        elif id(kind) in own_types or id(kind) in plain:
+        elif id(kind) in passable:
             continue
         elif kind is numpy.ndarray:
             if value.dtype.hasobject:
@@ -639,9 +655,9 @@ def _foreign_argument(numpy, name: str, arguments, own_types, plain, torch_globa
 
 
 def _foreign_finder(torch):
-    """foreign(values): whether a tensor among `values`, or in a list or tuple among them (a foreach op's, an
-    `out=`), holds memory torch did not allocate (FOREIGN_MEMORY). Read through torch's C types: nothing of the
-    file's own runs here, and most calls cost one pass over their arguments' types."""
+    """foreign(*groups): whether a tensor among the values of `groups`, or in a list or tuple among them (a foreach
+    op's, an `out=`), holds memory torch did not allocate (FOREIGN_MEMORY). Read through torch's C types: nothing of
+    the file's own runs here, and most calls cost one pass over their arguments' types."""
     tensor, storage_of, resizable = torch.Tensor, torch._C.TensorBase.untyped_storage, torch._C.StorageBase.resizable
 
     def lent(t) -> bool:
@@ -650,14 +666,16 @@ def _foreign_finder(torch):
         except BaseException:  # a sparse or nested tensor: no storage of its own
             return False
 
-    def foreign(values) -> bool:
-        for value in values:
-            kind = type(value)
-            if kind is tuple or kind is list:
-                if any(issubclass(type(t), tensor) and lent(t) for t in value):
+    def foreign(*groups) -> bool:
+        for values in groups:
+            for value in values:
+                kind = type(value)
+                if kind is tuple or kind is list:
+                    for t in value:
+                        if issubclass(type(t), tensor) and lent(t):
+                            return True
+                elif issubclass(kind, tensor) and lent(value):
                     return True
-            elif issubclass(kind, tensor) and lent(value):
-                return True
         return False
 
     return foreign
@@ -699,11 +717,18 @@ def _number_reader(torch):
     def mask(value) -> bool:
         return issubclass(type(value), tensor) and any(dtype_of(value) is m for m in masks)
 
+    by_name = {}  # a name's (always read, sized by a number it is given), found once: names are torch's, and few
+
     def reads(name: str, args, kwargs) -> bool:
         if type(args) is not tuple:
             return False
         name = str.split(name, ".")[0]  # an overload reached through torch.ops ("narrow.default") is its op
-        if name in DATA_SHAPED or name in SPARSE_PARTS or any(part in name for part in STRUCTURED):
+        known = by_name.get(name)
+        if known is None:
+            known = by_name[name] = (
+                name in DATA_SHAPED or name in SPARSE_PARTS or any(part in name for part in STRUCTURED),
+                any(part in name for part in SIZED))
+        if known[0]:
             return True
         if name in ("__getitem__", "index") and len(args) > 1:  # a mask's selection: as long as its True entries;
             index = args[1]  # an integer of no dims, a view at that offset
@@ -711,7 +736,7 @@ def _number_reader(torch):
             if any(mask(i) or (number(i) and dims(i) == 0) for i in items):
                 return True
         given = dict.values(kwargs) if type(kwargs) is dict and kwargs else ()
-        if any(part in name for part in SIZED) and any(numbers(v) for v in (*args, *given)):
+        if known[1] and any(numbers(v) for v in (*args, *given)):
             return True
         if name == "where" and len(args) == 1 and not given:  # torch.where(condition): nonzero's indices
             return True
@@ -767,30 +792,24 @@ class Shapes:
         nothing records it, a legacy constructor's, is seen when it is written in place). Its results count as
         scores too where the call makes them: by its name, or by making twice what the memory of every tensor it was
         given holds or more (an outer product by broadcasting, or an expanded view made whole: `contiguous`)."""
-        BASE_OF, NUMEL, SHAPE_OF = (torch._C.TensorBase._base.__get__, torch._C.TensorBase.numel,  # noqa: N806
-                                    torch._C.TensorBase.shape.__get__)
-
-        def memory(t):  # what a tensor holds, read through torch's C type (whose attributes no file can replace):
-            view_of = BASE_OF(t)  # an expanded view, its base's
-            return view_of if view_of is not None and NUMEL(view_of) < NUMEL(t) else t
-
-        def tensors(values):  # the type's own MRO: no __class__ of the file's is asked
-            return [t for t in (values if type(values) is tuple or type(values) is list else (values,))
-                    if issubclass(type(t), torch.Tensor)]
-
-        inputs = [memory(t) for t in tensors(given)]
-        widest = max((NUMEL(t) for t in inputs), default=None)
-        makes_scores = name.split(".")[0] in SCORES
-        for t in tensors(value):
-            base = memory(t)
-            outgrew = widest is not None and base is t and NUMEL(t) >= 2 * widest  # a pad to whole blocks grows less
-            self._keep(tuple(int(n) for n in SHAPE_OF(base)), makes_scores or outgrew)
+        readers = _tensor_readers(torch)
+        tensor, numel, shape_of = readers[0], readers[2], readers[3]
+        inputs = [_memory(readers, t) for t in given if issubclass(type(t), tensor)]
+        widest = max(map(numel, inputs)) if inputs else None
+        makes_scores = str.split(name, ".")[0] in SCORES
+        kind = type(value)
+        for t in value if kind is tuple or kind is list else (value,):
+            if not issubclass(type(t), tensor):
+                continue
+            base = _memory(readers, t)
+            outgrew = widest is not None and base is t and numel(t) >= 2 * widest  # a pad to whole blocks grows less
+            self._keep(tuple(map(int, shape_of(base))), makes_scores or outgrew)
         for t in inputs:
-            self._keep(tuple(int(n) for n in SHAPE_OF(t)), False)
+            self._keep(tuple(map(int, shape_of(t))), False)
 
     def _keep(self, key: tuple, scores: bool) -> None:
-        for kept, wanted in ((self.seen, True), (self.scores, scores)):
-            if not wanted or key in kept:
+        for kept in (self.seen, self.scores) if scores else (self.seen,):
+            if key in kept:
                 continue
             if len(kept) >= MAX_SHAPES:
                 self.more += 1
@@ -800,6 +819,24 @@ class Shapes:
     def data(self) -> dict:
         return {"created": [list(s) for s in self.seen], "more": self.more,
                 "scores": [list(s) for s in self.scores], "sequence": self.sequence.hexdigest(), "calls": self.calls}
+
+
+_READERS: list = []  # torch's C getters Shapes reads a tensor through, bound once
+
+
+def _tensor_readers(torch) -> tuple:
+    """(Tensor, its base's getter, numel, its shape's getter), read through torch's C type, whose attributes no file
+    can replace: bound at the first call, before any candidate's code runs (the zygote warms the record)."""
+    if not _READERS:
+        base = torch._C.TensorBase
+        _READERS.append((torch.Tensor, base._base.__get__, base.numel, base.shape.__get__))
+    return _READERS[0]
+
+
+def _memory(readers, t):
+    """What a tensor holds: an expanded view, its base's."""
+    view_of = readers[1](t)
+    return view_of if view_of is not None and readers[2](view_of) < readers[2](t) else t
 
 
 BLAKE2B = hashlib.blake2b

@@ -108,10 +108,10 @@ def _handle(torch, wire, record, module, stand_ins, request, blobs, blobs_out, f
                 record.seen)
 
     if request["op"] == "call":
-        before = _snapshot(torch, [*enumerate(args), *kwargs.items()])
+        before = _snapshot(wire.bound(), [*enumerate(args), *kwargs.items()])
         with record, oracle:
             value = target(*args, **kwargs)
-        record.changed = _changed_in_place(torch, before)
+        record.changed = _changed_in_place(wire.bound(), before)
         return wire.encode(value, blobs_out), record.seen
 
     # op == "module": build it on the CPU, load the grader's weights, move it, run forward (and backward)
@@ -144,30 +144,32 @@ def _handle(torch, wire, record, module, stand_ins, request, blobs, blobs_out, f
         # import (sympy, 0.7 s) that backward with an explicit gradient pays.
         with record, oracle:
             (output * wire.decode(grad_output, blobs).to(device)).sum().backward()
-        result["arg_grads"] = [args[i].grad for i in grad_args]
-        result["param_grads"] = {name: p.grad for name, p in instance.named_parameters()}
+            parameters = [(name, p) for name, p in instance.named_parameters()]  # the module's code: recorded
+        grad_of = wire.bound().grad_of  # and the gradients read as encode reads (wire.Bound)
+        result["arg_grads"] = [grad_of(args[i]) for i in grad_args]
+        result["param_grads"] = {name: grad_of(p) for name, p in parameters if type(name) is str}
     return wire.encode(result, blobs_out), record.seen
 
 
-def _snapshot(torch, named: list) -> list:
-    """The bytes of each tensor or array argument (by position or keyword) before the call, to tell which it changed."""
-    import numpy
-
+def _snapshot(bound, named: list) -> list:
+    """The bytes of each tensor or array argument (by position or keyword) before the call, to tell which it changed.
+    Read, as after the call, through what the wire bound before the file ran (wire.Bound): no method the file put
+    in place of torch's runs here, where nothing is recorded."""
     kept = []
     for key, value in named:
-        if isinstance(value, torch.Tensor) and value.device.type != "meta":  # a meta tensor has no bytes
-            kept.append((str(key), value, tuple(value.shape), _bytes_of(torch, value)))
-        elif isinstance(value, numpy.ndarray):
+        if issubclass(type(value), bound.tensor) and bound.device_of(value).type != "meta":  # no bytes on meta
+            kept.append((str(key), value, tuple(bound.shape_of(value)), _bytes_of(bound, value)))
+        elif type(value) is bound.ndarray:
             kept.append((str(key), value, value.shape, value.tobytes()))
     return kept
 
 
-def _changed_in_place(torch, kept: list) -> list[str]:
+def _changed_in_place(bound, kept: list) -> list[str]:
     """The arguments whose shape or bytes the call changed (masked_fill_, x /= s, a[mask] = v on the caller's data)."""
     changed = []
     for key, value, shape, data in kept:
-        if isinstance(value, torch.Tensor):
-            same = tuple(value.shape) == shape and torch.equal(_bytes_of(torch, value), data)
+        if issubclass(type(value), bound.tensor):
+            same = tuple(bound.shape_of(value)) == shape and bound.equal(_bytes_of(bound, value), data)
         else:
             same = value.shape == shape and value.tobytes() == data
         if not same:
@@ -175,9 +177,9 @@ def _changed_in_place(torch, kept: list) -> list[str]:
     return changed
 
 
-def _bytes_of(torch, tensor):
+def _bytes_of(bound, tensor):
     # bytes, not values: NaN equals itself here, and -0.0 differs from 0.0
-    return tensor.detach().contiguous().reshape(-1).view(torch.uint8).clone()
+    return bound.clone(bound.view(bound.reshape(bound.contiguous(bound.detach(tensor)), -1), bound.uint8))
 
 
 def load_weights(instance, state) -> list:

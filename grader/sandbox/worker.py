@@ -119,6 +119,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)  # the grader needs the other core; the inputs are small
+    wire.bound()  # what the codec reads of torch, bound before any candidate's code (wire.Bound)
     # A tensor printed once: its repr imports torch._subclasses.schema_check_mode lazily, whose namedtuples the
     # record cannot take for torch's (their methods' globals are collections'); loaded here, a print in a child
     # imports nothing and hides nothing.
