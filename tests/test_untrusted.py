@@ -210,16 +210,16 @@ def test_a_file_name_is_sanitised_in_every_format(zygote, tmp_path):
 # Issue 10: a question's sizes are bounded whatever their type. -----------------------------------------------
 
 
-def ask(name: str, *args, **kwargs) -> dict:
-    """The oracle's reply to a composite asking for step `name` of local_attention, as the worker would ask, the
-    oracle made as the check runner makes it (the spec's reference, its signature or the contract's)."""
+def ask(name: str, *args, exercise: str = "local_attention", **kwargs) -> dict:
+    """The oracle's reply to a composite asking for step `name` of `exercise`, as the worker would ask, the oracle
+    made as the check runner makes it (the spec's reference, its signature or the contract's)."""
     import importlib
     import inspect
 
     from grader import wire
     from grader.oracle import Oracle
 
-    spec = importlib.import_module("grader.course.local_attention.spec").SPEC
+    spec = importlib.import_module(f"grader.course.{exercise}.spec").SPEC
     reference = next(s.reference for s in spec.steps if s.id == name)
     contract = importlib.import_module(spec.contract) if spec.contract else None
     oracle = Oracle({name: reference}, {name: inspect.signature(getattr(contract, name) if contract else reference)})
@@ -245,6 +245,24 @@ def test_a_size_of_any_type_past_the_bound_is_refused_before_the_answer_is_built
     ask("sliding_window_mask", 2, 2, 1)  # torch and the reference imported: what follows is the question alone
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     reply = ask("sliding_window_mask", size, size, 1)  # 40000 × 40000 bools had it been answered
+    assert reply == {"ok": False, "error": "inputs too large to answer"}, reply
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # kB: nothing big was built
+
+
+def test_offsets_held_as_data_past_the_bound_are_refused_before_the_answer_is_built():
+    """Review 26's c01: PagedSelfAttention asked varlen_attention about three (2, 2, 4) tensors with cu_seqlens
+    [0, 40000], and the reference built 40000 × 40000 masks in the grader (3.4 GB). An integer tensor's values are
+    lengths to a reference, and bound its answer as sizes do; the same question with [0, 2] is answered."""
+    import resource
+
+    import torch
+
+    t = torch.zeros(2, 2, 4)
+    small = torch.tensor([0, 2], dtype=torch.int32)
+    assert ask("varlen_attention", t, t, t, small, small, causal=True, exercise="paged_attention")["ok"] is True
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    big = torch.tensor([0, 40000], dtype=torch.int32)
+    reply = ask("varlen_attention", t, t, t, big, big, causal=True, exercise="paged_attention")
     assert reply == {"ok": False, "error": "inputs too large to answer"}, reply
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # kB: nothing big was built
 

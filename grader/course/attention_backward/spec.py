@@ -269,6 +269,12 @@ ATTENTION = StepSpec(
         Mistake("attention_backward.dp_from_keys", "dP = dO kᵀ: the gradient of the weights comes through the values, "
                 "dP = dO vᵀ, (Tq, Dv) @ (Dv, Tk)", raises=DP_FROM_KEYS,
                 why="out = P v, so dP = dO vᵀ; with Dv ≠ D the copied line with k does not even run."),
+        Mistake("attention_backward.heads_transposed_with_queries", "transpose(1, 2) swapped the heads and the "
+                "queries of a (B, H, Tq, Tk) tensor: transpose its last two axes, P.transpose(-2, -1) (or P.mT)",
+                raises=Raises(message=r"must match the size|size mismatch|cannot be multiplied|broadcast",
+                              line=r"\.(transpose|swapaxes|swapdims)\(\s*1\s*,\s*2\s*\)"),
+                why="Written for (B, Tq, Tk) tensors, transpose(1, 2) is the last two axes; with a head axis it is "
+                    "not."),
         Mistake("attention_backward.operands_swapped", "dq took q or dk took k (a copied line): dq = dS k / √D "
                 "and dk = dSᵀ q / √D, each through the other side's inputs",
                 lambda *a, **k: [_att_variant(operands_swapped=which)(*a, **k) for which in ("q", "k", "qk")],

@@ -49,10 +49,14 @@ def compress_inputs(gen, dtype, t=5):
     return Call((x, w_dkv, w_kr, positions_with_gaps(gen, t)), names=("x", "w_dkv", "w_kr", "positions"))
 
 
-def _compress(x, w_dkv, w_kr, positions, *, rope_latent=False, rope_key=True, from_zero=False):
+def _compress(x, w_dkv, w_kr, positions, *, rope_latent=False, rope_key=True, from_zero=False, interleaved=False):
+    """interleaved: the (B, T) rows flattened batch-major, rotated by positions.repeat_interleave(B)."""
     if from_zero:
         positions = torch.arange(len(positions))
     c_kv, k_rope = x @ w_dkv.T, x @ w_kr.T
+    if interleaved:
+        b, t = x.shape[:2]
+        return c_kv, ref.apply_rope(k_rope.reshape(b * t, -1), positions.repeat_interleave(b)).view(b, t, -1)
     return (ref.apply_rope(c_kv, positions) if rope_latent else c_kv,
             ref.apply_rope(k_rope, positions) if rope_key else k_rope)
 
@@ -80,6 +84,11 @@ COMPRESS = StepSpec(
                 _unless_one_token(rope_key=False)),
         Mistake("compress_kv.positions_ignored", "rotated with positions 0 … T − 1, not the positions given: decoding "
                 "token p must turn by p; pass positions to apply_rope", _unless_one_token(from_zero=True)),
+        Mistake("compress_kv.positions_repeated_per_row", "rows flattened batch-major were rotated by "
+                "positions.repeat_interleave(B): use positions.repeat(B), or rotate (B, T, Dr) by positions as given",
+                _unless_one_token(interleaved=True),
+                why="repeat_interleave repeats each position B times in a row; the rows run through one sequence's "
+                    "tokens before the next sequence's."),
         Mistake("compress_kv.weight_not_transposed", "x @ w multiplied by the weight as stored, (out, in): use x @ "
                 "w.T, as nn.Linear does", raises=Raises(message=UNTRANSPOSED, line=r"@\s*w_(dkv|kr)\b(?!\s*\.)")),
     ),
@@ -211,7 +220,7 @@ def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True, widths=None):
 
 def _absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None, *, width=None, uk="right", uv="right",
               mask_ignored=False, mask_inverted=False, merge_heads_inner=False, softmax_dim=-1, wo_untransposed=False,
-              fill=float("-inf"), rope=True, merge_untransposed=False, scaled="both"):
+              fill=float("-inf"), rope=True, merge_untransposed=False, scaled="both", heads_summed=False):
     """The absorbed path, per head, with the knobs of its mistakes: how w_uk and w_uv are cut into heads, which part
     of the scores is scaled ("both", "nope", "rope" or "per_part", each by the square root of its own width)."""
     h, dn, dr, r = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1], c_kv.shape[-1]
@@ -229,6 +238,8 @@ def _absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None, *, width
     if mask is not None and not mask_ignored:
         scores = scores.masked_fill(mask if mask_inverted else ~mask, fill)
     weights = torch.softmax(scores, dim=softmax_dim)
+    if heads_summed:  # w_o @ w_uv, (D, R): every head's output matrix times every head's value matrix, summed
+        return (weights @ c_kv.unsqueeze(1)).sum(1) @ (w_o @ w_uv).T
     y = (weights @ c_kv.unsqueeze(1)) @ cut[uv](w_uv, dv).transpose(-2, -1)  # (B, H, Tq, Dv)
     if wo_untransposed:  # w_o (D, H·Dv) reshaped straight to (H, Dv, D): its numbers scrambled into that shape
         return torch.einsum("bhqv,hvd->bqd", y, w_o.reshape(h, dv, -1))
@@ -349,6 +360,11 @@ ABSORBED = StepSpec(
                 _absorbed_variant(wo_untransposed=True),
                 why="nn.Linear stores w_o as (out, in) = (D, H·Dv); reshaping it to (H, Dv, D) keeps the shape and "
                     "scrambles which number meets which head's output."),
+        Mistake("absorbed_attention.heads_folded_together", "w_uv folded into w_o as w_o @ w_uv over the heads' "
+                "summed latents: fold head by head, w_o.view(D, H, Dv) with w_uv.view(H, Dv, R) into (D, H, R)",
+                _absorbed_variant(heads_summed=True),
+                why="w_o @ w_uv pairs every head's output columns with every head's value rows: right only for one "
+                    "head."),
         Mistake("absorbed_attention.heads_merged_inner", "heads merged in (Dv, H) order, heads inner: w_o's columns "
                 "are (H, Dv), heads outer; merge (B, Tq, H, Dv) into H·Dv", _absorbed_variant(merge_heads_inner=True),
                 why="An einsum output written btvh, or a permute that puts H last, keeps the shapes and pairs each "

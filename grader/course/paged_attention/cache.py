@@ -187,6 +187,25 @@ def _wrapped(record: PoolScript, *_) -> bool:
     return False
 
 
+def _slots_from_append(record: PoolScript, *_) -> bool:
+    """An append that started inside a block wrote its i-th token at slot i % block_size, its index in the append
+    rather than its position in the sequence: over the tokens before it."""
+    for s in record.seen():
+        seq_id, t = record.schedule[s.index]
+        keys, table = s.keys[seq_id], _table(s.tables[seq_id])
+        n = len(keys)
+        start = n - t
+        if (start % BLOCK == 0 or table is None or len(table) < ceil_blocks(n)
+                or not isinstance(s.k_cache, torch.Tensor)):
+            continue
+        last = {(table[(start + i) // BLOCK], i % BLOCK): start + i for i in range(t)}  # what each slot holds last
+        if any(block >= len(s.k_cache) for block, _ in last):
+            return False
+        return all(torch.equal(s.k_cache[block, slot].nan_to_num(), keys[p].to(s.k_cache.dtype).nan_to_num())
+                   for (block, slot), p in last.items())
+    return False
+
+
 def _slots_counted(record: PoolScript, *_) -> bool:
     return any(s.lengths[i] == ceil_blocks(len(k)) * BLOCK != len(k) for s in record.seen() for i, k in s.keys.items())
 
@@ -291,7 +310,7 @@ def tokens_stay(record: PoolScript) -> None:
                 raise CheckFailed(f"{record.after(s)}, sequence {seq_id}'s keys are no longer at the slots its block "
                                   f"table {table} gave them: a stored token never moves",
                                   LOGICAL_WRITTEN if _logical(record) else WRAPPED if _wrapped(record)
-                                  else TOKENS_MOVED)
+                                  else SLOTS_FROM_APPEND if _slots_from_append(record) else TOKENS_MOVED)
 
 
 def in_place(record: PoolScript) -> None:
@@ -492,6 +511,10 @@ WRAPPED = Mistake(
     "first token's block: look each token's block up, table[t // block_size]",
     why="At slot t % block_size of that one block, the tokens past the boundary overwrite the block's start.",
     test=_wrapped)
+SLOTS_FROM_APPEND = Mistake(
+    "PagedKVCache.slot_from_append_index", "a token's slot came from its index in this append, not its position in "
+    "the sequence: token seq_len + i goes to slot (seq_len + i) % block_size", test=_slots_from_append,
+    why="An append that starts inside a block then writes over the tokens already there.")
 TOKENS_MOVED = Mistake(
     "PagedKVCache.tokens_moved", "stored tokens moved on append (new blocks for the whole sequence, copied): keep "
     "each token where it was written; take blocks only for the new tokens, at the table's end",
@@ -565,6 +588,7 @@ CACHE = StepSpec(
         prop("device", 2, pool_on_device, gated=ON_META),
     ),
     mistakes=(GROWN_BY_CAT, STORAGE_REPLACED, EXTRA_BLOCK, LAST_BLOCK_MISSING, CROSSES_BLOCK, LOGICAL_WRITTEN,
-              WRAPPED, TOKENS_MOVED, SLOTS_COUNTED, OUT_OF_BLOCKS_NOT_REFUSED, CHANGED_BEFORE_RAISING,
-              EXACT_FIT_REFUSED, ROOM_IGNORED, FREE_KEEPS_BLOCKS, FREE_KEEPS_SEQUENCE, DTYPE_IGNORED, TABLE_SORTED),
+              WRAPPED, SLOTS_FROM_APPEND, TOKENS_MOVED, SLOTS_COUNTED, OUT_OF_BLOCKS_NOT_REFUSED,
+              CHANGED_BEFORE_RAISING, EXACT_FIT_REFUSED, ROOM_IGNORED, FREE_KEEPS_BLOCKS, FREE_KEEPS_SEQUENCE,
+              DTYPE_IGNORED, TABLE_SORTED),
 )

@@ -111,14 +111,21 @@ ONE_PAST = Mistake(
     "context_lens[b] − 1 is the sequence's last",
     lambda *a: [decoded(*a, reads=_one_past(clamped)) for clamped in (False, True)],
     why="A valid-slot mask written pos <= context_lens[b] keeps one slot past the end: padding, or a −1 block.")
+CONTIGUOUS_RUN = _decode_mistake(
+    "blocks_assumed_contiguous", "read the sequence as one run of the pool from its first block: its blocks are "
+    "anywhere, token t is in block block_tables[b, t // block_size]",
+    reads=lambda table, n: [divmod(table[0] * BLOCK + t, BLOCK) for t in range(n)],
+    why="Paging exists so that a sequence's blocks need not be next to each other.")
 ONE_SHORT = _decode_mistake(
     "one_key_short", "read context_lens[b] − 1 keys: context_lens counts every key, the new token's included",
     reads=lambda table, n: [_slot(table, t) for t in range(n - 1)])
 PARTIAL_BLOCK_DROPPED = Mistake(
     "paged_decode.partial_block_dropped", "read only the n // block_size full blocks, dropping the last, partly "
     "filled block's keys: read the first ceil(n / block_size) blocks, -(-n // block_size), cut to n tokens",
-    lambda *a: [decoded(*a, reads=lambda table, n: [_slot(table, t) for t in range(n // BLOCK * BLOCK)], empty=empty)
-                for empty in (math.nan, 0.0)],
+    lambda *a: [*(decoded(*a, reads=lambda table, n: [_slot(table, t) for t in range(n // BLOCK * BLOCK)],
+                          empty=empty) for empty in (math.nan, 0.0)),
+                decoded(*a, reads=lambda table, n: [_slot(table, t)  # and at least one block
+                                                    for t in range(min(n, max(n // BLOCK, 1) * BLOCK))])],
     why="A sequence's last block holds its newest tokens, the new token's own key among them; floor division "
         "drops them whenever n is not a multiple of block_size.")
 DECODE_UNSCALED = _decode_mistake("unscaled", "scores not scaled: divide q · k by √Dh", width=1)
@@ -168,7 +175,8 @@ DECODE = StepSpec(
         device(2),
     ),
     # first: an answer all NaN in a NaN check looks like several of the others', and only this one is right elsewhere
-    mistakes=(TIMES_NAN, WHOLE_BLOCKS, PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_SLOT_SWAPPED, ONE_PAST,
+    mistakes=(TIMES_NAN, WHOLE_BLOCKS, PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, CONTIGUOUS_RUN, BLOCK_SLOT_SWAPPED,
+              ONE_PAST,
               ONE_SHORT, PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED, HEADS_RESHAPED),
 )
 
@@ -192,14 +200,18 @@ def varlen_inputs(gen, dtype, q_lens=PACKED, k_lens=None, causal=False):
     return Call((q, k, v, _cu(q_lens), _cu(k_lens)), {"causal": causal}, names=VARLEN_NAMES)
 
 
-def _segments(cu: torch.Tensor, total: int, as_lengths: bool = False):
-    """Each row's (sequence, position in it, sequence length), as tensors; as_lengths reads cu[1:] as lengths."""
+def _segments(cu: torch.Tensor, total: int, as_lengths: bool = False, first_to_previous: bool = False):
+    """Each row's (sequence, position in it, sequence length), as tensors; as_lengths reads cu[1:] as lengths;
+    first_to_previous gives each sequence's first row to the sequence before, as searchsorted(cu[1:], rows) does
+    (right=False: a row equal to a boundary goes left of it), one past that sequence's end."""
     bounds = cu.tolist()
     if as_lengths:
         bounds = [0, *torch.tensor(bounds[1:]).cumsum(0).clamp(max=total).tolist()]
     seq, pos, length = (torch.full((total,), fill, dtype=torch.long) for fill in (-1, 0, 0))
     for b, (start, end) in enumerate(zip(bounds, bounds[1:], strict=False)):
         seq[start:end], pos[start:end], length[start:end] = b, torch.arange(end - start), end - start
+        if first_to_previous and b and start < end:
+            seq[start], pos[start], length[start] = b - 1, start - bounds[b - 1], start - bounds[b - 1]
     return seq, pos, length
 
 
@@ -207,9 +219,9 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, *, bug=None):
     """varlen_attention from its definition, with one (total_q, total_k) mask; `bug`, a mistake's id, makes its
     wrong answer instead (a list of its forms where it has several)."""
     nq, nk = q.shape[0], k.shape[0]
-    as_lengths = bug == CU_AS_LENGTHS.id
-    sq, pq, lq = _segments(cu_seqlens_q, nq, as_lengths)
-    sk, pk, lk = _segments(cu_seqlens_q if bug == KEYS_CUT_BY_Q.id else cu_seqlens_k, nk, as_lengths)
+    as_lengths, left = bug == CU_AS_LENGTHS.id, bug == BOUNDARY_ROWS.id
+    sq, pq, lq = _segments(cu_seqlens_q, nq, as_lengths, left)
+    sk, pk, lk = _segments(cu_seqlens_q if bug == KEYS_CUT_BY_Q.id else cu_seqlens_k, nk, as_lengths, left)
     same = (sq[:, None] == sk[None, :]) & (sq[:, None] >= 0)
     rows, cols = torch.arange(nq)[:, None], torch.arange(nk)[None, :]
     bottom_right = pk[None, :] <= pq[:, None] + lk[None, :] - lq[:, None]
@@ -251,6 +263,11 @@ CU_AS_LENGTHS = _varlen_mistake(
 KEYS_CUT_BY_Q = _varlen_mistake(
     "keys_cut_by_q", "cut the keys by cu_seqlens_q: the keys and values of sequence b are rows cu_seqlens_k[b] up to "
     "cu_seqlens_k[b + 1]", why="The queries may be fewer than the keys: the new tokens of a chunk after a cache.")
+BOUNDARY_ROWS = _varlen_mistake(
+    "first_row_in_previous_sequence", "each sequence's first row was counted in the sequence before "
+    "(searchsorted's right=False): searchsorted(cu_seqlens[1:], rows, right=True)",
+    why="A row equal to a boundary cu_seqlens[b] starts sequence b; searchsorted puts it left of that boundary unless "
+        "right=True.")
 CROSSES = _varlen_mistake(
     "crosses_boundaries", "attended across sequence boundaries (one mask over the whole packed batch, not reset per "
     "sequence): each query sees only its own sequence's keys; cut by cu_seqlens",
@@ -291,6 +308,6 @@ VARLEN = StepSpec(
         values("half", 2, (torch.float16,), situation=VARLEN_HALF, q_lens=CHUNK_Q, k_lens=CHUNK_K, causal=True),
         device(2, causal=True),
     ),
-    mistakes=(CU_AS_LENGTHS, KEYS_CUT_BY_Q, CROSSES, GLOBAL_POSITIONS, TOP_LEFT, CAUSAL_IGNORED, VARLEN_UNSCALED,
-              HEADS_AXIS),
+    mistakes=(CU_AS_LENGTHS, KEYS_CUT_BY_Q, BOUNDARY_ROWS, CROSSES, GLOBAL_POSITIONS, TOP_LEFT, CAUSAL_IGNORED,
+              VARLEN_UNSCALED, HEADS_AXIS),
 )

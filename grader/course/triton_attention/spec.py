@@ -43,14 +43,18 @@ from grader.engine import (
 
 from .wrong import (
     all_nan,
+    batch_offset_one_stride,
     cache_read_as_contiguous,
+    cache_with_other_strides,
     cache_with_query_strides,
     decode_ids_swapped,
+    decode_keys_lanes_unmasked,
     decode_keys_unmasked,
     decode_reference,
     decode_variant,
     empty_sequence_nan,
     first_length,
+    flash_lanes_unmasked,
     flash_reference,
     flash_variant,
     grid_from_keys,
@@ -250,12 +254,12 @@ SOFTMAX = StepSpec(
 
 
 def flash_inputs(gen, dtype, t_q=TQ, t_k=TK, d=D, causal=False, block_m=None, block_n=None, heads=H, q_scale=1.0,
-                 v_offset=0.0):
+                 v_offset=0.0, batch=B):
     """q, k, v; q_scale near 0 makes the scores nearly equal (l grows to Tk), v_offset moves every value (acc grows
     to l · v_offset: past float16's 65504 for 512 keys of 250)."""
-    q = gen.randn(B, heads, t_q, d, dtype=dtype, scale=q_scale)
-    k = gen.randn(B, heads, t_k, d, dtype=dtype)
-    v = (gen.randn(B, heads, t_k, d, dtype=torch.float64) + v_offset).to(dtype)
+    q = gen.randn(batch, heads, t_q, d, dtype=dtype, scale=q_scale)
+    k = gen.randn(batch, heads, t_k, d, dtype=dtype)
+    v = (gen.randn(batch, heads, t_k, d, dtype=torch.float64) + v_offset).to(dtype)
     kwargs = {"causal": causal}
     kwargs.update({name: n for name, n in (("block_m", block_m), ("block_n", block_n)) if n is not None})
     return Call((q, k, v), kwargs, ("q", "k", "v"))
@@ -345,11 +349,13 @@ FLASH = StepSpec(
     parts=((("out",), FLASH_LSE), (("lse",), FLASH_OUT)),
     probes=(Probe({"heads": 1}, FLASH_HEADS), Probe({"block_m": 32, "block_n": 64}, FLASH_ONE_BLOCK)),
     checks=(
-        checked("values", 6), checked("causal", 6, causal=True, situation=FLASH_CAUSAL),
+        # causal with Tk − Tq = 17: the last query of the first block of 16 sees key 32, the first of a key block
+        checked("values", 6), checked("causal", 6, t_k=TK + 1, causal=True, situation=FLASH_CAUSAL),
         checked("causal_square", 3, t_q=TK, causal=True, situation=FLASH_CAUSAL),
         checked("fully_masked", 4, t_q=TK + 13, t_k=TQ, causal=True, situation=FLASH_NO_KEY),
         checked("strided", 2, strided=(0, 1, 2), situation=FLASH_STRIDES),
-        checked("layouts", 2, strided=((0, 1, 2), (2, 1, 2)), situation=FLASH_STRIDES),
+        # two batches: a batch·head offset taken as bh · stride_h is right for contiguous inputs only
+        checked("layouts", 2, strided=((0, 1, 2), (2, 1, 2)), batch=2, situation=FLASH_STRIDES),
         prop("block_sizes", 4, block_sizes, situation=FLASH_BLOCKS),
         checked("float16", 3, torch.float16, causal=True, situation=FLASH_HALF),
         checked("bfloat16", 3, torch.bfloat16, compiled_only=INTERPRETER_BFLOAT16, causal=True, situation=FLASH_HALF),
@@ -359,6 +365,13 @@ FLASH = StepSpec(
         kept_rules(3, causal=True), prop("speed", 9, speed),
     ),
     mistakes=(
+        Mistake("flash_attention.causal_loop_one_short", "the causal key loop ended at the block's last query's "
+                "position, exclusive: end one past it, at Tk − Tq + (start_m + 1) · BLOCK_M",
+                flash_variant(end_short=True),
+                why="Only a block whose last query's key starts a new key block shows it: that block is never loaded."),
+        Mistake("flash_attention.batch_offset_one_stride", "program bh was offset by bh · stride_h, batch and head "
+                "as one axis: right for contiguous inputs only; offset by b · stride_b + h · stride_h",
+                batch_offset_one_stride),
         Mistake("flash_attention.grid_rounded_down", "the grid had t_q // block_m query blocks, so the last partial "
                 "block was never computed: use triton.cdiv(t_q, block_m) and mask its rows", test=grid_rounded_down,
                 why="Floor division drops the rows past the last full block; their output is whatever torch.empty "
@@ -369,6 +382,9 @@ FLASH = StepSpec(
         Mistake("flash_attention.rescale_sign_flipped", "every output was NaN: the rescale factor is "
                 "alpha = e^(m - m_new), old max minus new, not e^(m_new - m)", test=all_nan,
                 why="With m = -inf before the first block, e^(m_new - m) is inf, and inf · 0 is NaN in every row."),
+        Mistake("flash_attention.lanes_unmasked", "q, k and v were loaded without the head-width mask: with D below "
+                "BLOCK_D the lanes past D read the next row's memory; mask every load with d < D",
+                test=flash_lanes_unmasked),
         Mistake("flash_attention.nan_rows", "a row with no key to see (causal, Tq > Tk) gave NaN: subtract 0 where "
                 "the running max is -inf, and divide by l only where l > 0", test=has_nan,
                 why="Its max stays -inf, and e^(-inf - (-inf)) is NaN; such a row's out is 0 and its lse -inf."),
@@ -426,9 +442,12 @@ FLASH = StepSpec(
 # -- decode_attention -------------------------------------------------------------------
 
 
-def decode_inputs(gen, dtype, lengths=LENGTHS, t_max=T_MAX, d=D, scale=1.0):
+def decode_inputs(gen, dtype, lengths=LENGTHS, t_max=T_MAX, d=D, scale=1.0, peak=False):
+    """`peak`: each sequence's first key scores 150 for every head, far above every later one (a max that falls)."""
     q = gen.randn(len(lengths), DECODE_HEADS, d, dtype=dtype, scale=scale)
     k_cache, v_cache = (gen.randn(len(lengths), DECODE_HEADS, t_max, d, dtype=dtype) for _ in range(2))
+    if peak:
+        k_cache[:, :, 0] = q * (150 * math.sqrt(d) / (q.double() ** 2).sum(-1, keepdim=True)).to(dtype)
     for b, n in enumerate(lengths):  # unused slots: a kernel that reads them shows it
         k_cache[b, :, n:] = math.nan
         v_cache[b, :, n:] = math.nan
@@ -451,14 +470,23 @@ DECODE = StepSpec(
     "decode_attention", decode_inputs, decode_reference, probes=(Probe({"lengths": (29,)}, DECODE_ONE),),
     checks=(
         checked("values", 3), checked("strided", 2, strided=(0, 1, 2), situation=DECODE_STRIDES),
-        checked("layouts", 2, strided=((1, 1, 2), (2, 1, 2)), situation=DECODE_STRIDES),
+        # k_cache and v_cache in two layouts: neither read with the other's strides
+        checked("layouts", 2, strided=((1, 1, 2), 2), situation=DECODE_STRIDES),
         checked("float16", 3, torch.float16, situation=DECODE_HALF),
         checked("one_block", 2, lengths=(3, 11, 13), t_max=13, situation=DECODE_LENGTHS),
-        checked("long", 2, lengths=(97, 128), t_max=128, scale=8.0, situation=DECODE_LONG),
+        checked("long", 1, lengths=(97, 128), t_max=128, scale=8.0, situation=DECODE_LONG),
+        checked("falling_max", 1, lengths=(97, 128), t_max=128, scale=8.0, peak=True, situation=DECODE_LONG),
         checked("empty", 2, lengths=(0, 11, 40), situation=DECODE_LENGTHS),
         launched_kernel(2, DECODE_NO_KERNEL), kept_rules(2),
     ),
     mistakes=(
+        Mistake("decode_attention.block_max_not_running", "each block's own max was taken for the running max: "
+                "alpha = e^(m - m_block) overflows when the max falls far; keep m_new = max(m, block max)",
+                decode_variant(block_max=True)),
+        Mistake("decode_attention.strides_of_the_other_cache", "k_cache was read with v_cache's strides (or v_cache "
+                "with k_cache's): each cache by its own four strides", cache_with_other_strides,
+                why="Two caches of one shape may be laid out differently: a copied offset line passes every check "
+                    "where they are not."),
         Mistake("decode_attention.empty_nan", "a sequence of length 0 gave NaN: its l is 0, so divide by l only "
                 "where l > 0 (tl.where(l > 0, l, 1.0)) and give it 0", test=empty_sequence_nan,
                 why="With no key the loop never runs: acc and l stay 0, and 0 / 0 is NaN."),
@@ -484,6 +512,9 @@ DECODE = StepSpec(
         Mistake("decode_attention.cache_assumed_contiguous", "the cache was read as a contiguous one, its strides "
                 "computed from its shape: pass k_cache's and v_cache's own strides", cache_read_as_contiguous,
                 why="A transposed or sliced cache has other strides than a fresh one of its shape."),
+        Mistake("decode_attention.key_lanes_unmasked", "k_cache was loaded without the head-width mask: with D "
+                "below BLOCK_D its lanes past D read the next slot, NaN past a length; mask the load with d < D",
+                decode_keys_lanes_unmasked),
         Mistake("decode_attention.past_length", "the kernel read the cache past the sequence's length (NaN "
                 "there): loop over range(0, lengths[b], BLOCK_N) and mask keys j >= lengths[b]", test=has_nan,
                 why="The cache is allocated for T_max positions; only the first lengths[b] hold keys."),

@@ -151,13 +151,15 @@ def keys_past_end(q, k, v, causal=False, block_m=16, block_n=16):
 
 
 def tiled(q, k, v, causal=False, block_m=16, block_n=16, *, rescale=True, lse_last_block=False, acc_dtype=None,
-          guard=True, rescale_acc=True, rescale_l=True, padded_scale=False, lse_form="natural", diagonal=True):
+          guard=True, rescale_acc=True, rescale_l=True, padded_scale=False, lse_form="natural", diagonal=True,
+          end_short=False):
     """The forward kernel's loop, one query block at a time; the keyword arguments after * make the named wrong
     variants. The key loop ends where the reference kernel's does (causal: past the block's last query). lse_form:
     "natural" (m + log l), "no_max" (log l, relative to the running max), "base_two" (log2 of the sum, as an exp2
     kernel has it before converting back), "max_in_bits" (that kernel's max in base 2 with the natural log of l) or
     "unscaled_max" (the max of the raw scores with log l). diagonal=False:
-    causal masks each query's own key too (< for <=)."""
+    causal masks each query's own key too (< for <=). end_short: the causal key loop ends at the block's last query's
+    position, exclusive, one key short."""
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale_width = max(16, next_power_of_two(d)) if padded_scale else d  # the kernel's BLOCK_D, or d
     work = _work(q.dtype)
@@ -171,7 +173,7 @@ def tiled(q, k, v, causal=False, block_m=16, block_n=16, *, rescale=True, lse_la
         l = torch.zeros(qb.shape[:-1], dtype=work)
         acc = torch.zeros(*qb.shape[:-1], v.shape[-1], dtype=acc_dtype)
         last = (m, l)
-        end = min(t_k, offset + i + block_m) if causal else t_k
+        end = min(t_k, offset + i + block_m - (1 if end_short else 0)) if causal else t_k
         for j in range(0, max(end, 0), block_n):
             kb, vb = k[..., j:j + block_n, :].to(work), v[..., j:j + block_n, :]
             s = qb @ kb.transpose(-2, -1) / math.sqrt(scale_width)
@@ -284,10 +286,101 @@ def cache_with_query_strides(q, k_cache, v_cache, lengths, block_n=16):
 def cache_read_as_contiguous(q, k_cache, v_cache, lengths, block_n=16):
     """The kernel that took the cache's strides from its shape, as a contiguous cache's: over a cache of the strided
     checks' layouts (its last two axes transposed, or its heads and positions) it reads the memory in another
-    order. One form for each layout."""
+    order. One form for each pair of k_cache's and v_cache's layouts."""
     def misread(cache, axes):
         return cache.transpose(*axes).contiguous().view(cache.shape)
-    return [decode_reference(q, misread(k_cache, axes), misread(v_cache, axes), lengths) for axes in ((2, 3), (1, 2))]
+    layouts = ((2, 3), (1, 2))
+    return [_unguarded_decode(q, misread(k_cache, k_axes), misread(v_cache, v_axes), lengths)
+            for k_axes in layouts for v_axes in layouts]
+
+
+def cache_with_other_strides(q, k_cache, v_cache, lengths, block_n=16):
+    """k_cache read with v_cache's strides, or v_cache with k_cache's, over the layouts check's caches (k_cache laid
+    out with its heads and positions transposed, v_cache with its last two axes)."""
+    def memory(x, axes):  # x's values in that layout's memory, read back as a tensor of x's shape
+        return x.transpose(*axes).contiguous().transpose(*axes)
+    k_laid, v_laid = memory(k_cache, (1, 2)), memory(v_cache, (2, 3))
+    k_as_v = k_laid.as_strided(k_cache.shape, v_laid.stride())
+    v_as_k = v_laid.as_strided(v_cache.shape, k_laid.stride())
+    return [_unguarded_decode(q, k_as_v, v_cache, lengths), _unguarded_decode(q, k_cache, v_as_k, lengths)]
+
+
+def _unguarded_decode(q, k_cache, v_cache, lengths):
+    """decode_reference without its guard against NaN: a NaN read where a sequence's keys are misread shows."""
+    outs = []
+    for b, n in enumerate(lengths.tolist()):
+        k, v = k_cache[b, :, :n].to(_work(q.dtype)), v_cache[b, :, :n].to(_work(q.dtype))
+        weights = torch.softmax((k @ q[b].to(k.dtype)[..., None])[..., 0] / math.sqrt(q.shape[-1]), -1)
+        outs.append((weights[:, None] @ v)[:, 0].to(q.dtype) if n else torch.zeros_like(q[b]))
+    return torch.stack(outs)
+
+
+def batch_offset_one_stride(q, k, v, causal=False, block_m=16, block_n=16):
+    """The kernel that offset program bh by bh · stride_h, batch and head as one axis: right for contiguous inputs,
+    wrong over the layouts check's q and v (laid out as (B, T, H, D), transposed), whose batch stride is not H times
+    their head stride."""
+    def misread(x):
+        b, h, t, d = x.shape
+        return x.transpose(1, 2).contiguous().reshape(-1).as_strided((b, h, t, d), (h * d, d, h * d, 1))
+    return flash_reference(misread(q), k, misread(v), causal)
+
+
+# The layouts the checks hand tensors over in (grader/candidate.py's Strided): as made, the last two axes
+# transposed in memory, the heads and positions transposed
+LAYOUTS = (None, (2, 3), (1, 2))
+
+
+def _lanes(x, axes, width: int):
+    """x (…, D) read BLOCK_D = `width` lanes wide with no mask on the width, from its memory in the layout `axes`:
+    lane d ≥ D is whatever lies d · stride_d past the row's start (0 past the tensor's end)."""
+    laid = x.transpose(*axes).contiguous().transpose(*axes) if axes else x.contiguous()
+    memory = torch.cat([laid.transpose(*axes).reshape(-1) if axes else laid.reshape(-1),
+                        torch.zeros(width * max(laid.stride()) + 1, dtype=x.dtype)])  # past the end: 0 here
+    return memory.as_strided((*x.shape[:-1], width), laid.stride())
+
+
+def flash_lanes_unmasked(value, q, k, v, causal=False, block_m=16, block_n=16) -> bool:
+    """Does the answer show q, k and v loaded without the head-width mask (d < D), in one of the checks' layouts:
+    the lanes past D hold the memory after each row and join every score, out keeps its first D lanes? Compared
+    where every lane read lies inside the tensors (past their end is whatever memory follows), and wrong there."""
+    if not isinstance(value, (tuple, list)) or len(value) != 2 or not all(isinstance(t, torch.Tensor) for t in value):
+        return False
+    width, d = max(16, next_power_of_two(q.shape[-1])), q.shape[-1]
+    if width == d or value[0].shape != q.shape[:-1] + v.shape[-1:] or value[1].shape != q.shape[:-1]:
+        return False
+    right = flash_reference(q, k, v, causal)
+    for q_axes, k_axes, v_axes in ((None, None, None), ((2, 3),) * 3, ((1, 2), None, (1, 2))):
+        qe, ke, ve = (_lanes(x.to(torch.float64), a, width) for x, a in ((q, q_axes), (k, k_axes), (v, v_axes)))
+        inside = [(_lanes(torch.ones_like(x, dtype=torch.float64), a, width) != 0).all(-1)  # no lane past the end
+                  for x, a in ((q, q_axes), (k, k_axes), (v, v_axes))]
+        known = inside[0] & (inside[1] & inside[2]).all(-1, keepdim=True)  # (B, H, Tq): a row read inside
+        scores = qe @ ke.transpose(-2, -1) / math.sqrt(d)
+        if causal:
+            scores = scores.masked_fill(~attention.causal_mask(q.shape[-2], k.shape[-2]), -INF)
+        lse = torch.logsumexp(scores, -1)
+        out = (torch.softmax(scores, -1).nan_to_num(0.0) @ ve)[..., :d]
+        got_out, got_lse = value[0].to(torch.float64)[known], value[1].to(torch.float64)[known]
+        if (known.any() and torch.allclose(got_out, out[known], rtol=1e-2, atol=1e-2)
+                and torch.allclose(got_lse, lse[known], rtol=1e-2, atol=1e-2)
+                and not torch.allclose(got_out, right[0].to(torch.float64)[known], rtol=1e-2, atol=1e-2)):
+            return True
+    return False
+
+
+def decode_keys_lanes_unmasked(q, k_cache, v_cache, lengths, block_n=16):
+    """k_cache loaded without the head-width mask (d < D), q with it: a lane past D adds q's 0 times the memory after
+    the key's row, which is 0 unless that memory is NaN (a slot past a sequence's length). One form per layout."""
+    width, d = max(16, next_power_of_two(q.shape[-1])), q.shape[-1]
+    qe = torch.nn.functional.pad(q.to(_work(q.dtype)), (0, width - d))
+    forms = []
+    for axes in LAYOUTS:
+        ke = _lanes(k_cache.to(_work(q.dtype)), axes, width)
+        outs = []
+        for b, n in enumerate(lengths.tolist()):
+            weights = torch.softmax((ke[b, :, :n] @ qe[b][..., None])[..., 0] / math.sqrt(d), -1)
+            outs.append((weights[:, None] @ v_cache[b, :, :n].to(qe.dtype))[:, 0] if n else torch.zeros_like(q[b]))
+        forms.append(torch.stack(outs).to(q.dtype))
+    return forms
 
 
 def first_length(q, k_cache, v_cache, lengths, block_n=16):
@@ -308,9 +401,10 @@ def decode_keys_unmasked(q, k_cache, v_cache, lengths, block_n=16):
 
 
 def decode_tiled(q, k_cache, v_cache, lengths, block_n=16, *, rescale_l=True, rescale_acc=True, padded_scale=False,
-                 scaled=True):
+                 scaled=True, block_max=False):
     """The decode kernel's loop over key blocks, per sequence; the keyword arguments after * make the named wrong
-    variants. A sequence of length 0 gives 0."""
+    variants (block_max: each block's own max taken for the running one, so alpha overflows once the max falls far).
+    A sequence of length 0 gives 0."""
     work = _work(q.dtype)
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(max(16, next_power_of_two(d)) if padded_scale else d) if scaled else 1.0
@@ -323,7 +417,7 @@ def decode_tiled(q, k_cache, v_cache, lengths, block_n=16, *, rescale_l=True, re
         for j in range(0, n, block_n):
             kb, vb = (x[b, :, j:min(n, j + block_n)].to(work) for x in (k_cache, v_cache))
             s = (kb @ qb[..., None])[..., 0] * scale  # (H, n_block)
-            m_new = torch.maximum(m, s.amax(-1))
+            m_new = s.amax(-1) if block_max else torch.maximum(m, s.amax(-1))  # block_max: the block's own max
             alpha, p = torch.exp(m - m_new), torch.exp(s - m_new[..., None])
             l = (alpha if rescale_l else 1.0) * l + p.sum(-1)
             acc = (alpha[..., None] if rescale_acc else 1.0) * acc + (p[:, None, :] @ vb)[:, 0]

@@ -93,6 +93,13 @@ def compress_kv(x, w_dkv, w_kr, positions):
 def compress_kv(x, w_dkv, w_kr, positions):
     return x @ w_dkv.T, x @ w_kr.T  # the rotation is left for later
 """, "compress_kv", "compress_kv.rope_not_applied"),
+    Variant("compress_positions_repeated_per_row", """
+def compress_kv(x, w_dkv, w_kr, positions):
+    B, T, D = x.shape
+    flat = x.reshape(B * T, D)  # one matmul over every token, batch-major
+    k_rope = apply_rope(flat @ w_kr.T, positions.repeat_interleave(B))  # each position B times in a row
+    return x @ w_dkv.T, k_rope.view(B, T, -1)
+""", "compress_kv", "compress_kv.positions_repeated_per_row"),
     Variant("compress_positions_ignored", """
 def compress_kv(x, w_dkv, w_kr, positions):
     steps = torch.arange(x.shape[1], device=x.device)
@@ -172,6 +179,9 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
     scores = scores / math.sqrt(Dn + Dr)""", """    scores = (q_latent @ latents.transpose(-2, -1)) / Dn ** 0.5
     scores = scores + (q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)) / Dr ** 0.5"""),
             "absorbed_attention", "absorbed_attention.scaled_per_part"),
+    Variant("absorbed_heads_folded_together", absorbed_with("""    y = out_latent @ w_uv.view(H, -1, R).transpose(-2, -1)
+    return y.transpose(1, 2).reshape(*y.shape[:1], y.shape[2], -1) @ w_o.T""", """    return out_latent.sum(1) @ (w_o @ w_uv).T  # w_uv folded into w_o over every head at once"""),
+            "absorbed_attention", "absorbed_attention.heads_folded_together"),
     Variant("absorbed_scaled_by_v_head_dim",
             absorbed_with("math.sqrt(Dn + Dr)", "math.sqrt(w_uv.shape[0] // H)"),
             "absorbed_attention", "absorbed_attention.scaled_by_v_head_dim"),

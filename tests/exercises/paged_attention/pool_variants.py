@@ -95,6 +95,12 @@ class PagedKVCache(PagedKVCache):
         self.free_blocks.extend(table)
         table, start = [self.free_blocks.pop(0) for _ in range(-(-end // bs))], 0
 """ + WRITE), "PagedKVCache", "PagedKVCache.tokens_moved"),
+    Variant("pool_slot_from_append_index", append_with(TAKE + """\
+        for i, t in enumerate(range(start, end)):
+            self.k_cache[table[t // bs], i % bs] = k[i]  # the slot counted within the append
+            self.v_cache[table[t // bs], i % bs] = v[i]
+        self.tables[seq_id], self.lengths[seq_id] = table, end"""),
+            "PagedKVCache", "PagedKVCache.slot_from_append_index"),
     Variant("pool_append_wrapped_in_one_block", append_with(TAKE + """\
         block = table[start // bs]  # looked up once, for the append's first token
         for i, t in enumerate(range(start, end)):

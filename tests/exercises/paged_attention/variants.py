@@ -130,6 +130,14 @@ BUGGY = [
         blocks = block_tables[b, : n // bs].long()  # full blocks only
         k, v = k_cache[blocks].flatten(0, 1)[:n], v_cache[blocks].flatten(0, 1)[:n]"""),
             "paged_decode", "paged_decode.partial_block_dropped"),
+    Variant("decode_partial_block_dropped_but_one", decode_with("""\
+        blocks = block_tables[b, : max(n // bs, 1)].long()  # full blocks only, and at least one
+        k, v = k_cache[blocks].flatten(0, 1)[:n], v_cache[blocks].flatten(0, 1)[:n]"""),
+            "paged_decode", "paged_decode.partial_block_dropped"),
+    Variant("decode_blocks_assumed_contiguous", decode_with("""\
+        first = int(table[0]) * bs  # one run of the pool from the sequence's first block
+        k, v = k_cache.flatten(0, 1)[first:first + n], v_cache.flatten(0, 1)[first:first + n]"""),
+            "paged_decode", "paged_decode.blocks_assumed_contiguous"),
     Variant("decode_one_key_past_context", decode_with("""\
         t = torch.arange(n + 1)  # positions 0 … n
         k, v = k_cache[table[t // bs], t % bs], v_cache[table[t // bs], t % bs]"""),
@@ -207,6 +215,20 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
     Variant("varlen_keys_cut_by_q", varlen_with(VARLEN_BODY.replace("k[ks:ke]", "k[qs:qe]").replace(
         "v[ks:ke]", "v[qs:qe]").replace("tq, tk = qe - qs, ke - ks", "tq = tk = qe - qs")),
             "varlen_attention", "varlen_attention.keys_cut_by_q"),
+    Variant("varlen_first_row_in_previous_sequence", """
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
+    rows_q, rows_k = torch.arange(q.shape[0]), torch.arange(k.shape[0])
+    seq_q = torch.searchsorted(cu_seqlens_q[1:], rows_q)  # right=False: a sequence's first row goes to the one before
+    seq_k = torch.searchsorted(cu_seqlens_k[1:], rows_k)
+    allowed = seq_q[:, None] == seq_k[None, :]
+    if causal:
+        at_q, at_k = rows_q - cu_seqlens_q[seq_q], rows_k - cu_seqlens_k[seq_k]
+        offset = (cu_seqlens_k.diff() - cu_seqlens_q.diff())[seq_q]
+        allowed &= at_k[None, :] <= (at_q + offset)[:, None]
+    qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    scores = (qh @ kh.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(~allowed, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ vh).transpose(0, 1)
+""", "varlen_attention", "varlen_attention.first_row_in_previous_sequence"),
     Variant("varlen_crosses_boundaries", """
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
     qh, kh, vh = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)  # the packed batch as one sequence

@@ -188,6 +188,20 @@ BUGGY = [
     Variant("flash_no_diagonal", changed(  # causal with Tq = Tk
         "flash_forward_kernel", ("cols[None, :] <= offset + rows[:, None]", "cols[None, :] < offset + rows[:, None]")),
         "flash_attention", "flash_attention.diagonal_masked"),
+    Variant("flash_causal_loop_one_short", changed(  # the causal check: Tk - Tq = 17, key 32 starts a block
+        "flash_forward_kernel", ("end = tl.minimum(t_k, offset + (block + 1) * BLOCK_M)",
+                                 "end = tl.minimum(t_k, offset + (block + 1) * BLOCK_M - 1)")),
+        "flash_attention", "flash_attention.causal_loop_one_short"),
+    Variant("flash_batch_offset_one_stride", changed(  # the layouts check: two batches, q and v as split heads
+        "flash_forward_kernel", ("q_ptr + b * stride_qb + h * stride_qh", "q_ptr + bh * stride_qh"),
+        ("k_ptr + b * stride_kb + h * stride_kh", "k_ptr + bh * stride_kh"),
+        ("v_ptr + b * stride_vb + h * stride_vh", "v_ptr + bh * stride_vh")),
+        "flash_attention", "flash_attention.batch_offset_one_stride"),
+    Variant("flash_lanes_unmasked", changed(  # D = 20 in 32 lanes: the loads read past each row
+        "flash_forward_kernel", ("mask=q_mask, other=0.0)  # (BLOCK_M, BLOCK_D)",
+                                 "mask=rows[:, None] < t_q, other=0.0)  # (BLOCK_M, BLOCK_D)"),
+        ("kv_mask = (cols[:, None] < t_k) & (dims[None, :] < d)", "kv_mask = cols[:, None] < t_k")),
+        "flash_attention", "flash_attention.lanes_unmasked"),
     # decode_attention
     Variant("decode_past_length", changed(
         "decode_attention", ("q, k_cache, v_cache, out, lengths,", "q, k_cache, v_cache, out, torch.full_like(lengths, k_cache.shape[2]),")),
@@ -203,6 +217,17 @@ BUGGY = [
     Variant("decode_block_not_power_of_two", changed(
         "decode_attention", ("BLOCK_D=triton.next_power_of_2(d)", "BLOCK_D=d")),
         "decode_attention", "decode_attention.block_not_power_of_two"),
+    Variant("decode_block_max_not_running", changed(  # the long check: a first key far above every later one
+        "decode_kernel", ("m_new = tl.maximum(m, tl.max(s, axis=0))", "m_new = tl.max(s, axis=0)")),
+        "decode_attention", "decode_attention.block_max_not_running"),
+    Variant("decode_k_with_v_strides", changed(  # the layouts check: k_cache and v_cache laid out differently
+        "decode_kernel", ("k_ptr + b * stride_kb + h * stride_kh + cols[:, None] * stride_kt + dims[None, :] * stride_kd",
+                          "k_ptr + b * stride_vb + h * stride_vh + cols[:, None] * stride_vt + dims[None, :] * stride_vd")),
+        "decode_attention", "decode_attention.strides_of_the_other_cache"),
+    Variant("decode_key_lanes_unmasked", changed(  # D = 20 in 32 lanes: k's lanes past D read the next slot
+        "decode_kernel", ("k = tl.load(k_ptr + b * stride_kb + h * stride_kh + cols[:, None] * stride_kt + dims[None, :] * stride_kd,\n                    mask=mask,",
+                          "k = tl.load(k_ptr + b * stride_kb + h * stride_kh + cols[:, None] * stride_kt + dims[None, :] * stride_kd,\n                    mask=cols[:, None] < n,")),
+        "decode_attention", "decode_attention.key_lanes_unmasked"),
     Variant("decode_first_length", changed("decode_kernel", ("n = tl.load(len_ptr + b)", "n = tl.load(len_ptr)")),
             "decode_attention", "decode_attention.first_length"),
     Variant("decode_in_torch", DECODE_IN_TORCH, "decode_attention", "decode_attention.no_kernel"),
