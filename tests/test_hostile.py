@@ -2176,3 +2176,37 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
     flash = step(result, "flash_attention")
     assert all(c.points == 0 for c in flash.checks if "values" in c.name or "tiles" in c.name), explain(result)
     assert flash.score <= 4, explain(result)
+
+
+def test_a_strip_of_scores_in_complex_memory_counts_at_its_real_size(grade_source):
+    """The twenty-seventh review's f01: whole rows of scores written into a float view of a complex buffer
+    (torch.view_as_real(base).flatten(-2), twice the base's elements): the record counted the view as its base, at
+    half its size, and tiles_only passed (100 of 100). A view is its base only where the base holds fewer bytes, and
+    a complex tensor's shape counts its two parts."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source("""
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    work = torch.promote_types(q.dtype, torch.float32)
+    rows = max(1, 2 * max(t_q, t_k) * max(q.shape[-1], v.shape[-1]) // t_k)  # a strip twice what an input holds
+    outs, lses = [], []
+    for i in range(0, t_q, rows):
+        qb = q[..., i:i + rows, :].to(work) / math.sqrt(q.shape[-1])
+        n = qb.shape[-2]
+        memory = torch.empty(*q.shape[:-2], (n * t_k + 1) // 2, device=q.device,
+                             dtype=torch.complex128 if work == torch.float64 else torch.complex64)
+        s = torch.view_as_real(memory).flatten(-2)[..., :n * t_k].unflatten(-1, (n, t_k))  # n whole rows of scores
+        torch.matmul(qb, k.to(work).transpose(-2, -1), out=s)
+        if causal:  # row by row, in place: no mask of these rows either
+            for r in range(n):
+                s[..., r, max(0, i + r + t_k - t_q + 1):] = -math.inf
+        m = s.amax(-1, keepdim=True)
+        m = torch.where(m == -math.inf, 0.0, m)
+        s.sub_(m).exp_()  # in place: no new tensor of these scores
+        l = s.sum(-1)
+        outs.append((s @ v.to(work)) / torch.where(l > 0, l, 1.0)[..., None])
+        lses.append(m[..., 0] + torch.log(l))
+    return torch.cat(outs, -2).to(q.dtype), torch.cat(lses, -1)
+""", base=base, name="flash_attention.py")
+    tiles = next(c for c in step(result, "flash_attention").checks if c.name.endswith("tiles_only"))
+    assert tiles.points == 0, explain(result)

@@ -261,10 +261,13 @@ def test_offsets_held_as_data_past_the_bound_are_refused_before_the_answer_is_bu
     small = torch.tensor([0, 2], dtype=torch.int32)
     assert ask("varlen_attention", t, t, t, small, small, causal=True, exercise="paged_attention")["ok"] is True
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    big = torch.tensor([0, 40000], dtype=torch.int32)
-    reply = ask("varlen_attention", t, t, t, big, big, causal=True, exercise="paged_attention")
-    assert reply == {"ok": False, "error": "inputs too large to answer"}, reply
+    for dtype in (torch.int32, torch.float64):  # the twenty-seventh review's c02: whole numbers in a float tensor
+        big = torch.tensor([0, 40000], dtype=dtype)
+        reply = ask("varlen_attention", t, t, t, big, big, causal=True, exercise="paged_attention")
+        assert reply == {"ok": False, "error": "inputs too large to answer"}, (dtype, reply)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # kB: nothing big was built
+    values = torch.full((2, 2, 4), 30000.5)  # data of any size, not whole numbers: answered
+    assert ask("varlen_attention", values, t, t, small, small, exercise="paged_attention")["ok"] is True
 
 
 def test_small_sizes_of_any_type_are_still_answered():

@@ -793,7 +793,7 @@ class Shapes:
         scores too where the call makes them: by its name, or by making twice what the memory of every tensor it was
         given holds or more (an outer product by broadcasting, or an expanded view made whole: `contiguous`)."""
         readers = _tensor_readers(torch)
-        tensor, numel, shape_of = readers[0], readers[2], readers[3]
+        tensor, numel = readers[0], readers[2]
         inputs = [_memory(readers, t) for t in given if issubclass(type(t), tensor)]
         widest = max(map(numel, inputs)) if inputs else None
         makes_scores = str.split(name, ".")[0] in SCORES
@@ -803,9 +803,9 @@ class Shapes:
                 continue
             base = _memory(readers, t)
             outgrew = widest is not None and base is t and numel(t) >= 2 * widest  # a pad to whole blocks grows less
-            self._keep(tuple(map(int, shape_of(base))), makes_scores or outgrew)
+            self._keep(_shape(readers, base), makes_scores or outgrew)
         for t in inputs:
-            self._keep(tuple(map(int, shape_of(t))), False)
+            self._keep(_shape(readers, t), False)
 
     def _keep(self, key: tuple, scores: bool) -> None:
         for kept in (self.seen, self.scores) if scores else (self.seen,):
@@ -829,14 +829,24 @@ def _tensor_readers(torch) -> tuple:
     can replace: bound at the first call, before any candidate's code runs (the zygote warms the record)."""
     if not _READERS:
         base = torch._C.TensorBase
-        _READERS.append((torch.Tensor, base._base.__get__, base.numel, base.shape.__get__))
+        _READERS.append((torch.Tensor, base._base.__get__, base.numel, base.shape.__get__, base.element_size,
+                         base.is_complex))
     return _READERS[0]
 
 
 def _memory(readers, t):
-    """What a tensor holds: an expanded view, its base's."""
+    """What a tensor holds: an expanded view, its base's. Compared in bytes: a view as large as its base in bytes
+    holds as much (view_as_real's floats are twice a complex base's elements, each half as wide)."""
     view_of = readers[1](t)
-    return view_of if view_of is not None and readers[2](view_of) < readers[2](t) else t
+    numel, width = readers[2], readers[4]
+    return view_of if view_of is not None and numel(view_of) * width(view_of) < numel(t) * width(t) else t
+
+
+def _shape(readers, t) -> tuple:
+    """A tensor's shape as the numbers it holds: a complex tensor's with a last axis of 2, as view_as_real has it
+    (a strip of scores in complex memory holds twice its elements)."""
+    shape = tuple(map(int, readers[3](t)))
+    return (*shape, 2) if readers[5](t) else shape
 
 
 BLAKE2B = hashlib.blake2b

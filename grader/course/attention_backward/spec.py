@@ -188,9 +188,10 @@ SOFTMAX = StepSpec(
 TQ, TK, D, DV = 6, 9, 4, 5  # Tq ≠ Tk, D ≠ Dv, none equal
 
 
-def attention_inputs(gen, dtype, t_q=TQ, t_k=TK, mask=None):
-    q, k = gen.randn(B, H, t_q, D, dtype=dtype), gen.randn(B, H, t_k, D, dtype=dtype)
-    v, grad_out = gen.randn(B, H, t_k, DV, dtype=dtype), gen.randn(B, H, t_q, DV, dtype=dtype)
+def attention_inputs(gen, dtype, t_q=TQ, t_k=TK, mask=None, lead=(B, H)):
+    """`lead`: the leading dims ((B, H) by default; the contract takes any)."""
+    q, k = gen.randn(*lead, t_q, D, dtype=dtype), gen.randn(*lead, t_k, D, dtype=dtype)
+    v, grad_out = gen.randn(*lead, t_k, DV, dtype=dtype), gen.randn(*lead, t_q, DV, dtype=dtype)
     kwargs = {}
     if mask == "padding":
         kwargs["mask"] = torch.as_tensor(gen.mask(B, 1, t_q, t_k))
@@ -240,7 +241,8 @@ ATTENTION = StepSpec(
         shape(2), values("values", 3, FLOATS), values("padding_mask", 4, situation=AB_MASK, mask="padding"),
         values("causal", 4, situation=AB_MASK, mask="causal"),
         values("fully_masked_rows", 4, situation=AB_ROWS, mask="rows"),
-        values("square", 6, situation=AB_SQUARE, t_q=TK, mask="causal"), rules(2, mask="padding"),
+        values("square", 4, situation=AB_SQUARE, t_q=TK, mask="causal"), rules(2, mask="padding"),
+        values("three_dims", 2, lead=(B * H,)),
         device(2, mask="causal"),
     ),
     mistakes=(

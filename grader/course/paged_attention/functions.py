@@ -21,9 +21,10 @@ LENGTHS = (5, 8, 1, 11)  # past a boundary, exactly at one, a single token, into
 DECODE_NAMES = ("q", "k_cache", "v_cache", "block_tables", "context_lens")
 
 
-def decode_inputs(gen, dtype, lengths=LENGTHS, extra=0, nan=False):
+def decode_inputs(gen, dtype, lengths=LENGTHS, extra=0, nan=False, q_scale=1.0):
     """A pool holding len(lengths) sequences in shuffled blocks, three blocks to spare (block 0 among them); the block
-    tables padded with −1 (`extra` more columns of it); with `nan`, NaN in every slot no sequence holds."""
+    tables padded with −1 (`extra` more columns of it); with `nan`, NaN in every slot no sequence holds; `q_scale`
+    multiplies the queries (100: scores in the hundreds, whose e^s overflows float32 unless the max is subtracted)."""
     needed = [-(-n // BLOCK) for n in lengths]
     num_blocks = sum(needed) + 3
     order = (torch.randperm(num_blocks - 1, generator=gen.rng) + 1).tolist()  # block 0 left free, as vLLM's null
@@ -38,7 +39,7 @@ def decode_inputs(gen, dtype, lengths=LENGTHS, extra=0, nan=False):
     v_cache = torch.as_tensor(gen.randn(num_blocks, BLOCK, H, DH, dtype=dtype))
     if nan:
         k_cache[~held], v_cache[~held] = float("nan"), float("nan")
-    q = torch.as_tensor(gen.randn(len(lengths), H, DH, dtype=dtype))
+    q = torch.as_tensor(gen.randn(len(lengths), H, DH, dtype=dtype, scale=q_scale))
     return Call((q, k_cache, v_cache, tables, torch.tensor(lengths, dtype=torch.int32)), names=DECODE_NAMES)
 
 
@@ -163,13 +164,17 @@ BOUNDARIES = Mistake("paged_decode.boundaries_mishandled", "wrong when a length 
 HALF = Mistake("paged_decode.half_mishandled", "right in float32, wrong in float16: compute in float32 if you like, "
                "return q's dtype, and fill masked scores with -inf rather than a large number")
 
+LARGE_SCORES = Mistake("paged_decode.large_scores_mishandled", "right for small scores, wrong for large ones "
+                      "(in the hundreds): subtract each row's max before exp, as torch.softmax does",
+                      why="e^s overflows float32 past s = 88; e^(s − max) is at most 1.")
 DECODE_LENGTHS = Mistake("paged_decode.lengths_mixed", "right when every sequence has one length, wrong when they "
                          "differ: sequence b reads its own table row and context_lens[b], and its output stays row b")
 
 DECODE = StepSpec(
     "paged_decode", decode_inputs, ref.paged_decode, probes=(Probe({"lengths": (7, 7, 7)}, DECODE_LENGTHS),),
     checks=(
-        shape(3), values("mixed_lengths", 4, FLOATS), values("unused_nan", 6, situation=NAN_SLOTS, nan=True),
+        shape(3), values("mixed_lengths", 3, FLOATS), values("unused_nan", 6, situation=NAN_SLOTS, nan=True),
+        values("large_scores", 2, situation=LARGE_SCORES, q_scale=100.0),
         values("at_boundaries", 4, situation=BOUNDARIES, lengths=(4, 8, 12), extra=1, nan=True),
         values("half", 2, (torch.float16,), situation=HALF),
         device(2),

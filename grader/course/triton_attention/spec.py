@@ -281,9 +281,9 @@ MEM_TQ, MEM_TK = 48, 80  # the memory check's sizes: its score matrix (3840 per 
 
 
 def no_score_matrix(run):
-    """No tensor of at least two axes that the launcher's torch calls create holds more elements per batch·head
-    than the largest input (Tk × D): a (Tq, Tk) score matrix or mask does. One-axis tensors are not judged: Triton's
-    interpreter copies each argument's memory as bytes. Causal; the answer must be right too."""
+    """No tensor that the launcher's torch calls create holds more elements per batch·head than the largest input
+    (Tk × D): a (Tq, Tk) score matrix or mask does, flat too (a buffer of B·H·Tq·Tk that kernels write and read,
+    the twenty-seventh review's f02). Causal; the answer must be right too."""
     device = triton_device(run)
     call = run.inputs(t_q=MEM_TQ, t_k=MEM_TK, causal=True)
     answer = run.answer(call, device=device, shapes=True)
@@ -293,7 +293,7 @@ def no_score_matrix(run):
                           "many to check what it materialises", SCORE_MATRIX)
     allowed = MEM_TK * D
     for size in record["created"]:
-        if len(size) >= 2 and math.prod(size) > allowed * B * H:
+        if math.prod(size) > allowed * B * H:
             raise CheckFailed(f"with Tq={MEM_TQ}, Tk={MEM_TK}, causal: the launcher created a tensor of shape "
                               f"{tuple(size)}, more than the inputs hold ({allowed} per batch·head)", SCORE_MATRIX,
                               {"shape": list(size), "allowed": allowed})
@@ -442,12 +442,15 @@ FLASH = StepSpec(
 # -- decode_attention -------------------------------------------------------------------
 
 
-def decode_inputs(gen, dtype, lengths=LENGTHS, t_max=T_MAX, d=D, scale=1.0, peak=False):
-    """`peak`: each sequence's first key scores 150 for every head, far above every later one (a max that falls)."""
+def decode_inputs(gen, dtype, lengths=LENGTHS, t_max=T_MAX, d=D, scale=1.0, peak=False, negative=False):
+    """`peak`: each sequence's first key scores 150 for every head, far above every later one (a max that falls);
+    `negative`: every key scores near −150 (e^s is 0 in float32 unless the running max starts at −inf)."""
     q = gen.randn(len(lengths), DECODE_HEADS, d, dtype=dtype, scale=scale)
     k_cache, v_cache = (gen.randn(len(lengths), DECODE_HEADS, t_max, d, dtype=dtype) for _ in range(2))
     if peak:
         k_cache[:, :, 0] = q * (150 * math.sqrt(d) / (q.double() ** 2).sum(-1, keepdim=True)).to(dtype)
+    if negative:
+        k_cache -= (q * (150 * math.sqrt(d) / (q.double() ** 2).sum(-1, keepdim=True)).to(dtype))[:, :, None]
     for b, n in enumerate(lengths):  # unused slots: a kernel that reads them shows it
         k_cache[b, :, n:] = math.nan
         v_cache[b, :, n:] = math.nan
@@ -469,17 +472,20 @@ DECODE_ONE = Mistake("decode_attention.sequences_mixed", "right for one sequence
 DECODE = StepSpec(
     "decode_attention", decode_inputs, decode_reference, probes=(Probe({"lengths": (29,)}, DECODE_ONE),),
     checks=(
-        checked("values", 3), checked("strided", 2, strided=(0, 1, 2), situation=DECODE_STRIDES),
+        checked("values", 2), checked("negative_scores", 1, negative=True),
+        checked("strided", 2, strided=(0, 1, 2), situation=DECODE_STRIDES),
         # k_cache and v_cache in two layouts: neither read with the other's strides
         checked("layouts", 2, strided=((1, 1, 2), 2), situation=DECODE_STRIDES),
         checked("float16", 3, torch.float16, situation=DECODE_HALF),
         checked("one_block", 2, lengths=(3, 11, 13), t_max=13, situation=DECODE_LENGTHS),
         checked("long", 1, lengths=(97, 128), t_max=128, scale=8.0, situation=DECODE_LONG),
         checked("falling_max", 1, lengths=(97, 128), t_max=128, scale=8.0, peak=True, situation=DECODE_LONG),
-        checked("empty", 2, lengths=(0, 11, 40), situation=DECODE_LENGTHS),
+        checked("empty", 2, lengths=(0, 17, 40), situation=DECODE_LENGTHS),  # 17: one key past a block of 16
         launched_kernel(2, DECODE_NO_KERNEL), kept_rules(2),
     ),
     mistakes=(
+        Mistake("decode_attention.max_started_at_zero", "the running max started at 0: scores far below 0 then "
+                "give e^(s − 0) = 0 and an output of 0; start m at -inf", decode_variant(m_start=0.0)),
         Mistake("decode_attention.block_max_not_running", "each block's own max was taken for the running max: "
                 "alpha = e^(m - m_block) overflows when the max falls far; keep m_new = max(m, block max)",
                 decode_variant(block_max=True)),

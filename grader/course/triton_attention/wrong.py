@@ -401,7 +401,7 @@ def decode_keys_unmasked(q, k_cache, v_cache, lengths, block_n=16):
 
 
 def decode_tiled(q, k_cache, v_cache, lengths, block_n=16, *, rescale_l=True, rescale_acc=True, padded_scale=False,
-                 scaled=True, block_max=False):
+                 scaled=True, block_max=False, m_start=-INF):
     """The decode kernel's loop over key blocks, per sequence; the keyword arguments after * make the named wrong
     variants (block_max: each block's own max taken for the running one, so alpha overflows once the max falls far).
     A sequence of length 0 gives 0."""
@@ -411,7 +411,7 @@ def decode_tiled(q, k_cache, v_cache, lengths, block_n=16, *, rescale_l=True, re
     outs = []
     for b, n in enumerate(lengths.tolist()):
         qb = q[b].to(work)  # (H, D)
-        m = torch.full(qb.shape[:-1], -INF, dtype=work)
+        m = torch.full(qb.shape[:-1], m_start, dtype=work)
         l = torch.zeros_like(m)
         acc = torch.zeros_like(qb)
         for j in range(0, n, block_n):

@@ -211,6 +211,8 @@ BUGGY = [
             "attention_backward", "attention_backward.dk_scale_wrong"),
     Variant("att_heads_transposed_with_queries", attention(grad_v="    grad_v = probs.transpose(1, 2) @ grad_out"),
             "attention_backward", "attention_backward.heads_transposed_with_queries"),
+    Variant("att_four_dims_only", attention(grad_k="    grad_k = grad_scores.transpose(2, 3) @ q  # (B, H, T, T) only"),
+            "attention_backward"),
     Variant("att_dp_from_keys",
             attention(grad_scores="    grad_scores = softmax_backward(probs, grad_out @ k.transpose(-2, -1)) * scale"),
             "attention_backward", "attention_backward.dp_from_keys"),

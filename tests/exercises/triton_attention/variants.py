@@ -69,6 +69,13 @@ SCORES_BUFFER = changed(
                    "    grid = ("),
 )
 
+# the twenty-seventh review's f02: a flat buffer of every score, which kernels write and read back
+FLAT_SCORES_BUFFER = changed(
+    "flash_attention",
+    ("    grid = (", "    scores = torch.empty(batch * heads * t_q * t_k, dtype=torch.float32, device=q.device)\n"
+                   "    grid = ("),
+)
+
 BUGGY = [
     Variant("decode_block_d_rounded_down", changed(  # 16 lanes for a head of 20
         "decode_attention", ("BLOCK_D=triton.next_power_of_2(d)", "BLOCK_D=2 ** int(math.log2(d))")),
@@ -175,6 +182,7 @@ BUGGY = [
                                                                            "alpha = tl.exp(shift - m)")),
             "flash_attention", "flash_attention.rescale_sign_flipped"),
     Variant("flash_score_matrix", SCORES_BUFFER, "flash_attention", "flash_attention.score_matrix"),
+    Variant("flash_flat_score_buffer", FLAT_SCORES_BUFFER, "flash_attention", "flash_attention.score_matrix"),
     Variant("flash_in_torch", FLASH_IN_TORCH, "flash_attention", "flash_attention.no_kernel"),
     Variant("flash_block_m_ignored", changed(  # the grid by block_m, the kernel's tiles of 16: block_sizes
         "flash_attention", ("BLOCK_M=block_m", "BLOCK_M=16")), "flash_attention"),
@@ -228,6 +236,10 @@ BUGGY = [
         "decode_kernel", ("k = tl.load(k_ptr + b * stride_kb + h * stride_kh + cols[:, None] * stride_kt + dims[None, :] * stride_kd,\n                    mask=mask,",
                           "k = tl.load(k_ptr + b * stride_kb + h * stride_kh + cols[:, None] * stride_kt + dims[None, :] * stride_kd,\n                    mask=cols[:, None] < n,")),
         "decode_attention", "decode_attention.key_lanes_unmasked"),
+    Variant("decode_max_started_at_zero", changed(  # the negative check: every score near -150
+        "decode_kernel", ('m = tl.max(tl.full((BLOCK_N,), -float("inf"), dtype=tl.float32), axis=0)',
+                          "m = tl.max(tl.zeros((BLOCK_N,), dtype=tl.float32), axis=0)")),
+        "decode_attention", "decode_attention.max_started_at_zero"),
     Variant("decode_first_length", changed("decode_kernel", ("n = tl.load(len_ptr + b)", "n = tl.load(len_ptr)")),
             "decode_attention", "decode_attention.first_length"),
     Variant("decode_in_torch", DECODE_IN_TORCH, "decode_attention", "decode_attention.no_kernel"),
