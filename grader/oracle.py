@@ -79,8 +79,11 @@ class Oracle:
             if not all(math.isfinite(n) and abs(n) <= MAX_QUESTION_SIZE for n in sizes):
                 return {"ok": False, "error": "inputs too large to answer"}
             lengths = [math.ceil(abs(n)) for n in sizes] + index_extents(bound)
-            if answer_size_bound(tensors, lengths) > MAX_ANSWER_ELEMENTS:
+            most = answer_size_bound(tensors, lengths)
+            if most > MAX_ANSWER_ELEMENTS:
                 return {"ok": False, "error": "inputs too large to answer"}
+            if self.elements + size + most > MAX_CALL_ELEMENTS:  # before the reference runs, not after
+                return {"ok": False, "error": "too many questions in one call"}
             args, kwargs = tuple(bound.args), dict(bound.kwargs)
             value = self.references[name](*args, **kwargs)
         except Exception as exc:  # the composite called the step with inputs outside its contract
@@ -216,13 +219,15 @@ def index_extents(bound: inspect.BoundArguments) -> list[int]:
 def answer_size_bound(tensors: list, ints: list) -> int:
     """About the most elements a reference makes of these inputs, known before it runs: the broadcast of
     them all, every leading axis at its largest, then two axes as long as the longest of the last two
-    or of the integer arguments (a matmul's Tq × Tk, a mask's t_q × t_k). A question whose inputs
-    broadcast to more than the grader can hold is refused before anything is built."""
+    or of the integer arguments (a matmul's Tq × Tk, a mask's t_q × t_k); or the whole broadcast times the
+    largest integer, where that is more (repeat_kv's n_rep copies of every head: the twenty-eighth review's c05).
+    A question whose inputs broadcast to more than the grader can hold is refused before anything is built."""
     rank = max((t.dim() for t in tensors), default=0)
     widest = [max((t.shape[t.dim() - rank + i] for t in tensors if t.dim() >= rank - i), default=1)
               for i in range(rank)]
-    longest = max([1, *widest[-2:], *(abs(n) for n in ints)])
-    return math.prod(widest[:-2]) * longest * longest
+    largest = max([1, *(abs(n) for n in ints)])
+    longest = max(largest, 1, *widest[-2:])
+    return max(math.prod(widest[:-2]) * longest * longest, math.prod(widest) * largest)
 
 
 def _numpy_tree(value):

@@ -2210,3 +2210,36 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
 """, base=base, name="flash_attention.py")
     tiles = next(c for c in step(result, "flash_attention").checks if c.name.endswith("tiles_only"))
     assert tiles.points == 0, explain(result)
+
+
+def test_a_score_matrix_on_a_small_tensors_storage_counts_at_the_storages_size(grade_source):
+    """The twenty-eighth review's f01 to f04: the whole score matrix written into an as_strided view of a (2,) tensor
+    made by empty_strided with a stride of n − 1 (its storage holds n elements): the record counted the view as that
+    (2,) tensor, and tiles_only, latent_only and no_score_matrix passed (100 each). A tensor whose storage holds more
+    than it has elements is counted at its storage's size too."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source("""
+def _hidden(shape, dtype):
+    n = math.prod(shape)
+    handle = torch.empty_strided((2,), (n - 1,), dtype=dtype)  # two elements, a storage of n
+    strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]
+    return handle.as_strided(tuple(shape), tuple(strides), 0)
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    work = torch.promote_types(q.dtype, torch.float32)
+    s = _hidden((*q.shape[:-2], t_q, t_k), work)  # the whole score matrix
+    torch.matmul(q.to(work) / math.sqrt(q.shape[-1]), k.to(work).transpose(-2, -1), out=s)
+    if causal:
+        for r in range(t_q):  # in place, row by row
+            s[..., r, max(0, r + t_k - t_q + 1):] = -math.inf
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(m == -math.inf, 0.0, m)
+    s.sub_(m).exp_()
+    l = s.sum(-1)
+    out = (s @ v.to(work)) / torch.where(l > 0, l, 1.0)[..., None]
+    return out.to(q.dtype), m[..., 0] + torch.log(l)
+""", base=base, name="flash_attention.py")
+    tiles = next(c for c in step(result, "flash_attention").checks if c.name.endswith("tiles_only"))
+    assert tiles.points == 0, explain(result)

@@ -270,6 +270,21 @@ def test_offsets_held_as_data_past_the_bound_are_refused_before_the_answer_is_bu
     assert ask("varlen_attention", values, t, t, small, small, exercise="paged_attention")["ok"] is True
 
 
+def test_an_answer_as_large_as_its_inputs_times_a_count_is_refused_before_it_is_built():
+    """The twenty-eighth review's c05: repeat_kv of a (1, 1, 256, 256) tensor with n_rep 256 was bounded as 256² and
+    built 16.8 M elements in the grader, six times (2.2 GB). The bound counts the inputs times the largest integer
+    too; the same question with n_rep 2 is answered."""
+    import resource
+
+    import torch
+
+    x = torch.zeros(1, 1, 256, 256, dtype=torch.float64)
+    assert ask("repeat_kv", x, 2, exercise="gqa")["ok"] is True
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert ask("repeat_kv", x, 256, exercise="gqa") == {"ok": False, "error": "inputs too large to answer"}
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # kB: nothing big was built
+
+
 def test_small_sizes_of_any_type_are_still_answered():
     import numpy as np
     import torch

@@ -804,8 +804,14 @@ class Shapes:
             base = _memory(readers, t)
             outgrew = widest is not None and base is t and numel(t) >= 2 * widest  # a pad to whole blocks grows less
             self._keep(_shape(readers, base), makes_scores or outgrew)
+            held = _held(readers, base)
+            if held is not None:
+                self._keep(held, makes_scores or outgrew)
         for t in inputs:
             self._keep(_shape(readers, t), False)
+            held = _held(readers, t)
+            if held is not None:
+                self._keep(held, False)
 
     def _keep(self, key: tuple, scores: bool) -> None:
         for kept in (self.seen, self.scores) if scores else (self.seen,):
@@ -830,7 +836,7 @@ def _tensor_readers(torch) -> tuple:
     if not _READERS:
         base = torch._C.TensorBase
         _READERS.append((torch.Tensor, base._base.__get__, base.numel, base.shape.__get__, base.element_size,
-                         base.is_complex))
+                         base.is_complex, base.untyped_storage, torch._C.StorageBase.nbytes))
     return _READERS[0]
 
 
@@ -840,6 +846,22 @@ def _memory(readers, t):
     view_of = readers[1](t)
     numel, width = readers[2], readers[4]
     return view_of if view_of is not None and numel(view_of) * width(view_of) < numel(t) * width(t) else t
+
+
+def _held(readers, t) -> tuple | None:
+    """The shape of a tensor's whole storage, one axis of its elements, where that storage holds more than the
+    tensor it belongs to (the tensor's base, or itself) has elements: a (2,) tensor made with a stride of n − 1 holds
+    n, and a view of any shape on it counts as that tensor (the twenty-eighth review's f01–f04). None where the
+    storage holds no more (a slice of an input is its input's, which is counted as itself)."""
+    root = readers[1](t)
+    root = t if root is None else root
+    try:
+        held = readers[7](readers[6](root)) // readers[4](root)
+    except BaseException:  # a sparse or nested tensor: no storage of its own
+        return None
+    if held <= readers[2](root):
+        return None
+    return (held, 2) if readers[5](root) else (held,)
 
 
 def _shape(readers, t) -> tuple:
