@@ -78,8 +78,7 @@ class Oracle:
             sizes = question_sizes(bound)
             if not all(math.isfinite(n) and abs(n) <= MAX_QUESTION_SIZE for n in sizes):
                 return {"ok": False, "error": "inputs too large to answer"}
-            lengths = [math.ceil(abs(n)) for n in sizes] + index_extents(bound)
-            most = answer_size_bound(tensors, lengths)
+            most = answer_size_bound(tensors, [math.ceil(abs(n)) for n in sizes])
             if most > MAX_ANSWER_ELEMENTS:
                 return {"ok": False, "error": "inputs too large to answer"}
             if self.elements + size + most > MAX_CALL_ELEMENTS:  # before the reference runs, not after
@@ -195,25 +194,6 @@ def _numbers(value, kind: str, depth: int = 0) -> list[float]:
         items = value.values() if isinstance(value, dict) else value
         return [n for item in items for n in _numbers(item, kind, depth + 1)]
     return []  # None, a string (a device), a dtype, an object that crossed as its type name only
-
-
-def index_extents(bound: inspect.BoundArguments) -> list[int]:
-    """The largest value of each integer tensor a question holds as data (cu_seqlens, context_lens, a block table,
-    positions): a reference reads such values as lengths and offsets (varlen_attention cuts and masks by cu_seqlens),
-    so they bound what it builds as sizes do. Its shape alone bounds none of that (review 26's c01: a (2,)
-    cu_seqlens of [0, 40000] had the reference build 40000 × 40000 masks in the grader)."""
-    extents = []
-    for value in bound.arguments.values():
-        for tensor in leaves((value,), {}):
-            if tensor.is_complex() or tensor.dtype == torch.bool or not tensor.numel():
-                continue
-            tensor = tensor.detach()
-            # a float tensor of whole numbers is read as such too (int(cu_seqlens[b]) of [0.0, 40000.0]: the
-            # twenty-seventh review's c02); one of other values is data, whatever its size
-            if tensor.is_floating_point() and not (tensor.isfinite().all() and torch.equal(tensor, tensor.round())):
-                continue
-            extents.append(int(tensor.abs().max()))
-    return extents
 
 
 def answer_size_bound(tensors: list, ints: list) -> int:

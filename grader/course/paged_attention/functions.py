@@ -303,8 +303,20 @@ VARLEN_HALF = Mistake("varlen_attention.half_mishandled", "right in float32, wro
 VARLEN_ONE = Mistake("varlen_attention.sequences_mixed", "right for one packed sequence, wrong for several: sequence "
                      "b's queries, keys and values start at its own cu_seqlens offsets, and attend only each other")
 
+def varlen_within_contract(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
+    """ref.varlen_attention, once cu_seqlens are what the contract says (from 0 to the packed rows, never falling).
+    The grader answers a composite's questions with it, in its own process: offsets past the rows given would have
+    it build masks of their size (the twenty-sixth and twenty-seventh reviews' [0, 40000], 3.4 GB)."""
+    for cu, rows in ((cu_seqlens_q, q.shape[0]), (cu_seqlens_k, k.shape[0])):
+        bounds = cu.tolist() if cu.dim() == 1 and cu.numel() <= rows + 1 else []
+        falling = any(b < a for a, b in zip(bounds, bounds[1:], strict=False))
+        if not bounds or bounds[0] != 0 or bounds[-1] != rows or falling:
+            raise ValueError(f"cu_seqlens must run from 0 to the {rows} packed rows, never falling")
+    return ref.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
+
+
 VARLEN = StepSpec(
-    "varlen_attention", varlen_inputs, ref.varlen_attention, probes=(Probe({"q_lens": (6,)}, VARLEN_ONE),),
+    "varlen_attention", varlen_inputs, varlen_within_contract, probes=(Probe({"q_lens": (6,)}, VARLEN_ONE),),
     checks=(
         shape(3), values("packed", 3, FLOATS),
         values("causal_chunks", 3, FLOATS, situation=VARLEN_CAUSAL, q_lens=CHUNK_Q, k_lens=CHUNK_K, causal=True),
