@@ -193,19 +193,11 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
     weights = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1)
     return torch.einsum("bhl,blhd->bhd", weights, v)  # 0 · NaN where masked
 """, "paged_decode", "paged_decode.masked_slots_multiplied"),
-    Variant("decode_softmax_without_max", """
-def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
-    B, H, Dh = q.shape
-    bs = k_cache.shape[1]
-    out = torch.empty_like(q)
-    for b in range(B):
-        n = int(context_lens[b])
-        blocks = block_tables[b, : -(-n // bs)].long()
+    Variant("decode_softmax_without_max", decode_with("""\
         k, v = k_cache[blocks].flatten(0, 1)[:n], v_cache[blocks].flatten(0, 1)[:n]
         e = torch.exp(torch.einsum("hd,nhd->hn", q[b], k) / math.sqrt(Dh))  # no max subtracted: inf past 88
         out[b] = torch.einsum("hn,nhd->hd", e / e.sum(-1, keepdim=True), v)
-    return out
-""", "paged_decode", situations=("paged_decode.large_scores_mishandled",)),
+        continue"""), "paged_decode", situations=("paged_decode.large_scores_mishandled",)),
     Variant("decode_keepdim", decode_with("""\
         k, v = k_cache[blocks].flatten(0, 1)[:n], v_cache[blocks].flatten(0, 1)[:n]""").replace(
         "    return out", "    return out[:, :, None]  # (B, H, 1, Dh): one query"), "paged_decode", "axis_extra"),
