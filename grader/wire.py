@@ -173,7 +173,44 @@ def type_name(value) -> str:
 
 
 def type_name_of(cls) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"[:MAX_TYPE_NAME]
+    """A class's module and name, read by type's own getters: a metaclass of the file's cannot answer them (its
+    `__module__` property would run the file's code wherever the worker names a type, the record paused or gone)."""
+    module, name = TYPE_MODULE(cls), TYPE_QUALNAME(cls)
+    module = module if type(module) is str else "?"
+    name = name if type(name) is str else "?"
+    return (module + "." + name)[:MAX_TYPE_NAME]
+
+
+TYPE_MODULE, TYPE_QUALNAME = type.__dict__["__module__"].__get__, type.__dict__["__qualname__"].__get__
+
+
+def plain(value, depth: int = 0):
+    """`value` rebuilt of exact types only, what may cross where nothing records the file's code: None, bool, int,
+    float, str, torch.Tensor, torch.dtype, numpy.ndarray, and tuples, lists and str-keyed dicts of them; an
+    nn.Parameter becomes a plain tensor, a torch.Size a tuple, a torch.device its name, a NumPy scalar a number.
+    Every test is of the exact type, so nothing of the value's own runs here (no property such as `__class__`, no
+    `__iter__`, no metaclass); anything else raises TypeError. The worker calls it while the record still runs."""
+    b = bound()
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str) or kind is b.tensor or kind is b.dtype or kind is b.ndarray:
+        return value
+    if depth >= MAX_DEPTH:
+        raise TypeError(f"items nested more than {MAX_DEPTH} deep")
+    if kind is tuple or kind is list or kind is b.size:
+        items = [plain(v, depth + 1) for v in value]
+        return items if kind is list else tuple(items)
+    if kind is dict:
+        if not all(type(k) is str for k in value):
+            raise TypeError("a dict whose keys are not all strings")
+        return {k: plain(v, depth + 1) for k, v in dict.items(value)}
+    if kind is b.parameter:
+        return b.make_plain(b.tensor, b.detach(value))
+    if kind is b.device:
+        return str(value)
+    if kind in b.numpy_scalars:
+        return b.item(value)
+    raise TypeError(f"a {type_name(value)}: only tensors, arrays, numbers, strings, dtypes, devices, and tuples, "
+                    "lists and dicts of them, cross to the grader")
 
 
 class Bound:
@@ -184,7 +221,8 @@ class Bound:
 
     __slots__ = ("tensor", "dtype", "uint8", "detach", "to", "contiguous", "reshape", "view",
                  "clone", "to_numpy", "storage", "data_ptr", "dtype_of", "shape_of", "device_of", "grad_of",
-                 "equal", "ndarray", "contiguous_array", "isfinite")
+                 "equal", "ndarray", "contiguous_array", "isfinite", "size", "parameter", "make_plain", "device",
+                 "numpy_scalars", "item")
 
     def __init__(self):
         import numpy
@@ -199,6 +237,11 @@ class Bound:
             base.dtype.__get__, base.shape.__get__, base.device.__get__, base.grad.__get__)
         self.equal, self.ndarray, self.contiguous_array = torch.equal, numpy.ndarray, numpy.ascontiguousarray
         self.isfinite = math.isfinite
+        self.size, self.parameter, self.make_plain, self.device = (
+            torch.Size, torch.nn.Parameter, torch.Tensor._make_subclass, torch.device)
+        numbers = (numpy.bool_, numpy.integer, numpy.floating)
+        self.numpy_scalars = frozenset(t for t in numpy.sctypeDict.values() if issubclass(t, numbers))
+        self.item = numpy.generic.item
 
 
 _BOUND: list[Bound] = []

@@ -2243,3 +2243,111 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
 """, base=base, name="flash_attention.py")
     tiles = next(c for c in step(result, "flash_attention").checks if c.name.endswith("tiles_only"))
     assert tiles.points == 0, explain(result)
+
+
+def test_a_question_to_the_grader_runs_nothing_of_the_files_where_nothing_records(grade_source):
+    """The twenty-ninth review's f01 to f03: a composite asked its answered step a question holding an object whose
+    `__class__` property, or whose metaclass's `__module__` property, ran F.scaled_dot_product_attention. The worker
+    read them (isinstance, the type's name) while it encoded the question with the record paused, so the module's
+    rules saw nothing (96, fair 78). A question is made plain data by exact types first, while the record runs."""
+    result = grade_source("""
+def softmax(scores, dim=-1):  # no guard for rows with nothing to attend to (NaN there): softmax is answered
+    e = torch.exp(scores - scores.amax(dim=dim, keepdim=True))
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def _attention(module, query, key, value, mask):
+    q, k, v = (split_heads(w(x), module.num_heads) for w, x in ((module.w_q, query), (module.w_k, key),
+                                                                 (module.w_v, value)))
+    return module.w_o(merge_heads(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)))
+
+
+def _forward(self, query, key=None, value=None, mask=None):
+    key = query if key is None else key
+    value = key if value is None else value
+    box = []
+
+    def smuggle():
+        if not box:
+            box.append(_attention(self, query, key, value, mask))
+
+    class Smuggler:
+        @property
+        def __class__(self):
+            smuggle()
+            return Smuggler
+
+    class Meta(type):
+        @property
+        def __module__(cls):
+            smuggle()
+            return "x"
+
+    class Named(metaclass=Meta):
+        pass
+
+    for question in ([Smuggler()], Named()):
+        try:
+            softmax(question)
+        except Exception:
+            pass
+    smuggle()  # in the open, where the questions ran nothing
+    return box[0]
+
+
+MultiHeadAttention.forward = _forward
+""")
+    module = step(result, "MultiHeadAttention")
+    rules = next(c for c in module.checks if c.name.endswith("rules"))
+    assert rules.points == 0 and "scaled_dot_product_attention" in rules.message, explain(result)
+
+
+def test_the_graders_stand_in_cache_runs_nothing_of_the_files(grade_source):
+    """The twenty-ninth review's f04: a module handed the grader's stand-in KVCache (its own had lost points) passed
+    append an object whose `shape` property ran F.scaled_dot_product_attention; the stand-in's methods run with the
+    record paused, so the module's rules saw nothing (94, fair 52). A stand-in takes tensors and numbers only, checked
+    by exact type before the pause."""
+    base = (ROOT / "solutions" / "kv_cache.py").read_text()
+    result = grade_source("""
+_append = KVCache.append
+
+
+def _append_refusing_late(self, k_new, v_new):  # a refused append changes length: KVCache loses points
+    if self.length + k_new.shape[2] > self.max_len:
+        self.length = self.max_len
+    return _append(self, k_new, v_new)
+
+
+KVCache.append = _append_refusing_late
+_forward = CachedSelfAttention.forward
+
+
+def _smuggling_forward(self, x, cache=None):
+    if cache is None:
+        return _forward(self, x)
+    B, T, D = x.shape
+    q, k, v = (w(x).view(B, T, self.num_heads, -1).transpose(1, 2) for w in (self.w_q, self.w_k, self.w_v))
+    mask = decode_mask(T, cache.length, device=x.device)
+    k, v = cache.append(k, v)
+    box = []
+
+    class Smuggler:
+        @property
+        def shape(self_):
+            box.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+            return (0, 0, 1 << 40, 0)
+
+    try:
+        cache.append(Smuggler(), Smuggler())
+    except Exception:
+        pass
+    if not box:
+        box.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    return self.w_o(box[0].transpose(1, 2).reshape(B, T, D))
+
+
+CachedSelfAttention.forward = _smuggling_forward
+""", base=base, name="kv_cache.py")
+    module = step(result, "CachedSelfAttention")
+    rules = next(c for c in module.checks if c.name.endswith("rules"))
+    assert rules.points == 0 and "scaled_dot_product_attention" in rules.message, explain(result)

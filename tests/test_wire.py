@@ -136,3 +136,38 @@ def test_items_nested_past_the_bound_are_refused_not_a_recursion_error():
         item = {"kind": "list", "items": [item]}
     with pytest.raises(wire.WireError, match="nested"):
         wire.decode(item, [])
+
+
+def test_plain_takes_exact_types_only_and_runs_nothing_of_the_values_own():
+    """What the worker encodes where nothing records (a question to the grader) is first made plain by `plain`,
+    which tests exact types: a property, a metaclass or an __iter__ of the value's own never runs (review 29)."""
+    ran = []
+
+    class Meta(type):
+        @property
+        def __module__(cls):
+            ran.append("metaclass")
+            return "x"
+
+    class Named(metaclass=Meta):
+        pass
+
+    class Posing:
+        @property
+        def __class__(self):
+            ran.append("__class__")
+            return torch.Tensor
+
+    class Listed(list):
+        def __iter__(self):
+            ran.append("__iter__")
+            return iter(())
+
+    for value in (Named(), [Posing()], Listed([1]), {1: 2}):
+        with pytest.raises(TypeError):
+            wire.plain(value)
+    assert ran == []
+    assert wire.type_name(Named()).startswith("tests.test_wire.") and ran == []
+    weight = torch.nn.Parameter(torch.ones(2))
+    made = wire.plain({"a": (weight, torch.Size([2, 3]), torch.device("cpu"), np.float32(0.5), None)})
+    assert type(made["a"][0]) is torch.Tensor and made["a"][1:] == ((2, 3), "cpu", 0.5, None)

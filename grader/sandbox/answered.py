@@ -43,13 +43,17 @@ class Answered:
 
     def ask(self, header):
         """One question to the grader, and its answer; the torch calls made here are the grader's, not the candidate's
-        (nor the tensors they create)."""
+        (nor the tensors they create). The question is made plain data first, while the record still runs: nothing
+        of the file's (a property, a metaclass, an __iter__) may run where the record is paused."""
+        if type(header) is not dict:
+            raise RuntimeError("the grader answers only questions about the steps a composite calls")
+        header = {k: self.wire.plain(v) for k, v in dict.items(header) if type(k) is str and k in QUESTION_FIELDS}
         if header.get("op") not in QUESTIONS:  # a question, never what could pass for an answer
             raise RuntimeError("the grader answers only questions about the steps a composite calls")
         with self.record.paused():
             blobs = []
-            header = {k: self.wire.encode(self._plain(v), blobs) if k in ("args", "kwargs", "grads") else v
-                      for k, v in header.items() if k in QUESTION_FIELDS}
+            header = {k: self.wire.encode(v, blobs) if k in ("args", "kwargs", "grads") else v
+                      for k, v in header.items()}
             self.wire.write_frame(self.write_fd, header, blobs, key=self.key)
             reply, reply_blobs = self.wire.read_frame(self.read_fd)
             if reply.get("ok") is not True:
@@ -75,20 +79,6 @@ class Answered:
         channel = self._channel()
         next(channel)
         return PROXIES["make_proxy"](self.torch, channel.send, name, inspect.signature(self.saved[name]))
-
-    def _plain(self, value):
-        """nn.Parameter and other tensor subclasses as plain tensors: only those cross."""
-        if isinstance(value, self.torch.Tensor) and type(value) is not self.torch.Tensor:
-            return self.torch.Tensor._make_subclass(self.torch.Tensor, value.detach())
-        if isinstance(value, self.torch.device):  # crosses as its name: the grader answers on the CPU anyway
-            return str(value)
-        if isinstance(value, (tuple, list)):
-            return type(value)(self._plain(v) for v in value)
-        if isinstance(value, dict):
-            return {k: self._plain(v) for k, v in value.items()}
-        return value
-
-
 
 
 # The proxies' own namespace: functions defined here have it as their globals, with a copy of the builtins, so

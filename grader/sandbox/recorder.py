@@ -340,6 +340,9 @@ def make_recorder(torch, lifted):
 
         def __enter__(self):
             record = self.record
+            # The grader's code about to run calls the tensors' methods and the builtins: one the file replaced
+            # would run its code here, unrecorded. A replacement undone before torch's next call leaves no other trace.
+            record.hidden = record.hidden or kept.replaced()
             self.kept = (record.seen, record.shapes, record.hidden)
             record.seen, record.shapes = set(), None
 
@@ -398,6 +401,13 @@ class _Namespaces:
                 # method (torch.Tensor.expand_as set on the subclass)
                 return ("a builtin, or a name in one of torch's modules or tensor classes, replaced or added: torch's "
                         "code reads it inside a call")
+        return ""
+
+    def replaced(self) -> str:
+        """Why the builtins, torch's namespace, the tensor's classes or sys.modules are not as the worker found them
+        ('' if they are): what any code of torch's or the grader's reads."""
+        if any(self._changed(key) for key in self.always):
+            return "a builtin, or a name in torch's namespace or the tensor's classes, replaced or added"
         return ""
 
     def _changed(self, key) -> bool:

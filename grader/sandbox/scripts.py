@@ -125,7 +125,7 @@ def _build(torch, record, module, stand_ins, action, device):
     if action.get("stand_in") is True:
         if stand_ins is None:
             raise LookupError(f"the grader has no stand-in {name} for this exercise (its spawn named no stand-ins)")
-        cls = _unrecorded(getattr(stand_ins, name), record)
+        cls = _unrecorded(torch, getattr(stand_ins, name), record)
     else:
         cls = getattr(module, name)
     instance = cls(*(action.get("init") or ()), **(action.get("init_kwargs") or {}))
@@ -140,43 +140,80 @@ def _build(torch, record, module, stand_ins, action, device):
     return instance
 
 
-def _unrecorded(cls, record):
+def _unrecorded(torch, cls, record):
     """A subclass of the grader's stand-in class `cls` whose every method (its __init__, properties, class and
     static methods among them) runs with the record paused: the stand-in's torch calls are not the candidate's.
 
     What the candidate's code does with the object (reading a tensor it holds, then calling torch on it) is
-    still recorded: only the stand-in's own code is the grader's.
+    still recorded: only the stand-in's own code is the grader's. So no code of the file's may run in it: before
+    the pause, the object must be this class's own (no subclass of the file's), and what the method is given and
+    what the object holds must be data of exact types (`_grader_data`), whose reading runs nothing of the file's
+    (a `shape` property would run unrecorded: the twenty-ninth review's f04). A probe (`PROBE`, a class the grader's
+    script alone calls, never the candidate's code) is given the candidate's objects to look at: only its object
+    is checked.
     """
     if not isinstance(cls, type):
         raise TypeError(f"the grader's stand-in {getattr(cls, '__name__', '?')} is not a class")
-    members = {}
+    made, members = [], {}
+    plain = (type(None), bool, int, float, str, torch.Tensor, torch.dtype, torch.device)
+    probe = getattr(cls, "PROBE", False) is True
     for klass in reversed(cls.__mro__[:-1]):  # object's own methods are no stand-in's; a subclass's win
         for attribute, value in vars(klass).items():
-            paused = _paused_member(value, record)
+            paused = _paused_member(value, record, made, probe, plain)
             if paused is not None:
                 members[attribute] = paused
     members.update(__module__=cls.__module__, __qualname__=cls.__qualname__, __doc__=cls.__doc__)
-    return type(cls.__name__, (cls,), members)
+    made.append(type(cls.__name__, (cls,), members))
+    return made[0]
 
 
-def _paused_member(value, record):
+def _paused_member(value, record, made, probe, plain):
     """`value` (a member of a class) running with the record paused, or None if it runs no code of its own."""
     if isinstance(value, types.FunctionType):
-        return _paused(value, record)
+        return _paused(value, record, made, probe, plain, "self")
     if isinstance(value, property):
-        return property(*(f and _paused(f, record) for f in (value.fget, value.fset, value.fdel)), value.__doc__)
-    if isinstance(value, (staticmethod, classmethod)):
-        return type(value)(_paused(value.__func__, record))
+        accessors = (value.fget, value.fset, value.fdel)
+        return property(*(f and _paused(f, record, made, probe, plain, "self") for f in accessors), value.__doc__)
+    if isinstance(value, staticmethod):
+        return staticmethod(_paused(value.__func__, record, made, probe, plain, "nothing"))
+    if isinstance(value, classmethod):
+        return classmethod(_paused(value.__func__, record, made, probe, plain, "class"))
     return None
 
 
-def _paused(function, record):
+def _paused(function, record, made, probe, plain, bound):
     @functools.wraps(function)
     def paused(*args, **kwargs):
+        given = args
+        if bound != "nothing":
+            owner = args[0] if args else None
+            if (owner is not made[0]) if bound == "class" else (type(owner) is not made[0]):
+                raise TypeError(f"the grader's {made[0].__name__} runs only on an object of its own class")
+            if bound == "self" and not probe and not _grader_data(vars(owner), plain, 0):
+                raise TypeError(f"the grader's {made[0].__name__} holds something other than tensors and numbers")
+            given = args[1:]
+        if not probe and not all(_grader_data(a, plain, 0) for a in (*given, *dict.values(kwargs))):
+            raise TypeError(f"the grader's {made[0].__name__} takes tensors and numbers only, nothing else")
         with record.paused():
             return function(*args, **kwargs)
 
     return paused
+
+
+def _grader_data(value, plain: tuple, depth: int) -> bool:
+    """Is `value` data whose reading runs nothing of the file's? Exact types only: those `plain` names (None,
+    numbers, strings, tensors, dtypes, devices), and tuples, lists, and dicts keyed by ints or strings, of them."""
+    kind = type(value)
+    if kind in plain:
+        return True
+    if depth > 8:
+        return False
+    if kind is tuple or kind is list:
+        return all(_grader_data(v, plain, depth + 1) for v in value)
+    if kind is dict:
+        return all((type(k) is int or type(k) is str) and _grader_data(v, plain, depth + 1)
+                   for k, v in dict.items(value))
+    return False
 
 
 def _fill(torch, wire, record, target, action) -> None:

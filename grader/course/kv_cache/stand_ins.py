@@ -37,6 +37,8 @@ class BufferProbe:
     a cache that makes new buffers (torch.cat, or a padded copy behind a property) shows new addresses.
     """
 
+    PROBE = True  # called by the grader's script alone, on the candidate's objects (scripts._unrecorded)
+
     def __init__(self):
         self.held = []
 

@@ -53,6 +53,8 @@ class StorageProbe:
     storage on an append (torch.cat, clone, index_put without its underscore) shows new addresses.
     """
 
+    PROBE = True  # called by the grader's script alone, on the candidate's objects (scripts._unrecorded)
+
     def __init__(self):
         self.held = []
 

@@ -277,26 +277,29 @@ def block_sizes(run):
                               failure.details) from None
 
 
-MEM_TQ, MEM_TK = 48, 80  # the memory check's sizes: its score matrix (3840 per batch·head) exceeds every input
+# A batch·head's scores (48·80 = 3840) hold more than any input, output, or copy padded to blocks of 64 (B·H·128·8)
+MEM_TQ, MEM_TK, MEM_D = 48, 80, 8
 
 
 def no_score_matrix(run):
-    """No tensor that the launcher's torch calls create holds more elements per batch·head than the largest input
-    (Tk × D): a (Tq, Tk) score matrix or mask does, flat too (a buffer of B·H·Tq·Tk that kernels write and read,
-    the twenty-seventh review's f02). Causal; the answer must be right too."""
+    """No tensor that the launcher's torch calls create holds as many elements as one batch·head's (Tq, Tk) scores:
+    a score matrix or mask does, whole or one per batch·head (the twenty-ninth review's f05: the record keeps each
+    shape once, so B·H buffers of one head's scores are one shape), flat too (a buffer that kernels write and read,
+    the twenty-seventh review's f02). With a head width of 8, every input, output and padded copy holds fewer.
+    Causal; the answer must be right too."""
     device = triton_device(run)
-    call = run.inputs(t_q=MEM_TQ, t_k=MEM_TK, causal=True)
+    call = run.inputs(t_q=MEM_TQ, t_k=MEM_TK, d=MEM_D, causal=True)
     answer = run.answer(call, device=device, shapes=True)
     record = answer.shapes or {"created": [], "more": 0}
     if record["more"]:
         raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different shapes: too "
                           "many to check what it materialises", SCORE_MATRIX)
-    allowed = MEM_TK * D
+    scores = MEM_TQ * MEM_TK
     for size in record["created"]:
-        if math.prod(size) > allowed * B * H:
+        if math.prod(size) >= scores:
             raise CheckFailed(f"with Tq={MEM_TQ}, Tk={MEM_TK}, causal: the launcher created a tensor of shape "
-                              f"{tuple(size)}, more than the inputs hold ({allowed} per batch·head)", SCORE_MATRIX,
-                              {"shape": list(size), "allowed": allowed})
+                              f"{tuple(size)}, as many elements as a batch·head's scores ({scores}) or more",
+                              SCORE_MATRIX, {"shape": list(size), "allowed": scores - 1})
     run.expect_right(run.output(answer), call, device)
 
 

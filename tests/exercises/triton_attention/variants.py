@@ -69,10 +69,11 @@ SCORES_BUFFER = changed(
                    "    grid = ("),
 )
 
-# the twenty-seventh review's f02: a flat buffer of every score, which kernels write and read back
+# the twenty-seventh review's f02 and the twenty-ninth's f05: flat buffers of the scores, which kernels write and read
+# back, one per batch·head (each a shape the record keeps once; one buffer of them all holds B·H times more)
 FLAT_SCORES_BUFFER = changed(
     "flash_attention",
-    ("    grid = (", "    scores = torch.empty(batch * heads * t_q * t_k, dtype=torch.float32, device=q.device)\n"
+    ("    grid = (", "    scores = [torch.empty(t_q * t_k, dtype=torch.float32, device=q.device) for _ in range(batch * heads)]\n"
                    "    grid = ("),
 )
 
@@ -182,7 +183,7 @@ BUGGY = [
                                                                            "alpha = tl.exp(shift - m)")),
             "flash_attention", "flash_attention.rescale_sign_flipped"),
     Variant("flash_score_matrix", SCORES_BUFFER, "flash_attention", "flash_attention.score_matrix"),
-    Variant("flash_flat_score_buffer", FLAT_SCORES_BUFFER, "flash_attention", "flash_attention.score_matrix"),
+    Variant("flash_score_buffer_per_head", FLAT_SCORES_BUFFER, "flash_attention", "flash_attention.score_matrix"),
     Variant("flash_in_torch", FLASH_IN_TORCH, "flash_attention", "flash_attention.no_kernel"),
     Variant("flash_block_m_ignored", changed(  # the grid by block_m, the kernel's tiles of 16: block_sizes
         "flash_attention", ("BLOCK_M=block_m", "BLOCK_M=16")), "flash_attention"),
