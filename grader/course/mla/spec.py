@@ -207,14 +207,18 @@ SCORES = StepSpec(
 ABSORBED_NAMES = ("q_nope", "q_rope", "c_kv", "k_rope", "w_uk", "w_uv", "w_o")
 
 
-def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True, widths=None):
-    """`widths` (a dict of h, dn, dr, dv, d, r) replaces the exercise's sizes."""
+def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True, widths=None, padded=False):
+    """`widths` (a dict of h, dn, dr, dv, d, r) replaces the exercise's sizes; `padded`: the mask blocks the first two
+    keys too (left padding), so that it blocks some key even for one query."""
     h, dn, dr, dv, d, r = (dict(h=H, dn=DN, dr=DR, dv=DV, d=D, r=R) | (widths or {})).values()
     q_nope, q_rope = gen.randn(B, h, tq, dn, dtype=dtype), gen.randn(B, h, tq, dr, dtype=dtype)
     c_kv, k_rope = gen.randn(B, tk, r, dtype=dtype), gen.randn(B, tk, dr, dtype=dtype)
     w_uk, w_uv = gen.randn(h * dn, r, dtype=dtype, scale=r**-0.5), gen.randn(h * dv, r, dtype=dtype, scale=r**-0.5)
     w_o = gen.randn(d, h * dv, dtype=dtype, scale=(h * dv) ** -0.5)
-    kwargs = {"mask": bottom_right(tq, tk)} if masked else {}
+    mask = bottom_right(tq, tk)
+    if padded:
+        mask[:, :2] = False
+    kwargs = {"mask": mask} if masked else {}
     return Call((q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o), kwargs, ABSORBED_NAMES)
 
 
@@ -311,7 +315,7 @@ ABSORBED = StepSpec(
     "absorbed_attention", absorbed_inputs, ref.absorbed_attention,
     probes=(Probe({"tq": 1}, ABSORBED_QUERIES),),
     checks=(shape(1), values("values", 2, FLOATS), values("unmasked", 2, situation=ABSORBED_NO_MASK, masked=False),
-            values("one_query", 2, situation=ABSORBED_ONE, tq=1),
+            values("one_query", 2, situation=ABSORBED_ONE, tq=1, padded=True),
             values("many_keys", 2, situation=ABSORBED_SIZES, tq=4, tk=11), prop("latent_only", 3, latent_only),
             device(1)),
     mistakes=(
@@ -343,8 +347,9 @@ ABSORBED = StepSpec(
         Mistake("absorbed_attention.rope_part_dropped", "the scores lack the RoPE part: add q_rope @ k_ropeᵀ (the "
                 "shared key, broadcast over the heads) to the absorbed part before scaling",
                 lambda *a, **k: [_absorbed(*a, **k, rope=False, width=w) for w in (None, DN, R)]),
-        Mistake("absorbed_attention.mask_ignored", "the mask was not applied: fill the scores with -inf where the "
-                "mask is False, before the softmax", _absorbed_variant(mask_ignored=True)),
+        Mistake("absorbed_attention.mask_ignored", "the mask was not applied (or skipped for one query: decode may be "
+                "masked too, padding): fill the scores with -inf where it is False, whenever it is given",
+                _absorbed_variant(mask_ignored=True)),
         Mistake("absorbed_attention.masked_with_a_number", "the blocked scores were set to a number (0, or a "
                 "finite negative): fill them with -inf, so that the softmax gives them no weight",
                 lambda *a, **k: [_absorbed(*a, **k, fill=f) for f in (0.0, -1e4, -1e9)],

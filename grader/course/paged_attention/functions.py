@@ -86,6 +86,27 @@ FLAT_SLOT = _decode_mistake(
     "block_not_times_block_size", "in the flattened pool, token t is at table[t // block_size] · block_size + t % "
     "block_size: the block number was added as an offset, not multiplied by block_size",
     reads=lambda table, n: [divmod(table[t // BLOCK] + t % BLOCK, BLOCK) for t in range(n)])
+def _block_stride_wrong(*args):
+    """Token t read at flat slot table[t // block_size] · w + t % block_size of the flattened pool, w another size
+    than block_size: the table's width (max_blocks), or the number of heads; nothing where a slot is past the pool."""
+    k_cache, tables, lengths = args[1], args[3].tolist(), args[4].tolist()
+    forms = []
+    for width in {len(tables[0]), H} - {BLOCK}:
+        def reads(table, n, width=width):
+            return [divmod(table[t // BLOCK] * width + t % BLOCK, BLOCK) for t in range(n)]
+
+        slots = [flat for table, n in zip(tables, lengths, strict=True) for flat in reads(table, int(n))]
+        if all(0 <= block < k_cache.shape[0] for block, _ in slots):
+            forms.append(decoded(*args, reads=reads))
+    return forms
+
+
+BLOCK_STRIDE = Mistake(
+    "paged_decode.block_stride_not_block_size", "in the flattened pool, token t is at table[t // block_size] · "
+    "block_size + t % block_size: the block was multiplied by another size (the table's width?)", _block_stride_wrong,
+    why="A flattened (num_blocks · block_size) pool steps block_size slots per block, whatever the tables' width.")
+
+
 def _block_and_slot_swapped(*args):
     """Token t read at slot t // block_size of block table[t % block_size]; nothing where that runs past a table."""
     tables, lengths = args[3], args[4]
@@ -180,9 +201,8 @@ DECODE = StepSpec(
         device(2),
     ),
     # first: an answer all NaN in a NaN check looks like several of the others', and only this one is right elsewhere
-    mistakes=(TIMES_NAN, WHOLE_BLOCKS, PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, CONTIGUOUS_RUN, BLOCK_SLOT_SWAPPED,
-              ONE_PAST,
-              ONE_SHORT, PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED, HEADS_RESHAPED),
+    mistakes=(TIMES_NAN, WHOLE_BLOCKS, PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_STRIDE, CONTIGUOUS_RUN,
+              BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED, HEADS_RESHAPED),
 )
 
 # -- varlen_attention ---------------------------------------------------------------------

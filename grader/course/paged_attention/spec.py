@@ -22,6 +22,7 @@ from grader.engine import (
     Call,
     CheckFailed,
     Mistake,
+    Raises,
     Run,
     Script,
     Spec,
@@ -79,9 +80,12 @@ def served(state, streams, schedule=PREFILL_DECODE, *, refilled: bool = False, b
         ids = [i for i, t in call.items() if t]
         decoding = all(call[i] == 1 for i in ids)
         wrong = bug if only is None or only == ("decode" if decoding else "prefill") else None
+        packed = [torch.cat([heads[i][n][:done[i] + call[i]] for i in ids]) for n in (1, 2)]  # every key, gathered
+        first = 0  # where the sequence's new tokens start among the call's
         for i in ids:
             q, k, v = heads[i]
             past, t = done[i], call[i]
+            offset, first = first, first + t
             for p in range(past, past + t):
                 lo, hi = 0, p  # the keys token p reads, first and last
                 if wrong == NOT_CAUSAL.id and not decoding:
@@ -91,8 +95,11 @@ def served(state, streams, schedule=PREFILL_DECODE, *, refilled: bool = False, b
                 elif wrong == LENGTHS_BEFORE.id:
                     hi = p - t
                 keys = slice(lo, max(hi + 1, lo))  # none when hi < lo
-                scores = torch.einsum("hd,nhd->hn", q[p], k[keys]) / math.sqrt(DH)  # (H, keys)
-                y = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), v[keys])  # (H, Dh), 0 for no key
+                read_k, read_v = k[keys], v[keys]
+                if wrong == KEYS_AT_QUERIES.id:  # the packed keys where its queries are, causally, as if no cache
+                    read_k, read_v = (x[offset:offset + p - past + 1] for x in packed)
+                scores = torch.einsum("hd,nhd->hn", q[p], read_k) / math.sqrt(DH)  # (H, keys)
+                y = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), read_v)  # (H, Dh), 0 for no key
                 y = (y.T if merged_inner else y).reshape(D)
                 outputs.append(y if wrong == NO_OUTPUT_PROJECTION.id else _proj(state, y, "w_o"))
             done[i] += t
@@ -128,6 +135,10 @@ LENGTHS_BEFORE = _mistake(
         "the append leaves each new token without its own key.")
 NO_OUTPUT_PROJECTION = _mistake("no_output_projection",
                                 "forgot the output projection: apply w_o after merging the heads")
+KEYS_AT_QUERIES = _mistake(
+    "key_offsets_from_queries", "cut the gathered keys with the queries' cu_seqlens: each sequence holds seq_len "
+    "keys, so pass cu_seqlens_k of those lengths, not cu_seqlens",
+    why="After a cache, a sequence has more keys than new tokens: the packed keys' offsets are their own.")
 HEADS_SPLIT_INNER = Mistake(
     "PagedSelfAttention.heads_split_inner", "the projections were split as (N, Dh, H), heads inner: head h owns "
     "features h·Dh … (h + 1)·Dh − 1, so view(N, H, Dh)",
@@ -170,7 +181,8 @@ TABLE_BEFORE_APPEND = Mistake(
     "PagedSelfAttention.table_before_append", "took the block tables before appending: a decoded token that opens a "
     "new block finds -1 where its own key's block belongs; append first, then read block_table and seq_len",
     why="Only the tokens at a multiple of block_size show it: every other new token lands in a block the table "
-        "already holds.", test=_table_before_append)
+        "already holds; a prefill, whose sequence has no block yet, finds none at all.", test=_table_before_append,
+    raises=Raises(types=("IndexError", "KeyError"), line=r"table", source=r"block_table\([\s\S]*\.append\("))
 NAN_READ = Mistake(
     "PagedSelfAttention.unused_slots_read", "read slots of the pool no sequence holds (a whole block, or a −1 of a "
     "table): gather each sequence's first seq_len tokens only",
@@ -278,8 +290,8 @@ MODULE = StepSpec(
         prop("reads_pool", 2, _serve_check(refill=True), situation=POOL_NOT_READ),
         prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),
-    mistakes=(NOT_CAUSAL, NEW_ONLY, LENGTHS_BEFORE, NO_OUTPUT_PROJECTION, HEADS_SPLIT_INNER, HEADS_MERGED_INNER,
-              TABLE_BEFORE_APPEND, NAN_READ),
+    mistakes=(NOT_CAUSAL, NEW_ONLY, LENGTHS_BEFORE, KEYS_AT_QUERIES, NO_OUTPUT_PROJECTION, HEADS_SPLIT_INNER,
+              HEADS_MERGED_INNER, TABLE_BEFORE_APPEND, NAN_READ),
 )
 
 SPEC = Spec((CACHE, DECODE, VARLEN, MODULE))

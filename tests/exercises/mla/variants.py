@@ -205,6 +205,9 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
         """    if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
 """, ""), "absorbed_attention", "absorbed_attention.mask_ignored"),
+    Variant("absorbed_mask_skipped_for_one_query", absorbed_with(  # "decode sees every key": not with padding
+        "    if mask is not None:", "    if mask is not None and q_nope.shape[2] > 1:"),
+            "absorbed_attention", "absorbed_attention.mask_ignored"),
     Variant("absorbed_key_weight_heads_inner",
             absorbed_with("w_uk.view(H, Dn, R)", "w_uk.view(Dn, H, R).transpose(0, 1)"),
             "absorbed_attention", "absorbed_attention.key_weight_cut_wrong"),

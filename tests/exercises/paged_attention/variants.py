@@ -122,6 +122,11 @@ BUGGY = [
         flat = table[t // bs] + t % bs  # the slot in the flattened pool
         k, v = k_cache.flatten(0, 1)[flat], v_cache.flatten(0, 1)[flat]"""),
             "paged_decode", "paged_decode.block_not_times_block_size"),
+    Variant("decode_block_stride_from_table_width", decode_with("""\
+        t = torch.arange(n)
+        flat = table[t // bs] * block_tables.shape[1] + t % bs  # the table's width as the pool's block stride
+        k, v = k_cache.flatten(0, 1)[flat], v_cache.flatten(0, 1)[flat]"""),
+            "paged_decode", "paged_decode.block_stride_not_block_size"),
     Variant("decode_block_and_slot_swapped", decode_with("""\
         t = torch.arange(n)
         k, v = k_cache[table[t % bs], t // bs], v_cache[table[t % bs], t // bs]  # divmod's two read the wrong way"""),
@@ -276,6 +281,13 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
     Variant("module_new_tokens_only", forward(APPEND, ATTEND.replace("k_all, v_all, cu_seqlens, cu_k",
                                                                      "k, v, cu_seqlens, cu_seqlens")),
             "PagedSelfAttention", "PagedSelfAttention.new_tokens_only"),
+    Variant("module_key_offsets_from_queries", forward(APPEND, GATHER, ATTEND.replace("cu_seqlens, cu_k",
+                                                                              "cu_seqlens, cu_seqlens")),
+            "PagedSelfAttention", "PagedSelfAttention.key_offsets_from_queries"),
+    Variant("module_tables_before_append", forward(  # a new sequence has no table yet: the prefill raises
+        "        tables = [torch.tensor(cache.block_table(s)) for s in seq_ids]\n", APPEND,
+        GATHER.replace("        tables = [torch.tensor(cache.block_table(s)) for s in seq_ids]\n", ""), ATTEND),
+            "PagedSelfAttention", "PagedSelfAttention.table_before_append"),
     Variant("module_lengths_before_append", forward("""\
         lens = []
         for s in seq_ids:  # what each sequence holds: 0 if it is new
