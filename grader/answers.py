@@ -27,12 +27,14 @@ def shape_record(record) -> dict | None:
     if not all(isinstance(s, list) and len(s) <= 64 and all(type(n) is int and n >= 0 for n in s)
                for shapes in lists for s in shapes):
         raise Malformed("a malformed record of shapes")
-    sequence, calls = record.get("sequence"), record.get("calls")
+    sequence, calls, held = record.get("sequence"), record.get("calls"), record.get("held")
     if not (type(sequence) is str and len(sequence) == 32 and all(c in HEX for c in sequence)
             and type(calls) is int and calls >= 0):
         raise Malformed("a malformed record of calls")
+    if type(held) is not int or held < 0:
+        raise Malformed("a malformed record of the bytes held")
     return {"created": [tuple(s) for s in lists[0]], "more": more, "scores": [tuple(s) for s in lists[1]],
-            "sequence": sequence, "calls": calls}
+            "sequence": sequence, "calls": calls, "held": held}
 
 
 class Malformed(ValueError):

@@ -2351,3 +2351,142 @@ CachedSelfAttention.forward = _smuggling_forward
     module = step(result, "CachedSelfAttention")
     rules = next(c for c in module.checks if c.name.endswith("rules"))
     assert rules.points == 0 and "scaled_dot_product_attention" in rules.message, explain(result)
+
+
+def test_a_torch_function_mode_of_the_files_below_the_record_hides_nothing(grade_source):
+    """The thirtieth review's f02 and f03: a TorchFunctionMode entered at import sits below every record, which
+    passes each call on to it with itself stashed: F.scaled_dot_product_attention run there was recorded nowhere
+    (100, fair 80). A record entered above a mode of the file's marks itself hidden."""
+    result = grade_source("""
+from torch.overrides import TorchFunctionMode
+
+_JOBS = []
+
+
+class _Below(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if _JOBS:
+            job, box = _JOBS.pop()
+            box.append(job())
+        return func(*args, **(kwargs or {}))
+
+
+_Below().__enter__()
+
+
+def _forward(self, query, key=None, value=None, mask=None):
+    key = query if key is None else key
+    value = key if value is None else value
+    q, k, v = (split_heads(w(x), self.num_heads) for w, x in ((self.w_q, query), (self.w_k, key), (self.w_v, value)))
+    box = []
+    _JOBS.append((lambda: self.w_o(merge_heads(torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask))), box))
+    torch.neg(query[..., :1])  # the mode below runs the job
+    return box[0]
+
+
+MultiHeadAttention.forward = _forward
+""")
+    module = step(result, "MultiHeadAttention")
+    assert module.score == 0 and any("mode of the file's under the record" in c.message for c in module.checks), \
+        explain(result)
+
+
+def test_a_torch_function_mode_of_the_files_gets_no_grader_call_unrecorded(grade_source):
+    """The thirtieth review's f01: a mode of the file's, entered above the record, got the grader's own torch calls
+    while the record was paused (encoding a question to an answered step) and ran F.scaled_dot_product_attention
+    there (97, fair 91). A pause with a mode of the file's above the record marks the record hidden."""
+    result = grade_source("""
+from torch.overrides import TorchFunctionMode
+
+
+def softmax(scores, dim=-1):  # no guard for rows with nothing to attend to (NaN there): softmax is answered
+    e = torch.exp(scores - scores.amax(dim=dim, keepdim=True))
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+class _Spy(TorchFunctionMode):
+    def __init__(self, job):
+        super().__init__()
+        self.job, self.box = job, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        # the first detach is the worker's, encoding the question with the record paused
+        if not self.box and getattr(func, "__name__", "") == "detach" and self.job is not None:
+            job, self.job = self.job, None
+            self.box.append(job())
+        return func(*args, **(kwargs or {}))
+
+
+def _forward(self, query, key=None, value=None, mask=None):
+    key = query if key is None else key
+    value = key if value is None else value
+    q, k, v = (split_heads(w(x), self.num_heads) for w, x in ((self.w_q, query), (self.w_k, key), (self.w_v, value)))
+    spy = _Spy(lambda: self.w_o(merge_heads(torch.nn.functional.scaled_dot_product_attention(q, k, v,
+                                                                                               attn_mask=mask))))
+    small = query[..., :1, :1]
+    with spy:
+        try:
+            softmax(small)  # answered: the grader's encoding of the question reaches the spy
+        except Exception:
+            pass
+    if not spy.box:  # not answered (softmax's own checks): in the open
+        spy.box.append(spy.job())
+    return spy.box[0]
+
+
+MultiHeadAttention.forward = _forward
+""")
+    module = step(result, "MultiHeadAttention")
+    assert module.score == 0, explain(result)
+
+
+def test_the_graders_stand_in_class_changed_by_the_file_runs_recorded(grade_source):
+    """The thirtieth review's f05: a module set a property on the grader's stand-in KVCache class (reached by
+    type(cache)), which the stand-in's append read with the record paused: F.scaled_dot_product_attention ran there
+    (97, fair 52). A stand-in whose class is not as the grader made it runs recorded, the file's code with it."""
+    base = (ROOT / "solutions" / "kv_cache.py").read_text()
+    result = grade_source("""
+_append = KVCache.append
+
+
+def _append_refusing_late(self, k_new, v_new):  # a refused append changes length: KVCache loses points
+    if self.length + k_new.shape[2] > self.max_len:
+        self.length = self.max_len
+    return _append(self, k_new, v_new)
+
+
+KVCache.append = _append_refusing_late
+_forward = CachedSelfAttention.forward
+
+
+def _smuggling_forward(self, x, cache=None):
+    if cache is None:
+        return _forward(self, x)
+    B, T, D = x.shape
+    q, k, v = (w(x).view(B, T, self.num_heads, -1).transpose(1, 2) for w in (self.w_q, self.w_k, self.w_v))
+    mask = decode_mask(T, cache.length, device=x.device)
+    k, v = cache.append(k, v)
+    box, kind = [], type(cache)
+    kept = vars(cache)["max_len"]
+
+    def smuggled(obj):
+        if not box:
+            box.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+        return kept
+
+    kind.max_len = property(smuggled)
+    try:
+        cache.append(k[:, :, :0], v[:, :, :0])  # nothing to write: the stand-in only reads max_len
+    finally:
+        del kind.max_len
+    if not box:
+        box.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    return self.w_o(box[0].transpose(1, 2).reshape(B, T, D))
+
+
+CachedSelfAttention.forward = _smuggling_forward
+""", base=base, name="kv_cache.py")
+    module = step(result, "CachedSelfAttention")
+    rules = next(c for c in module.checks if c.name.endswith("rules"))
+    assert rules.points == 0 and "scaled_dot_product_attention" in rules.message, explain(result)

@@ -17,6 +17,7 @@ import types
 from operator import is_
 
 MAX_SHAPES = 256  # distinct shapes one request records
+MAX_STORAGES = 4096  # distinct storages one request counts the bytes of
 # The functions that make scores (products of two tensors) or probabilities of them (exp, what could stand in for
 # it, a softmax): a tiled step's results of these must be tiles (Shapes.scores)
 SCORES = frozenset({
@@ -144,6 +145,10 @@ def make_recorder(torch, lifted):
     passable = frozenset(own_types | plain)  # what an argument may be without running code of the file's own
     hooks = _Hooks(torch)
     kept = _Namespaces(torch, torch_globals, torch_classes, plain)
+    # torch's own modes, which run only torch's code: set_default_device's (below the record, for good), and those
+    # the grader's probes push
+    own_modes = {id(t) for t in _subclasses(TorchFunctionMode) if str.startswith(t.__module__, "torch")}
+    modes = (torch._C._len_torch_function_stack, torch._C._get_function_stack_at)
     modules = sys.modules  # the interpreter's own dict, as the worker found it
     quiet = _quiet_warnings()
     autograd_entries = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
@@ -226,6 +231,23 @@ def make_recorder(torch, lifted):
                 if issubclass(type(t), torch.Tensor) and grad_fn_of(t) is not None:
                     return True
             return False
+
+        def __enter__(self):
+            """On the mode stack, at its top. A mode of the file's already there, under it (pushed at import, or left
+            by an earlier call), gets each call after the record has passed it on, with the record stashed: what it
+            runs instead, no record sees (the thirtieth review's f02 and f03)."""
+            with lifted():
+                torch._C._push_on_torch_function_stack(self)
+                below = [modes[1](i) for i in range(modes[0]() - 1)]
+            if not self.hidden and any(id(type(mode)) not in own_modes for mode in below):
+                self.hidden = "a torch-function mode of the file's under the record: what it runs, no record sees"
+            return self
+
+        def foreign_modes(self) -> bool:
+            """Is a mode of the file's on the stack above this record (where it gets the grader's own calls first)?"""
+            with lifted():
+                above = [modes[1](i) for i in range(modes[0]())]
+            return any(mode is not self and id(type(mode)) not in own_modes for mode in above)
 
         def __exit__(self, *exc):
             """Leave the mode stack as it was entered; a call that popped this mode, or left another above it,
@@ -342,7 +364,8 @@ def make_recorder(torch, lifted):
             record = self.record
             # The grader's code about to run calls the tensors' methods and the builtins: one the file replaced
             # would run its code here, unrecorded. A replacement undone before torch's next call leaves no other trace.
-            record.hidden = record.hidden or kept.replaced()
+            record.hidden = record.hidden or kept.replaced() or (
+                record.foreign_modes() and "a torch-function mode of the file's gets the grader's own calls")
             self.kept = (record.seen, record.shapes, record.hidden)
             record.seen, record.shapes = set(), None
 
@@ -786,6 +809,7 @@ class Shapes:
         self.seen = {}
         self.scores = {}
         self.more = 0
+        self.storages = {}  # the address of each storage a tensor seen lives in: its bytes
         self.sequence = BLAKE2B(digest_size=16)
         self.calls = 0
 
@@ -817,11 +841,28 @@ class Shapes:
             held = _held(readers, base)
             if held is not None:
                 self._keep(held, makes_scores or outgrew)
+            self._count(readers, t)
         for t in inputs:
             self._keep(_shape(readers, t), False)
             held = _held(readers, t)
             if held is not None:
                 self._keep(held, False)
+
+    def _count(self, readers, t) -> None:
+        """The bytes of the storage `t` lives in, once per address: what a call's tensors hold together, however
+        many pieces or shapes they come in (a score matrix in B·H·2 buffers of one shape, the thirtieth review's
+        f04). A storage freed and its address reused counts once: pieces that are never alive together are not."""
+        try:
+            storage = readers[6](t)
+            address, size = readers[8](storage), readers[7](storage)
+        except BaseException:  # a sparse or nested tensor: no storage of its own
+            return
+        if address in self.storages:
+            self.storages[address] = max(self.storages[address], size)
+        elif len(self.storages) < MAX_STORAGES:
+            self.storages[address] = size
+        else:
+            self.more += 1
 
     def _keep(self, key: tuple, scores: bool) -> None:
         for kept in (self.seen, self.scores) if scores else (self.seen,):
@@ -834,7 +875,8 @@ class Shapes:
 
     def data(self) -> dict:
         return {"created": [list(s) for s in self.seen], "more": self.more,
-                "scores": [list(s) for s in self.scores], "sequence": self.sequence.hexdigest(), "calls": self.calls}
+                "scores": [list(s) for s in self.scores], "sequence": self.sequence.hexdigest(), "calls": self.calls,
+                "held": sum(self.storages.values())}
 
 
 _READERS: list = []  # torch's C getters Shapes reads a tensor through, bound once
@@ -846,7 +888,8 @@ def _tensor_readers(torch) -> tuple:
     if not _READERS:
         base = torch._C.TensorBase
         _READERS.append((torch.Tensor, base._base.__get__, base.numel, base.shape.__get__, base.element_size,
-                         base.is_complex, base.untyped_storage, torch._C.StorageBase.nbytes))
+                         base.is_complex, base.untyped_storage, torch._C.StorageBase.nbytes,
+                         torch._C.StorageBase.data_ptr))
     return _READERS[0]
 
 

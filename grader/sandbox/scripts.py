@@ -145,12 +145,9 @@ def _unrecorded(torch, cls, record):
     static methods among them) runs with the record paused: the stand-in's torch calls are not the candidate's.
 
     What the candidate's code does with the object (reading a tensor it holds, then calling torch on it) is
-    still recorded: only the stand-in's own code is the grader's. So no code of the file's may run in it: before
-    the pause, the object must be this class's own (no subclass of the file's), and what the method is given and
-    what the object holds must be data of exact types (`_grader_data`), whose reading runs nothing of the file's
-    (a `shape` property would run unrecorded: the twenty-ninth review's f04). A probe (`PROBE`, a class the grader's
-    script alone calls, never the candidate's code) is given the candidate's objects to look at: only its object
-    is checked.
+    still recorded: only the stand-in's own code is the grader's. So no code of the file's may run in the pause
+    (a `shape` property of an argument, the twenty-ninth review's f04; a property set on the stand-in's class, the
+    thirtieth's f05): a method pauses only where `_graders_own` finds nothing of the file's in reach.
     """
     if not isinstance(cls, type):
         raise TypeError(f"the grader's stand-in {getattr(cls, '__name__', '?')} is not a class")
@@ -164,6 +161,9 @@ def _unrecorded(torch, cls, record):
                 members[attribute] = paused
     members.update(__module__=cls.__module__, __qualname__=cls.__qualname__, __doc__=cls.__doc__)
     made.append(type(cls.__name__, (cls,), members))
+    # its classes' namespaces as made: the file reaches them (type(cache)), and a property set there would run in
+    # the pause (the thirtieth review's f05)
+    made.append([(vars(klass), tuple(vars(klass).items())) for klass in made[0].__mro__[:-1]])
     return made[0]
 
 
@@ -184,20 +184,36 @@ def _paused_member(value, record, made, probe, plain):
 def _paused(function, record, made, probe, plain, bound):
     @functools.wraps(function)
     def paused(*args, **kwargs):
-        given = args
-        if bound != "nothing":
-            owner = args[0] if args else None
-            if (owner is not made[0]) if bound == "class" else (type(owner) is not made[0]):
-                raise TypeError(f"the grader's {made[0].__name__} runs only on an object of its own class")
-            if bound == "self" and not probe and not _grader_data(vars(owner), plain, 0):
-                raise TypeError(f"the grader's {made[0].__name__} holds something other than tensors and numbers")
-            given = args[1:]
-        if not probe and not all(_grader_data(a, plain, 0) for a in (*given, *dict.values(kwargs))):
-            raise TypeError(f"the grader's {made[0].__name__} takes tensors and numbers only, nothing else")
+        if not _graders_own(args, kwargs, made, probe, plain, bound):  # the file's code may run in it: recorded
+            return function(*args, **kwargs)
         with record.paused():
             return function(*args, **kwargs)
 
     return paused
+
+
+def _graders_own(args, kwargs, made, probe, plain, bound) -> bool:
+    """Can a stand-in's method run with nothing of the file's in it? Its class as the grader made it, its object of
+    exactly that class, holding and given only `_grader_data` (a probe is given the candidate's objects to look at).
+    Where not, the method runs recorded, the file's code it reaches with it: the stand-in's own calls count as the
+    candidate's then, which only a file that changed or fed it something else pays for."""
+    if type(made[0]) is not type or not all(_same(space, kept) for space, kept in made[1]):
+        return False
+    given = args
+    if bound != "nothing":
+        owner = args[0] if args else None
+        if (owner is not made[0]) if bound == "class" else (type(owner) is not made[0]):
+            return False
+        if bound == "self" and not probe and not _grader_data(vars(owner), plain, 0):
+            return False
+        given = args[1:]
+    return probe or all(_grader_data(a, plain, 0) for a in (*given, *dict.values(kwargs)))
+
+
+def _same(space, kept: tuple) -> bool:
+    """Does a class's namespace hold what it held, each name the same object?"""
+    now = tuple(space.items())
+    return len(now) == len(kept) and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(now, kept, strict=True))
 
 
 def _grader_data(value, plain: tuple, depth: int) -> bool:

@@ -69,11 +69,12 @@ SCORES_BUFFER = changed(
                    "    grid = ("),
 )
 
-# the twenty-seventh review's f02 and the twenty-ninth's f05: flat buffers of the scores, which kernels write and read
-# back, one per batch·head (each a shape the record keeps once; one buffer of them all holds B·H times more)
+# the twenty-seventh review's f02, the twenty-ninth's f05 and the thirtieth's f04: flat buffers of the scores, which
+# kernels write and read back, two per batch·head (each a shape the record keeps once, each under one head's scores)
 FLAT_SCORES_BUFFER = changed(
     "flash_attention",
-    ("    grid = (", "    scores = [torch.empty(t_q * t_k, dtype=torch.float32, device=q.device) for _ in range(batch * heads)]\n"
+    ("    grid = (", "    scores = [torch.empty(t_q * t_k // 2 + 1, dtype=torch.float32, device=q.device)\n"
+                   "              for _ in range(2 * batch * heads)]\n"
                    "    grid = ("),
 )
 
@@ -183,7 +184,7 @@ BUGGY = [
                                                                            "alpha = tl.exp(shift - m)")),
             "flash_attention", "flash_attention.rescale_sign_flipped"),
     Variant("flash_score_matrix", SCORES_BUFFER, "flash_attention", "flash_attention.score_matrix"),
-    Variant("flash_score_buffer_per_head", FLAT_SCORES_BUFFER, "flash_attention", "flash_attention.score_matrix"),
+    Variant("flash_score_buffers_in_pieces", FLAT_SCORES_BUFFER, "flash_attention", "flash_attention.score_matrix"),
     Variant("flash_in_torch", FLASH_IN_TORCH, "flash_attention", "flash_attention.no_kernel"),
     Variant("flash_block_m_ignored", changed(  # the grid by block_m, the kernel's tiles of 16: block_sizes
         "flash_attention", ("BLOCK_M=block_m", "BLOCK_M=16")), "flash_attention"),
