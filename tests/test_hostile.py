@@ -2388,7 +2388,7 @@ def _forward(self, query, key=None, value=None, mask=None):
 MultiHeadAttention.forward = _forward
 """)
     module = step(result, "MultiHeadAttention")
-    assert module.score == 0 and any("mode of the file's under the record" in c.message for c in module.checks), \
+    assert module.score == 0 and any("mode under the record" in c.message for c in module.checks), \
         explain(result)
 
 
@@ -2490,3 +2490,42 @@ CachedSelfAttention.forward = _smuggling_forward
     module = step(result, "CachedSelfAttention")
     rules = next(c for c in module.checks if c.name.endswith("rules"))
     assert rules.points == 0 and "scaled_dot_product_attention" in rules.message, explain(result)
+
+
+def test_a_mode_of_torchs_own_class_carrying_the_files_handler_hides_nothing(grade_source):
+    """The thirty-first review's f01 and f02: a BaseTorchFunctionMode (torch's own class, which the record trusted
+    below it by type) entered at import, given the file's handler on the instance inside the call, ran
+    F.scaled_dot_product_attention unrecorded (100, fair 80). Any mode under the record marks it hidden."""
+    result = grade_source("""
+from types import MethodType
+
+from torch.overrides import BaseTorchFunctionMode
+
+_MODE = BaseTorchFunctionMode()  # torch's own pass-through mode
+_MODE.__enter__()
+
+
+def _forward(self, query, key=None, value=None, mask=None):
+    key = query if key is None else key
+    value = key if value is None else value
+    q, k, v = (split_heads(w(x), self.num_heads) for w, x in ((self.w_q, query), (self.w_k, key), (self.w_v, value)))
+    box = []
+
+    def handler(mode, func, types, args=(), kwargs=None):
+        if not box:
+            box.append(self.w_o(merge_heads(torch.nn.functional.scaled_dot_product_attention(q, k, v,
+                                                                                               attn_mask=mask))))
+        return func(*args, **(kwargs or {}))
+
+    _MODE.__torch_function__ = MethodType(handler, _MODE)  # armed inside the call, gone before it returns
+    try:
+        torch.neg(query[..., :1])
+    finally:
+        del _MODE.__torch_function__
+    return box[0]
+
+
+MultiHeadAttention.forward = _forward
+""")
+    module = step(result, "MultiHeadAttention")
+    assert module.score == 0 and any("mode under the record" in c.message for c in module.checks), explain(result)

@@ -18,6 +18,7 @@ from operator import is_
 
 MAX_SHAPES = 256  # distinct shapes one request records
 MAX_STORAGES = 4096  # distinct storages one request counts the bytes of
+UNDER = "a torch-function mode under the record: what it runs, no record sees"
 # The functions that make scores (products of two tensors) or probabilities of them (exp, what could stand in for
 # it, a softmax): a tiled step's results of these must be tiles (Shapes.scores)
 SCORES = frozenset({
@@ -145,9 +146,7 @@ def make_recorder(torch, lifted):
     passable = frozenset(own_types | plain)  # what an argument may be without running code of the file's own
     hooks = _Hooks(torch)
     kept = _Namespaces(torch, torch_globals, torch_classes, plain)
-    # torch's own modes, which run only torch's code: set_default_device's (below the record, for good), and those
-    # the grader's probes push
-    own_modes = {id(t) for t in _subclasses(TorchFunctionMode) if str.startswith(t.__module__, "torch")}
+    # the torch-function mode stack, which the file may push on (the guard refuses it a look, a pop or a disable)
     modes = (torch._C._len_torch_function_stack, torch._C._get_function_stack_at)
     modules = sys.modules  # the interpreter's own dict, as the worker found it
     quiet = _quiet_warnings()
@@ -177,8 +176,11 @@ def make_recorder(torch, lifted):
             self.seen.add(name)
             kwargs = kwargs or {}
             if not self.hidden:
+                with lifted():
+                    under = modes[0]()  # this record stashed while it handles a call: what is left is under it
                 self.hidden = (why or _hiding(func, name, types, own_types, torch_globals) or hooks.set()
                                or (dispatch_modes() and "a torch dispatch mode, whose Python runs inside every call")
+                               or (under and UNDER)
                                or kept.changed(func)
                                or _foreign_argument(numpy, name, (args, kwargs), passable, torch_globals))
             if reads_as_number(name, args, kwargs):  # before the call: what it raises hands the value back too
@@ -233,21 +235,23 @@ def make_recorder(torch, lifted):
             return False
 
         def __enter__(self):
-            """On the mode stack, at its top. A mode of the file's already there, under it (pushed at import, or left
-            by an earlier call), gets each call after the record has passed it on, with the record stashed: what it
-            runs instead, no record sees (the thirtieth review's f02 and f03)."""
+            """On the mode stack, at its top. Any mode already there, under it (pushed at import, or left by an
+            earlier call), gets each call after the record has passed it on, with the record stashed: what it runs
+            instead, no record sees (the thirtieth review's f02 and f03). Judged by being there, not by its type: a
+            mode of torch's own class can carry the file's handler (the thirty-first's f01). A mode put under it later
+            shows in every call (`__torch_function__`)."""
             with lifted():
                 torch._C._push_on_torch_function_stack(self)
-                below = [modes[1](i) for i in range(modes[0]() - 1)]
-            if not self.hidden and any(id(type(mode)) not in own_modes for mode in below):
-                self.hidden = "a torch-function mode of the file's under the record: what it runs, no record sees"
+                under = modes[0]() - 1
+            if under and not self.hidden:
+                self.hidden = UNDER
             return self
 
         def foreign_modes(self) -> bool:
-            """Is a mode of the file's on the stack above this record (where it gets the grader's own calls first)?"""
+            """Is another mode on the stack than this record (one above it gets the grader's own calls first)?"""
             with lifted():
-                above = [modes[1](i) for i in range(modes[0]())]
-            return any(mode is not self and id(type(mode)) not in own_modes for mode in above)
+                stack = [modes[1](i) for i in range(modes[0]())]
+            return any(mode is not self for mode in stack)
 
         def __exit__(self, *exc):
             """Leave the mode stack as it was entered; a call that popped this mode, or left another above it,

@@ -277,38 +277,39 @@ def block_sizes(run):
                               failure.details) from None
 
 
-# The memory check's sizes: one batch·head's scores (64·160 = 10240) hold more than any input, output, or copy of
-# one padded to blocks of 64 (B·H·192·8 = 4608); all of them, fp32, hold more than every input, output and a padded
-# copy of each together (about 87 KB, B·H·Tq·Tk·4 = 123 KB).
-MEM_TQ, MEM_TK, MEM_D = 64, 160, 8
+# The memory check's sizes: one batch·head's scores (128·256 = 32768) hold more than any input, output, or copy of
+# one padded to blocks of 64 (B·H·256·16 = 12288); all of them, in float32 (393 KB), more than every input and output
+# and a padded copy of each together (272 KB). A head width of 16: the least tl.dot takes compiled; blocks of 64, few
+# programs for the interpreter.
+MEM_TQ, MEM_TK, MEM_D = 128, 256, 16
 
 
 def no_score_matrix(run):
     """No tensor that the launcher's torch calls create holds as many elements as one batch·head's (Tq, Tk) scores
-    (whole, or one per batch·head: the twenty-ninth review's f05; flat too: the twenty-seventh's f02), and all the
-    storages its tensors live in hold fewer bytes than the whole score matrix in float32 (a score matrix in smaller
-    pieces, alive together: the thirtieth's f04). With a head width of 8, the inputs, the outputs and a padded copy
-    of each hold less. Causal; the answer must be right too."""
+    (whole, or one per batch·head: the twenty-ninth review's f05; flat too: the twenty-seventh's f02), causal or not;
+    and without a mask, where every score is needed, all the storages its tensors live in hold fewer bytes than the
+    score matrix in float32 (a matrix in smaller pieces alive together, the thirtieth's f04; causal, the visible
+    scores packed hold a fraction of it, the thirty-first's f03). The answers must be right too."""
     device = triton_device(run)
-    call = run.inputs(torch.float32, t_q=MEM_TQ, t_k=MEM_TK, d=MEM_D, causal=True)
-    answer = run.answer(call, device=device, shapes=True)
-    record = answer.shapes or {"created": [], "more": 0, "held": 0}
-    if record["more"]:
-        raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different shapes: too "
-                          "many to check what it materialises", SCORE_MATRIX)
-    where = f"with Tq={MEM_TQ}, Tk={MEM_TK}, D={MEM_D}, causal"
-    scores = MEM_TQ * MEM_TK
-    for size in record["created"]:
-        if math.prod(size) >= scores:
-            raise CheckFailed(f"{where}: the launcher created a tensor of shape {tuple(size)}, as many elements as a "
-                              f"batch·head's scores ({scores}) or more", SCORE_MATRIX,
-                              {"shape": list(size), "allowed": scores - 1})
-    matrix = 4 * B * H * scores
-    if record.get("held", 0) >= matrix:
-        raise CheckFailed(f"{where}: the launcher's tensors held {record['held']} bytes together, as many as the whole "
-                          f"score matrix in float32 ({matrix}) or more", SCORE_MATRIX,
-                          {"held": record["held"], "allowed": matrix - 1})
-    run.expect_right(run.output(answer), call, device)
+    scores, matrix = MEM_TQ * MEM_TK, 4 * B * H * MEM_TQ * MEM_TK
+    for causal in (True, False):
+        call = run.inputs(torch.float32, t_q=MEM_TQ, t_k=MEM_TK, d=MEM_D, causal=causal, block_m=64, block_n=64)
+        answer = run.answer(call, device=device, shapes=True)
+        record = answer.shapes or {"created": [], "more": 0, "held": 0}
+        if record["more"]:
+            raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different shapes: "
+                              "too many to check what it materialises", SCORE_MATRIX)
+        where = f"with Tq={MEM_TQ}, Tk={MEM_TK}, D={MEM_D}{', causal' if causal else ''}"
+        for size in record["created"]:
+            if math.prod(size) >= scores:
+                raise CheckFailed(f"{where}: the launcher created a tensor of shape {tuple(size)}, as many elements as "
+                                  f"a batch·head's scores ({scores}) or more", SCORE_MATRIX,
+                                  {"shape": list(size), "allowed": scores - 1})
+        if not causal and record.get("held", 0) >= matrix:
+            raise CheckFailed(f"{where}: the launcher's tensors held {record['held']} bytes together, as many as the "
+                              f"whole score matrix in float32 ({matrix}) or more", SCORE_MATRIX,
+                              {"held": record["held"], "allowed": matrix - 1})
+        run.expect_right(run.output(answer), call, device)
 
 
 def speed(run):

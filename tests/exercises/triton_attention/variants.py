@@ -78,6 +78,15 @@ FLAT_SCORES_BUFFER = changed(
                    "    grid = ("),
 )
 
+# the thirty-first review's f03: only the scores a causal mask leaves visible, packed, one buffer per batch·head
+PACKED_SCORES_BUFFER = changed(
+    "flash_attention",
+    ("    grid = (", "    hidden = t_q * (t_q - 1) // 2 if causal and t_q <= t_k else 0\n"
+                   "    scores = [torch.empty(t_q * t_k - hidden, dtype=torch.float32, device=q.device)\n"
+                   "              for _ in range(batch * heads)]\n"
+                   "    grid = ("),
+)
+
 BUGGY = [
     Variant("decode_block_d_rounded_down", changed(  # 16 lanes for a head of 20
         "decode_attention", ("BLOCK_D=triton.next_power_of_2(d)", "BLOCK_D=2 ** int(math.log2(d))")),
@@ -185,6 +194,7 @@ BUGGY = [
             "flash_attention", "flash_attention.rescale_sign_flipped"),
     Variant("flash_score_matrix", SCORES_BUFFER, "flash_attention", "flash_attention.score_matrix"),
     Variant("flash_score_buffers_in_pieces", FLAT_SCORES_BUFFER, "flash_attention", "flash_attention.score_matrix"),
+    Variant("flash_causal_scores_packed", PACKED_SCORES_BUFFER, "flash_attention", "flash_attention.score_matrix"),
     Variant("flash_in_torch", FLASH_IN_TORCH, "flash_attention", "flash_attention.no_kernel"),
     Variant("flash_block_m_ignored", changed(  # the grid by block_m, the kernel's tiles of 16: block_sizes
         "flash_attention", ("BLOCK_M=block_m", "BLOCK_M=16")), "flash_attention"),
