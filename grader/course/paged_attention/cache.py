@@ -168,8 +168,9 @@ def _logical(record: PoolScript, *_) -> bool:
 
 
 def _wrapped(record: PoolScript, *_) -> bool:
-    """An append that crossed a block boundary wrote all its tokens into the block of its first, at slot t %
-    block_size: the later ones wrapped round onto that block's start."""
+    """An append that crossed a block boundary wrote all its tokens into one block, at slot t % block_size: its first
+    token's (the later ones wrapped round onto that block's start) or the table's newest (the earlier ones
+    landed past their block's end, in the new one)."""
     for s in record.seen():
         seq_id, t = record.schedule[s.index]
         keys, table = s.keys[seq_id], _table(s.tables[seq_id])
@@ -181,9 +182,9 @@ def _wrapped(record: PoolScript, *_) -> bool:
         got = _gathered(s.k_cache, [table[start // BLOCK]] * len(last), 0)  # the layout checks alone
         if got is None:
             return False
-        block = s.k_cache[table[start // BLOCK]]
-        return all(torch.equal(block[slot].nan_to_num(), keys[p].to(block.dtype).nan_to_num())
-                   for slot, p in last.items())
+        blocks = (s.k_cache[table[start // BLOCK]], s.k_cache[table[-1]])
+        return any(all(torch.equal(block[slot].nan_to_num(), keys[p].to(block.dtype).nan_to_num())
+                       for slot, p in last.items()) for block in blocks)
     return False
 
 
@@ -507,8 +508,8 @@ CROSSES_BLOCK = Mistake(
     "they belong in the next block; write token by token, or by (block, slot) index tensors",
     raises=Raises(message=r"shape mismatch|must match the size|expanded size|broadcast"))
 WRAPPED = Mistake(
-    "PagedKVCache.append_wrapped_in_one_block", "an append crossing a block boundary wrote every token into its "
-    "first token's block: look each token's block up, table[t // block_size]",
+    "PagedKVCache.append_wrapped_in_one_block", "an append crossing a block boundary wrote every token into one "
+    "block (its first token's, or the newest): look each token's block up, table[t // block_size]",
     why="At slot t % block_size of that one block, the tokens past the boundary overwrite the block's start.",
     test=_wrapped)
 SLOTS_FROM_APPEND = Mistake(

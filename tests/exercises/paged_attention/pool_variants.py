@@ -108,6 +108,12 @@ class PagedKVCache(PagedKVCache):
             self.v_cache[block, t % bs] = v[i]
         self.tables[seq_id], self.lengths[seq_id] = table, end"""),
             "PagedKVCache", "PagedKVCache.append_wrapped_in_one_block"),
+    Variant("pool_append_into_newest_block", append_with(TAKE + """\
+        for i, t in enumerate(range(start, end)):  # after the sequence's last token: in its newest block
+            self.k_cache[table[-1], t % bs] = k[i]
+            self.v_cache[table[-1], t % bs] = v[i]
+        self.tables[seq_id], self.lengths[seq_id] = table, end"""),
+            "PagedKVCache", "PagedKVCache.append_wrapped_in_one_block"),
     Variant("pool_logical_block_written", append_with(TAKE + """\
         for i, t in enumerate(range(start, end)):
             self.k_cache[t // bs, t % bs] = k[i]  # the logical block, not table[t // bs]
