@@ -814,6 +814,7 @@ class Shapes:
         self.scores = {}
         self.more = 0
         self.storages = {}  # the address of each storage a tensor seen lives in: its bytes
+        self.unsorted = 0  # the bytes of those seen past MAX_STORAGES
         self.sequence = BLAKE2B(digest_size=16)
         self.calls = 0
 
@@ -865,8 +866,8 @@ class Shapes:
             self.storages[address] = max(self.storages[address], size)
         elif len(self.storages) < MAX_STORAGES:
             self.storages[address] = size
-        else:
-            self.more += 1
+        else:  # past the bound, each counted whole: more than they hold, never less
+            self.unsorted += size
 
     def _keep(self, key: tuple, scores: bool) -> None:
         for kept in (self.seen, self.scores) if scores else (self.seen,):
@@ -880,7 +881,7 @@ class Shapes:
     def data(self) -> dict:
         return {"created": [list(s) for s in self.seen], "more": self.more,
                 "scores": [list(s) for s in self.scores], "sequence": self.sequence.hexdigest(), "calls": self.calls,
-                "held": sum(self.storages.values())}
+                "held": sum(self.storages.values()) + self.unsorted}
 
 
 _READERS: list = []  # torch's C getters Shapes reads a tensor through, bound once
