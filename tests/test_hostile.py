@@ -2302,13 +2302,11 @@ MultiHeadAttention.forward = _forward
     assert rules.points == 0 and "scaled_dot_product_attention" in rules.message, explain(result)
 
 
-def test_the_graders_stand_in_cache_runs_nothing_of_the_files(grade_source):
-    """The twenty-ninth review's f04: a module handed the grader's stand-in KVCache (its own had lost points) passed
-    append an object whose `shape` property ran F.scaled_dot_product_attention; the stand-in's methods run with the
-    record paused, so the module's rules saw nothing (94, fair 52). A stand-in takes tensors and numbers only, checked
-    by exact type before the pause."""
-    base = (ROOT / "solutions" / "kv_cache.py").read_text()
-    result = grade_source("""
+def _smuggling_cache_module(smuggle: str) -> str:
+    """kv_cache's reference, its KVCache losing points (so a module gets the grader's stand-in) and its module's
+    cached path running `smuggle`, which may put F.scaled_dot_product_attention's answer in `box` out of the record's
+    sight; where it does not, the module calls it in the open."""
+    return """
 _append = KVCache.append
 
 
@@ -2329,6 +2327,23 @@ def _smuggling_forward(self, x, cache=None):
     q, k, v = (w(x).view(B, T, self.num_heads, -1).transpose(1, 2) for w in (self.w_q, self.w_k, self.w_v))
     mask = decode_mask(T, cache.length, device=x.device)
     k, v = cache.append(k, v)
+""" + smuggle + """
+    if not box:
+        box.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+    return self.w_o(box[0].transpose(1, 2).reshape(B, T, D))
+
+
+CachedSelfAttention.forward = _smuggling_forward
+"""
+
+
+def test_the_graders_stand_in_cache_runs_nothing_of_the_files(grade_source):
+    """The twenty-ninth review's f04: a module handed the grader's stand-in KVCache (its own had lost points) passed
+    append an object whose `shape` property ran F.scaled_dot_product_attention; the stand-in's methods run with the
+    record paused, so the module's rules saw nothing (94, fair 52). A stand-in takes tensors and numbers only, checked
+    by exact type before the pause."""
+    base = (ROOT / "solutions" / "kv_cache.py").read_text()
+    result = grade_source(_smuggling_cache_module("""
     box = []
 
     class Smuggler:
@@ -2341,13 +2356,7 @@ def _smuggling_forward(self, x, cache=None):
         cache.append(Smuggler(), Smuggler())
     except Exception:
         pass
-    if not box:
-        box.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
-    return self.w_o(box[0].transpose(1, 2).reshape(B, T, D))
-
-
-CachedSelfAttention.forward = _smuggling_forward
-""", base=base, name="kv_cache.py")
+"""), base=base, name="kv_cache.py")
     module = step(result, "CachedSelfAttention")
     rules = next(c for c in module.checks if c.name.endswith("rules"))
     assert rules.points == 0 and "scaled_dot_product_attention" in rules.message, explain(result)
@@ -2446,27 +2455,7 @@ def test_the_graders_stand_in_class_changed_by_the_file_runs_recorded(grade_sour
     type(cache)), which the stand-in's append read with the record paused: F.scaled_dot_product_attention ran there
     (97, fair 52). A stand-in whose class is not as the grader made it runs recorded, the file's code with it."""
     base = (ROOT / "solutions" / "kv_cache.py").read_text()
-    result = grade_source("""
-_append = KVCache.append
-
-
-def _append_refusing_late(self, k_new, v_new):  # a refused append changes length: KVCache loses points
-    if self.length + k_new.shape[2] > self.max_len:
-        self.length = self.max_len
-    return _append(self, k_new, v_new)
-
-
-KVCache.append = _append_refusing_late
-_forward = CachedSelfAttention.forward
-
-
-def _smuggling_forward(self, x, cache=None):
-    if cache is None:
-        return _forward(self, x)
-    B, T, D = x.shape
-    q, k, v = (w(x).view(B, T, self.num_heads, -1).transpose(1, 2) for w in (self.w_q, self.w_k, self.w_v))
-    mask = decode_mask(T, cache.length, device=x.device)
-    k, v = cache.append(k, v)
+    result = grade_source(_smuggling_cache_module("""
     box, kind = [], type(cache)
     kept = vars(cache)["max_len"]
 
@@ -2480,13 +2469,7 @@ def _smuggling_forward(self, x, cache=None):
         cache.append(k[:, :, :0], v[:, :, :0])  # nothing to write: the stand-in only reads max_len
     finally:
         del kind.max_len
-    if not box:
-        box.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask))
-    return self.w_o(box[0].transpose(1, 2).reshape(B, T, D))
-
-
-CachedSelfAttention.forward = _smuggling_forward
-""", base=base, name="kv_cache.py")
+"""), base=base, name="kv_cache.py")
     module = step(result, "CachedSelfAttention")
     rules = next(c for c in module.checks if c.name.endswith("rules"))
     assert rules.points == 0 and "scaled_dot_product_attention" in rules.message, explain(result)
