@@ -2512,3 +2512,20 @@ MultiHeadAttention.forward = _forward
 """)
     module = step(result, "MultiHeadAttention")
     assert module.score == 0 and any("mode under the record" in c.message for c in module.checks), explain(result)
+
+
+def test_a_triton_kernel_that_makes_an_integer_a_pointer_keeps_no_rule():
+    """The thirty-second review's f01: a score matrix made at import, reached by a kernel that made its integer address
+    a pointer (tl.pointer_type), was in no launch's arguments and no torch call's record: no_score_matrix passed (100,
+    fair 84). A file that makes a pointer of an integer keeps no rule, as one that names a way to blind the record."""
+    from grader.engine import CheckFailed
+    from grader.engine.rules import check_rules
+
+    kernel = ("@triton.jit\ndef scores_kernel(s_addr, n):\n"
+              "    s_ptr = s_addr.to(tl.pointer_type(tl.float32), bitcast=True)\n"
+              "    tl.store(s_ptr + tl.arange(0, 16), 0.0)\n\n\n"
+              "def flash_attention(q, k, v):\n    scores_kernel[(1,)](ADDRESS, 16)\n")
+    with pytest.raises(CheckFailed, match="pointer_type") as failed:
+        check_rules(set(), (), kernel, kernel[kernel.index("def flash_attention"):], allowed=("empty",))
+    assert failed.value.breach  # in the launcher's kernel: the whole step
+    check_rules(set(), (), kernel.replace("pointer_type", "float32"), allowed=("empty",))  # the scan is the name's

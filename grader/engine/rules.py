@@ -47,7 +47,10 @@ TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_s
              "torch._decomp", "torch._refs", "torch._prims", "_decomp.", "_refs.", "_prims.", "interpreters",
              "interpchannels", "interpqueues", "_execution_engine", "run_backward", "_ImperativeEngine", "_EngineBase",
              "torch.jit", "jit.script", "jit.trace", "jit.load", "import jit", "ScriptFunction", "ScriptModule",
-             "CompilationUnit", "parse_ir", "_create_function_from_graph", "_dispatch_call_boxed")
+             "CompilationUnit", "parse_ir", "_create_function_from_graph", "_dispatch_call_boxed",
+             # a Triton kernel that makes an integer a pointer reaches memory no launch argument names (the
+             # thirty-second review's f01: a score matrix made at import, out of the launcher's record)
+             "pointer_type", "int_to_ptr")
 
 
 def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: str = "",

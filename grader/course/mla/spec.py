@@ -309,6 +309,14 @@ def latent_only(run: Run) -> None:
                               "the absorbed path reads only c_kv and k_rope per token", EXPANDED,
                               {"shape": list(size)})
     run.expect_right(run.output(got), call)
+    # A loop over the cached tokens makes no tensor of them all, but as many of their keys or values (the
+    # thirty-second review's f02): its calls grow with Tk, where the absorbed path's are as many for any Tk.
+    longer = run.answer(run.inputs(tq=LATENT_TQ, tk=2 * LATENT_TK, widths=LATENT_WIDTHS), shapes=True).shapes
+    calls = (record.get("calls", 0), (longer or {}).get("calls", 0))
+    if calls[1] > calls[0]:
+        raise CheckFailed(f"with Tk={LATENT_TK} the call made {calls[0]} torch calls, with Tk={2 * LATENT_TK} "
+                          f"{calls[1]}: it works token by token over the cache; the absorbed path reads c_kv and "
+                          "k_rope whole, as many calls for any Tk", EXPANDED, {"calls": list(calls)})
 
 
 ABSORBED = StepSpec(

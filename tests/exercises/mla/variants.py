@@ -232,6 +232,16 @@ def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None)
     y = torch.softmax(scores, dim=-1) @ v
     return y.transpose(1, 2).flatten(2) @ w_o.T
 """, "absorbed_attention", "absorbed_attention.latents_expanded"),
+    Variant("absorbed_by_expanding_token_by_token", """
+def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
+    pairs = [expand_kv(c_kv[:, t:t + 1], w_uk, w_uv, q_nope.shape[1]) for t in range(c_kv.shape[1])]  # a token a time
+    scores = torch.cat([mla_scores(q_nope, q_rope, k, k_rope[:, t:t + 1]) for t, (k, _) in enumerate(pairs)], -1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    y = sum(weights[..., t:t + 1] @ v for t, (_, v) in enumerate(pairs))  # no tensor of every token's values
+    return y.transpose(1, 2).flatten(2) @ w_o.T
+""", "absorbed_attention", "absorbed_attention.latents_expanded"),
     Variant("absorbed_values_through_folded_output", """
 def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
     H, Dn, Dr = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1]
