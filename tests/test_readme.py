@@ -40,5 +40,5 @@ def test_install_and_test_commands_are_the_ones_ci_runs():
     assert f"pip install {torch} --index-url" in README and f"pip install -q {torch}\n" in ci
     assert 'pip install -e ".[test]"' in README  # the kit, to grade
     extras = ".[test,triton,notebook]"  # and what the whole suite needs
-    assert f'pip install -e "{extras}" && python -m pytest -q -n 2 --dist loadgroup\n' in README
-    assert f'pip install -q -e "{extras}"' in ci and "\npython -m pytest -q -n 2 --dist loadgroup\n" in ci
+    assert f'pip install -e "{extras}" && python -m pytest -q -n 2 --dist loadfile\n' in README
+    assert f'pip install -q -e "{extras}"' in ci and "\npython -m pytest -q -n 2 --dist loadfile\n" in ci

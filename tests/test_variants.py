@@ -54,18 +54,30 @@ ALL_CHECKS: dict[str, set[str]] = {c.exercise: set() for c in COURSES}
 SHOWN: dict[str, dict[str, set[str]]] = {c.exercise: {} for c in COURSES}  # variant -> named mistakes shown
 
 
-def together(course: Course):
-    """An exercise's variants and its coverage test run in one process (pytest-xdist's --dist loadgroup): the
-    coverage test reads what the variants' grades recorded."""
-    return pytest.mark.xdist_group(course.exercise)
+# The exercises this module grades; Triton's, the slowest by far, are tests/test_variants_triton.py's (this module's
+# tests, imported there), so that under `--dist loadfile` two processes share the work: an exercise's variants and
+# the coverage test that reads what they recorded stay in one module, hence one process.
+SEPARATE = ("triton_attention",)
+EXERCISES = tuple(name for name in MANIFEST if name not in SEPARATE)
 
 
-def cases(attribute: str):
-    return [
-        pytest.param(course, variant, id=f"{course.exercise}-{variant.name}", marks=together(course))
-        for course in COURSES
-        for variant in getattr(course.variants, attribute, [])
-    ]
+def of(attribute: str):
+    """The test runs on each variant in the list `attribute` of the module's exercises (pytest_generate_tests)."""
+    def mark(test):
+        test.variants = attribute
+        return test
+
+    return mark
+
+
+def pytest_generate_tests(metafunc):
+    courses = [c for c in COURSES if c.exercise in metafunc.module.EXERCISES]
+    attribute = getattr(metafunc.function, "variants", None)
+    if attribute is not None:
+        variants = [(c, v) for c in courses for v in getattr(c.variants, attribute, [])]
+        metafunc.parametrize("course, variant", [pytest.param(c, v, id=f"{c.exercise}-{v.name}") for c, v in variants])
+    elif "course" in metafunc.fixturenames:
+        metafunc.parametrize("course", courses, ids=lambda c: c.exercise)
 
 
 # One cache of check results per exercise, as `attn-grade watch` keeps one per file (grader/run_checks.py): a check
@@ -96,7 +108,7 @@ def _collateral(result, course: Course, step: str) -> list:
     ]
 
 
-@pytest.mark.parametrize("course, variant", cases("BUGGY"))
+@of("BUGGY")
 def test_buggy_variant_loses_points_in_its_own_step(grade_variant, course, variant):
     result = grade_variant(course, variant)
     assert variant.step in lost(result), explain(result)
@@ -105,13 +117,13 @@ def test_buggy_variant_loses_points_in_its_own_step(grade_variant, course, varia
     assert not missing, f"not shown: {sorted(missing)}\n{explain(result)}"
 
 
-@pytest.mark.parametrize("course, variant", cases("CORRECT"))
+@of("CORRECT")
 def test_correct_variant_scores_full_marks(grade_variant, course, variant):
     result = grade_variant(course, variant)
     assert result.full_marks, explain(result)
 
 
-@pytest.mark.parametrize("course, variant", cases("RULES_ONLY"))
+@of("RULES_ONLY")
 def test_rule_breaker_loses_its_step(grade_variant, course, variant):
     result = grade_variant(course, variant)
     if variant.step is None:  # the whole file breaks a rule that is no call (an import): only rules checks pay
@@ -123,7 +135,7 @@ def test_rule_breaker_loses_its_step(grade_variant, course, variant):
     assert not _collateral(result, course, variant.step), explain(result)
 
 
-@pytest.mark.parametrize("course, variant", cases("DEVICE_BUGGY"))
+@of("DEVICE_BUGGY")
 def test_device_bug_loses_only_device_checks(grade_variant, course, variant):
     result = grade_variant(course, variant, device="auto")
     failed = {c.name for s in result.steps for c in s.checks if c.points < c.max_points}
@@ -133,13 +145,12 @@ def test_device_bug_loses_only_device_checks(grade_variant, course, variant):
         assert variant.mistake in mistakes(result, variant.step), explain(result)
 
 
-@pytest.mark.parametrize("course, variant", cases("DEVICE_CORRECT"))
+@of("DEVICE_CORRECT")
 def test_device_correct_variant_scores_full_marks(grade_variant, course, variant):
     result = grade_variant(course, variant, device="auto")
     assert result.full_marks, explain(result)
 
 
-@pytest.mark.parametrize("course", COURSES, ids=lambda c: c.exercise)
 def test_every_step_and_named_mistake_has_a_buggy_variant(course):
     assert {v.step for v in course.variants.BUGGY} == {s.id for s in MANIFEST[course.exercise].steps}
     own = {e.id for e in catalogue.exercise_mistakes(course.exercise)}
@@ -155,13 +166,13 @@ def test_every_general_mistake_has_a_buggy_variant_in_some_exercise():
     assert general <= written_for, f"no variant is written to show: {sorted(general - written_for)}"
 
 
-@pytest.mark.parametrize("course", [pytest.param(c, id=c.exercise, marks=together(c)) for c in COURSES])
 def test_every_check_is_failed_by_some_buggy_variant(course):
-    """Runs after the variant tests above, in their process, from what they recorded."""
+    """Runs after the variant tests above, in their module and so their process, from what they recorded."""
     graded = set(LOST_CHECKS[course.exercise])
     if not graded:
         pytest.skip("needs the exercise's buggy variants graded in this session (none was selected)")
     missing = {v.name for v in course.buggy()} - graded
-    assert not missing, f"not graded in this process (run with --dist loadgroup, as .ci/run does): {sorted(missing)}"
+    assert not missing, ("buggy variants not graded in this process (selected out by -k, or run in another: .ci/run "
+                         f"keeps each file in one, --dist loadfile): {sorted(missing)}")
     never_failed = ALL_CHECKS[course.exercise] - set().union(*LOST_CHECKS[course.exercise].values())
     assert not never_failed, f"no buggy variant fails these checks: {sorted(never_failed)}"
