@@ -5,3 +5,7 @@ from tests.test_variants import *  # noqa: F403 (the tests, their fixture and py
 from tests.test_variants import SEPARATE
 
 EXERCISES = SEPARATE
+
+# Triton's device checks are its values checks on CUDA: it has no device variants, and an empty set of them would
+# show as skipped tests
+del test_device_bug_loses_only_device_checks, test_device_correct_variant_scores_full_marks  # noqa: F821
