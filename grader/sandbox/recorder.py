@@ -11,6 +11,7 @@ this file costs nothing before the zygote imports torch.
 
 import functools
 import hashlib
+import math
 import os
 import sys
 import types
@@ -919,7 +920,12 @@ def _held(readers, t) -> tuple | None:
         return None
     if held <= readers[2](root):
         return None
-    return (held, 2) if readers[5](root) else (held,)
+    # its batch and head axes kept, where the storage divides among them: a slice of an output padded to whole blocks
+    # (o[..., :Tq, :] of (B, H, 48, Dv)) holds its padding per batch and head, not all of it in each
+    shape = tuple(map(int, readers[3](root)))
+    lead = math.prod(shape[:-2]) if len(shape) > 2 else 1
+    size = (*shape[:-2], held // lead) if lead > 1 and held % lead == 0 else (held,)
+    return (*size, 2) if readers[5](root) else size
 
 
 def _shape(readers, t) -> tuple:

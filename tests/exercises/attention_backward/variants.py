@@ -400,6 +400,22 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
 ]
 
 CORRECT = [
+    # the forward's answers slices of buffers padded to whole blocks (blind set 19's c04): their storage holds the
+    # padding, per batch and head, and counts so (recorder._held), not as one flat buffer of everything
+    Variant("function_output_sliced_from_a_padded_buffer", """
+_forward = FlashAttentionFunction.forward
+
+
+def _padded_forward(ctx, q, k, v, causal=False, block_q=32, block_k=32):
+    out = _forward(ctx, q, k, v, causal, block_q, block_k)
+    rows = -(-q.shape[-2] // block_q) * block_q
+    padded = out.new_zeros((*out.shape[:-2], rows, out.shape[-1]))  # (..., Tq padded to whole blocks, Dv)
+    padded[..., :q.shape[-2], :] = out
+    return padded[..., :q.shape[-2], :]
+
+
+FlashAttentionFunction.forward = staticmethod(_padded_forward)
+"""),
     Variant("self_test_that_names_the_runner", """
 if __name__ == "__main__":  # the tenth hostile review's f01: a self-test never run when graded
     q, k, v, g = (torch.randn(1, 2, 5, 4) for _ in range(4))
