@@ -107,8 +107,10 @@ def flash_attention_backward(
     each tile's part added to the gradients of its query and key blocks. At no
     time may more than one block_q × block_k tile of scores per batch and head
     exist (the grader checks the shapes of the tensors your torch calls
-    create). No softmax, no F.scaled_dot_product_attention, and no autograd
-    (torch.autograd, .backward(), torch.func).
+    create). No softmax, no F.scaled_dot_product_attention, no autograd
+    (torch.autograd, .backward(), torch.func), and no tensor's values read into
+    Python (int(), float(), .item(), .tolist(), NumPy, printing one): bounds
+    come from shapes and block sizes.
 
     Why: the backward pass needs P, which the forward never held whole. lse
     gives it back one tile at a time, exactly: e^(S − lse) is the softmax of
@@ -142,7 +144,8 @@ class FlashAttentionFunction(torch.autograd.Function):
         block_q queries × block_k keys at a time, causal bottom-right), getting
         out (..., Tq, Dv) and lse (..., Tq) (a row with no key: out 0, lse -inf);
         save q, k, v, out and lse with ctx.save_for_backward, keep causal and the
-        block sizes on ctx, and return out. float32 or float64; no softmax.
+        block sizes on ctx, and return out. float32 or float64; no softmax, and
+        no tensor's values read into Python (as flash_attention_backward).
         """
         # TODO
         raise NotImplementedError("FlashAttentionFunction.forward: not implemented yet")

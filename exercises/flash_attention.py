@@ -106,8 +106,10 @@ def flash_attention(
     after the last key block, out = acc / l and lse = m + log(l). At no time may
     more than one block_q × block_k tile of scores per batch and head exist (the
     grader checks the shapes of the tensors your torch calls create), and
-    F.scaled_dot_product_attention and any softmax are off limits. Compute in
-    float32 (or float64) whatever q's dtype, as FlashAttention does.
+    F.scaled_dot_product_attention and any softmax are off limits, as is reading
+    a tensor's values into Python (int(), float(), .item(), .tolist(), NumPy,
+    printing one): bounds come from shapes and block sizes. Compute in float32
+    (or float64) whatever q's dtype, as FlashAttention does.
 
     Why: the Tq × Tk score matrix of a long sequence does not fit in a GPU's
     fast on-chip memory (SRAM), and writing it out to slow memory and reading
