@@ -149,8 +149,9 @@ SB_ZEROS = Mistake("softmax_backward.zeros_mishandled", "right for dense probabi
 SOFTMAX = StepSpec(
     "softmax_backward", softmax_inputs, ref.softmax_backward,
     checks=(
-        shape(2), values("values", 3, FLOATS), values("other_dim", 5, situation=SB_DIM, dim=1),
+        shape(2), values("values", 3, FLOATS), values("other_dim", 4, situation=SB_DIM, dim=1),
         values("masked", 3, situation=SB_ZEROS, masked=True),
+        values("noncontiguous", 1, strided=(0, 1)),  # probs and grad_probs as views: no layout assumed
         rules(2), device(2),
     ),
     mistakes=(

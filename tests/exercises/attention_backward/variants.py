@@ -134,6 +134,13 @@ class FlashAttentionFunction(torch.autograd.Function):
 
 BUGGY = [
     # -- softmax_backward -----------------------------------------------------------------------
+    Variant("softmax_backward_flattened_with_view", """
+def softmax_backward(probs, grad_probs, dim=-1):
+    if dim in (-1, probs.dim() - 1):  # the last axis: rows flattened with view, which needs contiguous memory
+        p, g = probs.view(-1, probs.shape[-1]), grad_probs.view(-1, probs.shape[-1])
+        return (p * (g - (p * g).sum(-1, keepdim=True))).view(probs.shape)
+    return probs * (grad_probs - (probs * grad_probs).sum(dim, keepdim=True))
+""", "softmax_backward", "view_non_contiguous"),
     Variant("sb_no_row_sum", softmax_backward("    return probs * grad_probs"),
             "softmax_backward", "softmax_backward.no_row_sum"),
     Variant("sb_sum_not_weighted", softmax_backward(RIGHT_INNER + "\n    return probs * grad_probs - inner"),
