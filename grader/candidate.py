@@ -83,9 +83,11 @@ class Candidate:
         warm_device: bool = False,
         zygote: Zygote | None = None,
         stand_ins: str | Path | None = None,
+        processes: bool = False,
     ):
         """`zygote`: one to borrow (else the candidate starts its own); `stand_ins`: the exercise's stand-ins
-        file, which the worker loads in place of a candidate's class that lost points."""
+        file, which the worker loads in place of a candidate's class that lost points; `processes`: the file's
+        code may start processes (Triton's compilers, on CUDA), which no record sees."""
         self._source = notebook.PythonSource.of(Path(path).resolve())  # UsageError for a broken notebook
         self.path = self._source.path  # the Python the checks read: for a notebook, its code cells
         self.timeout = timeout
@@ -97,7 +99,7 @@ class Candidate:
         self.missing: set[str] = set()  # the functions and classes asked for that the file does not define
         self._broken: dict[str, tuple[str, str]] = {}  # function name -> (kind, message) of why it is not called again
         stand_ins = Path(stand_ins).resolve() if stand_ins is not None else None
-        self._pool = Pool(self.path, memory_limit_mb, import_timeout, warm_device, zygote, stand_ins)
+        self._pool = Pool(self.path, memory_limit_mb, import_timeout, warm_device, zygote, stand_ins, processes)
         self._file_deadline: float | None = None
 
     # -- lifecycle -----------------------------------------------------------------------

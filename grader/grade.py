@@ -59,7 +59,8 @@ def grade(
     warm = found.device_checks and device != "cpu"
     stand_ins = found.folder / "stand_ins.py"
     candidate = Candidate(path, timeout, memory_limit_mb, file_timeout, warm_device=warm, zygote=zygote,
-                          stand_ins=stand_ins if stand_ins.exists() else None)
+                          stand_ins=stand_ins if stand_ins.exists() else None,
+                          processes=warm and "triton" in found.requires)  # Triton compiles with cc and ptxas
     with candidate:
         # The worker is importing torch now; the grader imports pytest and torch beside it (and looks up
         # its own version, which takes a while, only now).

@@ -91,10 +91,11 @@ class Zygote:
     """
 
     def __init__(self, warm_device: bool = False, pid_namespace: bool = True, fs_isolation: bool = True,
-                 portable: bool | None = None):
+                 portable: bool | None = None, processes: bool = False):
         self.warm_device = warm_device
         self.pid_namespace = pid_namespace  # False only to test the grader where the system has none
         self.fs_isolation = fs_isolation  # likewise: False as where the system allows no mount namespace
+        self.processes = processes  # True only to test the bounds on processes that hold where a child may start them
         self.portable = portable_sandbox() if portable is None else portable  # see `portable_sandbox`
         self._start()
 
@@ -274,10 +275,12 @@ class Pool:
         warm_device: bool,
         zygote: Zygote | None,
         stand_ins: Path | None,
+        processes: bool = False,
     ):
         self.memory_limit_mb = memory_limit_mb
         self.import_timeout = import_timeout  # how long a child's pid may take: the zygote forks it at once
         self.warm_device = warm_device
+        self.processes = processes  # each child may start processes (seccomp.py): else the kernel refuses them
         self.stand_ins = stand_ins  # the exercise's stand-ins file, which each child may load
         self.zygote = zygote  # borrowed, or started (and closed) by this pool
         self._owns_zygote = zygote is None
@@ -386,6 +389,7 @@ class Pool:
             "pid_namespace": self.zygote.pid_namespace,
             "fs_isolation": self.zygote.fs_isolation,
             "cuda": self.warm_device,  # where torch sees CUDA, start it before the candidate's code runs
+            "processes": self.processes or self.zygote.processes,
             "stand_ins": str(self.stand_ins) if self.stand_ins is not None else None,
         }
         try:

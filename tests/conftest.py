@@ -106,10 +106,7 @@ def zygote():
         yield shared
 
 
-@pytest.fixture
-def grade_source(tmp_path, zygote):
-    """Grade a candidate made of the reference with `override` appended (later definitions win)."""
-
+def _grader_of(tmp_path, zygote):
     def run(override: str = "", *, base: str = REFERENCE, name: str = "mha.py", **options):
         path = tmp_path / name
         path.write_text(base + "\n\n" + textwrap.dedent(override))
@@ -117,3 +114,23 @@ def grade_source(tmp_path, zygote):
         return grade(path, zygote=zygote, **options)
 
     return run
+
+
+@pytest.fixture
+def grade_source(tmp_path, zygote):
+    """Grade a candidate made of the reference with `override` appended (later definitions win)."""
+    return _grader_of(tmp_path, zygote)
+
+
+@pytest.fixture(scope="session")
+def process_zygote():
+    """A zygote whose children may start processes, as one grading Triton on CUDA does (its compilers): for the
+    bounds that hold only there (a process limit, memory shared with children, what outlives a grade)."""
+    with Zygote(processes=True) as shared:
+        yield shared
+
+
+@pytest.fixture
+def grade_with_processes(tmp_path, process_zygote):
+    """`grade_source`, in children that may start processes."""
+    return _grader_of(tmp_path, process_zygote)

@@ -234,11 +234,34 @@ def merge_heads(x):
 """
 
 
+@needs_namespaces  # the kernel's filter (seccomp.py) is Linux's
+@pytest.mark.parametrize("how", [
+    "os.fork()", "subprocess.Popen([sys.executable, '-c', 'pass'])",
+    # no audit event: only the kernel refuses it (the thirty-fourth review's F1)
+    "import _posixsubprocess; r, w = os.pipe(); _posixsubprocess.fork_exec([b'/x'], [b'/x'], False, (), None, None,"
+    " -1, -1, -1, -1, -1, -1, r, w, False, False, 0, None, None, None, -1, lambda: os._exit(0), False)",
+])
+def test_7_a_process_started_in_a_step_is_refused_and_says_so(grade_source, how):
+    """What a process of the candidate's computes, no record sees (untiled attention in a fork, sent back through a
+    pipe, kept every point): the kernel refuses it, and the step that tried fails."""
+    result = grade_source(f"""
+    import os, subprocess, sys
+    def merge_heads(x):
+        {how}
+        B, H, T, Dh = x.shape
+        return x.transpose(1, 2).reshape(B, T, H * Dh)
+    """)
+    assert set(lost(result)) == {"merge_heads"} | STEPS_OF_MODULE, explain(result)
+    said = messages(result, "merge_heads")
+    assert all("refuses starting a process" in m or "Operation not permitted" in m for m in said), explain(result)
+
+
 @needs_namespaces  # a subreaper (Linux) finds what left its session; see docs/sandbox.md
-def test_7_no_process_the_candidate_started_outlives_the_grade(grade_source):
+def test_7_no_process_the_candidate_started_outlives_the_grade(grade_with_processes):
+    """Where a child may start processes (Triton's compilers, on CUDA), none outlives the grade."""
     mark = f"424{os.getpid()}"  # this run's own: another suite on the machine starts the same processes
     start = time.monotonic()
-    result = grade_source(ESCAPES.replace("424", mark))
+    result = grade_with_processes(ESCAPES.replace("424", mark))
     assert time.monotonic() - start < 60
     assert result.full_marks, explain(result)
     # the last child's are swept as the grade ends (the zygote answers the kill first): wait for that, bounded
@@ -1136,8 +1159,8 @@ def _host_segment(key: int) -> bool:
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "aarch64"), reason="the keyring filter knows these two")
 @needs_namespaces
-def test_13_no_system_v_ipc_or_keyring_reaches_past_a_child(grade_source):
-    result = grade_source(SYSV_AND_KEYS)
+def test_13_no_system_v_ipc_or_keyring_reaches_past_a_child(grade_with_processes):
+    result = grade_with_processes(SYSV_AND_KEYS)  # a Python of its own asks for the keyring: ctypes is refused here
     out = result.candidate_output
     assert result.full_marks, explain(result)
     assert "segment made: True" in out  # a namespace of its own: allowed, and gone with it
@@ -2049,8 +2072,12 @@ def test_triton_launchers_that_read_their_inputs_outside_torch_break_their_rule(
     pytest.importorskip("triton")
     base = (ROOT / "solutions" / "triton_attention.py").read_text()
     result = grade_source(TRITON_CHANNELS, base=base, name="triton_attention.py")
-    for launcher in ("softmax", "flash_attention", "decode_attention"):
+    for launcher in ("softmax", "flash_attention"):
         assert step(result, launcher).score == 0 and step(result, launcher).breach, (launcher, explain(result))
+    # sharing a storage through a file starts torch's shared-memory manager, a process: the kernel refuses it first
+    said = messages(result, "decode_attention")
+    assert step(result, "decode_attention").score == 0, explain(result)
+    assert step(result, "decode_attention").breach or all("not permitted" in m for m in said), explain(result)
 
 
 def test_a_tiled_step_that_raises_on_the_graders_next_call_breaks_its_rule(grade_source):
@@ -2529,3 +2556,90 @@ def test_a_triton_kernel_that_makes_an_integer_a_pointer_keeps_no_rule():
         check_rules(set(), (), kernel, kernel[kernel.index("def flash_attention"):], allowed=("empty",))
     assert failed.value.breach  # in the launcher's kernel: the whole step
     check_rules(set(), (), kernel.replace("pointer_type", "float32"), allowed=("empty",))  # the scan is the name's
+
+
+def test_scores_folded_so_their_leading_axis_is_a_multiple_of_batch_and_heads_are_judged_by_their_total():
+    """The thirty-third review's f03: one head's S, P, dP and dS held as (18, 45, 6), 18 key groups of B·H = 6
+    columns each: divided by B·H as though it held every head, it passed (100, fair 94). What a product or an
+    exponential returns holds at most a tile's worth of every batch and head together, whatever its layout."""
+    from grader.course.attention_backward.memory import MEM
+
+    assert MEM.violation({"created": [[18, 45, 6]], "more": 0, "scores": [[18, 45, 6]]}) is not None
+    assert MEM.crowded((18, 45, 6)) and not MEM.too_large((18, 45, 6))  # the old rules passed it
+    tile, values_tile, statistics = (MEM.b, MEM.h, MEM.block_q, MEM.block_k), (MEM.b, MEM.h, MEM.block_k, MEM.dv), \
+        (MEM.b, MEM.h, MEM.t_q)
+    blocks = (3 * MEM.b * MEM.h, MEM.block_q, MEM.d)  # the queries cut into blocks, stacked: not scores
+    record = {"created": [list(blocks), list(tile)], "more": 0, "scores": [list(s) for s in (tile, values_tile, statistics)]}
+    assert MEM.violation(record) is None
+
+
+ABSORBED_IN_PIECES = """
+def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
+    # every head's keys and values, made from the latents PIECES at a time (or padded by one token): no absorbing
+    H = q_nope.shape[1]
+    if PIECES == 0:
+        c_kv = torch.cat([c_kv, c_kv.new_zeros(c_kv.shape[0], 1, c_kv.shape[-1])], dim=1)
+        k_rope = torch.cat([k_rope, k_rope.new_zeros(k_rope.shape[0], 1, k_rope.shape[-1])], dim=1)
+        if mask is not None:
+            mask = torch.cat([mask, mask.new_zeros(*mask.shape[:-1], 1)], dim=-1)
+        else:
+            mask = torch.ones(q_nope.shape[2], c_kv.shape[1], dtype=torch.bool)
+            mask[:, -1] = False
+    pieces = max(PIECES, 1)
+    scores, values = [], []
+    for c, kr in zip(c_kv.tensor_split(pieces, dim=1), k_rope.tensor_split(pieces, dim=1)):
+        k_nope, v = expand_kv(c, w_uk, w_uv, H)
+        values.append(v)
+        scores.append(mla_scores(q_nope, q_rope, k_nope, kr))
+    s = torch.cat(scores, dim=-1)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    y = sum(pp @ v for pp, v in zip(p.split([v.shape[2] for v in values], dim=-1), values))
+    B, _, Tq, _ = y.shape
+    return y.transpose(1, 2).reshape(B, Tq, -1) @ w_o.T
+"""
+
+
+@pytest.mark.parametrize("pieces", [0, 2], ids=["padded", "halves"])
+def test_latents_expanded_padded_or_in_a_fixed_number_of_pieces_lose_latent_only(grade_source, pieces):
+    """The thirty-third review's f02 (every head's keys over Tk + 1 tokens) and the thirty-fourth's F2 (in two halves,
+    as many calls at any Tk): neither tensor had Tk's factor (100, fair 97). With one query, no tensor of the absorbed
+    path holds a per-head width Tk times or more."""
+    base = (ROOT / "solutions" / "mla.py").read_text()
+    result = grade_source(ABSORBED_IN_PIECES.replace("PIECES", str(pieces)), base=base, name="mla.py")
+    absorbed = step(result, "absorbed_attention")
+    failed = [c for c in absorbed.checks if c.points < c.max_points]
+    assert [c.name for c in failed] == ["absorbed_attention_latent_only"], explain(result)
+    assert "keys or values of every token" in failed[0].message, explain(result)
+
+
+OUT_OF_BOUNDS_KERNEL = '''
+_SCRATCH = torch.zeros(64)  # made at import: no launch names it, no record of a call sees it
+_flash = flash_attention
+
+
+@triton.jit
+def _scratch_kernel(out_ptr, address):
+    pointer = address.to(out_ptr.dtype)  # an integer made a pointer by another argument's type
+    tl.store(pointer + tl.arange(0, 16), tl.full((16,), 1.0, tl.float32))
+
+
+def flash_attention(q, k, v, causal=False, block_m=16, block_n=16):
+    out = _flash(q, k, v, causal, block_m, block_n)
+    _scratch_kernel[(1,)](out[0], _SCRATCH.data_ptr())
+    return out
+'''
+
+
+def test_a_triton_kernel_that_touches_memory_outside_its_launch_keeps_no_rule(grade_source):
+    """The thirty-third review's f01: an integer address cast to another argument's pointer type (`x.to(p.dtype)`),
+    named nowhere in the file, reached a buffer made at import (100, fair 84). Each load and store of an interpreted
+    kernel must fall in its launch's tensors (sandbox/kernels.py): the call hid what it touched."""
+    pytest.importorskip("triton")
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    result = grade_source(OUT_OF_BOUNDS_KERNEL, base=base, name="triton_attention.py")
+    flash = step(result, "flash_attention")
+    assert flash.score == 0 and flash.breach, explain(result)
+    assert any("outside its launch's tensors" in m for m in messages(result, "flash_attention")), explain(result)
+    assert {"softmax", "decode_attention"}.isdisjoint(lost(result)), explain(result)

@@ -18,7 +18,7 @@ def test_the_report_says_how_the_workers_are_bounded(grade_source):
                                             "per user (RLIMIT_NPROC)")
 
 
-def test_memory_spread_over_forked_processes_is_bounded_together(grade_source):
+def test_memory_spread_over_forked_processes_is_bounded_together(grade_with_processes):
     """Each process stays under the per-process limit; together they pass the child's: the kernel ends some.
     Done once per worker, at import, with small sizes: the test's point is the sum, not the size."""
     code = """
@@ -34,7 +34,7 @@ def test_memory_spread_over_forked_processes_is_bounded_together(grade_source):
             children.append(pid)
         print("children ended:", [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children])
     """
-    result = grade_source(textwrap.dedent(code), memory_limit_mb=512)
+    result = grade_with_processes(textwrap.dedent(code), memory_limit_mb=512)
     if result.environment.get("limits") != TOGETHER:
         pytest.skip(f"no memory cgroup here: {result.environment.get('limits')}")
     # the kernel ends what passed the bound: some of the five, or the worker itself (then the file fails)

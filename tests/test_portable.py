@@ -24,14 +24,28 @@ from tests.conftest import REFERENCE, ROOT, STUB, explain, lost, mistakes, save,
 from tests.exercises.mha.variants import BUGGY
 
 
+def _portable(processes: bool = False) -> Zygote:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(SANDBOX_ENV, "portable")
+        return Zygote(processes=processes)
+
+
 @pytest.fixture(scope="module")
 def portable_zygote():
     """A zygote made as the variable asks: every child in the portable sandbox."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(SANDBOX_ENV, "portable")
-        zygote = Zygote()
-    with zygote:
+    with _portable() as zygote:
         yield zygote
+
+
+def test_a_process_started_in_a_step_is_refused_by_the_guard_where_there_is_no_filter(tmp_path, portable_zygote):
+    """No seccomp filter here: the guard refuses the audit events that start a process (os.fork, subprocess)."""
+    path = tmp_path / "mha.py"
+    path.write_text(REFERENCE + "\n\nimport os\n_softmax = softmax\n\ndef softmax(scores, dim=-1):\n    os.fork()\n"
+                    "    return _softmax(scores, dim)\n")
+    result = grade(path, zygote=portable_zygote, device="cpu")
+    assert set(lost(result)) == {"softmax", "MultiHeadAttention"}, explain(result)
+    said = [c.message for s in result.steps if s.id == "softmax" for c in s.checks if c.points < c.max_points]
+    assert said and all("refuses starting a process (os.fork)" in m for m in said), explain(result)
 
 
 def test_the_variable_forces_the_portable_sandbox_on_linux_and_other_systems_always_have_it(monkeypatch):
@@ -109,12 +123,14 @@ def softmax(scores, dim=-1):
 """
 
 
-def test_a_hang_is_killed_at_its_timeout_with_what_the_step_started(tmp_path, portable_zygote):
+def test_a_hang_is_killed_at_its_timeout_with_what_the_step_started(tmp_path):
+    """Where a child may start processes (Triton's compilers, on CUDA), a hang's are ended with it."""
     path = tmp_path / "mha.py"
     mark = f"425{os.getpid()}"  # this run's own: another suite on the machine starts the same processes
     path.write_text(REFERENCE + "\n\n" + LEFT_BEHIND.replace("425", mark))
     start = time.monotonic()
-    result = grade(path, zygote=portable_zygote, device="cpu", timeout=1.0)
+    with _portable(processes=True) as zygote:
+        result = grade(path, zygote=zygote, device="cpu", timeout=1.0)
     assert time.monotonic() - start < 60
     assert set(lost(result)) == {"softmax", "MultiHeadAttention"}, explain(result)
     assert any("timed out" in c.message for s in result.steps if s.id == "softmax" for c in s.checks), explain(result)

@@ -12,6 +12,7 @@ import ctypes
 import importlib.util
 import os
 import platform
+import sys
 import textwrap
 import threading
 
@@ -805,31 +806,48 @@ def test_an_attack_on_the_record_keeps_no_rule_points(grade_source, attack):
 
 
 @pytest.mark.skipif(PORTABLE or platform.machine() not in ("x86_64", "aarch64"), reason="no system-call filter here")
-def test_the_kernel_refuses_a_thread_to_a_process_with_the_filter():
-    """Where the Python guard missed a way to start a thread, the kernel refuses it (seccomp.py)."""
+@pytest.mark.parametrize("processes, expected", [
+    (False, "refused: can't start new thread; fork refused: [Errno 1] Operation not permitted; "
+            "exec refused: [Errno 1] Operation not permitted"),
+    (True, "refused: can't start new thread; a process ended with 7"),
+], ids=["processes refused", "processes allowed"])
+def test_the_kernel_refuses_threads_and_processes_to_a_process_with_the_filter(processes, expected):
+    """Where the Python guard missed a way to start a thread or a process, the kernel refuses it (seccomp.py); a
+    child that may start processes (Triton's compilers, on CUDA) still starts no thread."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        os.close(read)
-        ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # no_new_privs, as the worker has after dropping its capabilities
-        seccomp = _load("grader/sandbox/seccomp.py")
         outcome = "no filter"
-        if seccomp.install():
-            try:
-                threading.Thread(target=lambda: None).start()
-                outcome = "a thread started"
-            except RuntimeError as error:
-                outcome = f"refused: {error}"
-            child = os.fork()  # a process is no thread: still allowed
-            if child == 0:
-                os._exit(7)
-            outcome += f"; a process ended with {os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])}"
-        os.write(write, outcome.encode())
-        os._exit(0)
+        try:  # whatever happens here, this copy of the test run ends here
+            os.close(read)
+            ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # no_new_privs, as the worker has after dropping its capabilities
+            seccomp = _load("grader/sandbox/seccomp.py")
+            if seccomp.install(processes):
+                try:
+                    threading.Thread(target=lambda: None).start()
+                    outcome = "a thread started"
+                except RuntimeError as error:
+                    outcome = f"refused: {error}"
+                try:
+                    child = os.fork()
+                    if child == 0:
+                        os._exit(7)
+                    outcome += f"; a process ended with {os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])}"
+                except OSError as error:
+                    outcome += f"; fork refused: {error}"
+                    try:  # exec replaces this process: refused, it goes on
+                        os.execv(sys.executable, [sys.executable, "-c", "pass"])
+                    except OSError as error:
+                        outcome += f"; exec refused: {error}"
+        except BaseException as error:
+            outcome = f"{type(error).__name__}: {error}"
+        finally:
+            os.write(write, outcome.encode())
+            os._exit(0)
     os.close(write)
     outcome = os.read(read, 1000).decode()
     os.waitpid(pid, 0)
-    assert outcome == "refused: can't start new thread; a process ended with 7"
+    assert outcome == expected
 
 
 def _load(path):
@@ -1028,7 +1046,7 @@ def test_an_answer_the_candidate_writes_to_the_workers_pipe_is_refused(grade_sou
 
 
 @pytest.mark.skipif(PORTABLE, reason="the portable sandbox has no system-call filter and no /proc of its own")
-def test_the_workers_memory_is_out_of_reach_of_its_code_and_of_what_it_starts(grade_source):
+def test_the_workers_memory_is_out_of_reach_of_its_code_and_of_what_it_starts(grade_with_processes):
     code = """
         import os, subprocess, sys
         def _peek():
@@ -1049,7 +1067,7 @@ def test_the_workers_memory_is_out_of_reach_of_its_code_and_of_what_it_starts(gr
             print("PEEK", seen)
         _peek()
     """
-    result = grade_source(textwrap.dedent(code))
+    result = grade_with_processes(textwrap.dedent(code))  # where a child may start a process, it reads nothing
     peeks = [line for line in result.candidate_output.splitlines() if line.startswith("PEEK")]
     expected = "PEEK ['Refused', 'Refused', 0, '-1']"  # the guard, then /dev/null where the memory was, then EPERM
     assert peeks and all(line == expected for line in peeks), result.candidate_output[-999:]

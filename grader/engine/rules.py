@@ -50,7 +50,9 @@ TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_s
              "CompilationUnit", "parse_ir", "_create_function_from_graph", "_dispatch_call_boxed",
              # a Triton kernel that makes an integer a pointer reaches memory no launch argument names (the
              # thirty-second review's f01: a score matrix made at import, out of the launcher's record)
-             "pointer_type", "int_to_ptr")
+             "pointer_type", "int_to_ptr",
+             # the interpreter's own loads and stores, on any address, from Python (sandbox/kernels.py checks Triton's)
+             "libtriton")
 
 
 def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: str = "",

@@ -85,6 +85,20 @@ class TileSizes:
             return f"a {a} × {z} strip of scores, more than a block_q × block_k tile"
         return ""
 
+    def crowded(self, size) -> str:
+        """Why what a product or an exponential returned holds more than one tile's worth of every batch and head
+        together ('' if it does not): a tile of scores, a tile's rows or columns against a head's width, or one
+        statistic per query or key, B·H times. Judged by the total, whatever the layout: a leading axis that is a
+        multiple of B·H may be key groups of one head (the thirty-third review's f03, (18, 45, 6)), not heads."""
+        pad = lambda t, b: -(-t // b) * b  # noqa: E731
+        width = max(self.d, self.dv)
+        most = max(self.tile, self.block_q * width, self.block_k * width, pad(self.t_q, self.block_q),
+                   pad(self.t_k, self.block_k))
+        n = math.prod(size)
+        if n > self.b * self.h * most:
+            return f"{n} scores made at once, more than a tile for every batch and head ({self.b * self.h * most})"
+        return ""
+
     def distinct(self) -> bool:
         """No length (padded or not) is a width, a block or a count of batches or heads: sizes at which the strip
         rules read a tensor's axes unambiguously, as they do at tiles_only's own."""
@@ -111,10 +125,11 @@ class TileSizes:
         if record["more"]:
             return (), f"more than {len(record['created'])} different shapes: too many to check what it materialises"
         if not strips:
-            return next(((tuple(s), self.too_large(s)) for s in (*record["created"], *record["scores"])
-                         if self.too_large(s)), None)
+            found = [(s, self.too_large(s)) for s in record["created"]]
+            found += [(s, self.too_large(s) or self.crowded(s)) for s in record["scores"]]
+            return next(((tuple(size), why) for size, why in found if why), None)
         found = [(s, self.too_large(s) or self.strip(s, scores=False)) for s in record["created"]]
-        found += [(s, self.strip(s)) for s in record["scores"]]
+        found += [(s, self.crowded(s) or self.strip(s)) for s in record["scores"]]
         return next(((tuple(size), why) for size, why in found if why), None)
 
     def describe(self, causal: bool) -> str:

@@ -72,6 +72,10 @@ ORIGINAL = "attn_grade.original"  # the audit event by which a guarded function 
 # signal.signal calls _signal.signal, and threading holds its own name for _thread's: each is guarded.
 # A library of operators of the file's own (torch.library.Library) runs its Python kernels inside torch's dispatch,
 # where the record is stashed; an automatic garbage collection could start there too (serve.py turns it off).
+# Starting a process, refused where the child may not (seccomp.py refuses it in the kernel, on Linux): what a process
+# computes, no record sees. These say so; `_posixsubprocess.fork_exec` raises no event, and only the kernel stops it.
+PROCESS_EVENTS = ("os.fork", "os.forkpty", "os.posix_spawn", "os.spawn", "os.exec", "os.system", "subprocess.Popen",
+                  "os.startfile")
 REFUSED_CALLS = ("signal.signal", "_signal.signal", "_thread.start_new_thread", "_thread.start_new",
                  "threading._start_new_thread", "torch._C._dispatch_library", "gc.enable")
 # The ways a tensor's or a storage's bytes reach Python with no torch call to record, each replaced by a stand-in
@@ -115,8 +119,9 @@ class Refused(AttributeError, ValueError):
 
 def install(torch):
     """Ready the guard in the zygote, once; return `arm` and `lifted`, to be held in locals (a frame is the only
-    way to them). A child calls `arm(record)` before the candidate's file is imported: from then on the back doors
-    are closed, and a storage's bytes read are told to `record` (its `storage_read()`); under `lifted()` the
+    way to them). A child calls `arm(record, processes)` before the candidate's file is imported: from then on the
+    back doors are closed (and processes, unless it may start them), and a storage's bytes read are told to
+    `record` (its `storage_read()`); under `lifted()` the
     worker's own code may read frames and the mode stack. Until armed, nothing is refused: the zygote and the
     child's setup use ctypes and the object graph freely.
 
@@ -134,6 +139,7 @@ def install(torch):
     readers, resizable = _readers(torch)
     storage_type = torch._C.StorageBase
     watched = [None]  # the record a storage's bytes read are told to, once armed
+    starts = [True]  # may the child start processes (until armed, and where `arm` says so)?
 
     def hook(event, args):
         if event == "builtins.id":  # the commonest event by far (the record compares types by id): nothing to refuse
@@ -178,6 +184,8 @@ def install(torch):
         args = tuple(_plain(a) for a in args)
         if event in REFUSED_EVENTS or event.startswith("ctypes."):
             raise Refused(f"the sandbox refuses {event}")
+        if event in PROCESS_EVENTS and not starts[0]:
+            raise Refused(f"the sandbox refuses starting a process ({event}): what it computes, no record sees")
         # No one gets a frame, torch's code included: what asks for one in torch (torch.library, torch._dynamo) is
         # never needed to grade, and any of its functions can be rebuilt by the file from torch's own compiled text
         if event == "sys._getframe":
@@ -226,8 +234,9 @@ def install(torch):
             setattr(module, attribute, _guarded(name))
     sys.addaudithook(hook)
 
-    def arm(record):
+    def arm(record, processes: bool = False):
         watched[0] = record
+        starts[0] = processes
         loaded.update(sys.modules)
         torch_globals.update(id(vars(m)) for n, m in list(sys.modules.items())
                              if (n == "torch" or n.startswith("torch.")) and hasattr(m, "__dict__"))

@@ -156,6 +156,7 @@ def make_recorder(torch, lifted):
     dispatch_modes = torch._C._len_torch_dispatch_stack  # modes below this one, whose Python runs inside a call
     reads_as_number = _number_reader(torch)
     foreign = _foreign_finder(torch)
+    kernels = sys.modules["_attn_grade_sandbox_kernels"]  # this folder's, loaded by path by worker.py
 
     class Recorder(TorchFunctionMode):
         """Records the name of every torch function called while it is active.
@@ -171,6 +172,7 @@ def make_recorder(torch, lifted):
         shapes = None  # a Shapes while a request asks for the shapes of what the call creates (`"shapes": true`)
         changed: list = []  # the arguments a call changed in place
         gradients = 0  # how many of torch.autograd's backward passes are running (one inside another when > 1)
+        unwatch = None  # puts Triton's interpreter back as the record leaves (kernels.py), while it runs
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             name, why = _name(func, torch_classes, torch_callables)
@@ -246,6 +248,7 @@ def make_recorder(torch, lifted):
                 under = modes[0]() - 1
             if under and not self.hidden:
                 self.hidden = UNDER
+            self.unwatch = kernels.watch(torch, self)  # what Triton's interpreter touches (kernels.py)
             return self
 
         def foreign_modes(self) -> bool:
@@ -257,6 +260,9 @@ def make_recorder(torch, lifted):
         def __exit__(self, *exc):
             """Leave the mode stack as it was entered; a call that popped this mode, or left another above it,
             hid what it did after that from the record."""
+            unwatch, self.unwatch = self.unwatch, None
+            if unwatch is not None:
+                unwatch()
             with lifted():
                 depth = torch._C._len_torch_function_stack()
                 stack = [torch._C._get_function_stack_at(i) for i in range(depth)]

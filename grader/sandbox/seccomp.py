@@ -9,8 +9,12 @@
 - A new thread fails: clone with CLONE_THREAD fails with EPERM, and clone3, whose flags a filter cannot
   read, with ENOSYS, so the C library falls back to clone (Python's `threading` then raises "can't start
   new thread"). The worker's record of a call's torch functions is per thread: a call on a thread of the
-  candidate's would go unrecorded. Processes (fork, subprocess: clone without CLONE_THREAD) are bound by
-  the pids cgroup or RLIMIT_NPROC instead.
+  candidate's would go unrecorded.
+- So does a new process (fork, vfork, clone without CLONE_THREAD, execve, execveat): what a process of the
+  candidate's computes, no record in the worker sees (the thirty-fourth review's F1: untiled attention in a
+  fork, its answer sent back through a pipe). `_posixsubprocess.fork_exec` raises no audit event, so only
+  the kernel can refuse it. Where a child must start processes (`processes`: Triton's C compiler and ptxas
+  on CUDA), they are bound by the pids cgroup or RLIMIT_NPROC instead, and are not recorded.
 - System calls of another ABI than the native one (i386's on x86_64, x32's) fail the same way, so the
   numbers cannot be dodged.
 
@@ -28,10 +32,11 @@ PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
 CLONE_THREAD = 0x00010000
 EPERM, ENOSYS = 1, 38
 # By architecture: its audit number, the calls refused outright (the keyring's add_key, request_key and keyctl;
-# ptrace, process_vm_readv and process_vm_writev), clone and clone3.
+# ptrace, process_vm_readv and process_vm_writev), those that start a process other than by clone (fork, vfork,
+# execve, execveat; aarch64 has only the last two), clone and clone3.
 CALLS = {
-    "x86_64": (0xC000003E, (248, 249, 250, 101, 310, 311), 56, 435),
-    "aarch64": (0xC00000B7, (217, 218, 219, 117, 270, 271), 220, 435),
+    "x86_64": (0xC000003E, (248, 249, 250, 101, 310, 311), (57, 58, 59, 322), 56, 435),
+    "aarch64": (0xC00000B7, (217, 218, 219, 117, 270, 271), (221, 281), 220, 435),
 }.get(platform.machine())
 
 # BPF: load a word of seccomp_data, jump if ==, if >=, if any bit set, return
@@ -40,11 +45,13 @@ ALLOW, ERRNO = 0x7FFF0000, 0x00050000  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | 
 NR, ARCH, FLAGS = 0, 4, 16  # offsets in seccomp_data: the call's number, the ABI, the low word of args[0]
 
 
-def install() -> bool:
-    """Install the filter; False where this machine's architecture has no table here (nothing is refused)."""
+def install(processes: bool = False) -> bool:
+    """Install the filter; False where this machine's architecture has no table here (nothing is refused). With
+    `processes`, a process may be started (a clone without CLONE_THREAD, fork, exec): threads are refused still."""
     if CALLS is None:
         return False
-    arch, refused, clone, clone3 = CALLS
+    arch, refused, starts, clone, clone3 = CALLS
+    refused = refused if processes else refused + starts
     # Each instruction is (label, code, jump if true, jump if false, value); a jump names its target's
     # label, turned into the count of instructions it skips below.
     program = [
@@ -58,8 +65,8 @@ def install() -> bool:
         ("", EQUAL, "clone", 0, clone),
         ("", GIVE, 0, 0, ALLOW),
         ("no clone3", GIVE, 0, 0, ERRNO | ENOSYS),
-        ("clone", LOAD, 0, 0, FLAGS),  # a thread, or a process?
-        ("", ANY_BIT, "refuse", "allow", CLONE_THREAD),
+        *([("clone", LOAD, 0, 0, FLAGS),  # a thread, or a process?
+           ("", ANY_BIT, "refuse", "allow", CLONE_THREAD)] if processes else [("clone", GIVE, 0, 0, ERRNO | EPERM)]),
         ("refuse", GIVE, 0, 0, ERRNO | EPERM),
         ("allow", GIVE, 0, 0, ALLOW),
     ]

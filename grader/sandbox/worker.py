@@ -52,7 +52,7 @@ import traceback
 from typing import NoReturn
 
 # this folder's modules the worker runs
-SIBLINGS = ("limits", "isolation", "seccomp", "guard", "recorder", "answered", "serve", "scripts", "warm")
+SIBLINGS = ("limits", "isolation", "seccomp", "guard", "kernels", "recorder", "answered", "serve", "scripts", "warm")
 PRIVATE_PREFIX = "_attn_grade_sandbox_"  # their names here: no import of the grader package finds them
 SANDBOX_SETUP_TIMEOUT = 10.0  # seconds the zygote waits for a child to say whether it is isolated
 BUG_EXIT = 70  # the zygote's exit status for "a bug here, not the candidate's doing" (EX_SOFTWARE)
@@ -410,12 +410,14 @@ def _child(wire, torch, request, fds, cuda: bool, status_fd: int, plan: dict, st
         told = True
         for name in request.get("preload", []):  # what the exercise needs loaded before the guard is armed
             importlib.import_module(name)
+        processes = request.get("processes", False) is True  # Triton's compilers on CUDA start processes
         if not PORTABLE:
             isolation.drop_capabilities()
-            seccomp.install()
+            seccomp.install(processes)
         _hide_worker()
         key = bytes.fromhex(request["key"])  # this child's frames are signed with it (wire.py, `signature`)
-        serve.serve(wire, torch, request["candidate"], read_fd, write_fd, cuda, stand_ins, (arm, lifted, record), key)
+        armed = (lambda kept: arm(kept, processes), lifted, record)
+        serve.serve(wire, torch, request["candidate"], read_fd, write_fd, cuda, stand_ins, armed, key)
         if PORTABLE:  # the grader is done with this child: the zygote kills it in a moment. Until then it
             time.sleep(PORTABLE_LINGER)  # lives, so what it started is still below it for `_kill_below`
     except BaseException as error:

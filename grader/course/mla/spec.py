@@ -293,6 +293,17 @@ def _per_head_per_key(size) -> bool:
     return any(elements % (LATENT_TK * LATENT_WIDTHS[w]) == 0 for w in ("dn", "dv", "d"))
 
 
+SPREAD_TK = (29, 58)  # more than B·H·R: no product of the absorbed path's holds a per-head width that many times
+
+
+def _spread_per_key(size, tk: int) -> bool:
+    """A tensor holding a per-head width (Dn, Dv, D) at least `tk` times: at one query, keys or values of every key
+    however padded or grouped (the absorbed path's largest, the folded (B, H, R) queries against a width, hold one
+    B·H·R = 24 times)."""
+    elements = math.prod(size)
+    return any(elements % LATENT_WIDTHS[w] == 0 and elements // LATENT_WIDTHS[w] >= tk for w in ("dn", "dv", "d"))
+
+
 def latent_only(run: Run) -> None:
     """Nothing the call's torch functions create is a per-head key or value of every cached token; and the answer is
     right. Keys expanded head by head, or all at once, or values through the folded output matrix, are."""
@@ -309,6 +320,18 @@ def latent_only(run: Run) -> None:
                               "the absorbed path reads only c_kv and k_rope per token", EXPANDED,
                               {"shape": list(size)})
     run.expect_right(run.output(got), call)
+    # Keys or values of one token more (a padded latent, the thirty-third review's f02), or of half the tokens, lose
+    # the factor 13. With one query, nothing the absorbed path makes holds a per-head width more than
+    # B·H·R = 24 times, and no input is made again whole: any other tensor holding one B·Tk times is an expansion.
+    for tk in SPREAD_TK:
+        spread = run.inputs(tq=1, tk=tk, widths=LATENT_WIDTHS)
+        given = {math.prod(t.shape) for t in spread.args}
+        for size in (run.answer(spread, shapes=True).shapes or {"created": []})["created"]:
+            if math.prod(size) not in given and _spread_per_key(size, tk):
+                raise CheckFailed(f"with one query, Tk={tk} and H=3, Dn=11, Dv=17, D=19, R=4: a tensor of shape "
+                                  f"{tuple(size)} was created, a per-head width {tk} times or more: keys or values "
+                                  "of every token, padded or in pieces; the absorbed path reads only c_kv and k_rope",
+                                  EXPANDED, {"shape": list(size)})
     # A loop over the cached tokens makes no tensor of them all, but as many of their keys or values (the
     # thirty-second review's f02): its calls grow with Tk, where the absorbed path's are as many for any Tk.
     longer = run.answer(run.inputs(tq=LATENT_TQ, tk=2 * LATENT_TK, widths=LATENT_WIDTHS), shapes=True).shapes

@@ -1,0 +1,103 @@
+"""What a Triton kernel run by Triton's interpreter may touch while a record runs: its launch's tensors, no more.
+
+The interpreter runs a kernel's loads and stores on raw addresses, in this process. A pointer made from an
+integer (`x.to(p.dtype)`, `tl.cast`, a pointer type built by hand: the thirty-second and thirty-third reviews'
+f01), or moved past its tensor's memory, reaches memory no launch argument names: a score matrix made at import,
+which no record of the call sees. So each load and store of an interpreted kernel launched inside a record is
+checked against the storages of its launch's tensors; one outside them hides the record (`Recorder.hide`), and every
+check that reads the record fails. An unmasked lane past a tensor's end is outside too: on a GPU it reads whatever
+lies there, or faults.
+
+Compiled kernels (CUDA) are not checked: what they touch, no Python sees. Python that reaches the interpreter's
+own loads (triton._C.libtriton) is refused by name (rules.TAMPERING).
+
+Loaded by path by worker.py (never as part of the grader package).
+"""
+
+import sys
+
+OUTSIDE = ("a Triton kernel loaded or stored outside its launch's tensors (a pointer made from an integer, or a lane "
+           "past a tensor's end that no mask covers): what it touched, no record sees")
+CHANGED = "Triton's interpreter was changed while the call ran: what its kernels touched, no record sees"
+# The interpreter's memory operations, each with the positions of its pointers and its mask (None: every lane)
+OPERATIONS = {"create_masked_load": (0, 1), "create_masked_store": (0, 2), "create_atomic_rmw": (1, 3),
+              "create_atomic_cas": (0, None)}
+
+
+def watch(torch, record):
+    """Check the loads and stores of every kernel the interpreter runs from now on; return the function that puts
+    the interpreter back and tells `record` if it was changed meanwhile (None where Triton's interpreter is not
+    loaded: nothing to check)."""
+    interpreter = sys.modules.get("triton.runtime.interpreter")
+    builder = getattr(interpreter, "InterpreterBuilder", None)
+    executor = getattr(interpreter, "GridExecutor", None)
+    if builder is None or executor is None or not all(name in vars(builder) for name in OPERATIONS):
+        return None
+    import numpy
+
+    tensor_base = torch._C.TensorBase
+    storage_of, storage_pointer, storage_bytes = (tensor_base.untyped_storage, torch._C.StorageBase.data_ptr,
+                                                   torch._C.StorageBase.nbytes)
+    spans = []  # the [start, end) of each storage the running launch was given, innermost launch last
+    unwrap = getattr(interpreter, "_unwrap_tensor", lambda t: t)
+    descriptor = getattr(interpreter, "TensorDescriptor", None)
+
+    def given(value, found, depth=0):
+        if depth > 4:
+            return
+        if isinstance(value, (tuple, list)):
+            for item in value:
+                given(item, found, depth + 1)
+            return
+        if isinstance(value, dict):
+            for item in dict.values(value):
+                given(item, found, depth + 1)
+            return
+        value = unwrap(value.base if descriptor is not None and type(value) is descriptor else value)
+        if issubclass(type(value), tensor_base):
+            storage = storage_of(value)
+            start = storage_pointer(storage)
+            found.append((start, start + storage_bytes(storage)))
+
+    def checked(name, original, pointers_at, mask_at):
+        def operation(self, *args, **kwargs):
+            pointers = args[pointers_at]
+            width = max(1, pointers.get_element_ty().primitive_bitwidth // 8)
+            addresses = numpy.asarray(pointers.data, dtype=numpy.uint64)
+            if mask_at is not None and len(args) > mask_at and args[mask_at] is not None:
+                addresses = addresses[numpy.broadcast_to(numpy.asarray(args[mask_at].data, dtype=bool),
+                                                         addresses.shape)]
+            if addresses.size:
+                inside = numpy.zeros(addresses.shape, dtype=bool)
+                for start, end in spans[-1] if spans else ():
+                    inside |= (addresses >= start) & (addresses + numpy.uint64(width) <= end)
+                if not inside.all():
+                    record.hide(OUTSIDE)
+            return original(self, *args, **kwargs)
+        return operation
+
+    run = vars(executor)["__call__"]
+
+    def launch(self, *args, **kwargs):
+        found = []
+        given((args, kwargs), found)
+        spans.append(found)
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            spans.pop()
+
+    patches = [(executor, "__call__", run, launch)]
+    patches += [(builder, name, vars(builder)[name], checked(name, vars(builder)[name], *at))
+                for name, at in OPERATIONS.items()]
+    for owner, name, _, patched in patches:
+        setattr(owner, name, patched)
+
+    def done():
+        changed = any(vars(owner).get(name) is not patched for owner, name, _, patched in patches)
+        for owner, name, original, _ in patches:
+            setattr(owner, name, original)
+        if changed:
+            record.hide(CHANGED)
+
+    return done
