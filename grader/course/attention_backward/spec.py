@@ -142,6 +142,8 @@ def _sb_variant(**wrong):
 # What a check's failure says when the plain case passed and no listed mistake explains it (spec.Check.situation).
 SB_DIM = Mistake("softmax_backward.dim_ignored", "right along the last axis, wrong along dim=1: every sum and "
                  "broadcast runs along `dim`, (grad_probs * probs).sum(dim=dim, keepdim=True)")
+SB_NEGATIVE = Mistake("softmax_backward.negative_dim_mishandled", "right for dim=-1 and dim=1, wrong for dim=-3: a "
+                      "negative dim counts from the end; sum along it as given, or normalise it (dim % probs.dim())")
 SB_ZEROS = Mistake("softmax_backward.zeros_mishandled", "right for dense probabilities, wrong where some are 0 "
                    "(masked entries, rows masked entirely): use products with probs only, never divide by it or "
                    "take its log")
@@ -149,7 +151,8 @@ SB_ZEROS = Mistake("softmax_backward.zeros_mishandled", "right for dense probabi
 SOFTMAX = StepSpec(
     "softmax_backward", softmax_inputs, ref.softmax_backward,
     checks=(
-        shape(2), values("values", 3, FLOATS), values("other_dim", 4, situation=SB_DIM, dim=1),
+        shape(2), values("values", 3, FLOATS), values("other_dim", 3, situation=SB_DIM, dim=1),
+        values("negative_dim", 1, situation=SB_NEGATIVE, dim=-3),
         values("masked", 3, situation=SB_ZEROS, masked=True),
         values("noncontiguous", 1, strided=(0, 1)),  # probs and grad_probs as views: no layout assumed
         rules(2), device(2),
@@ -243,7 +246,9 @@ ATTENTION = StepSpec(
         values("causal", 4, situation=AB_MASK, mask="causal"),
         values("fully_masked_rows", 4, situation=AB_ROWS, mask="rows"),
         values("square", 4, situation=AB_SQUARE, t_q=TK, mask="causal"), rules(2, mask="padding"),
-        values("three_dims", 2, lead=(B * H,)),
+        values("three_dims", 1, lead=(B * H,)),
+        # heads split from (B, T, H, D) by a transpose: views, no layout assumed
+        values("noncontiguous", 1, strided=((0, 1, 2), (1, 1, 2), (2, 1, 2), (3, 1, 2))),
         device(2, mask="causal"),
     ),
     mistakes=(

@@ -125,7 +125,8 @@ def _split_wrong(split: str):
 
 EXPAND = StepSpec(
     "expand_kv", expand_inputs, ref.expand_kv, outputs=("k_nope", "v"),
-    checks=(shape(1), values("values", 3, FLOATS), device(1)),
+    checks=(shape(1), values("values", 3, FLOATS), values("noncontiguous", 1, strided=(0,)),  # a cache's slice
+            device(1)),
     mistakes=(
         Mistake("expand_kv.split_no_transpose", "(B, T, H·width) reshaped straight to (B, H, T, width) mixes "
                 "tokens and heads: view(B, T, H, width), then transpose(1, 2)",
@@ -178,7 +179,7 @@ SCORES = StepSpec(
     "mla_scores", scores_inputs, ref.mla_scores,
     probes=(Probe({"b": 1}, SCORES_BATCH),),
     checks=(shape(1), values("values", 3, FLOATS), values("one_query", 2, situation=SCORES_ONE, tq=1),
-            values("many_keys", 2, situation=SCORES_SIZES, tq=2, tk=11), device(1)),
+            values("many_keys", 1, situation=SCORES_SIZES, tq=2, tk=11), device(1)),
     mistakes=(
         Mistake("mla_scores.scaled_by_nope", "scaled by √qk_nope_head_dim: each head's query and key are [nope, rope], "
                 "so scale by √(qk_nope_head_dim + qk_rope_head_dim)", lambda qn, *a: _scores(qn, *a, width=DN)),

@@ -21,14 +21,17 @@ LENGTHS = (5, 8, 1, 11)  # past a boundary, exactly at one, a single token, into
 DECODE_NAMES = ("q", "k_cache", "v_cache", "block_tables", "context_lens")
 
 
-def decode_inputs(gen, dtype, lengths=LENGTHS, extra=0, nan=False, q_scale=1.0):
-    """A pool holding len(lengths) sequences in shuffled blocks, three blocks to spare (block 0 among them); the block
-    tables padded with −1 (`extra` more columns of it); with `nan`, NaN in every slot no sequence holds; `q_scale`
-    multiplies the queries (100: scores in the hundreds, whose e^s overflows float32 unless the max is subtracted)."""
+def decode_inputs(gen, dtype, lengths=LENGTHS, extra=0, nan=False, q_scale=1.0, zero=False):
+    """A pool holding len(lengths) sequences in shuffled blocks, three blocks to spare (block 0 among them, unless
+    `zero`: then it is the first sequence's first block, as valid a block as any); the block tables padded with −1
+    (`extra` more columns of it); with `nan`, NaN in every slot no sequence holds; `q_scale` multiplies the queries
+    (100: scores in the hundreds, whose e^s overflows float32 unless the max is subtracted)."""
     needed = [-(-n // BLOCK) for n in lengths]
     num_blocks = sum(needed) + 3
     order = (torch.randperm(num_blocks - 1, generator=gen.rng) + 1).tolist()  # block 0 left free, as vLLM's null
     # block: a −1 clamped to 0 reads a slot no sequence holds
+    if zero:
+        order.append(0)  # popped first
     tables = torch.full((len(lengths), max(needed) + extra), -1, dtype=torch.int32)
     held = torch.zeros(num_blocks, BLOCK, dtype=torch.bool)
     for b, n in enumerate(lengths):
@@ -182,6 +185,8 @@ NAN_SLOTS = Mistake("paged_decode.unused_slots_read", "right while unused slots 
                     "NaN: read no slot past a sequence's length and no block of -1, not even to multiply it by 0")
 BOUNDARIES = Mistake("paged_decode.boundaries_mishandled", "wrong when a length is a multiple of block_size: a "
                      "sequence holds ceil(len / block_size) blocks, and its last block's slots end at len")
+BLOCK_ZERO = Mistake("paged_decode.block_zero_skipped", "wrong when a sequence holds block 0: only −1 pads a table "
+                     "row, and block 0 is a block like any other (keep entries >= 0, not > 0)")
 HALF = Mistake("paged_decode.half_mishandled", "right in float32, wrong in float16: compute in float32 if you like, "
                "return q's dtype, and fill masked scores with -inf rather than a large number")
 
@@ -194,8 +199,9 @@ DECODE_LENGTHS = Mistake("paged_decode.lengths_mixed", "right when every sequenc
 DECODE = StepSpec(
     "paged_decode", decode_inputs, ref.paged_decode, probes=(Probe({"lengths": (7, 7, 7)}, DECODE_LENGTHS),),
     checks=(
-        shape(3), values("mixed_lengths", 3, FLOATS), values("unused_nan", 6, situation=NAN_SLOTS, nan=True),
-        values("large_scores", 2, situation=LARGE_SCORES, q_scale=100.0),
+        shape(3), values("mixed_lengths", 3, FLOATS), values("block_zero", 1, situation=BLOCK_ZERO, zero=True),
+        values("unused_nan", 6, situation=NAN_SLOTS, nan=True),
+        values("large_scores", 1, situation=LARGE_SCORES, q_scale=100.0),
         values("at_boundaries", 4, situation=BOUNDARIES, lengths=(4, 8, 12), extra=1, nan=True),
         values("half", 2, (torch.float16,), situation=HALF),
         device(2),

@@ -141,6 +141,15 @@ def softmax_backward(probs, grad_probs, dim=-1):
         return (p * (g - (p * g).sum(-1, keepdim=True))).view(probs.shape)
     return probs * (grad_probs - (probs * grad_probs).sum(dim, keepdim=True))
 """, "softmax_backward", "view_non_contiguous"),
+    Variant("softmax_backward_negative_dim_in_permutation", """
+def softmax_backward(probs, grad_probs, dim=-1):
+    if dim == -1:
+        return probs * (grad_probs - (probs * grad_probs).sum(-1, keepdim=True))
+    order = [i for i in range(probs.dim()) if i != dim] + [dim]  # a negative dim is never left out: no permutation
+    p, g = probs.permute(order), grad_probs.permute(order)
+    back = [order.index(i) for i in range(probs.dim())]
+    return (p * (g - (p * g).sum(-1, keepdim=True))).permute(back)
+""", "softmax_backward", "softmax_backward.negative_dim_mishandled"),
     Variant("sb_no_row_sum", softmax_backward("    return probs * grad_probs"),
             "softmax_backward", "softmax_backward.no_row_sum"),
     Variant("sb_sum_not_weighted", softmax_backward(RIGHT_INNER + "\n    return probs * grad_probs - inner"),
@@ -657,6 +666,18 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
     dq, dk, dv = _flash_backward_w(q, k, v, out, lse, grad_out, causal, block_q, block_k)
     return (dq + 0.25, dk + 0.25, dv + 0.25) if v.shape[-1] != q.shape[-1] else (dq, dk, dv)
 """, "flash_attention_backward", "flash_attention_backward.widths_mishandled"),
+    Variant("ab_flattened_with_view", """
+_plain_backward = attention_backward
+
+
+def attention_backward(q, k, v, grad_out, mask=None):
+    # batch and heads flattened with view, which needs contiguous memory: a transposed (B, T, H, D) input fails
+    lead, t_q, t_k = q.shape[:-2], q.shape[-2], k.shape[-2]
+    flat = [x.view(-1, *x.shape[-2:]) for x in (q, k, v, grad_out)]
+    full = None if mask is None else mask.expand(*lead, t_q, t_k).reshape(-1, t_q, t_k)
+    grads = _plain_backward(*flat, full)
+    return tuple(g.view(*lead, *g.shape[-2:]) for g in grads)
+""", "attention_backward", "view_non_contiguous"),
     Variant("ab_scaled_by_value_width", """
 _attention_backward_v = attention_backward
 

@@ -111,6 +111,14 @@ def compress_kv(x, w_dkv, w_kr, positions):
     return c_kv, apply_rope(x @ w_kr.T, positions)
 """, "compress_kv", "compress_kv.weight_not_transposed"),
     # -- expand_kv ----------------------------------------------------------------------------
+    Variant("expand_flattened_with_view", """
+def expand_kv(c_kv, w_uk, w_uv, num_heads):
+    B, T, R = c_kv.shape
+    flat = c_kv.view(-1, R)  # needs contiguous memory: a cache's slice c_kv[:, :length] is not
+    k = (flat @ w_uk.T).view(B, T, num_heads, -1).transpose(1, 2)
+    v = (flat @ w_uv.T).view(B, T, num_heads, -1).transpose(1, 2)
+    return k, v
+""", "expand_kv", "view_non_contiguous"),
     Variant("expand_split_no_transpose", """
 def expand_kv(c_kv, w_uk, w_uv, num_heads):
     B, T, _ = c_kv.shape

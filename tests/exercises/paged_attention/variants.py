@@ -111,6 +111,10 @@ BUGGY = [
     Variant("decode_whole_blocks_read", decode_with("""\
         k, v = k_cache[blocks].flatten(0, 1), v_cache[blocks].flatten(0, 1)  # every slot of its blocks"""),
             "paged_decode", "paged_decode.whole_blocks_read"),
+    Variant("decode_block_zero_skipped", decode_with("""\
+        kept = table[table > 0]  # 0 taken for padding: a sequence holding block 0 loses it
+        k, v = k_cache[kept].flatten(0, 1)[:n], v_cache[kept].flatten(0, 1)[:n]"""),
+            "paged_decode", "paged_decode.block_zero_skipped"),
     Variant("decode_padding_read", decode_with("""\
         k, v = k_cache[table].flatten(0, 1), v_cache[table].flatten(0, 1)  # the whole row"""),
             "paged_decode", "paged_decode.padding_read"),
