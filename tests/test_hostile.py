@@ -2643,3 +2643,37 @@ def test_a_triton_kernel_that_touches_memory_outside_its_launch_keeps_no_rule(gr
     assert flash.score == 0 and flash.breach, explain(result)
     assert any("outside its launch's tensors" in m for m in messages(result, "flash_attention")), explain(result)
     assert {"softmax", "decode_attention"}.isdisjoint(lost(result)), explain(result)
+
+
+def test_a_triton_kernel_that_calls_python_of_the_files_own_keeps_no_rule():
+    """The thirty-fifth review's f01 and f02: an interpreted kernel's body is Python, so a kernel that called a plain
+    function of the file's kept its score tiles in a dict, or wrote them with the interpreter's own stores to a buffer
+    made at import (100 each, fair 84). A kernel may call Triton's language, other kernels and a few builtins only,
+    as the compiler takes; what else it calls breaks the launcher's rule."""
+    from grader.engine import CheckFailed
+    from grader.engine.rules import check_rules, foreign_kernel_calls
+
+    kernel = ("import triton\nimport triton.language as tl\n_TILES = {}\n\n\ndef keep(s, i):\n    _TILES[i] = s\n\n\n"
+              "@triton.jit\ndef tile(x_ptr, BLOCK: tl.constexpr):\n    i = tl.program_id(0)\n"
+              "    s = tl.load(x_ptr + i * BLOCK + tl.arange(0, BLOCK)).to(tl.float32)\n    keep(s, i)\n"
+              "    tl.store(x_ptr + tl.arange(0, BLOCK), tl.exp(s) * min(BLOCK, 4))\n\n\n"
+              "def flash_attention(q, k, v):\n    tile[(1,)](q, BLOCK=16)\n")
+    assert foreign_kernel_calls(kernel) == ["keep"]
+    with pytest.raises(CheckFailed, match="calls keep") as failed:
+        check_rules(set(), (), kernel, kernel[kernel.index("def flash_attention"):], allowed=("empty",))
+    assert failed.value.breach
+    assert foreign_kernel_calls(kernel.replace("    keep(s, i)\n", "")) == []  # Triton's own, a builtin, a method
+
+
+def test_a_file_that_defines_a_finaliser_keeps_no_rule():
+    """The thirty-fifth review's f05 and f06: untiled attention in a `__del__`, run when torch freed an old .grad
+    inside a recorded call (`Tensor.grad.__set__`), where the record is stashed (100 each, fair 50 and 63). Garbage
+    collection is off in a worker, but freeing by reference count is not: a file that names `__del__` or `weakref`
+    keeps no rule."""
+    from grader.engine import CheckFailed
+    from grader.engine.rules import check_rules
+
+    for hook in ("class Job:\n    def __del__(self):\n        pass\n", "import weakref\n"):
+        code = hook + "\ndef flash_attention(q, k, v):\n    return q\n"
+        with pytest.raises(CheckFailed, match="hides torch calls"):
+            check_rules(set(), ("softmax",), code, "def flash_attention(q, k, v):\n    return q\n")

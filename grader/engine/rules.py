@@ -52,7 +52,13 @@ TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_s
              # thirty-second review's f01: a score matrix made at import, out of the launcher's record)
              "pointer_type", "int_to_ptr",
              # the interpreter's own loads and stores, on any address, from Python (sandbox/kernels.py checks Triton's)
-             "libtriton")
+             "libtriton",
+             # Python of the file's own run when torch frees an object inside a call (an old .grad replaced), where
+             # the record is stashed (the thirty-fifth review's f05 and f06)
+             "__del__", "weakref")
+# What a Triton kernel may call besides Triton's language and other kernels: Python's, evaluated as constants
+KERNEL_BUILTINS = frozenset({"range", "min", "max", "len", "int", "float", "bool", "abs", "isinstance", "zip",
+                             "enumerate", "tuple", "list", "print"})
 
 
 def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: str = "",
@@ -66,6 +72,11 @@ def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: st
     An allowed name matches exactly: an overload reached through torch.ops (`narrow.default`) is not its op.
     """
     code = _without_comments(source)
+    foreign = foreign_kernel_calls(_with_helpers(code, _without_comments(step_source))) if allowed is not None else []
+    if foreign:  # a launcher's step: its kernels, and the Python they name
+        raise CheckFailed(f"a Triton kernel calls {foreign[0]}, which is neither Triton's language nor another kernel: "
+                          "compiled, it would not build; interpreted, it runs Python no record sees", FORBIDDEN_CALL,
+                          details={"kernel_calls": foreign}, breach=True)
     tampering = [t for t in TAMPERING if (forbidden or allowed is not None) and t in code]
     if tampering:  # hiding a forbidden call in the step costs what making it costs; elsewhere, the rules checks
         step_text = _with_helpers(code, _without_comments(step_source))
@@ -99,6 +110,44 @@ def reads_forbidden(forbidden: tuple[str, ...], allowed: tuple[str, ...] | None)
     """Whether reading a tensor's values into Python breaks the step's rules: it forbids `__index__()` (the tiled
     steps), or names the only calls it may make (Triton's launchers)."""
     return allowed is not None or f"{READ_AS_NUMBER}()" in forbidden
+
+
+def foreign_kernel_calls(source: str) -> list[str]:
+    """What the file's Triton kernels (@triton.jit functions, top level) call that is not Triton's language, another
+    kernel, a builtin evaluated as a constant or a method of one of the kernel's own values: Python of the file's
+    (the thirty-fifth review's f01 and f02, score tiles kept in a dict or written by the interpreter's own stores
+    from a helper the kernel called). The interpreter runs a kernel's body as Python, so anything goes there; the
+    compiler takes only these."""
+    tree = parse(source)
+    if tree is None:
+        return []
+    language = {"tl"}  # names bound to triton.language, or to what it holds
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            language |= {a.asname for a in node.names if a.name.startswith("triton.language") and a.asname}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("triton"):
+            language |= {a.asname or a.name for a in node.names
+                         if (node.module or "").startswith("triton.language") or a.name == "language"}
+    kernels = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)
+               and any("jit" in ast.unparse(d) for d in node.decorator_list)}
+    found = []
+    for kernel in kernels.values():
+        own = {a.arg for a in (*kernel.args.posonlyargs, *kernel.args.args, *kernel.args.kwonlyargs)}
+        own |= {n.id for n in ast.walk(kernel) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+        for call in (n for n in ast.walk(kernel) if isinstance(n, ast.Call)):
+            root = call.func
+            while isinstance(root, (ast.Attribute, ast.Call, ast.Subscript)):  # a method of a value the kernel made
+                root = root.func if isinstance(root, ast.Call) else root.value  # is checked where the value is made
+            name = root.id if isinstance(root, ast.Name) else None
+            chain = ast.unparse(call.func)
+            if isinstance(call.func, ast.Name):
+                fine = name in kernels or name in KERNEL_BUILTINS or name in language
+            else:
+                fine = (name is None or name in language or name in own or name in KERNEL_BUILTINS
+                        or chain.startswith("triton.language."))
+            if not fine and chain not in found:
+                found.append(chain)
+    return found
 
 
 def _without_comments(source: str) -> str:
