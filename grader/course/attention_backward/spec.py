@@ -96,6 +96,16 @@ def _scaled_by_value_width(q, k, v, grad_out, mask=None):
     return dq * c, dk, dv
 
 
+def _scaled_by_a_length(q, k, v, grad_out, mask=None):
+    """Attention's gradients with the scores scaled by 1/√Tk or 1/√Tq, a length read for the width (k.size(-2))."""
+    found = []
+    for length in (k.shape[-2], q.shape[-2]):
+        c = math.sqrt(q.shape[-1] / length)
+        dq, dk, dv = grads.plain(q * c, k, v, grad_out, mask)
+        found.append((dq * c, dk, dv))
+    return found
+
+
 def _one_side(variant, side: str):
     """One gradient's 1/√D wrong, the other right: missing (unscaled) or twice (1/D, a pre-scaled q or k reused)."""
     return lambda *a, **k: [variant(**{f"{side}_scale": wrong})(*a, **k) for wrong in ("none", "d")]
@@ -268,6 +278,9 @@ ATTENTION = StepSpec(
         Mistake("attention_backward.scaled_by_value_width", "scaled by 1/√Dv, the values' width: the scores are "
                 "q kᵀ / √D, D the width of the queries and keys", _scaled_by_value_width,
                 why="D = Dv in most models, so v.shape[-1] passes for the head width until they differ."),
+        Mistake("attention_backward.scaled_by_a_length", "scaled by 1/√Tk or 1/√Tq, a sequence length: the scores "
+                "are q kᵀ / √D, D = q.shape[-1], the head width", _scaled_by_a_length,
+                why="k.size(-2) is the number of keys; the width is the last axis."),
         Mistake("attention_backward.dq_scale_wrong", "dq's 1/√D is missing or applied twice while dk's is right: dq = "
                 "dS k / √D, once (a pre-scaled k reused in dq scales it again)", _one_side(_att_variant, "dq"),
                 why="dq and dk both take the scores' single 1/√D; a factor kept on a pre-scaled q or k counts twice."),

@@ -167,6 +167,14 @@ def _scores(q_nope, q_rope, k_nope, k_rope, *, width=None, rope_scaled=True, nop
     return (nope + part) / scale if rope_scaled else nope / scale + part
 
 
+def _parts_misaligned(q_nope, q_rope, k_nope, k_rope):
+    """The scores of one product over [nope, rope] queries and [rope, nope] keys, and the other way round."""
+    k_rope = k_rope.unsqueeze(1).expand(*k_nope.shape[:-1], k_rope.shape[-1])  # (B, H, Tk, Dr)
+    scale = math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
+    orders = (((q_nope, q_rope), (k_rope, k_nope)), ((q_rope, q_nope), (k_nope, k_rope)))
+    return [torch.cat(q, -1) @ torch.cat(k, -1).transpose(-2, -1) / scale for q, k in orders]
+
+
 SCORES_ONE = Mistake("mla_scores.one_query_mishandled", "right for several queries, wrong for one: keep the query "
                      "axis of size 1 (no squeeze), and broadcast k_rope over the heads with k_rope.unsqueeze(1)")
 SCORES_SIZES = Mistake("mla_scores.sizes_mishandled", "wrong for 2 queries and 11 keys: a size was taken from the "
@@ -181,6 +189,10 @@ SCORES = StepSpec(
     checks=(shape(1), values("values", 3, FLOATS), values("one_query", 2, situation=SCORES_ONE, tq=1),
             values("many_keys", 1, situation=SCORES_SIZES, tq=2, tk=11), device(1)),
     mistakes=(
+        Mistake("mla_scores.parts_misaligned", "the queries were concatenated as [nope, rope] and the keys as "
+                "[rope, nope] (or the other way): put both parts in the same order, or add q_nope·k_nopeᵀ and "
+                "q_rope·k_ropeᵀ", _parts_misaligned,
+                why="With the two widths different, no error: nope features are dotted with rope features."),
         Mistake("mla_scores.scaled_by_nope", "scaled by √qk_nope_head_dim: each head's query and key are [nope, rope], "
                 "so scale by √(qk_nope_head_dim + qk_rope_head_dim)", lambda qn, *a: _scores(qn, *a, width=DN)),
         Mistake("mla_scores.unscaled", "scores not scaled: divide the sum by √(qk_nope_head_dim + qk_rope_head_dim)",
@@ -429,7 +441,7 @@ def bytes_inputs(gen, dtype, attention="mla", layers=60, heads=128, head_dim=128
 
 def _bytes(attention, layers, heads, head_dim, kv_heads, rank, rope, dtype, *, itemsize=None, unit=1, kv_factor=2,
            mla_per_head=False, mla_factor=1, rope_per_head=False, gqa_query_heads=False, gqa_group=False,
-           by_family=False):
+           by_family=False, rope_once=False):
     """The count, from the formula; the keyword arguments make the named wrong counts."""
     item = itemsize or torch.empty((), dtype=dtype).element_size()
     if by_family:  # 2 bytes for the half types, 4 for every other
@@ -438,6 +450,8 @@ def _bytes(attention, layers, heads, head_dim, kv_heads, rank, rope, dtype, *, i
     per_layer = {"mha": kv_factor * heads * head_dim,
                  "gqa": kv_factor * cached_heads * head_dim,
                  "mla": mla_factor * (heads if mla_per_head else 1) * (rank + (heads if rope_per_head else 1) * rope)}
+    if rope_once and attention == "mla":  # L·R + Dr: the product taken before the sum
+        return (layers * rank + rope) * item * unit
     return layers * per_layer[attention] * item * unit
 
 
@@ -509,6 +523,8 @@ BYTES = StepSpec(
                     "is kept."),
         Mistake("cache_bytes_per_token.mla_rope_per_head", "counted a RoPE key per head: MLA keeps one, shared by "
                 "every head, L·(kv_lora_rank + qk_rope_head_dim)", _count(rope_per_head=True)),
+        Mistake("cache_bytes_per_token.mla_rope_once", "counted the RoPE key once for the whole model, L·R + Dr: each "
+                "layer keeps its own, L·(kv_lora_rank + qk_rope_head_dim) (parentheses)", _count(rope_once=True)),
         Mistake("cache_bytes_per_token.mla_factor_two", "counted the latent twice, for keys and values: both come from "
                 "the one latent, L·(kv_lora_rank + qk_rope_head_dim)", _count(mla_factor=2)),
         Mistake("cache_bytes_per_token.gqa_group_size", "GQA counted with the group size, num_heads // num_kv_heads: "

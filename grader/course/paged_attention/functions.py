@@ -104,6 +104,22 @@ def _block_stride_wrong(*args):
     return forms
 
 
+def _position_as_slot(*args):
+    """Token t read at flat slot table[t // block_size] · block_size + t of the flattened pool: its position in the
+    sequence taken for its offset in the block; nothing where a slot is past the pool (the file raises there)."""
+    k_cache, tables, lengths = args[1], args[3].tolist(), args[4].tolist()
+
+    def reads(table, n):
+        return [divmod(table[t // BLOCK] * BLOCK + t, BLOCK) for t in range(n)]
+
+    slots = [flat for table, n in zip(tables, lengths, strict=True) for flat in reads(table, int(n))]
+    return [decoded(*args, reads=reads)] if all(0 <= block < k_cache.shape[0] for block, _ in slots) else []
+
+
+POSITION_AS_SLOT = Mistake(
+    "paged_decode.position_as_slot", "token t is slot t % block_size of its block: its position t itself was added "
+    "to the block's start, table[t // block_size] · block_size + t", _position_as_slot,
+    why="Past the first block, t overshoots into later blocks, or past the pool.")
 BLOCK_STRIDE = Mistake(
     "paged_decode.block_stride_not_block_size", "in the flattened pool, token t is at table[t // block_size] · "
     "block_size + t % block_size: the block was multiplied by another size (the table's width?)", _block_stride_wrong,
@@ -207,8 +223,9 @@ DECODE = StepSpec(
         device(2),
     ),
     # first: an answer all NaN in a NaN check looks like several of the others', and only this one is right elsewhere
-    mistakes=(TIMES_NAN, WHOLE_BLOCKS, PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_STRIDE, CONTIGUOUS_RUN,
-              BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED, HEADS_RESHAPED),
+    mistakes=(TIMES_NAN, WHOLE_BLOCKS, PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_STRIDE, POSITION_AS_SLOT,
+              CONTIGUOUS_RUN, BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED,
+              HEADS_RESHAPED),
 )
 
 # -- varlen_attention ---------------------------------------------------------------------

@@ -678,6 +678,17 @@ def attention_backward(q, k, v, grad_out, mask=None):
     grads = _plain_backward(*flat, full)
     return tuple(g.view(*lead, *g.shape[-2:]) for g in grads)
 """, "attention_backward", "view_non_contiguous"),
+    Variant("ab_scaled_by_keys", """
+def attention_backward(q, k, v, grad_out, mask=None):  # the scale taken from k.size(-2), the number of keys
+    scale = 1.0 / math.sqrt(k.size(-2))
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    grad_v = probs.transpose(-2, -1) @ grad_out
+    grad_scores = softmax_backward(probs, grad_out @ v.transpose(-2, -1)) * scale
+    return grad_scores @ k, grad_scores.transpose(-2, -1) @ q, grad_v
+""", "attention_backward", "attention_backward.scaled_by_a_length"),
     Variant("ab_scaled_by_value_width", """
 _attention_backward_v = attention_backward
 

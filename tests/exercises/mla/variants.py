@@ -455,6 +455,21 @@ class MultiHeadLatentAttention(MultiHeadLatentAttention):
             "cache_bytes_per_token", "cache_bytes_per_token.mla_per_head"),
     Variant("bytes_mla_rope_per_head", bytes_with(mla="kv_lora_rank + num_heads * qk_rope_head_dim"),
             "cache_bytes_per_token", "cache_bytes_per_token.mla_rope_per_head"),
+    Variant("scores_parts_misaligned", """
+def mla_scores(q_nope, q_rope, k_nope, k_rope):
+    k_rope = k_rope.unsqueeze(1).expand(-1, k_nope.shape[1], -1, -1)
+    q = torch.cat([q_nope, q_rope], dim=-1)
+    k = torch.cat([k_rope, k_nope], dim=-1)  # the other order
+    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+""", "mla_scores", "mla_scores.parts_misaligned"),
+    Variant("bytes_mla_rope_once", """
+def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_heads, kv_lora_rank, qk_rope_head_dim,
+                          dtype):
+    if attention == "mla":  # precedence: the RoPE key counted once, not per layer
+        return (num_layers * kv_lora_rank + qk_rope_head_dim) * dtype.itemsize
+    per_layer = {"mha": 2 * num_heads * head_dim, "gqa": 2 * num_kv_heads * head_dim}[attention]
+    return num_layers * per_layer * dtype.itemsize
+""", "cache_bytes_per_token", "cache_bytes_per_token.mla_rope_once"),
     Variant("bytes_mla_factor_two", bytes_with(mla="2 * (kv_lora_rank + qk_rope_head_dim)"),
             "cache_bytes_per_token", "cache_bytes_per_token.mla_factor_two"),
     Variant("bytes_gqa_query_heads", bytes_with(gqa="2 * num_heads * head_dim"),

@@ -115,6 +115,10 @@ BUGGY = [
         kept = table[table > 0]  # 0 taken for padding: a sequence holding block 0 loses it
         k, v = k_cache[kept].flatten(0, 1)[:n], v_cache[kept].flatten(0, 1)[:n]"""),
             "paged_decode", "paged_decode.block_zero_skipped"),
+    Variant("decode_position_as_slot", decode_with("""\
+        slots = [int(table[t // bs]) * bs + t for t in range(n)]  # t, not t % bs
+        k, v = k_cache.flatten(0, 1)[slots], v_cache.flatten(0, 1)[slots]"""),
+            "paged_decode", "paged_decode.position_as_slot"),
     Variant("decode_padding_read", decode_with("""\
         k, v = k_cache[table].flatten(0, 1), v_cache[table].flatten(0, 1)  # the whole row"""),
             "paged_decode", "paged_decode.padding_read"),
