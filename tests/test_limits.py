@@ -24,14 +24,18 @@ def test_memory_spread_over_forked_processes_is_bounded_together(grade_with_proc
     code = """
         import os
         children = []
+        release, hold = os.pipe()  # each child holds its memory until every child has been started
         for _ in range(5):
             pid = os.fork()
             if pid == 0:
+                os.close(hold)
                 hoard = bytearray(300 * 1024 * 1024)
                 for i in range(0, len(hoard), 4096):  # written, so it is really held
                     hoard[i] = 1
+                os.read(release, 1)  # end of file once the parent closes its end: all five were alive together
                 os._exit(0)
             children.append(pid)
+        os.close(hold)
         print("children ended:", [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in children])
     """
     result = grade_with_processes(textwrap.dedent(code), memory_limit_mb=512)

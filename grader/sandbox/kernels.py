@@ -1,12 +1,13 @@
-"""What a Triton kernel run by Triton's interpreter may touch while a record runs: its launch's tensors, no more.
+"""Where a Triton kernel run by Triton's interpreter may write while a record runs: its launch's tensors, no more.
 
 The interpreter runs a kernel's loads and stores on raw addresses, in this process. A pointer made from an
 integer (`x.to(p.dtype)`, `tl.cast`, a pointer type built by hand: the thirty-second and thirty-third reviews'
 f01), or moved past its tensor's memory, reaches memory no launch argument names: a score matrix made at import,
-which no record of the call sees. So each load and store of an interpreted kernel launched inside a record is
+which no record of the call sees. So each store (and atomic) of an interpreted kernel launched inside a record is
 checked against the storages of its launch's tensors; one outside them hides the record (`Recorder.hide`), and every
-check that reads the record fails. An unmasked lane past a tensor's end is outside too: on a GPU it reads whatever
-lies there, or faults.
+check that reads the record fails. Loads are not: what a kernel reads outside its tensors, nothing wrote there for
+it (no store outside, no Python in a kernel: rules.foreign_kernel_calls), and an unmasked lane past a tensor's end
+reads garbage that the value checks catch, and name.
 
 Compiled kernels (CUDA) are not checked: what they touch, no Python sees. Python that reaches the interpreter's
 own loads (triton._C.libtriton) is refused by name (rules.TAMPERING).
@@ -16,16 +17,15 @@ Loaded by path by worker.py (never as part of the grader package).
 
 import sys
 
-OUTSIDE = ("a Triton kernel loaded or stored outside its launch's tensors (a pointer made from an integer, or a lane "
-           "past a tensor's end that no mask covers): what it touched, no record sees")
+OUTSIDE = ("a Triton kernel stored outside its launch's tensors (a pointer made from an integer, or a lane past a "
+           "tensor's end that no mask covers): what it wrote there, no record sees")
 CHANGED = "Triton's interpreter was changed while the call ran: what its kernels touched, no record sees"
-# The interpreter's memory operations, each with the positions of its pointers and its mask (None: every lane)
-OPERATIONS = {"create_masked_load": (0, 1), "create_masked_store": (0, 2), "create_atomic_rmw": (1, 3),
-              "create_atomic_cas": (0, None)}
+# The interpreter's writes, each with the positions of its pointers and its mask (None: every lane)
+OPERATIONS = {"create_masked_store": (0, 2), "create_atomic_rmw": (1, 3), "create_atomic_cas": (0, None)}
 
 
 def watch(torch, record):
-    """Check the loads and stores of every kernel the interpreter runs from now on; return the function that puts
+    """Check the stores of every kernel the interpreter runs from now on; return the function that puts
     the interpreter back and tells `record` if it was changed meanwhile (None where Triton's interpreter is not
     loaded: nothing to check)."""
     interpreter = sys.modules.get("triton.runtime.interpreter")

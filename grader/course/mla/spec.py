@@ -306,15 +306,12 @@ def _per_head_per_key(size) -> bool:
     return any(elements % (LATENT_TK * LATENT_WIDTHS[w]) == 0 for w in ("dn", "dv", "d"))
 
 
-SPREAD_TK = (29, 58)  # more than B·H·R: no product of the absorbed path's holds a per-head width that many times
-
-
-def _spread_per_key(size, tk: int) -> bool:
-    """A tensor holding a per-head width (Dn, Dv, D) at least `tk` times: at one query, keys or values of every key
-    however padded or grouped (the absorbed path's largest, the folded (B, H, R) queries against a width, hold one
-    B·H·R = 24 times)."""
-    elements = math.prod(size)
-    return any(elements % LATENT_WIDTHS[w] == 0 and elements // LATENT_WIDTHS[w] >= tk for w in ("dn", "dv", "d"))
+# latent_only's second sizes, with one query: wide heads (Dn 61, Dv 67) and a narrow latent (R 4, Dr 2), so that every
+# key or value expanded holds B·H·61 = 366 numbers per cached token, and the absorbed path at most B·H·(R + Dr) = 36
+# (the latent and the RoPE key broadcast over the heads)
+SPREAD_TK = (29, 58)
+SPREAD_WIDTHS = {"h": 3, "dn": 61, "dr": 2, "dv": 67, "d": 19, "r": 4}
+PER_TOKEN = 60  # numbers per cached token a tensor that grows with Tk may hold: between 36 and 366
 
 
 def latent_only(run: Run) -> None:
@@ -333,18 +330,24 @@ def latent_only(run: Run) -> None:
                               "the absorbed path reads only c_kv and k_rope per token", EXPANDED,
                               {"shape": list(size)})
     run.expect_right(run.output(got), call)
-    # Keys or values of one token more (a padded latent, the thirty-third review's f02), or of half the tokens, lose
-    # the factor 13. With one query, nothing the absorbed path makes holds a per-head width more than
-    # B·H·R = 24 times, and no input is made again whole: any other tensor holding one B·Tk times is an expansion.
+    # Keys or values of one token more (a padded latent, the thirty-third review's f02), of half the tokens (the
+    # thirty-fourth's F2), or through weights padded to another width (the thirty-fifth's f04) lose the factors
+    # above. Judged by size instead: a tensor that grows with the cache, past PER_TOKEN numbers per cached token, is
+    # keys or values expanded, whatever its widths (a fixed number of pieces up to six too).
+    counts = []
     for tk in SPREAD_TK:
-        spread = run.inputs(tq=1, tk=tk, widths=LATENT_WIDTHS)
+        spread = run.inputs(tq=1, tk=tk, widths=SPREAD_WIDTHS)
         given = {math.prod(t.shape) for t in spread.args}
-        for size in (run.answer(spread, shapes=True).shapes or {"created": []})["created"]:
-            if math.prod(size) not in given and _spread_per_key(size, tk):
-                raise CheckFailed(f"with one query, Tk={tk} and H=3, Dn=11, Dv=17, D=19, R=4: a tensor of shape "
-                                  f"{tuple(size)} was created, a per-head width {tk} times or more: keys or values "
-                                  "of every token, padded or in pieces; the absorbed path reads only c_kv and k_rope",
-                                  EXPANDED, {"shape": list(size)})
+        made = (run.answer(spread, shapes=True).shapes or {"created": []})["created"]
+        counts.append({math.prod(size): size for size in made if math.prod(size) not in given})
+    shorter, longer = counts
+    for elements, size in longer.items():
+        if elements not in shorter and elements > PER_TOKEN * SPREAD_TK[1]:
+            raise CheckFailed(f"with one query, Tk={SPREAD_TK[1]} and H=3, Dn=61, Dv=67, R=4, Dr=2: a tensor of shape "
+                              f"{tuple(size)} was created, {elements / SPREAD_TK[1]:.0f} numbers per cached token "
+                              f"(the latent and the RoPE key hold {2 * 3 * 6} over every head): keys or values "
+                              "expanded, padded or in pieces; the absorbed path reads only c_kv and k_rope",
+                              EXPANDED, {"shape": list(size)})
     # A loop over the cached tokens makes no tensor of them all, but as many of their keys or values (the
     # thirty-second review's f02): its calls grow with Tk, where the absorbed path's are as many for any Tk.
     longer = run.answer(run.inputs(tq=LATENT_TQ, tk=2 * LATENT_TK, widths=LATENT_WIDTHS), shapes=True).shapes
