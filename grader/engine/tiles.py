@@ -18,6 +18,11 @@ from grader.engine.failure import CheckFailed
 from grader.engine.spec import Mistake
 
 
+def _padded(length: int, block: int) -> int:
+    """`length` rounded up to whole blocks."""
+    return -(-length // block) * block
+
+
 @dataclass(frozen=True)
 class TileSizes:
     """The memory check's sizes: tiles, score rows, score columns, the full matrix and the inputs all different."""
@@ -38,9 +43,8 @@ class TileSizes:
     @property
     def allowed(self) -> int:
         """Elements per batch and head: a tile, or the inputs and outputs padded to whole blocks."""
-        pad = lambda t, b: -(-t // b) * b  # noqa: E731
-        return max(self.tile, *(pad(self.t_q, self.block_q) * w for w in (self.d, self.dv)),
-                   *(pad(self.t_k, self.block_k) * w for w in (self.d, self.dv)))
+        return max(self.tile, *(_padded(self.t_q, self.block_q) * w for w in (self.d, self.dv)),
+                   *(_padded(self.t_k, self.block_k) * w for w in (self.d, self.dv)))
 
     def per_batch_and_head(self, size) -> int:
         """A tensor's elements per batch and head: divided by B·H when its axes before the last two hold a multiple
@@ -75,8 +79,7 @@ class TileSizes:
         is the output."""
         if len(size) < 2 or size[-2] * size[-1] <= self.tile:
             return ""
-        pad = lambda t, b: -(-t // b) * b  # noqa: E731
-        keys, queries = {self.t_k, pad(self.t_k, self.block_k)}, {self.t_q, pad(self.t_q, self.block_q)}
+        keys, queries = {self.t_k, _padded(self.t_k, self.block_k)}, {self.t_q, _padded(self.t_q, self.block_q)}
         a, z = size[-2:]
         kept = {1, self.b, self.h, self.b * self.h, self.d, self.dv}  # lanes of statistics, a head's width
         along_keys = (a in keys and (scores or z not in kept)) or (z in keys and (scores or a not in kept))
@@ -90,10 +93,9 @@ class TileSizes:
         together ('' if it does not): a tile of scores, a tile's rows or columns against a head's width, or one
         statistic per query or key, B·H times. Judged by the total, whatever the layout: a leading axis that is a
         multiple of B·H may be key groups of one head (the thirty-third review's f03, (18, 45, 6)), not heads."""
-        pad = lambda t, b: -(-t // b) * b  # noqa: E731
         width = max(self.d, self.dv)
-        most = max(self.tile, self.block_q * width, self.block_k * width, pad(self.t_q, self.block_q),
-                   pad(self.t_k, self.block_k))
+        most = max(self.tile, self.block_q * width, self.block_k * width, _padded(self.t_q, self.block_q),
+                   _padded(self.t_k, self.block_k))
         n = math.prod(size)
         if n > self.b * self.h * most:
             return f"{n} scores made at once, more than a tile for every batch and head ({self.b * self.h * most})"
@@ -102,8 +104,7 @@ class TileSizes:
     def distinct(self) -> bool:
         """No length (padded or not) is a width, a block or a count of batches or heads: sizes at which the strip
         rules read a tensor's axes unambiguously, as they do at tiles_only's own."""
-        pad = lambda t, b: -(-t // b) * b  # noqa: E731
-        lengths = {self.t_q, self.t_k, pad(self.t_q, self.block_q), pad(self.t_k, self.block_k)}
+        lengths = {self.t_q, self.t_k, _padded(self.t_q, self.block_q), _padded(self.t_k, self.block_k)}
         return not lengths & {1, self.b, self.h, self.b * self.h, self.d, self.dv, self.block_q, self.block_k}
 
     def whole(self, size) -> bool:

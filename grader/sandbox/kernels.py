@@ -59,7 +59,7 @@ def watch(torch, record):
             start = storage_pointer(storage)
             found.append((start, start + storage_bytes(storage)))
 
-    def checked(name, original, pointers_at, mask_at):
+    def checked(original, pointers_at, mask_at):
         def operation(self, *args, **kwargs):
             pointers = args[pointers_at]
             width = max(1, pointers.get_element_ty().primitive_bitwidth // 8)
@@ -88,7 +88,7 @@ def watch(torch, record):
             spans.pop()
 
     patches = [(executor, "__call__", run, launch)]
-    patches += [(builder, name, vars(builder)[name], checked(name, vars(builder)[name], *at))
+    patches += [(builder, name, vars(builder)[name], checked(vars(builder)[name], *at))
                 for name, at in OPERATIONS.items()]
     for owner, name, _, patched in patches:
         setattr(owner, name, patched)
