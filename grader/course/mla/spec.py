@@ -175,6 +175,13 @@ def _parts_misaligned(q_nope, q_rope, k_nope, k_rope):
     return [torch.cat(q, -1) @ torch.cat(k, -1).transpose(-2, -1) / scale for q, k in orders]
 
 
+def _scaled_by_a_size(q_nope, q_rope, k_nope, k_rope):
+    """The scale's width read from an axis that is no width, in place of Dn or of Dr (k_rope.size(1) is Tk)."""
+    dn, dr, h, t_q, t_k = q_nope.shape[-1], q_rope.shape[-1], q_nope.shape[1], q_nope.shape[-2], k_nope.shape[-2]
+    return [_scores(q_nope, q_rope, k_nope, k_rope, width=w)
+            for w in (dn + t_k, dn + t_q, dn + h, t_k + dr, t_q + dr, h + dr, t_k, t_q)]
+
+
 SCORES_ONE = Mistake("mla_scores.one_query_mishandled", "right for several queries, wrong for one: keep the query "
                      "axis of size 1 (no squeeze), and broadcast k_rope over the heads with k_rope.unsqueeze(1)")
 SCORES_SIZES = Mistake("mla_scores.sizes_mishandled", "wrong for 2 queries and 11 keys: a size was taken from the "
@@ -195,6 +202,10 @@ SCORES = StepSpec(
                 why="With the two widths different, no error: nope features are dotted with rope features."),
         Mistake("mla_scores.scaled_by_nope", "scaled by √qk_nope_head_dim: each head's query and key are [nope, rope], "
                 "so scale by √(qk_nope_head_dim + qk_rope_head_dim)", lambda qn, *a: _scores(qn, *a, width=DN)),
+        Mistake("mla_scores.scaled_by_a_size", "the scale's width was read from an axis that is no width (a length "
+                "or the heads: k_rope.size(1) is Tk): scale by √(q_nope.shape[-1] + q_rope.shape[-1])",
+                _scaled_by_a_size,
+                why="k_rope (B, Tk, Dr) has no head axis, so its axis 1 is the keys, not the width."),
         Mistake("mla_scores.unscaled", "scores not scaled: divide the sum by √(qk_nope_head_dim + qk_rope_head_dim)",
                 lambda *a: _scores(*a, width=1)),
         Mistake("mla_scores.rope_part_unscaled", "only the no-position part was scaled: divide the sum of both parts "
@@ -237,7 +248,8 @@ def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True, widths=None, padded=Fal
 
 def _absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None, *, width=None, uk="right", uv="right",
               mask_ignored=False, mask_inverted=False, merge_heads_inner=False, softmax_dim=-1, wo_untransposed=False,
-              fill=float("-inf"), rope=True, merge_untransposed=False, scaled="both", heads_summed=False):
+              fill=float("-inf"), rope=True, merge_untransposed=False, scaled="both", heads_summed=False,
+              stacked=False, mask_after_softmax=False):
     """The absorbed path, per head, with the knobs of its mistakes: how w_uk and w_uv are cut into heads, which part
     of the scores is scaled ("both", "nope", "rope" or "per_part", each by the square root of its own width)."""
     h, dn, dr, r = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1], c_kv.shape[-1]
@@ -246,18 +258,24 @@ def _absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None, *, width
         "right": lambda w, n: w.reshape(h, n, r), "viewed": lambda w, n: w.reshape(h, r, n).transpose(1, 2),
         "transposed": lambda w, n: w.T.reshape(h, n, r), "transposed_viewed": lambda w, n: w.T.reshape(h, r, n).mT,
         "heads_inner": lambda w, n: w.reshape(n, h, r).transpose(0, 1)}
-    nope = (q_nope @ cut[uk](w_uk, dn)) @ c_kv.unsqueeze(1).transpose(-2, -1)
+    key_weight, value_weight = cut[uk](w_uk, dn), cut[uv](w_uv, dv)
+    if stacked:  # [all heads' keys; all heads' values] viewed as DeepSeek's wkv_b, interleaved per head
+        both = torch.cat([w_uk, w_uv]).reshape(h, dn + dv, r)
+        key_weight, value_weight = both[:, :dn], both[:, dn:]
+    nope = (q_nope @ key_weight) @ c_kv.unsqueeze(1).transpose(-2, -1)
     part = q_rope @ k_rope.unsqueeze(1).transpose(-2, -1) if rope else 0
     scale = math.sqrt(width or dn + dr)
     scores = {"both": lambda: (nope + part) / scale, "nope": lambda: nope / scale + part,
               "rope": lambda: nope + part / scale,
               "per_part": lambda: nope / math.sqrt(dn) + part / math.sqrt(dr)}[scaled]()
-    if mask is not None and not mask_ignored:
+    if mask is not None and not mask_ignored and not mask_after_softmax:
         scores = scores.masked_fill(mask if mask_inverted else ~mask, fill)
     weights = torch.softmax(scores, dim=softmax_dim)
+    if mask is not None and mask_after_softmax:  # the blocked weights zeroed, the rest not renormalised
+        weights = weights.masked_fill(~mask, 0.0)
     if heads_summed:  # w_o @ w_uv, (D, R): every head's output matrix times every head's value matrix, summed
         return (weights @ c_kv.unsqueeze(1)).sum(1) @ (w_o @ w_uv).T
-    y = (weights @ c_kv.unsqueeze(1)) @ cut[uv](w_uv, dv).transpose(-2, -1)  # (B, H, Tq, Dv)
+    y = (weights @ c_kv.unsqueeze(1)) @ value_weight.transpose(-2, -1)  # (B, H, Tq, Dv)
     if wo_untransposed:  # w_o (D, H·Dv) reshaped straight to (H, Dv, D): its numbers scrambled into that shape
         return torch.einsum("bhqv,hvd->bqd", y, w_o.reshape(h, dv, -1))
     merged = y.permute(0, 2, 3, 1) if merge_heads_inner else y.transpose(1, 2)  # (B, Tq, Dv, H) or (B, Tq, H, Dv)
@@ -388,6 +406,14 @@ ABSORBED = StepSpec(
                     "shapes and scrambles the numbers."),
         Mistake("absorbed_attention.value_weight_cut_wrong", "w_uv was cut into heads in the wrong order: head h's "
                 "value up-projection is w_uv.view(H, Dv, R)[h], applied as its transpose", _cut_wrong("uv")),
+        Mistake("absorbed_attention.weights_stacked_not_interleaved", "w_uk and w_uv stacked, then cut as "
+                "DeepSeek's wkv_b (H, Dn + Dv, R): cut each by its own view, w_uk.view(H, Dn, R) and "
+                "w_uv.view(H, Dv, R)", _absorbed_variant(stacked=True),
+                why="DeepSeek's wkv_b alternates head by head, each head's key rows then its value rows; [every "
+                    "head's keys; every head's values] agrees with it for one head only."),
+        Mistake("absorbed_attention.mask_after_softmax", "the blocked weights were zeroed after the softmax, so the "
+                "rest no longer sum to 1: fill the blocked scores with -inf before it",
+                _absorbed_variant(mask_after_softmax=True)),
         Mistake("absorbed_attention.key_absorbed_transposed", "w_uk folded into the query with the wrong transpose: "
                 "q_nope (…, Dn) times head h's w_uk (Dn, R) gives the latent-space query (…, R)",
                 raises=Raises(message=r"must match the size|Expected size|cannot be multiplied|shape", line=r"w_uk")),

@@ -44,6 +44,7 @@ from grader.engine import (
 from .wrong import (
     all_nan,
     batch_offset_one_stride,
+    block_narrower_than_row,
     cache_read_as_contiguous,
     cache_with_other_strides,
     cache_with_query_strides,
@@ -244,6 +245,11 @@ SOFTMAX = StepSpec(
                 "y.stride(1) for the store, as the load takes x's", softmax_output_strides,
                 why="y is a new contiguous tensor; x may be a transposed view, whose strides put each row's "
                     "results where another layout's elements go."),
+        Mistake("softmax.block_narrower_than_row", "BLOCK was narrower than the row (sized from the rows, or fixed): "
+                "one program covers a whole row, so BLOCK = triton.next_power_of_2(n_cols)",
+                test=block_narrower_than_row,
+                why="The columns past BLOCK are then never loaded or stored: the output holds whatever torch.empty "
+                    "left there."),
         Mistake("softmax.block_not_power_of_two", "tl.arange's length must be a power of two: make BLOCK "
                 "triton.next_power_of_2(n_cols) and mask the lanes past n_cols", raises=NOT_POWER_OF_TWO),
         SOFTMAX_NO_KERNEL,

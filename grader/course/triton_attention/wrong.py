@@ -59,6 +59,21 @@ def masked_row_not_nan(value, x):
     return bool(torch.allclose(value[~empty].to(want.dtype), want, rtol=1e-2, atol=1e-3))
 
 
+def block_narrower_than_row(value, x):
+    """Does the answer hold, in every row's first BLOCK columns, the softmax of those columns alone, for a power of two
+    BLOCK below n_cols (a block sized from another count, the columns past it never written)?"""
+    if not isinstance(value, torch.Tensor) or value.shape != x.shape:
+        return False
+    block = 1
+    while block < x.shape[-1]:
+        want = torch.softmax(x[:, :block].to(_work(x.dtype)), -1)
+        got = value[:, :block].to(want.dtype)
+        if block > 1 and bool(torch.isfinite(got).all()) and bool(torch.allclose(got, want, rtol=1e-3, atol=1e-5)):
+            return True
+        block *= 2
+    return False
+
+
 def softmax_logged(x):
     return torch.log_softmax(x.to(_work(x.dtype)), -1).to(x.dtype)
 
@@ -300,9 +315,23 @@ def cache_with_other_strides(q, k_cache, v_cache, lengths, block_n=16):
     def memory(x, axes):  # x's values in that layout's memory, read back as a tensor of x's shape
         return x.transpose(*axes).contiguous().transpose(*axes)
     k_laid, v_laid = memory(k_cache, (1, 2)), memory(v_cache, (2, 3))
-    k_as_v = k_laid.as_strided(k_cache.shape, v_laid.stride())
-    v_as_k = v_laid.as_strided(v_cache.shape, k_laid.stride())
-    return [_unguarded_decode(q, k_as_v, v_cache, lengths), _unguarded_decode(q, k_cache, v_as_k, lengths)]
+    found = []
+    # every stride the other cache's (a whole offset line copied), or only those of its positions and dims, or of
+    # its batch and heads (one line of two copied)
+    for axes in ((0, 1, 2, 3), (2, 3), (0, 1), (2,), (3,)):
+        for laid, other, as_k in ((k_laid, v_laid, True), (v_laid, k_laid, False)):
+            stride = tuple(other.stride()[i] if i in axes else laid.stride()[i] for i in range(4))
+            # past the cache's memory a kernel reads whatever lies there: NaN here, as the cache's unused slots hold
+            end = 1 + sum((n - 1) * st for n, st in zip(laid.shape, stride, strict=True))
+            padded = torch.full((max(end, laid.untyped_storage().nbytes() // laid.element_size()),), float("nan"),
+                                 dtype=laid.dtype)
+            padded[:laid.numel()] = laid.as_strided((laid.numel(),), (1,))
+            misread = padded.as_strided(laid.shape, stride)
+            out = (_unguarded_decode(q, misread, v_cache, lengths) if as_k
+                   else _unguarded_decode(q, k_cache, misread, lengths))
+            if not bool(torch.isnan(out).all()):  # all NaN tells this mistake from no other
+                found.append(out)
+    return found
 
 
 def _unguarded_decode(q, k_cache, v_cache, lengths):

@@ -155,6 +155,8 @@ def expand_kv(c_kv, w_uk, w_uv, num_heads):
     # -- mla_scores ---------------------------------------------------------------------------
     Variant("scores_scaled_by_nope", scores_with("(nope + rope) / math.sqrt(q_nope.shape[-1])"),
             "mla_scores", "mla_scores.scaled_by_nope"),
+    Variant("scores_scaled_by_a_size", scores_with("(nope + rope) / math.sqrt(q_nope.shape[-1] + k_rope.size(1))"),
+            "mla_scores", "mla_scores.scaled_by_a_size"),
     Variant("scores_unscaled", scores_with("nope + rope"), "mla_scores", "mla_scores.unscaled"),
     Variant("scores_rope_part_unscaled",
             scores_with("nope / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1]) + rope"),
@@ -227,6 +229,20 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
         " + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)", ""), "absorbed_attention", "absorbed_attention.rope_part_dropped"),
     Variant("absorbed_mask_inverted", absorbed_with("masked_fill(~mask,", "masked_fill(mask,"),
             "absorbed_attention", "absorbed_attention.mask_inverted"),
+    Variant("absorbed_mask_after_softmax", absorbed_with(
+        """    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    out_latent = torch.softmax(scores, dim=-1) @ latents""",
+        """    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)  # zeroed after the softmax: the rest not renormalised
+    out_latent = weights @ latents"""), "absorbed_attention", "absorbed_attention.mask_after_softmax"),
+    Variant("absorbed_weights_stacked", absorbed_with(
+        "    q_latent = q_nope @ w_uk.view(H, Dn, R)\n",
+        "    wkv_b = torch.cat([w_uk, w_uv]).view(H, -1, R)  # DeepSeek's wkv_b, but stacked, not interleaved\n"
+        "    w_uk, w_uv = wkv_b[:, :Dn].reshape(-1, R), wkv_b[:, Dn:].reshape(-1, R)\n"
+        "    q_latent = q_nope @ w_uk.view(H, Dn, R)\n"), "absorbed_attention",
+        "absorbed_attention.weights_stacked_not_interleaved"),
     Variant("absorbed_heads_merged_inner", absorbed_with("y.transpose(1, 2).reshape", "y.permute(0, 2, 3, 1).reshape"),
             "absorbed_attention", "absorbed_attention.heads_merged_inner"),
     Variant("absorbed_heads_merged_untransposed", absorbed_with("y.transpose(1, 2).reshape", "y.reshape"),

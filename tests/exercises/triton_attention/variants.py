@@ -100,6 +100,9 @@ BUGGY = [
             "softmax", "softmax.other_zero"),
     Variant("softmax_no_max", changed("softmax_kernel", ("e = tl.exp(x - tl.max(x, axis=0))", "e = tl.exp(x)")),
             "softmax", "softmax.no_max"),
+    Variant("softmax_block_from_rows", changed(
+        "softmax", ("block = triton.next_power_of_2(n_cols)", "block = triton.next_power_of_2(n_rows)")),
+        "softmax", "softmax.block_narrower_than_row"),
     Variant("softmax_block_not_power_of_two", changed(
         "softmax", ("block = triton.next_power_of_2(n_cols)", "block = n_cols")),
         "softmax", "softmax.block_not_power_of_two"),
