@@ -12,6 +12,7 @@ from grader import errors
 MAX_LAYERS = 4096  # a module's child layers, and the parameters it names (its gradients, those it left unloaded)
 MAX_CLASSES = 64  # the classes one layer is (its MRO)
 MAX_NAME = 200  # characters of a layer's, a parameter's or a class's name
+MAX_SIZES = 16  # the largest sizes of the storages a call held at once, with how many of each (recorder.py)
 HEX = frozenset("0123456789abcdef")
 
 
@@ -33,8 +34,13 @@ def shape_record(record) -> dict | None:
         raise Malformed("a malformed record of calls")
     if type(held) is not int or held < 0:
         raise Malformed("a malformed record of the bytes held")
+    alive, largest = record.get("alive"), record.get("largest")
+    if not (type(alive) is int and alive >= 0 and isinstance(largest, list) and len(largest) <= MAX_SIZES
+            and all(isinstance(p, list) and len(p) == 2 and all(type(n) is int and n > 0 for n in p) for p in largest)
+            and sum(size * count for size, count in largest) <= alive):
+        raise Malformed("a malformed record of the bytes alive at once")
     return {"created": [tuple(s) for s in lists[0]], "more": more, "scores": [tuple(s) for s in lists[1]],
-            "sequence": sequence, "calls": calls, "held": held}
+            "sequence": sequence, "calls": calls, "held": held, "alive": alive, "largest": [tuple(p) for p in largest]}
 
 
 class Malformed(ValueError):

@@ -20,6 +20,13 @@ COURSE_DIR = GRADER_DIR / "course"  # one folder per exercise, and course.toml: 
 ENGINE_DIR = GRADER_DIR / "engine"
 CANDIDATE_SUFFIXES = (".py", ".ipynb")  # a notebook's code cells are graded (grader/notebook.py)
 
+# Names an exercise.toml's forbidden list may use for a list of torch's names. "library_attention": every fused
+# attention torch has, CPU or CUDA, public or private (tests/test_rules.py lists torch's names to keep it whole).
+LIBRARY_ATTENTION = ("scaled_dot_product", "multi_head_attention", "scaled_dot_attention", "transformer_encoder_layer",
+                     "_flash_attention_forward", "_flash_attention_backward", "_efficient_attention",
+                     "_cudnn_attention", "fused_attention")
+NAMED_LISTS = {"library_attention": LIBRARY_ATTENTION}
+
 
 class UsageError(Exception):
     """A mistake in how the grader was called: one line that says what to do (exit 2)."""
@@ -97,7 +104,7 @@ def load_course(course: Path = COURSE_DIR) -> dict[str, Exercise]:
                 title=s["title"],
                 points=int(s["points"]),
                 hints=tuple(s["hints"]),
-                forbidden=tuple(s.get("forbidden", ())),
+                forbidden=tuple(n for name in s.get("forbidden", ()) for n in NAMED_LISTS.get(name, (name,))),
                 allowed=tuple(s["allowed"]) if "allowed" in s else None,
             )
             for s in entry["steps"]

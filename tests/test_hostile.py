@@ -2698,3 +2698,219 @@ def test_a_file_that_defines_a_finaliser_keeps_no_rule():
         code = hook + "\ndef flash_attention(q, k, v):\n    return q\n"
         with pytest.raises(CheckFailed, match="hides torch calls"):
             check_rules(set(), ("softmax",), code, "def flash_attention(q, k, v):\n    return q\n")
+
+
+FLASH_TILES_KEPT = """
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    # a two-pass softmax: every tile of a query block's scores kept in a list (each one a tile), then weighed
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    scale, offset = 1.0 / math.sqrt(q.shape[-1]), t_k - t_q
+    outs, lses = [], []
+    for i in range(0, t_q, block_q):
+        qb = q[..., i:i + block_q, :] * scale
+        tiles, m = [], torch.full(qb.shape[:-1], -math.inf, dtype=q.dtype)
+        for j in range(0, t_k, block_k):
+            s = qb @ k[..., j:j + block_k, :].transpose(-2, -1)
+            if causal:
+                rows = torch.arange(offset + i, offset + i + qb.shape[-2])[:, None]
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, -math.inf)
+            tiles.append(s)
+            m = torch.maximum(m, s.amax(dim=-1))
+        safe = torch.where(m == -math.inf, 0.0, m)
+        l = torch.zeros_like(safe)
+        acc = torch.zeros(*qb.shape[:-1], v.shape[-1], dtype=q.dtype)
+        for n, j in enumerate(range(0, t_k, block_k)):
+            p = torch.exp(tiles[n] - safe[..., None])
+            l, acc = l + p.sum(dim=-1), acc + p @ v[..., j:j + block_k, :]
+        outs.append(torch.where(l[..., None] > 0, acc / torch.where(l > 0, l, 1.0)[..., None], 0.0))
+        lses.append(m + torch.log(l))
+    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
+"""
+
+
+BACKWARD_TILES_KEPT = """
+_tiled_backward = flash_attention_backward
+
+
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32):
+    # the reference's tiles, with the first key block's tiles against every query kept alive all along (a column of
+    # tiles, each one a tile)
+    kept = [torch.exp(q[..., i:i + block_q, :] @ k[..., :block_k, :].transpose(-2, -1))
+            for i in range(0, q.shape[-2], block_q)]
+    grads = _tiled_backward(q, k, v, out, lse, grad_out, causal, block_q, block_k)
+    return grads if kept else None
+"""
+
+
+def test_a_tiled_step_that_keeps_a_blocks_tiles_alive_together_loses_tiles_only(grade_source):
+    """The thirty-fifth review's f03: a two-pass softmax kept each query block's score tiles in a list, a whole
+    block_q × Tk strip alive at once in pieces, every one a tile (100, fair 94). The record watches each storage a
+    call made through a weak reference, so it knows the most bytes alive at once; with 128 more keys (or queries),
+    that grows by block_q rows (block_k columns) of scores, where an online softmax's stays the same."""
+    result = grade_source(FLASH_TILES_KEPT, base=(ROOT / "solutions" / "flash_attention.py").read_text(),
+                          name="flash_attention.py")
+    assert _tiles_only(result, "flash_attention") == ("flash_attention.full_score_matrix", "rows"), explain(result)
+    result = grade_source(BACKWARD_TILES_KEPT, base=(ROOT / "solutions" / "attention_backward.py").read_text(),
+                          name="attention_backward.py")
+    assert _tiles_only(result, "flash_attention_backward") == ("flash_attention_backward.full_score_matrix",
+                                                               "columns"), explain(result)
+    assert set(lost(result)) == {"flash_attention_backward"}, explain(result)
+
+
+def _tiles_only(result, step_id):
+    """The mistake tiles_only named, and what the call kept alive: rows against every key, or columns."""
+    check = next(c for c in step(result, step_id).checks if c.name == f"{step_id}_tiles_only")
+    kept = next((w for w in ("rows", "columns") if f"{w} of scores against every" in check.message), None)
+    return check.mistake_id, kept
+
+
+def test_the_record_counts_what_is_alive_at_once_not_what_was_ever_made():
+    """`alive` is the peak of the bytes a call's storages hold together: tiles made and freed one after another
+    count once, tiles kept together count each; the call's own arguments count not at all."""
+    from grader.sandbox.recorder import Shapes
+
+    def peak(keep: bool) -> int:
+        shapes, kept = Shapes(), []
+        x = torch.zeros(64)
+        shapes.given(torch, [x])
+        for _ in range(4):
+            tile = torch.ones(16, 16)
+            shapes.add(torch, tile, "ones")
+            shapes.add(torch, x[:8], "__getitem__")
+            if keep:
+                kept.append(tile)
+        data = shapes.data()
+        shapes.release(torch)
+        return data["alive"], data["largest"]
+
+    assert peak(False) == (16 * 16 * 4, [[1024, 1]])
+    assert peak(True) == (4 * 16 * 16 * 4, [[1024, 4]])
+
+
+GROUPED_BY_THE_LIBRARY = """
+def grouped_attention(q, k, v, mask=None):
+    # the whole of attention handed to torch's own multi-head attention, with identity projections
+    import torch.nn.functional as F
+    B, Hq, Tq, Dh = q.shape
+    G = Hq // k.shape[1]
+    k, v = repeat_kv(k, G), repeat_kv(v, G)
+    Tk = k.shape[2]
+    eye = torch.eye(Dh, dtype=q.dtype, device=q.device)
+    flat = lambda t, T: t.reshape(B * Hq, T, Dh).transpose(0, 1)
+    blocked = None if mask is None else ~mask.expand(B, Hq, Tq, Tk).reshape(B * Hq, Tq, Tk)
+    out, _ = F.multi_head_attention_forward(flat(q, Tq), flat(k, Tk), flat(v, Tk), Dh, 1, torch.cat([eye, eye, eye]),
+                                            None, None, None, False, 0.0, eye, None, training=False,
+                                            attn_mask=blocked, need_weights=True)
+    return out.transpose(0, 1).reshape(B, Hq, Tq, Dh)
+"""
+
+
+def test_every_attention_step_forbids_every_fused_attention_torch_has(grade_source):
+    """The thirty-sixth review's f01 and f06: gqa and local_attention forbade only `scaled_dot_product`, so
+    `F.multi_head_attention_forward` did the whole of attention (100 each, fair 57 and 65). Every step that forbids
+    library attention now names one list, and every name torch has for attention is on it or known harmless."""
+    import torch.nn.functional as F
+
+    from grader.exercise import LIBRARY_ATTENTION
+
+    harmless = re.compile(r"^_?(can_use_|get_|set_|is_|fused_sdp_choice|mha_shape_check|SDPAParams|SDPBackend)")
+    found = {n for module in (torch, F, torch._C, torch._C._nn, torch.Tensor) for n in dir(module)
+             if re.search(r"attention|attn|transformer|mha|sdp", n, re.I)}
+    found |= {n for n in dir(torch.ops.aten) if re.search(r"attention|transformer|mha", n, re.I)}
+    open_names = sorted(n for n in found if not harmless.match(n) and not any(f in n for f in LIBRARY_ATTENTION))
+    assert not open_names, open_names
+    for exercise in load_course().values():
+        for s in exercise.steps:
+            if "scaled_dot_product" in s.forbidden:
+                assert set(LIBRARY_ATTENTION) <= set(s.forbidden), (exercise.name, s.id)
+    result = grade_source(GROUPED_BY_THE_LIBRARY, base=(ROOT / "solutions" / "gqa.py").read_text(), name="gqa.py")
+    assert step(result, "grouped_attention").breach, explain(result)
+
+
+FINALISER_NAMED_AT_RUN_TIME = """
+class _Job:
+    done = None
+
+    def __init__(self, q, k, v, causal):
+        self.args = (q, k, v, causal)
+
+    def _finish(self):  # untiled attention, run when the old .grad goes: inside a torch call
+        q, k, v, causal = self.args
+        s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if causal:
+            t_q, t_k = s.shape[-2:]
+            s = s.masked_fill(torch.ones(t_q, t_k, dtype=torch.bool).tril(t_k - t_q).logical_not(), -math.inf)
+        _Job.done = (torch.softmax(s, dim=-1).nan_to_num(0.0) @ v, torch.logsumexp(s, dim=-1))
+
+
+_Job = type("_Job", (_Job,), {"__d" + "el__": _Job._finish})  # the finaliser, named at run time
+_HOLDER = torch.zeros(1)
+
+
+def _arm(q, k, v, causal):
+    g = torch.zeros(1)
+    g.job = _Job(q, k, v, causal)
+    _HOLDER.grad = g
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    _arm(q, k, v, causal)
+    _HOLDER.grad = torch.zeros(1)  # the old grad goes, and its job runs inside this call
+    return _Job.done
+"""
+
+
+def test_python_of_the_files_run_inside_a_torch_call_hides_the_record(grade_source):
+    """The thirty-sixth review's f04 and f05: review 35's finaliser, run when `Tensor.grad.__set__` frees the old
+    grad, installed under a name built at run time (`"__d" + "el__"`), so the text scan saw nothing (100 each, fair
+    50 and 63). While a C function of torch's runs, the record watches Python frames start (a profile function):
+    one of the file's own, started right inside the call, hides the record."""
+    result = grade_source(FINALISER_NAMED_AT_RUN_TIME, base=(ROOT / "solutions" / "flash_attention.py").read_text(),
+                          name="flash_attention.py")
+    flash = step(result, "flash_attention")
+    assert flash.score == 0 and flash.breach, explain(result)
+    assert any("ran inside a torch call" in m for m in messages(result, "flash_attention")), explain(result)
+
+
+KERNEL_UNDER_ANOTHER_NAME = '''
+_TILES = []
+
+
+def keep(s, i):  # plain Python the kernel calls: the score tiles kept in a list
+    _TILES.append(s)
+    return s
+
+
+_compile = triton.jit  # the decorator under another name: no "jit" in the kernel's decorator
+
+
+@_compile
+def _tile_kernel(x_ptr, BLOCK: tl.constexpr):
+    i = tl.program_id(0)
+    s = tl.load(x_ptr + i * BLOCK + tl.arange(0, BLOCK))
+    tl.store(x_ptr + i * BLOCK + tl.arange(0, BLOCK), keep(s, i))
+
+
+_flash = flash_attention
+
+
+def flash_attention(q, k, v, causal=False, block_m=16, block_n=16):
+    out, lse = _flash(q, k, v, causal, block_m, block_n)
+    _tile_kernel[(1,)](out, BLOCK=16)
+    return out, lse
+'''
+
+
+def test_a_triton_kernel_that_reaches_python_under_any_spelling_keeps_no_rule(grade_source):
+    """The thirty-sixth review's f03: review 35's kernel that called a plain function of the file's, with its
+    decorator spelled `_compile = triton.jit`, which the text scan did not take for a kernel (100, fair 84). At each
+    interpreted launch, every global its code loads must be Triton's, another kernel, a constant or a builtin the
+    compiler takes; another hides the record."""
+    pytest.importorskip("triton")
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    result = grade_source(KERNEL_UNDER_ANOTHER_NAME, base=base, name="triton_attention.py")
+    flash = step(result, "flash_attention")
+    assert flash.score == 0 and flash.breach, explain(result)
+    assert any("reaches keep, which is not Triton's" in m for m in messages(result, "flash_attention")), \
+        explain(result)
+    assert {"softmax", "decode_attention"}.isdisjoint(lost(result)), explain(result)

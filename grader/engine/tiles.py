@@ -11,7 +11,7 @@ relatives, a softmax) is judged harder, so that a strip of a head's width of que
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from grader.engine.failure import CheckFailed
@@ -138,7 +138,16 @@ class TileSizes:
                 + (", causal" if causal else ""))
 
 
-EMPTY = {"created": [], "more": 0, "scores": []}
+EMPTY = {"created": [], "more": 0, "scores": [], "held": 0, "alive": 0, "largest": []}
+# Sizes at which the scores a call keeps alive show as growth: a block much taller than a head is wide, so a strip
+# of a query block against every key (or of a key block against every query), in pieces, grows with Tk (Tq) far
+# faster than a copy of an input does (2 numbers per key), or partial outputs kept one per key block do
+# (bq/bk · (Dv + 1) = 6). The length that grows is whole blocks, before and after, so the tiles alive at the peak
+# are whole tiles both times; no length is past 256, the most the grader answers a question about.
+KEPT_ROWS = TileSizes(b=1, h=1, t_q=135, t_k=128, d=2, dv=2, block_q=128, block_k=64)
+KEPT_COLUMNS = TileSizes(b=1, h=1, t_q=128, t_k=135, d=2, dv=2, block_q=64, block_k=128)
+LONGER = 128  # keys (queries) added
+KEPT = 48  # rows (columns) of scores against every key (query) a call may keep alive at once (a correct file: 25)
 
 
 def tiles_only(sizes: TileSizes, full: Mistake, ignored: Mistake, what: str = "its torch calls",
@@ -151,21 +160,54 @@ def tiles_only(sizes: TileSizes, full: Mistake, ignored: Mistake, what: str = "i
 
     def check(run) -> None:
         for causal in (False, True):
-            call = run.inputs(t_q=sizes.t_q, t_k=sizes.t_k, d=sizes.d, dv=sizes.dv, causal=causal,
-                              block_q=sizes.block_q, block_k=sizes.block_k)
-            got = answer(run, call, shapes=True) if answer else run.answer(call, shapes=True)
-            hidden = [n for n in got.called if n.startswith("hidden: ")]
-            if hidden:
-                raise CheckFailed(f"the call hid what it created from the check: {hidden[0][len('hidden: '):]}", full)
+            call, got = _asked(run, answer, sizes, causal, full)
             found = sizes.violation(got.shapes or EMPTY)
             if found:
                 _untiled(sizes, sizes.describe(causal), *found, full, ignored, what)
             run.expect_right(run.output(got), call)
+        # at the lengths the growth needs, the grader answers no question: judged when the file's own steps answer
+        if run.oracle() is None:
+            for causal in (False, True):
+                _kept(run, answer, sizes, causal, full)
         untiled = run.ctx.untiled.get(run.step.id)
         if untiled:
             _untiled(*untiled, full, ignored, what)
 
     return check
+
+
+def _asked(run, answer: Callable | None, sizes: TileSizes, causal: bool, full: Mistake):
+    """The call at `sizes` and the file's answer to it, with its record; a record the call hid fails the check."""
+    call = run.inputs(t_q=sizes.t_q, t_k=sizes.t_k, d=sizes.d, dv=sizes.dv, causal=causal, block_q=sizes.block_q,
+                      block_k=sizes.block_k)
+    got = answer(run, call, shapes=True) if answer else run.answer(call, shapes=True)
+    hidden = [n for n in got.called if n.startswith("hidden: ")]
+    if hidden:
+        raise CheckFailed(f"the call hid what it created from the check: {hidden[0][len('hidden: '):]}", full)
+    return call, got
+
+
+def _kept(run, answer: Callable | None, sizes: TileSizes, causal: bool, full: Mistake) -> None:
+    """The rows of scores against every key a call keeps alive at once, from how much more its storages held with
+    LONGER more keys, and the columns against every query, with LONGER more queries. A two-pass softmax that keeps a
+    query block's tiles (in a list, each one a tile) holds a block_q × Tk strip, which grows by block_q rows of
+    scores (the thirty-fifth review's f03); an online softmax holds the same tiles whatever the lengths."""
+    for keys, base in ((True, KEPT_ROWS), (False, KEPT_COLUMNS)):
+        short = replace(base, b=sizes.b, h=sizes.h)
+        long = replace(short, t_k=short.t_k + LONGER) if keys else replace(short, t_q=short.t_q + LONGER)
+        held = []
+        for each in (short, long):
+            call, got = _asked(run, answer, each, causal, full)
+            held.append((got.shapes or EMPTY)["alive"])
+            width = call.args[0].element_size()
+        kept = (held[1] - held[0]) / (sizes.b * sizes.h * LONGER * width)
+        if kept > KEPT:
+            lines, others = ("rows", "key") if keys else ("columns", "query")
+            raise CheckFailed(
+                f"with {long.describe(causal)}: its tensors held {held[1] - held[0]} bytes more at once than with "
+                f"{'Tk' if keys else 'Tq'}={short.t_k if keys else short.t_q}: {kept:.0f} {lines} of scores against "
+                f"every {others} kept alive together (a block's tiles kept, in a list, say); hold one tile at a time, "
+                f"as an online softmax does", full, {lines: round(kept, 1), "allowed": KEPT})
 
 
 def judge_tiles(ctx, step_id: str, sizes: TileSizes | None, call_sizes: str, record) -> None:

@@ -9,17 +9,31 @@ check that reads the record fails. Loads are not: what a kernel reads outside it
 it (no store outside, no Python in a kernel: rules.foreign_kernel_calls), and an unmasked lane past a tensor's end
 reads garbage that the value checks catch, and name.
 
+An interpreted kernel's body is Python too: at each launch, every global its code loads must be Triton's own (a
+module as Triton's package imported it, an object of one of its classes), another kernel, a constant or a builtin
+the compiler takes; anything else (a function of the file's, under whatever decorator's name: the thirty-fifth and
+thirty-sixth reviews) hides the record.
+
 Compiled kernels (CUDA) are not checked: what they touch, no Python sees. Python that reaches the interpreter's
 own loads (triton._C.libtriton) is refused by name (rules.TAMPERING).
 
 Loaded by path by worker.py (never as part of the grader package).
 """
 
+import builtins
+import dis
 import sys
+import types
 
 OUTSIDE = ("a Triton kernel stored outside its launch's tensors (a pointer made from an integer, or a lane past a "
            "tensor's end that no mask covers): what it wrote there, no record sees")
 CHANGED = "Triton's interpreter was changed while the call ran: what its kernels touched, no record sees"
+FOREIGN = ("a Triton kernel reaches {name}, which is not Triton's: interpreted, a kernel's body runs as Python, "
+           "and what it does there no record sees")
+# What a kernel may load as a global besides Triton's own (the compiler takes these as constants); a copy of
+# rules.KERNEL_BUILTINS, for this module is loaded by path, apart from the grader
+KERNEL_BUILTINS = frozenset({"range", "min", "max", "len", "int", "float", "bool", "abs", "isinstance", "zip",
+                             "enumerate", "tuple", "list", "print"})
 # The interpreter's writes, each with the positions of its pointers and its mask (None: every lane)
 OPERATIONS = {"create_masked_store": (0, 2), "create_atomic_rmw": (1, 3), "create_atomic_cas": (0, None)}
 
@@ -77,8 +91,52 @@ def watch(torch, record):
         return operation
 
     run = vars(executor)["__call__"]
+    jit = getattr(sys.modules.get("triton.runtime.jit"), "JITFunction", None)
+    home = sys.modules["triton"].__file__.rsplit("/", 1)[0] + "/"
+
+    def triton_module(value) -> bool:
+        """One of Triton's own modules, as imported from its package (not one made to look like it)."""
+        name = getattr(value, "__name__", "")
+        return (type(value) is types.ModuleType and (name == "triton" or str.startswith(name, "triton."))
+                and sys.modules.get(name) is value and str.startswith(getattr(value, "__file__", "") or "", home))
+
+    def fine(value, name: str) -> bool:
+        if value is None or type(value) in (bool, int, float, str):
+            return True
+        if jit is not None and isinstance(value, jit):
+            return True
+        if name in KERNEL_BUILTINS and getattr(builtins, name, None) is value:
+            return True
+        if triton_module(value):
+            return True
+        owner = sys.modules.get(getattr(type(value), "__module__", ""))  # an object of Triton's (a constexpr)
+        return owner is not None and triton_module(owner) and getattr(owner, type(value).__name__, None) is type(value)
+
+    def foreign(fn) -> str:
+        """The first global a kernel's code (and the code inside it) loads that is not Triton's, another kernel, a
+        constant or an allowed builtin ('' if none): Python of the file's own, which the compiler would refuse."""
+        names = getattr(fn, "__globals__", {})
+        codes = [getattr(fn, "__code__", None)]
+        while codes:
+            code = codes.pop()
+            if code is None:
+                continue
+            codes += [c for c in code.co_consts if type(c) is types.CodeType]
+            for instruction in dis.get_instructions(code):
+                if instruction.opname == "LOAD_GLOBAL":
+                    name = instruction.argval
+                    value = names[name] if name in names else getattr(builtins, name, None)
+                    if not fine(value, name):
+                        return name
+        for cell in getattr(fn, "__closure__", None) or ():
+            if not fine(cell.cell_contents, ""):
+                return "a value it closes over"
+        return ""
 
     def launch(self, *args, **kwargs):
+        reached = foreign(getattr(self, "fn", None))
+        if reached:
+            record.hide(FOREIGN.format(name=reached))
         found = []
         given((args, kwargs), found)
         spans.append(found)

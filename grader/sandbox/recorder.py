@@ -19,7 +19,10 @@ from operator import is_
 
 MAX_SHAPES = 256  # distinct shapes one request records
 MAX_STORAGES = 4096  # distinct storages one request counts the bytes of
+MAX_SIZES = 16  # the largest sizes of those storages one request lists
 UNDER = "a torch-function mode under the record: what it runs, no record sees"
+INSIDE = ("Python of the file's own ran inside a torch call (a finaliser, when torch freed an object of the file's): "
+          "what it did, no record sees")
 # The functions that make scores (products of two tensors) or probabilities of them (exp, what could stand in for
 # it, a softmax): a tiled step's results of these must be tiles (Shapes.scores)
 SCORES = frozenset({
@@ -157,6 +160,22 @@ def make_recorder(torch, lifted):
     reads_as_number = _number_reader(torch)
     foreign = _foreign_finder(torch)
     kernels = sys.modules["_attn_grade_sandbox_kernels"]  # this folder's, loaded by path by worker.py
+    # While a C function of torch's runs, no Python runs but what it calls: torch's own (a lazy initialisation), or
+    # the file's, freed by reference count inside the call (a __del__, a weakref's callback: the thirty-fifth and
+    # thirty-sixth reviews), where the record is stashed. A profile function sees each Python frame start.
+    set_profile, torch_folder, own_globals = sys.setprofile, os.path.dirname(torch.__file__) + os.sep, globals()
+    running, ran = [False], [False]
+
+    def started(frame, event, arg):
+        """A Python frame started right inside the running C function, and it is not torch's own code."""
+        if event != "call" or not running[0]:
+            return
+        caller = frame.f_back
+        if caller is None or caller.f_globals is not own_globals:  # nested in a frame already judged
+            return
+        if id(frame.f_globals) in torch_globals and str.startswith(frame.f_code.co_filename, torch_folder):
+            return  # torch's code, with torch's globals (guard.py refuses code that claims torch's files)
+        ran[0] = True
 
     class Recorder(TorchFunctionMode):
         """Records the name of every torch function called while it is active.
@@ -197,6 +216,11 @@ def make_recorder(torch, lifted):
                 # shared one calls filters, hooks and sys.stderr the file may have replaced, with the record stashed
                 shared = modules.get("warnings")
                 modules["warnings"] = quiet
+                watched = id(type(func)) in C_CALLABLE_IDS
+                if watched:
+                    with lifted():
+                        set_profile(started)
+                    running[0] = True
                 try:
                     value = func(*args, **kwargs)
                 except BaseException as error:
@@ -207,6 +231,13 @@ def make_recorder(torch, lifted):
                     raise
                 finally:
                     modules["warnings"] = shared
+                    if watched:
+                        running[0] = False
+                        with lifted():
+                            set_profile(None)
+                        if ran[0]:
+                            ran[0] = False
+                            self.hidden = self.hidden or INSIDE
             kind = type(value)
             if ((kind is int or kind is float or kind is complex) and str.split(name, ".")[0] not in LAYOUT_NUMBERS
                     and any(issubclass(type(a), torch.Tensor) for a in (*args, *dict.values(kwargs)))):
@@ -810,6 +841,13 @@ class Shapes:
     of them; `more` counts the distinct shapes left out:
     {"created": [[2, 2, 16, 24], [2, 2, 16], ...], "more": 0, "scores": [[2, 2, 16, 24]]}.
 
+    The storages those tensors live in are counted once each, by address: "held", the bytes of them all. Each is
+    watched through a weak reference as well (torch's own, to the storage itself, which every tensor, view and
+    storage object of it keeps alive), so "alive" is the most bytes they held at once, after any call (the call's
+    own arguments aside), and
+    "largest" the MAX_SIZES largest sizes among those then alive, with how many of each ([[bytes, count], ...]):
+    what a call keeps alive together, however it comes in pieces.
+
     It also keeps the calls themselves, in order, as one digest of each one's name and what it answered (a tensor's
     layout, a number, a bool, a size): "sequence", of "calls" calls. Called again on inputs of the same shapes and
     other values, code that reads no value into Python makes the same calls; code that does shows a size, a number
@@ -822,6 +860,10 @@ class Shapes:
         self.more = 0
         self.storages = {}  # the address of each storage a tensor seen lives in: its bytes
         self.unsorted = 0  # the bytes of those seen past MAX_STORAGES
+        self.alive = {}  # the address of each storage seen and not yet freed: (its weak reference, its bytes)
+        self.inputs = set()  # the addresses of the storages of the call's arguments: alive throughout, not made
+        self.peak = 0  # the most bytes those held at once
+        self.largest = []  # then, the largest sizes among them: [[bytes, count], ...]
         self.sequence = BLAKE2B(digest_size=16)
         self.calls = 0
 
@@ -859,6 +901,7 @@ class Shapes:
             held = _held(readers, t)
             if held is not None:
                 self._keep(held, False)
+        self._sweep(readers)
 
     def _count(self, readers, t) -> None:
         """The bytes of the storage `t` lives in, once per address: what a call's tensors hold together, however
@@ -875,6 +918,44 @@ class Shapes:
             self.storages[address] = size
         else:  # past the bound, each counted whole: more than they hold, never less
             self.unsorted += size
+        if address in self.inputs:
+            return
+        watched = self.alive.get(address)
+        if watched is not None:
+            if not readers[10](watched[0]):  # the same storage, seen again
+                self.alive[address] = (watched[0], max(watched[1], size))
+                return
+            readers[11](watched[0])  # freed, and its address given to another
+        if len(self.alive) < MAX_STORAGES:
+            self.alive[address] = (readers[9](storage), size)
+
+    def given(self, torch, values) -> None:
+        """The arguments of the call the record is for: their storages are the caller's, not what it holds."""
+        readers = _tensor_readers(torch)
+        for value in values:
+            for t in value if type(value) is tuple or type(value) is list else (value,):
+                if issubclass(type(t), readers[0]):
+                    try:
+                        self.inputs.add(readers[8](readers[6](t)))
+                    except BaseException:  # a sparse, nested or meta tensor: no address of its own
+                        pass
+
+    def _sweep(self, readers) -> None:
+        """Forget the storages freed since the last call; keep the most bytes the rest hold together, and their
+        largest sizes then."""
+        expired, free = readers[10], readers[11]
+        for address, (weak, _) in list(self.alive.items()):
+            if expired(weak):
+                free(weak)
+                del self.alive[address]
+        live = sum(size for _, size in self.alive.values())
+        if live > self.peak:
+            counts = {}
+            for _, size in self.alive.values():
+                if size:
+                    counts[size] = counts.get(size, 0) + 1
+            self.peak = live
+            self.largest = [[size, counts[size]] for size in sorted(counts, reverse=True)[:MAX_SIZES]]
 
     def _keep(self, key: tuple, scores: bool) -> None:
         for kept in (self.seen, self.scores) if scores else (self.seen,):
@@ -888,7 +969,14 @@ class Shapes:
     def data(self) -> dict:
         return {"created": [list(s) for s in self.seen], "more": self.more,
                 "scores": [list(s) for s in self.scores], "sequence": self.sequence.hexdigest(), "calls": self.calls,
-                "held": sum(self.storages.values()) + self.unsorted}
+                "held": sum(self.storages.values()) + self.unsorted, "alive": self.peak, "largest": self.largest}
+
+    def release(self, torch) -> None:
+        """Give back the weak references of the storages still alive: the request is answered."""
+        free = _tensor_readers(torch)[11]
+        for weak, _ in self.alive.values():
+            free(weak)
+        self.alive = {}
 
 
 _READERS: list = []  # torch's C getters Shapes reads a tensor through, bound once
@@ -898,10 +986,10 @@ def _tensor_readers(torch) -> tuple:
     """(Tensor, its base's getter, numel, its shape's getter), read through torch's C type, whose attributes no file
     can replace: bound at the first call, before any candidate's code runs (the zygote warms the record)."""
     if not _READERS:
-        base = torch._C.TensorBase
+        base, storage = torch._C.TensorBase, torch._C.StorageBase
         _READERS.append((torch.Tensor, base._base.__get__, base.numel, base.shape.__get__, base.element_size,
-                         base.is_complex, base.untyped_storage, torch._C.StorageBase.nbytes,
-                         torch._C.StorageBase.data_ptr))
+                         base.is_complex, base.untyped_storage, storage.nbytes, storage.data_ptr, storage._weak_ref,
+                         storage._expired, storage._free_weak_ref))
     return _READERS[0]
 
 

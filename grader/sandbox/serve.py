@@ -85,6 +85,8 @@ def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins,
         except BaseException as exc:  # the candidate's exception, even SystemExit, is an answer
             blobs_out = []
             answer = {"ok": False, "error": describe(exc, candidate_path, lifted), "called": sorted(record.seen)}
+        if record.shapes is not None:
+            record.shapes.release(torch)
         if record.hidden:
             answer["hidden"] = record.hidden[:MAX_MESSAGE]
         wire.write_frame(write_fd, answer, blobs_out, key=key)
@@ -109,6 +111,8 @@ def _handle(torch, wire, record, module, stand_ins, request, blobs, blobs_out, f
 
     if request["op"] == "call":
         before = _snapshot(wire.bound(), [*enumerate(args), *kwargs.items()])
+        if record.shapes is not None:
+            record.shapes.given(torch, [*args, *kwargs.values()])
         with record, oracle:
             value = target(*args, **kwargs)
         record.changed = _changed_in_place(wire.bound(), before)
