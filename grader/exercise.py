@@ -24,7 +24,7 @@ CANDIDATE_SUFFIXES = (".py", ".ipynb")  # a notebook's code cells are graded (gr
 # attention torch has, CPU or CUDA, public or private (tests/test_rules.py lists torch's names to keep it whole).
 LIBRARY_ATTENTION = ("scaled_dot_product", "multi_head_attention", "scaled_dot_attention", "transformer_encoder_layer",
                      "_flash_attention_forward", "_flash_attention_backward", "_efficient_attention",
-                     "_cudnn_attention", "fused_attention")
+                     "_cudnn_attention", "fused_attention", "flex_attention")
 NAMED_LISTS = {"library_attention": LIBRARY_ATTENTION}
 
 

@@ -2860,16 +2860,16 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
 """
 
 
-def test_python_of_the_files_run_inside_a_torch_call_hides_the_record(grade_source):
+def test_python_of_the_files_run_inside_a_torch_call_earns_nothing(grade_source):
     """The thirty-sixth review's f04 and f05: review 35's finaliser, run when `Tensor.grad.__set__` frees the old
     grad, installed under a name built at run time (`"__d" + "el__"`), so the text scan saw nothing (100 each, fair
     50 and 63). While a C function of torch's runs, the record watches Python frames start (a profile function):
-    one of the file's own, started right inside the call, hides the record."""
+    one of the file's own, started right inside the call, hides the record; and what a setter replaced is freed
+    only once the request is answered (the thirty-seventh review's f04), so this finaliser's work comes too late."""
     result = grade_source(FINALISER_NAMED_AT_RUN_TIME, base=(ROOT / "solutions" / "flash_attention.py").read_text(),
                           name="flash_attention.py")
     flash = step(result, "flash_attention")
-    assert flash.score == 0 and flash.breach, explain(result)
-    assert any("ran inside a torch call" in m for m in messages(result, "flash_attention")), explain(result)
+    assert flash.score < flash.max_score * 0.7, explain(result)
 
 
 KERNEL_UNDER_ANOTHER_NAME = '''
@@ -2914,3 +2914,103 @@ def test_a_triton_kernel_that_reaches_python_under_any_spelling_keeps_no_rule(gr
     assert any("reaches keep, which is not Triton's" in m for m in messages(result, "flash_attention")), \
         explain(result)
     assert {"softmax", "decode_attention"}.isdisjoint(lost(result)), explain(result)
+
+
+FINALISER_IN_C = """
+import functools
+
+_HOLDER = torch.zeros(1)
+_FINAL = "__d" + "el__"
+
+
+def _run_in_c(fn, *args, **kwargs):
+    # torch's C function run as a finaliser with no Python frame: a functools.partial, called when torch frees the
+    # old .grad inside the setter
+    job = type("_Job", (), {_FINAL: staticmethod(functools.partial(fn, *args, **kwargs))})()
+    g = torch.zeros(1)
+    g.job = job
+    _HOLDER.grad = g
+    del g, job
+    _HOLDER.grad = torch.zeros(1)
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    work = torch.promote_types(q.dtype, torch.float32)
+    qs, kt, vf = q.to(work) / math.sqrt(q.shape[-1]), k.to(work).transpose(-2, -1), v.to(work)
+    s = torch.empty(*q.shape[:-1], k.shape[-2], dtype=work)
+    lse = torch.empty(q.shape[:-1], dtype=work)
+    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=work)
+    _run_in_c(torch.matmul, qs, kt, out=s)  # the whole score matrix, where no record sees
+    _run_in_c(torch.logsumexp, s, -1, out=lse)
+    _run_in_c(torch.sub, s, lse.unsqueeze(-1), out=s)
+    _run_in_c(torch.exp, s, out=s)
+    _run_in_c(torch.matmul, s, vf, out=out)
+    return out.to(q.dtype), lse
+"""
+
+
+def test_what_a_torch_setter_replaced_is_freed_only_once_the_request_is_answered(grade_source):
+    """The thirty-seventh review's f04 and f05: the finaliser a C callable (a functools.partial), so no Python frame
+    started inside the grad setter, and the whole score matrix was computed there unrecorded (100 each, fair 94).
+    What a setter of torch's replaces is now kept alive until the request is answered: nothing of the file's is
+    freed inside the call, and what the finaliser computes comes too late for the answer."""
+    result = grade_source(FINALISER_IN_C, base=(ROOT / "solutions" / "flash_attention.py").read_text(),
+                          name="flash_attention.py")
+    flash = step(result, "flash_attention")
+    assert flash.score < flash.max_score * 0.7, explain(result)
+
+
+def test_the_record_keeps_what_it_cannot_watch_alive_and_reads_named_tuples():
+    """The thirty-seventh review's f01 and f03: 4100 tiny tensors kept alive filled the table of watched storages, so
+    nothing made after them was watched (96, fair 90); and what returns a named tuple (torch.max(x, dim)) was never
+    recorded (96, fair 90). Past the bound each new storage counts as alive for the rest of the call, and a named
+    tuple's tensors are read by tuple's own methods."""
+    from grader.sandbox.recorder import MAX_STORAGES, Shapes
+
+    shapes, kept = Shapes(), []
+    for _ in range(MAX_STORAGES + 4):
+        kept.append(torch.zeros(1))
+        shapes.add(torch, kept[-1], "zeros")
+    tile = torch.zeros(64, 64)
+    shapes.add(torch, tile, "zeros")
+    del tile
+    shapes.add(torch, torch.zeros(1), "zeros")
+    assert shapes.data()["alive"] >= 64 * 64 * 4 + MAX_STORAGES * 4
+    shapes.release(torch)
+    shapes = Shapes()
+    maxed = torch.max(torch.zeros(2, 32, 32), dim=0)
+    shapes.add(torch, maxed, "max")
+    assert shapes.data()["alive"] == 32 * 32 * (4 + 8) and [32, 32] in shapes.data()["created"]
+    shapes.release(torch)
+
+
+def test_tiles_kept_alive_are_judged_when_the_grader_answers_a_helper_too(grade_source):
+    """The thirty-seventh review's f02: the growth check ran only where the grader answered no step, so giving up a
+    point in online_softmax_update turned it off (95, fair 90). It runs whenever it can ask."""
+    broken_helper = ("\n_update = online_softmax_update\n\n\ndef online_softmax_update(m, l, acc, scores, v):\n"
+                     "    m, l, acc = _update(m, l, acc, scores, v)\n"
+                     "    return m, l, acc.to(torch.float32)  # float64 narrowed: a point lost\n")
+    result = grade_source(broken_helper + FLASH_TILES_KEPT,
+                          base=(ROOT / "solutions" / "flash_attention.py").read_text(), name="flash_attention.py")
+    assert "online_softmax_update" in lost(result), explain(result)
+    assert _tiles_only(result, "flash_attention") == ("flash_attention.full_score_matrix", "rows"), explain(result)
+
+
+def test_a_triton_kernel_may_not_reach_python_through_a_constant_or_another_kernel(grade_source):
+    """The thirty-seventh review's f06: `tl.constexpr(keep)` held a function of the file's, and the launch-time check
+    took any object of Triton's class (100, fair 45). A constexpr is fine only if what it holds is, and a kernel the
+    kernel calls is held to the same."""
+    pytest.importorskip("triton")
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    through_a_constant = KERNEL_UNDER_ANOTHER_NAME.replace(
+        "_compile = triton.jit", "_KEEP = tl.constexpr(keep)\n_compile = triton.jit").replace(
+        "keep(s, i))", "_KEEP.value(s, i))")
+    through_a_kernel = KERNEL_UNDER_ANOTHER_NAME.replace(
+        "@_compile\ndef _tile_kernel", "@triton.jit\ndef _keeper(s, i):\n    return keep(s, i)\n\n\n"
+        "@triton.jit\ndef _tile_kernel").replace("keep(s, i))", "_keeper(s, i))")
+    for code, reached in ((through_a_constant, "_KEEP"), (through_a_kernel, "_keeper")):
+        assert reached in code and "keep(s, i))" not in code.split("def _tile_kernel")[1]
+        result = grade_source(code, base=base, name="triton_attention.py")
+        flash = step(result, "flash_attention")
+        assert flash.score == 0 and flash.breach, explain(result)
+        assert any("which is not Triton's" in m for m in messages(result, "flash_attention")), explain(result)

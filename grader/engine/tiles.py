@@ -165,10 +165,15 @@ def tiles_only(sizes: TileSizes, full: Mistake, ignored: Mistake, what: str = "i
             if found:
                 _untiled(sizes, sizes.describe(causal), *found, full, ignored, what)
             run.expect_right(run.output(got), call)
-        # at the lengths the growth needs, the grader answers no question: judged when the file's own steps answer
-        if run.oracle() is None:
-            for causal in (False, True):
+        for causal in (False, True):
+            try:
                 _kept(run, answer, sizes, causal, full)
+            except CheckFailed as failure:
+                # a question the grader refuses at these lengths (FlashAttentionFunction's backward, answered where
+                # the file's failed: too large to answer) leaves nothing to judge; anything else fails the check
+                if failure.mistake is full or run.oracle() is None:
+                    raise
+                break
         untiled = run.ctx.untiled.get(run.step.id)
         if untiled:
             _untiled(*untiled, full, ignored, what)

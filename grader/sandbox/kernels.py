@@ -92,6 +92,11 @@ def watch(torch, record):
 
     run = vars(executor)["__call__"]
     jit = getattr(sys.modules.get("triton.runtime.jit"), "JITFunction", None)
+    kernel_kinds = (jit, getattr(interpreter, "InterpretedFunction", None))  # triton.jit's, compiled or interpreted
+    core = sys.modules.get("triton.language.core")
+    constexpr, dtype = getattr(core, "constexpr", None), getattr(core, "dtype", None)
+    function_globals = types.FunctionType.__dict__["__globals__"].__get__
+    interpreters_own = {id(v) for v in list(vars(interpreter).values())}
     home = sys.modules["triton"].__file__.rsplit("/", 1)[0] + "/"
 
     def triton_module(value) -> bool:
@@ -100,21 +105,34 @@ def watch(torch, record):
         return (type(value) is types.ModuleType and (name == "triton" or str.startswith(name, "triton."))
                 and sys.modules.get(name) is value and str.startswith(getattr(value, "__file__", "") or "", home))
 
-    def fine(value, name: str) -> bool:
+    def fine(value, name: str, seen: set) -> bool:
         if value is None or type(value) in (bool, int, float, str):
             return True
-        if jit is not None and isinstance(value, jit):
-            return True
+        # another kernel (compiled or interpreted): its own code is held to the same
+        if any(kind is not None and isinstance(value, kind) for kind in kernel_kinds):
+            if id(value) in seen:
+                return True
+            seen.add(id(value))
+            return not foreign(getattr(value, "fn", None), seen)
         if name in KERNEL_BUILTINS and getattr(builtins, name, None) is value:
             return True
         if triton_module(value):
             return True
-        owner = sys.modules.get(getattr(type(value), "__module__", ""))  # an object of Triton's (a constexpr)
-        return owner is not None and triton_module(owner) and getattr(owner, type(value).__name__, None) is type(value)
+        if type(value) is types.FunctionType:  # one of Triton's language functions, imported by name
+            module = sys.modules.get(getattr(value, "__module__", None) or "")
+            return module is not None and triton_module(module) and function_globals(value) is vars(module)
+        owner = sys.modules.get(getattr(type(value), "__module__", ""))
+        if owner is None or not triton_module(owner) or getattr(owner, type(value).__name__, None) is not type(value):
+            return False
+        if type(value) is constexpr:  # a constant, if what it holds is one (the thirty-seventh review's f06 held
+            return fine(value.value, "", seen)  # a function of the file's)
+        # Triton's types, and the interpreter's own objects (its semantic, which it gives each kernel)
+        return (dtype is not None and isinstance(value, dtype)) or id(value) in interpreters_own
 
-    def foreign(fn) -> str:
-        """The first global a kernel's code (and the code inside it) loads that is not Triton's, another kernel, a
-        constant or an allowed builtin ('' if none): Python of the file's own, which the compiler would refuse."""
+    def foreign(fn, seen: set) -> str:
+        """The first global a kernel's code (and the code inside it, and the kernels it calls) loads that is not
+        Triton's, another kernel, a constant or an allowed builtin ('' if none): Python of the file's own, which the
+        compiler would refuse."""
         names = getattr(fn, "__globals__", {})
         codes = [getattr(fn, "__code__", None)]
         while codes:
@@ -126,15 +144,15 @@ def watch(torch, record):
                 if instruction.opname == "LOAD_GLOBAL":
                     name = instruction.argval
                     value = names[name] if name in names else getattr(builtins, name, None)
-                    if not fine(value, name):
+                    if not fine(value, name, seen):
                         return name
         for cell in getattr(fn, "__closure__", None) or ():
-            if not fine(cell.cell_contents, ""):
+            if not fine(cell.cell_contents, "", seen):
                 return "a value it closes over"
         return ""
 
     def launch(self, *args, **kwargs):
-        reached = foreign(getattr(self, "fn", None))
+        reached = foreign(getattr(self, "fn", None), set())
         if reached:
             record.hide(FOREIGN.format(name=reached))
         found = []

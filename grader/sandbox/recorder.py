@@ -106,6 +106,7 @@ C_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType, types.Wrap
                types.MethodWrapperType, types.GetSetDescriptorType, types.MemberDescriptorType,
                types.ClassMethodDescriptorType)
 C_CALLABLE_IDS = frozenset(map(id, C_CALLABLES))
+METHOD_WRAPPER, GETSET = types.MethodWrapperType, types.GetSetDescriptorType  # a setter of torch's: t.grad = g
 FUNCTION_GLOBALS, FUNCTION_DICT, FUNCTION_NAME, FUNCTION_CODE, FUNCTION_DEFAULTS, FUNCTION_KWDEFAULTS = (
     types.FunctionType.__dict__[a].__get__
     for a in ("__globals__", "__dict__", "__name__", "__code__", "__defaults__", "__kwdefaults__"))
@@ -192,6 +193,10 @@ def make_recorder(torch, lifted):
         changed: list = []  # the arguments a call changed in place
         gradients = 0  # how many of torch.autograd's backward passes are running (one inside another when > 1)
         unwatch = None  # puts Triton's interpreter back as the record leaves (kernels.py), while it runs
+        # What a torch setter replaced (an old .grad, .data): kept alive until the request is answered, so that
+        # nothing of the file's it held is freed inside the call (a finaliser, C callables too: the thirty-seventh
+        # review's f04 and f05, a functools.partial as __del__, started no Python frame)
+        replaced: list = []
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             name, why = _name(func, torch_classes, torch_callables)
@@ -217,6 +222,13 @@ def make_recorder(torch, lifted):
                 shared = modules.get("warnings")
                 modules["warnings"] = quiet
                 watched = id(type(func)) in C_CALLABLE_IDS
+                if type(func) is METHOD_WRAPPER and func.__name__ in ("__set__", "__delete__") and args:
+                    descriptor = func.__self__
+                    if type(descriptor) is GETSET:
+                        try:
+                            self.replaced.append(descriptor.__get__(args[0], type(args[0])))
+                        except BaseException:  # nothing there to keep
+                            pass
                 if watched:
                     with lifted():
                         set_profile(started)
@@ -263,7 +275,7 @@ def make_recorder(torch, lifted):
 
         def _builds_graph(self, value) -> bool:
             """The call's result is a node of an autograd graph: gradients could be taken through it."""
-            for t in value if type(value) is tuple or type(value) is list else (value,):
+            for t in _items(value):
                 if issubclass(type(t), torch.Tensor) and grad_fn_of(t) is not None:
                     return True
             return False
@@ -864,6 +876,7 @@ class Shapes:
         self.inputs = set()  # the addresses of the storages of the call's arguments: alive throughout, not made
         self.peak = 0  # the most bytes those held at once
         self.largest = []  # then, the largest sizes among them: [[bytes, count], ...]
+        self.overflow = 0  # the bytes of the storages seen past MAX_STORAGES, counted alive from then on
         self.sequence = BLAKE2B(digest_size=16)
         self.calls = 0
 
@@ -885,8 +898,7 @@ class Shapes:
         inputs = [_memory(readers, t) for t in given if issubclass(type(t), tensor)]
         widest = max(map(numel, inputs)) if inputs else None
         makes_scores = str.split(name, ".")[0] in SCORES
-        kind = type(value)
-        for t in value if kind is tuple or kind is list else (value,):
+        for t in _items(value):
             if not issubclass(type(t), tensor):
                 continue
             base = _memory(readers, t)
@@ -901,6 +913,7 @@ class Shapes:
             held = _held(readers, t)
             if held is not None:
                 self._keep(held, False)
+            self._watch_given(readers, t)
         self._sweep(readers)
 
     def _count(self, readers, t) -> None:
@@ -918,6 +931,12 @@ class Shapes:
             self.storages[address] = size
         else:  # past the bound, each counted whole: more than they hold, never less
             self.unsorted += size
+        self._watch(readers, storage, address, size)
+
+    def _watch(self, readers, storage, address: int, size: int) -> None:
+        """Watch a storage through a weak reference, once, while it lives; past MAX_STORAGES each new one counts
+        as alive for the rest of the call (more than it holds, never less: the thirty-seventh review's f01 filled
+        the table first)."""
         if address in self.inputs:
             return
         watched = self.alive.get(address)
@@ -926,8 +945,19 @@ class Shapes:
                 self.alive[address] = (watched[0], max(watched[1], size))
                 return
             readers[11](watched[0])  # freed, and its address given to another
+            del self.alive[address]
         if len(self.alive) < MAX_STORAGES:
             self.alive[address] = (readers[9](storage), size)
+        else:
+            self.overflow += size
+
+    def _watch_given(self, readers, t) -> None:
+        """A tensor a call was given: its storage is watched too (a buffer made where nothing records it, used)."""
+        try:
+            storage = readers[6](t)
+            self._watch(readers, storage, readers[8](storage), readers[7](storage))
+        except BaseException:  # a sparse or nested tensor: no storage of its own
+            return
 
     def given(self, torch, values) -> None:
         """The arguments of the call the record is for: their storages are the caller's, not what it holds."""
@@ -948,7 +978,7 @@ class Shapes:
             if expired(weak):
                 free(weak)
                 del self.alive[address]
-        live = sum(size for _, size in self.alive.values())
+        live = sum(size for _, size in self.alive.values()) + self.overflow
         if live > self.peak:
             counts = {}
             for _, size in self.alive.values():
@@ -980,6 +1010,20 @@ class Shapes:
 
 
 _READERS: list = []  # torch's C getters Shapes reads a tensor through, bound once
+
+
+def _items(value) -> tuple:
+    """A call's results: a tuple's items (torch.return_types' named tuples too, read by tuple's own C methods, never
+    a subclass's), a list's, or the value itself."""
+    kind = type(value)
+    if kind is list:
+        return tuple(value)
+    if issubclass(kind, tuple):
+        return tuple(TUPLE_GET(value, i) for i in range(TUPLE_LEN(value)))
+    return (value,)
+
+
+TUPLE_LEN, TUPLE_GET = tuple.__len__, tuple.__getitem__
 
 
 def _tensor_readers(torch) -> tuple:

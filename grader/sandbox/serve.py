@@ -72,6 +72,7 @@ def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins,
             return
         blobs_out: list[bytes] = []
         record.shapes = recorder.Shapes() if request.get("shapes") is True else None
+        record.replaced = []
         record.changed = []
         record.hidden = ""
         try:
@@ -91,6 +92,7 @@ def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins,
             answer["hidden"] = record.hidden[:MAX_MESSAGE]
         wire.write_frame(write_fd, answer, blobs_out, key=key)
         try:
+            record.replaced = []  # what the request's setters replaced, freed now it is answered
             collect()
         except BaseException:  # a finalizer of the candidate's that raised: nothing of a request's
             pass

@@ -115,6 +115,10 @@ def _expand(c_kv, w_uk, w_uv, num_heads, *, split="right", only=""):
             return y.view(b, t, -1, num_heads).permute(0, 3, 1, 2)
         return y.view(b, t, num_heads, -1).transpose(1, 2)
 
+    if split == "stacked":  # [w_uk; w_uv] as one kv_b_proj, each head's row cut [Dn, Dv] as DeepSeek's interleaved
+        dn, dv = w_uk.shape[0] // num_heads, w_uv.shape[0] // num_heads
+        both = (c_kv @ torch.cat([w_uk, w_uv]).T).view(b, t, num_heads, dn + dv).transpose(1, 2)
+        return both[..., :dn], both[..., dn:]
     return heads(c_kv @ w_uk.T, "k"), heads(c_kv @ w_uv.T, "v")
 
 
@@ -131,6 +135,11 @@ EXPAND = StepSpec(
         Mistake("expand_kv.split_no_transpose", "(B, T, H·width) reshaped straight to (B, H, T, width) mixes "
                 "tokens and heads: view(B, T, H, width), then transpose(1, 2)",
                 _split_wrong("no_transpose")),
+        Mistake("expand_kv.weights_stacked_not_interleaved", "w_uk and w_uv stacked as one kv_b_proj, then each "
+                "head's row cut [Dn, Dv]: DeepSeek's kv_b_proj alternates head by head; expand each by its own "
+                "weight", lambda *a: _expand(*a, split="stacked"),
+                why="With one head the two layouts agree; with more, head h gets rows of other heads' keys and "
+                    "values."),
         Mistake("expand_kv.heads_inner", "split the features as (width, H), heads inner: head h owns rows "
                 "h·width … (h + 1)·width − 1, so view(B, T, H, width)", _split_wrong("heads_inner")),
         Mistake("expand_kv.weight_not_transposed", "c_kv @ w multiplied by the weight as stored, (out, in): use "
@@ -249,7 +258,7 @@ def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True, widths=None, padded=Fal
 def _absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None, *, width=None, uk="right", uv="right",
               mask_ignored=False, mask_inverted=False, merge_heads_inner=False, softmax_dim=-1, wo_untransposed=False,
               fill=float("-inf"), rope=True, merge_untransposed=False, scaled="both", heads_summed=False,
-              stacked=False, mask_after_softmax=False):
+              stacked=False, mask_after_softmax=False, mask_added=False):
     """The absorbed path, per head, with the knobs of its mistakes: how w_uk and w_uv are cut into heads, which part
     of the scores is scaled ("both", "nope", "rope" or "per_part", each by the square root of its own width)."""
     h, dn, dr, r = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1], c_kv.shape[-1]
@@ -268,7 +277,9 @@ def _absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None, *, width
     scores = {"both": lambda: (nope + part) / scale, "nope": lambda: nope / scale + part,
               "rope": lambda: nope + part / scale,
               "per_part": lambda: nope / math.sqrt(dn) + part / math.sqrt(dr)}[scaled]()
-    if mask is not None and not mask_ignored and not mask_after_softmax:
+    if mask is not None and mask_added:  # a bool mask added to the scores: 1 where allowed, 0 where blocked
+        scores = scores + mask
+    elif mask is not None and not mask_ignored and not mask_after_softmax:
         scores = scores.masked_fill(mask if mask_inverted else ~mask, fill)
     weights = torch.softmax(scores, dim=softmax_dim)
     if mask is not None and mask_after_softmax:  # the blocked weights zeroed, the rest not renormalised
@@ -411,6 +422,11 @@ ABSORBED = StepSpec(
                 "w_uv.view(H, Dv, R)", _absorbed_variant(stacked=True),
                 why="DeepSeek's wkv_b alternates head by head, each head's key rows then its value rows; [every "
                     "head's keys; every head's values] agrees with it for one head only."),
+        Mistake("absorbed_attention.bool_mask_added", "the bool mask was added to the scores (True adds 1, a "
+                "blocked key nothing): fill the blocked scores with -inf, masked_fill(~mask, -inf)",
+                _absorbed_variant(mask_added=True),
+                why="DeepSeek's reference adds a float mask of 0 and -inf; this contract's mask is bool, True = may "
+                    "attend."),
         Mistake("absorbed_attention.mask_after_softmax", "the blocked weights were zeroed after the softmax, so the "
                 "rest no longer sum to 1: fill the blocked scores with -inf before it",
                 _absorbed_variant(mask_after_softmax=True)),

@@ -282,6 +282,8 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, *, bug=None):
                 _attend(q, k, v, same & (pk[None, :] <= pq[:, None] + nk - nq))]
     if causal and bug == TOP_LEFT.id:
         return _attend(q, k, v, same & (pk[None, :] <= pq[:, None]))
+    if bug == HEADS_RESHAPED.id:
+        return _heads_reshaped(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
     if bug == CAUSAL_IGNORED.id:
         causal = False
     return _attend(q, k, v, same & bottom_right if causal else same, unscaled=bug == VARLEN_UNSCALED.id,
@@ -298,6 +300,23 @@ def _attend(q, k, v, mask, unscaled=False, heads_axis=False):
     scores = (qh @ kh.transpose(-2, -1)) / (1 if unscaled else math.sqrt(DH))  # (H, total_q, total_k)
     weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
     return (weights @ vh).transpose(0, 1)  # (total_q, H, Dh)
+
+
+def _heads_reshaped(q, k, v, cu_seqlens_q, cu_seqlens_k, causal):
+    """Each sequence's (T, H, Dh) rows reshaped to (H, T, Dh), not transposed, and the output reshaped back: every
+    head's numbers scrambled across tokens and heads."""
+    outs, heads = [], q.shape[1]
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        qs, ks, vs = q[cq[b]:cq[b + 1]], k[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]]
+        t_q, t_k = qs.shape[0], ks.shape[0]
+        scores = qs.reshape(heads, t_q, -1) @ ks.reshape(heads, t_k, -1).transpose(-2, -1) / math.sqrt(DH)
+        if causal:
+            seen = torch.ones(t_q, t_k, dtype=torch.bool).tril(t_k - t_q)
+            scores = scores.masked_fill(~seen, float("-inf"))
+        out = torch.softmax(scores, -1).nan_to_num(0.0) @ vs.reshape(heads, t_k, -1)
+        outs.append(out.reshape(t_q, heads, -1))
+    return torch.cat(outs)
 
 
 def _varlen_mistake(name, message, why=""):
@@ -332,6 +351,10 @@ TOP_LEFT = _varlen_mistake(
         "query i sees keys 0 … Tk − Tq + i, as flash-attn aligns it.")
 CAUSAL_IGNORED = _varlen_mistake("causal_ignored", "causal=True was ignored: mask each sequence's future keys")
 VARLEN_UNSCALED = _varlen_mistake("unscaled", "scores not scaled: divide q · kᵀ by √Dh")
+HEADS_RESHAPED = _varlen_mistake(
+    "heads_reshaped", "each sequence's (T, H, Dh) rows were reshaped to (H, T, Dh), not transposed: "
+    "x.transpose(0, 1), and back with transpose(0, 1)",
+    why="A reshape keeps the memory's order: it deals one token's heads out as if they were tokens of one head.")
 HEADS_AXIS = _varlen_mistake(
     "heads_axis", "attended across the heads of each token (q @ k.mT on (T, H, Dh) is (T, H, H)): move the heads "
     "first, (H, T, Dh)", why="Then q @ k.mT is (H, Tq, Tk): every query against every key, head by head.")
@@ -369,5 +392,5 @@ VARLEN = StepSpec(
         device(2, causal=True),
     ),
     mistakes=(CU_AS_LENGTHS, KEYS_CUT_BY_Q, BOUNDARY_ROWS, CROSSES, GLOBAL_POSITIONS, TOP_LEFT, CAUSAL_IGNORED,
-              VARLEN_UNSCALED, HEADS_AXIS),
+              VARLEN_UNSCALED, HEADS_AXIS, HEADS_RESHAPED),
 )

@@ -131,6 +131,13 @@ def expand_kv(c_kv, w_uk, w_uv, num_heads):
     v = (c_kv @ w_uv.T).view(B, T, -1, num_heads).permute(0, 3, 1, 2)
     return k, v
 """, "expand_kv", "expand_kv.heads_inner"),
+    Variant("expand_weights_stacked", """
+def expand_kv(c_kv, w_uk, w_uv, num_heads):
+    B, T, _ = c_kv.shape
+    dn = w_uk.shape[0] // num_heads
+    kv = (c_kv @ torch.cat([w_uk, w_uv]).T).view(B, T, num_heads, -1).transpose(1, 2)  # DeepSeek's kv_b_proj, stacked
+    return kv[..., :dn], kv[..., dn:]
+""", "expand_kv", "expand_kv.weights_stacked_not_interleaved"),
     Variant("expand_weight_not_transposed", """
 def expand_kv(c_kv, w_uk, w_uv, num_heads):
     B, T, _ = c_kv.shape
@@ -237,6 +244,9 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)  # zeroed after the softmax: the rest not renormalised
     out_latent = weights @ latents"""), "absorbed_attention", "absorbed_attention.mask_after_softmax"),
+    Variant("absorbed_bool_mask_added", absorbed_with(
+        'scores = scores.masked_fill(~mask, float("-inf"))', "scores = scores + mask  # DeepSeek's additive mask"),
+            "absorbed_attention", "absorbed_attention.bool_mask_added"),
     Variant("absorbed_weights_stacked", absorbed_with(
         "    q_latent = q_nope @ w_uk.view(H, Dn, R)\n",
         "    wkv_b = torch.cat([w_uk, w_uv]).view(H, -1, R)  # DeepSeek's wkv_b, but stacked, not interleaved\n"

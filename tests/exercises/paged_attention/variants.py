@@ -281,6 +281,12 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
         scores = q[qs:qe] @ k[ks:ke].transpose(-2, -1) * scale  # (T, H, H)
         out[qs:qe] = torch.softmax(scores, dim=-1) @ v[ks:ke]"""),
             "varlen_attention", "varlen_attention.heads_axis"),
+    Variant("varlen_heads_reshaped", varlen_with(VARLEN_BODY.replace(
+        "qb, kb, vb = q[qs:qe].transpose(0, 1), k[ks:ke].transpose(0, 1), v[ks:ke].transpose(0, 1)",
+        "H = q.shape[1]\n        qb, kb, vb = (x.reshape(H, x.shape[0], -1) for x in (q[qs:qe], k[ks:ke], v[ks:ke]))").replace(
+        "out[qs:qe] = (torch.softmax(scores, dim=-1) @ vb).transpose(0, 1)",
+        "out[qs:qe] = (torch.softmax(scores, dim=-1) @ vb).reshape(qe - qs, H, -1)")),
+            "varlen_attention", "varlen_attention.heads_reshaped"),
     Variant("varlen_heads_left_first", varlen_with(VARLEN_BODY).replace(
         "    return out", "    return out.transpose(0, 1)  # (H, total_q, Dh)"), "varlen_attention", "axes_swapped"),
     # -- PagedSelfAttention -------------------------------------------------------------------
