@@ -3014,3 +3014,68 @@ def test_a_triton_kernel_may_not_reach_python_through_a_constant_or_another_kern
         flash = step(result, "flash_attention")
         assert flash.score == 0 and flash.breach, explain(result)
         assert any("which is not Triton's" in m for m in messages(result, "flash_attention")), explain(result)
+
+
+SAVED_TENSOR_FINALISER = """
+import collections
+import functools
+
+_FINAL = "__d" + "el__"
+_POOL = []
+_W = torch.ones(1, requires_grad=True)
+for _ in range(400):
+    # a tensor carrying a box, saved by an autograd node: torch keeps its Python object alive for the node, and frees
+    # it, box and all, inside the C call that drops the node (detach_ on the node's output)
+    _jobs = []
+    _runner = functools.partial(collections.deque, map(functools.partial.__call__, _jobs), 0)  # all C, no frame
+    _saved = torch.zeros(1)
+    _saved.box = type("_Box", (), {_FINAL: staticmethod(_runner)})()
+    _POOL.append((_saved * _W, _jobs))
+del _jobs, _runner, _saved
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    work = torch.promote_types(q.dtype, torch.float32)
+    qs, kt, vf = q.to(work) / math.sqrt(q.shape[-1]), k.to(work).transpose(-2, -1), v.to(work)
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    s, mask = torch.empty(0, dtype=work), torch.empty(0, dtype=torch.bool)
+    lse, out = torch.empty(0, dtype=work), torch.empty(0, dtype=work)
+    holder, jobs = _POOL.pop()
+    jobs.append(functools.partial(torch.matmul, qs, kt, out=s))  # the whole score matrix, where no record sees
+    if causal:
+        jobs.append(functools.partial(torch.ones, t_q, t_k, dtype=torch.bool, out=mask))
+        jobs.append(functools.partial(torch.Tensor.triu_, mask, t_k - t_q + 1))
+        jobs.append(functools.partial(torch.Tensor.masked_fill_, s, mask, -math.inf))
+    jobs.append(functools.partial(torch.logsumexp, s, -1, True, out=lse))
+    jobs.append(functools.partial(torch.sub, s, lse, out=s))
+    jobs.append(functools.partial(torch.exp, s, out=s))
+    jobs.append(functools.partial(torch.nan_to_num, s, 0.0, out=s))
+    jobs.append(functools.partial(torch.matmul, s, vf, out=out))
+    holder.detach_()  # frees the node, the saved tensor and its box with it
+    return out.to(q.dtype), lse.squeeze(-1)
+"""
+
+
+def test_a_finaliser_freed_with_a_graph_node_inside_a_torch_call_comes_too_late(grade_source):
+    """The thirty-eighth review's f03: a finaliser made of C callables on a tensor an autograd node saved, freed when
+    `detach_` dropped the node, ran untiled attention inside the call (100, fair 94). The graph nodes of a C call's
+    tensors are kept alive until the request is answered, as what a setter replaces is."""
+    result = grade_source(SAVED_TENSOR_FINALISER, base=(ROOT / "solutions" / "flash_attention.py").read_text(),
+                          name="flash_attention.py")
+    flash = step(result, "flash_attention")
+    assert flash.score < flash.max_score * 0.7, explain(result)
+
+
+def test_a_triton_kernel_may_not_reach_python_put_on_tritons_own_modules(grade_source):
+    """The thirty-eighth review's f01: the file put its own function on triton.language (`tl.keep_tile = keep`), and
+    the launch check looked only at the globals a kernel loads (tl, Triton's own: 100, fair 84). What a kernel reads
+    from a Triton module must be Triton's too."""
+    pytest.importorskip("triton")
+    code = KERNEL_UNDER_ANOTHER_NAME.replace("    return s\n", "    return s\n\n\ntl.keep_tile = keep\n", 1)
+    code = code.replace("keep(s, i))", "tl.keep_tile(s, i))")
+    assert "tl.keep_tile(s, i))" in code and "tl.keep_tile = keep" in code
+    result = grade_source(code, base=(ROOT / "solutions" / "triton_attention.py").read_text(),
+                          name="triton_attention.py")
+    flash = step(result, "flash_attention")
+    assert flash.score == 0 and flash.breach, explain(result)
+    assert any("reaches tl.keep_tile" in m for m in messages(result, "flash_attention")), explain(result)

@@ -96,6 +96,7 @@ def watch(torch, record):
     core = sys.modules.get("triton.language.core")
     constexpr, dtype = getattr(core, "constexpr", None), getattr(core, "dtype", None)
     function_globals = types.FunctionType.__dict__["__globals__"].__get__
+    function_code = types.FunctionType.__dict__["__code__"].__get__
     interpreters_own = {id(v) for v in list(vars(interpreter).values())}
     home = sys.modules["triton"].__file__.rsplit("/", 1)[0] + "/"
 
@@ -105,12 +106,20 @@ def watch(torch, record):
         return (type(value) is types.ModuleType and (name == "triton" or str.startswith(name, "triton."))
                 and sys.modules.get(name) is value and str.startswith(getattr(value, "__file__", "") or "", home))
 
+    def triton_own(function) -> bool:
+        """A function of Triton's own: its globals one of Triton's modules, its code from Triton's files."""
+        if type(function) is not types.FunctionType:
+            return False
+        namespaces = {id(vars(m)) for m in list(sys.modules.values()) if triton_module(m)}
+        return (id(function_globals(function)) in namespaces
+                and str.startswith(function_code(function).co_filename, home))
+
     def fine(value, name: str, seen: set) -> bool:
         if value is None or type(value) in (bool, int, float, str):
             return True
         # another kernel (compiled or interpreted): its own code is held to the same
         if any(kind is not None and isinstance(value, kind) for kind in kernel_kinds):
-            if id(value) in seen:
+            if id(value) in seen or triton_own(getattr(value, "fn", None)):  # Triton's standard library's
                 return True
             seen.add(id(value))
             return not foreign(getattr(value, "fn", None), seen)
@@ -118,9 +127,8 @@ def watch(torch, record):
             return True
         if triton_module(value):
             return True
-        if type(value) is types.FunctionType:  # one of Triton's language functions, imported by name
-            module = sys.modules.get(getattr(value, "__module__", None) or "")
-            return module is not None and triton_module(module) and function_globals(value) is vars(module)
+        if type(value) is types.FunctionType:  # one of Triton's language functions
+            return triton_own(value)
         owner = sys.modules.get(getattr(type(value), "__module__", ""))
         if owner is None or not triton_module(owner) or getattr(owner, type(value).__name__, None) is not type(value):
             return False
@@ -140,12 +148,23 @@ def watch(torch, record):
             if code is None:
                 continue
             codes += [c for c in code.co_consts if type(c) is types.CodeType]
+            value, path = None, ""  # a Triton module loaded, and the attributes read from it since
             for instruction in dis.get_instructions(code):
                 if instruction.opname == "LOAD_GLOBAL":
                     name = instruction.argval
                     value = names[name] if name in names else getattr(builtins, name, None)
                     if not fine(value, name, seen):
                         return name
+                    path = name
+                elif instruction.opname in ("LOAD_ATTR", "LOAD_METHOD") and path and triton_module(value):
+                    # what a Triton module holds must be Triton's too: a file can put its own functions there
+                    # (tl.keep_tile = keep: the thirty-eighth review's f01)
+                    held, path = vars(value), f"{path}.{instruction.argval}"
+                    value = held.get(instruction.argval)
+                    if instruction.argval not in held or not fine(value, "", seen):  # none there: a __getattr__'s
+                        return path
+                else:
+                    value, path = None, ""
         for cell in getattr(fn, "__closure__", None) or ():
             if not fine(cell.cell_contents, "", seen):
                 return "a value it closes over"

@@ -193,9 +193,10 @@ def make_recorder(torch, lifted):
         changed: list = []  # the arguments a call changed in place
         gradients = 0  # how many of torch.autograd's backward passes are running (one inside another when > 1)
         unwatch = None  # puts Triton's interpreter back as the record leaves (kernels.py), while it runs
-        # What a torch setter replaced (an old .grad, .data): kept alive until the request is answered, so that
-        # nothing of the file's it held is freed inside the call (a finaliser, C callables too: the thirty-seventh
-        # review's f04 and f05, a functools.partial as __del__, started no Python frame)
+        # What a torch setter replaced (an old .grad, .data), and the graph nodes of a C call's tensors: kept alive
+        # until the request is answered, so that nothing of the file's they held is freed inside the call (a
+        # finaliser, C callables too: the thirty-seventh review's f04 and f05, a functools.partial as __del__,
+        # started no Python frame)
         replaced: list = []
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -229,6 +230,12 @@ def make_recorder(torch, lifted):
                             self.replaced.append(descriptor.__get__(args[0], type(args[0])))
                         except BaseException:  # nothing there to keep
                             pass
+                if watched:  # the graph nodes of its tensors, which it may free (detach_: the thirty-eighth
+                    for t in (*args, *dict.values(kwargs)):  # review's f03, a finaliser on a tensor a node saved)
+                        if issubclass(type(t), torch.Tensor):
+                            node = grad_fn_of(t)
+                            if node is not None:
+                                self.replaced.append(node)
                 if watched:
                     with lifted():
                         set_profile(started)
