@@ -97,6 +97,7 @@ def watch(torch, record):
     constexpr, dtype = getattr(core, "constexpr", None), getattr(core, "dtype", None)
     function_globals = types.FunctionType.__dict__["__globals__"].__get__
     function_code = types.FunctionType.__dict__["__code__"].__get__
+    class_dict, class_mro = type.__dict__["__dict__"].__get__, type.__dict__["__mro__"].__get__
     interpreters_own = {id(v) for v in list(vars(interpreter).values())}
     home = sys.modules["triton"].__file__.rsplit("/", 1)[0] + "/"
 
@@ -129,6 +130,11 @@ def watch(torch, record):
             return True
         if type(value) is types.FunctionType:  # one of Triton's language functions
             return triton_own(value)
+        if isinstance(value, type):  # one of Triton's classes (tl.static_range): every function in it Triton's
+            home_module = sys.modules.get(getattr(value, "__module__", "") or "")
+            return (home_module is not None and triton_module(home_module)
+                    and all(triton_own(f) for c in class_mro(value) if c is not object
+                            for f in class_dict(c).values() if type(f) is types.FunctionType))
         owner = sys.modules.get(getattr(type(value), "__module__", ""))
         if owner is None or not triton_module(owner) or getattr(owner, type(value).__name__, None) is not type(value):
             return False
