@@ -209,11 +209,14 @@ class Run:
         signatures = {n: inspect.signature(getattr(contract, n) if contract else f) for n, f in references.items()}
         return Oracle(references, signatures, self.spec.backend)
 
-    def answer(self, call: Call, device: str = "cpu", strided=(), shapes: bool = False, **extra):
+    def answer(self, call: Call, device: str = "cpu", strided=(), shapes: bool = False, steer: bool = True,
+               **extra):
         """The candidate's answer to `call`; an exception it raised becomes a failed check with its diagnosis.
 
         `extra` goes to Candidate.module: grad_output and grad_args, repeat. With `shapes` (a function step)
-        the answer also holds the shapes of the tensors the call created (Answer.shapes).
+        the answer also holds the shapes of the tensors the call created (Answer.shapes). Without `steer`, the
+        calls are not compared with a call on other values: for a call whose values no check reads (the bytes it
+        keeps alive, tiles.py), the comparison would only cost time.
         """
         step = self.step
         # strided: argument positions, or (position, axis, axis) for another pair of axes than the last two
@@ -246,7 +249,7 @@ class Run:
                     return got
 
                 answer = invoke(call)
-                if traced:
+                if traced and steer:
                     answer = self.steered(answer, call, invoke, _layout(args))
         except CandidateError as error:
             if device == "meta" and diagnose.meta_unsupported(error):

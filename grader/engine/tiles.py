@@ -181,11 +181,11 @@ def tiles_only(sizes: TileSizes, full: Mistake, ignored: Mistake, what: str = "i
     return check
 
 
-def _asked(run, answer: Callable | None, sizes: TileSizes, causal: bool, full: Mistake):
+def _asked(run, answer: Callable | None, sizes: TileSizes, causal: bool, full: Mistake, steer: bool = True):
     """The call at `sizes` and the file's answer to it, with its record; a record the call hid fails the check."""
     call = run.inputs(t_q=sizes.t_q, t_k=sizes.t_k, d=sizes.d, dv=sizes.dv, causal=causal, block_q=sizes.block_q,
                       block_k=sizes.block_k)
-    got = answer(run, call, shapes=True) if answer else run.answer(call, shapes=True)
+    got = answer(run, call, shapes=True, steer=steer) if answer else run.answer(call, shapes=True, steer=steer)
     hidden = [n for n in got.called if n.startswith("hidden: ")]
     if hidden:
         raise CheckFailed(f"the call hid what it created from the check: {hidden[0][len('hidden: '):]}", full)
@@ -202,7 +202,7 @@ def _kept(run, answer: Callable | None, sizes: TileSizes, causal: bool, full: Mi
         long = replace(short, t_k=short.t_k + LONGER) if keys else replace(short, t_q=short.t_q + LONGER)
         held = []
         for each in (short, long):
-            call, got = _asked(run, answer, each, causal, full)
+            call, got = _asked(run, answer, each, causal, full, steer=False)  # its values read by no check
             held.append((got.shapes or EMPTY)["alive"])
             width = call.args[0].element_size()
         kept = (held[1] - held[0]) / (sizes.b * sizes.h * LONGER * width)

@@ -554,7 +554,7 @@ def _query_tail_dropped(q, k, v, grad_out, causal=False, block_q=32, block_k=32)
             for saved in (lse, lse.masked_fill(lse == -math.inf, 0.0))]
 
 
-def function_answer(run, call, shapes=False):
+def function_answer(run, call, shapes=False, steer=True):
     """The file's flash_attention_and_grads(*call): (out, dq, dk, dv) through the candidate's Function. Every call
     keeps to tiles, forward and backward, judged at its own sizes for the step's tiles_only check, and makes the
     calls its inputs' shapes make, whatever their values (Run.steered)."""
@@ -572,7 +572,8 @@ def function_answer(run, call, shapes=False):
         if error.kind == "not_implemented":
             raise
         raise run.error_failure(error, call, "cpu") from None
-    got = run.steered(got, call, invoke)  # its calls those its inputs' shapes make, whatever their values
+    if steer:
+        got = run.steered(got, call, invoke)  # its calls those its inputs' shapes make, whatever their values
     check_calls(got.called, run.ctx.forbidden.get(run.step.id, ()), run.ctx.allowed.get(run.step.id))
     return got  # every call keeps the rules, as Run.answer's do
 
