@@ -3079,3 +3079,94 @@ def test_a_triton_kernel_may_not_reach_python_put_on_tritons_own_modules(grade_s
     flash = step(result, "flash_attention")
     assert flash.score == 0 and flash.breach, explain(result)
     assert any("reaches tl.keep_tile" in m for m in messages(result, "flash_attention")), explain(result)
+
+
+LIBRARY_WITH_A_CACHE = """
+import torch.nn.functional as F
+
+_forward = CachedSelfAttention.forward
+
+
+def _forward_with_library(self, x, cache=None):
+    if cache is None:  # the rules check's first call: plain attention, and the module remembers it
+        self.__dict__["watched"] = True
+        return _forward(self, x)
+    if self.__dict__.get("watched"):
+        return _forward(self, x, cache)
+    B, T, D = x.shape
+    H, Dh = self.num_heads, D // self.num_heads
+    q, k, v = (w(x).view(B, T, H, Dh).transpose(1, 2) for w in (self.w_q, self.w_k, self.w_v))
+    past_len = cache.length
+    k, v = cache.append(k, v)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=decode_mask(T, past_len, device=x.device))
+    return self.w_o(y.transpose(1, 2).reshape(B, T, D))
+
+
+CachedSelfAttention.forward = _forward_with_library
+"""
+
+
+def test_a_scripts_calls_keep_the_rules_too(grade_source):
+    """The thirty-ninth review's f02: a module that used the library's attention only in modules first called with a
+    cache, as every stateful check's script calls it, and not in the rules check's script (100, fair 55). A script's
+    calls are held to the rules as every call is."""
+    result = grade_source(LIBRARY_WITH_A_CACHE, base=(ROOT / "solutions" / "kv_cache.py").read_text(),
+                          name="kv_cache.py")
+    module = step(result, "CachedSelfAttention")
+    assert module.score == 0 and module.breach, explain(result)
+
+
+LENGTH_A_TENSOR_ONCE_USED = """
+class _Length:  # an int, except once the module has used the cache: then a tensor of two entries
+    def __get__(self, cache, owner=None):
+        n = cache.__dict__["_n"]
+        return torch.tensor([n, n]) if cache.__dict__.get("used") else n
+
+    def __set__(self, cache, value):
+        cache.__dict__["_n"] = value
+
+
+KVCache.length = _Length()
+_forward = CachedSelfAttention.forward
+
+
+def _forward_marking(self, x, cache=None):
+    if type(cache) is KVCache:
+        cache.__dict__["used"] = False
+    out = _forward(self, x, cache)
+    if type(cache) is KVCache:
+        cache.__dict__["used"] = True
+    return out
+
+
+CachedSelfAttention.forward = _forward_marking
+"""
+
+
+def test_a_cache_length_of_any_type_is_a_wrong_answer_not_a_crash(grade_source):
+    """The thirty-ninth review's f01: a cache whose length became a tensor of two entries once the module used it
+    crashed the module's check of the cache's contents (exit 3, no report). It is compared as a whole number."""
+    result = grade_source(LENGTH_A_TENSOR_ONCE_USED, base=(ROOT / "solutions" / "kv_cache.py").read_text(),
+                          name="kv_cache.py")
+    assert "CachedSelfAttention" in lost(result), explain(result)
+    assert any("cache's length is tensor" in m for m in messages(result, "CachedSelfAttention")), explain(result)
+
+
+def test_a_value_the_file_returns_is_shown_cut_in_a_message(grade_source):
+    """The thirty-ninth review's f03: a string of 780 KB returned where ValueError was due was echoed whole into the
+    check's message (a report of 781 KB). A check's message is cut at MESSAGE_LIMIT characters."""
+    from grader.engine.failure import MESSAGE_LIMIT
+
+    flood = """
+_bytes = cache_bytes_per_token
+
+
+def cache_bytes_per_token(attention, *args, **kwargs):
+    if attention not in ("mha", "gqa", "mla"):
+        return "x" * 800_000
+    return _bytes(attention, *args, **kwargs)
+"""
+    result = grade_source(flood, base=(ROOT / "solutions" / "mla.py").read_text(), name="mla.py")
+    said = messages(result, "cache_bytes_per_token")
+    assert said and max(map(len, said)) < MESSAGE_LIMIT + 100, [len(m) for m in said]
+    assert any("characters cut" in m for m in said), said

@@ -344,14 +344,16 @@ class Run:
                 return False
         return True
 
-    def script(self, script: Script, device: str = "cpu"):
+    def script(self, script: Script, device: str = "cpu", rules: bool = True):
         """The candidate's answer to a Script (grader/engine/script.py): one result per action, in its `value`.
 
         The composite's answered steps are answered as in `answer`. An exception that ends the
-        script becomes a failed check with its diagnosis, said with the action that raised.
+        script becomes a failed check with its diagnosis, said with the action that raised. Its calls keep the
+        step's rules, as every call does, unless `rules` is False: a script whose work is a stand-in's of the
+        grader's own (Triton's launch probe runs the kernel its own way) answers for calls the file did not make.
         """
         try:
-            return self.ctx.candidate.script(self.step.id, script.actions, device=device, answers=self.oracle())
+            answer = self.ctx.candidate.script(self.step.id, script.actions, device=device, answers=self.oracle())
         except CandidateError as error:
             if device == "meta" and diagnose.meta_unsupported(error):
                 pytest.skip(f"the meta device cannot run this code, so it was not checked there: {error.message}")
@@ -365,6 +367,11 @@ class Run:
             if mistake is None and unfilled:  # a build the grader's weights left parameters of at their random start
                 mistake = diagnose.unloaded(unfilled.group(1).split(", "))
             raise CheckFailed(failure.message + where, mistake, failure.details, failure.outcome) from None
+        # every call keeps the rules, a script's too (the thirty-ninth review's f02: a module that called a forbidden
+        # function only when it had a cache, which only the rules check's cache-less call missed)
+        if rules:
+            check_calls(answer.called, self.ctx.forbidden.get(self.step.id, ()), self.ctx.allowed.get(self.step.id))
+        return answer
 
     def output(self, answer):
         return answer.value["output"] if self.step.module else answer.value
