@@ -377,6 +377,11 @@ OVERFLOW_NOT_REFUSED = Mistake(
 CHANGED_BEFORE_RAISING = Mistake(
     "KVCache.changed_before_raising", "the refused append changed the cache (length advanced, or tokens written) "
     "before raising: check first, then write, then advance")
+FITTING_REFUSED = Mistake(
+    "KVCache.fitting_append_refused", "refused an append that fits (ValueError with room left): compare length + T "
+    "with max_len, the buffers' token axis, and raise only past it",
+    raises=Raises(types=("ValueError",), line=r"raise"),
+    why="The capacity read from another axis (k.shape[1] is the heads) refuses appends the cache has room for.")
 NOT_IN_PLACE = Mistake(
     "KVCache.not_in_place", "after an append, k or v is a new tensor (torch.cat, a clone, a padded copy): preallocate "
     "them once and write each append in place",
@@ -398,5 +403,5 @@ CACHE = StepSpec(
     ),
     mistakes=(WRONG_AXIS, GROWN_BY_CAT, LENGTH_NOT_ADVANCED, LENGTH_TWICE, WHOLE_BUFFER, RETURNS_OLD_PREFIX,
               ADDED_NOT_WRITTEN, FULL_REFUSED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, DTYPE_IGNORED,
-              NOT_IN_PLACE),
+              NOT_IN_PLACE, FITTING_REFUSED),
 )

@@ -258,6 +258,11 @@ EXACT_FILL_REFUSED = Mistake(
     "LatentCache.exact_fill_refused", "an append that fills the cache exactly was refused: raise only when length + "
     "T > max_len, not >=",
     why="max_len is a capacity: the last slot is usable, and a model served at its full context needs it.")
+FITTING_REFUSED = Mistake(
+    "LatentCache.fitting_append_refused", "refused an append that fits (ValueError with room left): compare length + "
+    "T with max_len, the buffers' token axis, and raise only past it",
+    raises=Raises(types=("ValueError",), line=r"raise"),
+    why="The capacity read from another axis (c_kv.shape[0] is the batch) refuses appends the cache has room for.")
 CACHE_MISTAKES = (
     Mistake("LatentCache.grown_by_cat", "the buffers grow (torch.cat onto what is cached): preallocate c_kv and "
             "k_rope as (B, max_len, width) once and write each append in place", test=_grown,
@@ -278,7 +283,7 @@ CACHE_MISTAKES = (
     Mistake("LatentCache.added_not_written", "the new latents were added to what the slots held (+=): assign them "
             "(c_kv[:, a:b] = c_kv_new)", test=_nan_written,
             why="Adding is right only while the slots hold zeros: the grader fills the unused slots with NaN."),
-    DTYPE_IGNORED, DEVICE_IGNORED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, EXACT_FILL_REFUSED,
+    DTYPE_IGNORED, DEVICE_IGNORED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, EXACT_FILL_REFUSED, FITTING_REFUSED,
 )
 
 # What a check's failure says when the appends are right and no listed mistake explains it.

@@ -132,6 +132,14 @@ class KVCache:
         self.v[:, :, self.length:end] = v_new
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]"""), "KVCache", "KVCache.full_refused"),
+    Variant("cache_capacity_of_another_axis", append_with("""\
+        end = self.length + t
+        if end > self.k.shape[1]:  # the heads axis, not max_len's
+            raise ValueError("the cache is full")
+        self.k[:, :, self.length:end] = k_new
+        self.v[:, :, self.length:end] = v_new
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]"""), "KVCache", "KVCache.fitting_append_refused"),
     Variant("cache_changed_before_raising", append_with("""\
         self.length += t
         if self.length > self.max_len:

@@ -387,6 +387,14 @@ class LatentCache(LatentCache):
         self.k_rope[:, self.length:end] = k_rope_new
         self.length = end
         return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "LatentCache.exact_fill_refused"),
+    Variant("cache_capacity_of_another_axis", append_with("""\
+        end = self.length + t
+        if end > self.c_kv.shape[0]:  # the batch axis, not max_len's
+            raise ValueError("the cache is full")
+        self.c_kv[:, self.length:end] = c_kv_new
+        self.k_rope[:, self.length:end] = k_rope_new
+        self.length = end
+        return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "LatentCache.fitting_append_refused"),
     # -- MultiHeadLatentAttention -------------------------------------------------------------
     Variant("module_top_left_mask", forward_with(".tril(diagonal=past_len)", ".tril()"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.top_left_mask"),
