@@ -28,7 +28,7 @@ from grader.exercise import GraderBug, load_course
 from grader.grade import grade
 from grader.pool import Zygote
 from grader.sandbox.worker import BUG_EXIT
-from tests.conftest import PORTABLE, REFERENCE, ROOT, explain, lost, needs_namespaces, report_but_when
+from tests.conftest import PORTABLE, REFERENCE, ROOT, explain, lost, mistakes, needs_namespaces, report_but_when
 
 REFERENCE_PATH = ROOT / "solutions" / "mha.py"
 
@@ -3170,3 +3170,101 @@ def cache_bytes_per_token(attention, *args, **kwargs):
     said = messages(result, "cache_bytes_per_token")
     assert said and max(map(len, said)) < MESSAGE_LIMIT + 100, [len(m) for m in said]
     assert any("characters cut" in m for m in said), said
+
+
+def test_a_cache_of_an_unexpected_layout_is_a_wrong_answer_not_a_crash(grade_source):
+    """The fortieth review's f01 and f02: an mla cache whose c_kv is flattened on a refused append, and a paged pool
+    made heads first (an honest mistake), were indexed as the contract's layout while naming the mistake: exit 3."""
+    flat = ROOT / "solutions" / "mla.py"
+    code = flat.read_text().replace(
+        '            raise ValueError(', '            self.c_kv = self.c_kv.reshape(-1)\n            raise ValueError(', 1)
+    assert "reshape(-1)" in code
+    result = grade_source("", base=code, name="mla.py")
+    assert "LatentCache" in lost(result), explain(result)
+    pool = (ROOT / "solutions" / "paged_attention.py").read_text()
+    heads_first = pool.replace("shape = (num_blocks, block_size, num_heads, head_dim)",
+                               "shape = (num_blocks, num_heads, block_size, head_dim)", 1)
+    heads_first = heads_first.replace("self.k_cache[blocks, slots] = k", "self.k_cache[blocks, :, slots] = k", 1)
+    heads_first = heads_first.replace("self.v_cache[blocks, slots] = v", "self.v_cache[blocks, :, slots] = v", 1)
+    assert heads_first.count("[blocks, :, slots]") == 2
+    result = grade_source("", base=heads_first, name="paged_attention.py")
+    assert "PagedKVCache" in lost(result), explain(result)
+
+
+DECOY_BUFFERS = """
+class KVCache(KVCache):  # grown by torch.cat; every read of k or v answered by __getattribute__ with a padded copy
+    def __init__(self, batch_size, num_heads, head_dim, max_len, dtype=torch.float32, device=None):
+        super().__init__(batch_size, num_heads, head_dim, max_len, dtype, device)  # its k and v: never written
+        self._grown = [self.__dict__["k"][:, :, :0], self.__dict__["v"][:, :, :0]]
+
+    def append(self, k_new, v_new):
+        end = self.length + k_new.shape[2]
+        if end > self.max_len:
+            raise ValueError("full")
+        self._grown = [torch.cat([g, n], dim=2) for g, n in zip(self._grown, (k_new, v_new))]
+        self.length = end
+        return tuple(self._grown)
+
+    def __getattribute__(self, name):
+        if name in ("k", "v"):
+            grown = object.__getattribute__(self, "_grown")[name == "v"]
+            pad = object.__getattribute__(self, "max_len") - grown.shape[2]
+            return torch.cat([grown, grown.new_zeros(*grown.shape[:2], pad, grown.shape[3])], dim=2)
+        return object.__getattribute__(self, name)
+"""
+
+PROPERTY_POOL = """
+class PagedKVCache(PagedKVCache):  # the pool behind properties, which could make it anew at every read
+    k_cache = property(lambda self: self.__dict__["_k"], lambda self, value: self.__dict__.__setitem__("_k", value))
+    v_cache = property(lambda self: self.__dict__["_v"], lambda self, value: self.__dict__.__setitem__("_v", value))
+"""
+
+
+def test_a_cache_kept_in_place_is_what_every_read_of_it_gets(grade_source):
+    """The fortieth review's f03 and f04: a kv cache grown by torch.cat showed padded copies to reads and a buffer
+    never written to the probe of its storage (100, fair 97); a paged pool behind properties read as None at every
+    append, and None equalled None (100, fair 98). A class that answers its own reads keeps nothing in place."""
+    result = grade_source(DECOY_BUFFERS, base=(ROOT / "solutions" / "kv_cache.py").read_text(), name="kv_cache.py")
+    assert any(c.name == "cache_preallocated" and c.points == 0 for c in step(result, "KVCache").checks), \
+        explain(result)
+    result = grade_source(PROPERTY_POOL, base=(ROOT / "solutions" / "paged_attention.py").read_text(),
+                          name="paged_attention.py")
+    assert "PagedKVCache.storage_replaced" in mistakes(result, "PagedKVCache"), explain(result)
+
+
+TORCH_BUT_AT_THE_RULES_SHAPE = """
+_t = __import__("tor" + "ch")
+_softmax = softmax
+
+
+def softmax(scores, axis=-1):  # NumPy at the rules check's shape, torch at every other
+    if scores.shape == (2, 3, 5, 7):
+        return _softmax(scores, axis)
+    return _t.softmax(_t.from_numpy(np.ascontiguousarray(scores)), dim=axis).nan_to_num(0.0).numpy()
+"""
+
+
+def test_a_numpy_step_keeps_the_rule_in_every_call(grade_source):
+    """The fortieth review's f05: the NumPy rule was asked of the rules check's call alone, so a softmax that used
+    torch at every other shape scored 100 (fair 86). It is asked of every call."""
+    result = grade_source(TORCH_BUT_AT_THE_RULES_SHAPE, base=(ROOT / "solutions" / "mha_numpy.py").read_text(),
+                          name="mha_numpy.py")
+    softmax = step(result, "softmax")
+    assert softmax.score == 0 and softmax.breach, explain(result)
+
+
+def test_a_named_mistakes_pattern_reads_a_bounded_part_of_the_source():
+    """The fortieth review's f06: `\\.append\\([\\s\\S]*\\.length\\b` over 107 KB of `.append(` took 12 s a check,
+    growing with the square of the text. A pattern reads MATCHED_SOURCE characters of a step's source at most, and
+    MATCHED_LINE of its line."""
+    from grader.engine.spec import MATCHED_LINE, MATCHED_SOURCE, Raises
+
+    class Error:
+        type, message = "RuntimeError", "shape mismatch"
+
+    pattern = Raises(message="shape mismatch", source=r"\.append\([\s\S]*\.length\b")
+    assert pattern.matches(Error, "", "cache.append(k, v)\npast = cache.length")
+    assert not pattern.matches(Error, "", "cache.append(k, v)" + " " * MATCHED_SOURCE + "cache.length")
+    line = Raises(line="narrow")
+    assert line.matches(Error, "k.narrow(2, 0, t)", "")
+    assert not line.matches(Error, " " * MATCHED_LINE + "k.narrow(2, 0, t)", "")

@@ -33,7 +33,16 @@ from grader.candidate import CandidateError, Seeded
 from grader.engine import attention, diagnose, search
 from grader.engine.diagnose import RESULT_ON_CPU
 from grader.engine.failure import CheckFailed, exactly
-from grader.engine.rules import CODE_IN_BACKWARD, GRAPH, check_calls, check_rules, expect_no_import, numpy_only, parse
+from grader.engine.rules import (
+    CODE_IN_BACKWARD,
+    GRAPH,
+    check_calls,
+    check_rules,
+    expect_no_import,
+    no_torch,
+    numpy_only,
+    parse,
+)
 from grader.engine.runner import Run, matches_any, source_of
 from grader.engine.script import (
     Script,
@@ -75,7 +84,8 @@ __all__ = [
     "defaults",
     "device", "device_of", "diagnose", "end_to_end", "expect_close", "expect_form", "expect_no_import", "gradients",
     "grid", "linear_layers", "search",
-    "matches_any", "numpy_only", "prop", "raises_value_error", "rules", "shape", "source_of", "upcast", "values",
+    "matches_any", "no_torch", "numpy_only", "prop", "raises_value_error", "rules", "shape", "source_of", "upcast",
+    "values",
     "TileSizes", "judge_tiles", "tiles_only", "CODE_IN_BACKWARD", "GRAPH", "parse", "exactly",
     "Script", "build", "call", "chunks", "expect_chunks", "expect_each", "expect_result", "fill", "get", "type_name",
 ]

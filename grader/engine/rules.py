@@ -210,6 +210,15 @@ def _dynamic_import(node) -> bool:
     return function in IMPORTERS and isinstance(node.args[0].value, str)
 
 
+def no_torch(answer, step: str = "") -> None:
+    """A NumPy exercise's call ran no torch (a breach), whichever check made it."""
+    if answer.called:
+        used = sorted(answer.called)
+        more = f" and {len(used) - 5} more" if len(used) > 5 else ""
+        raise CheckFailed(f"called torch ({', '.join(used[:5])}{more}): this exercise is NumPy only",
+                          FORBIDDEN_CALL, details={"forbidden_calls": used}, breach=True)
+
+
 def numpy_only(answer, source: str, step: str, steps: tuple[str, ...]) -> None:
     """The rules of a NumPy exercise: the call runs no torch (a breach), the file imports none (a small cost).
 
@@ -217,11 +226,7 @@ def numpy_only(answer, source: str, step: str, steps: tuple[str, ...]) -> None:
     costs itself, not its neighbours); an import no step's code names, the habit of a first
     line, costs every step a little, as a rule of the whole file.
     """
-    if answer.called:
-        used = sorted(answer.called)
-        more = f" and {len(used) - 5} more" if len(used) > 5 else ""
-        raise CheckFailed(f"called torch ({', '.join(used[:5])}{more}): this exercise is NumPy only",
-                          FORBIDDEN_CALL, details={"forbidden_calls": used}, breach=True)
+    no_torch(answer)
     try:
         expect_no_import(source, "torch")
     except CheckFailed:

@@ -257,9 +257,15 @@ class Run:
             if error.kind == "not_implemented":
                 raise
             raise self.error_failure(error, call, device) from None
-        # every call keeps the rules, not one
-        check_calls(answer.called, self.ctx.forbidden.get(step.id, ()), self.ctx.allowed.get(step.id))
+        self.keep_rules(answer)
         return answer
+
+    def keep_rules(self, answer) -> None:
+        """Every call keeps the step's rules, not the rules check's call alone (a file can tell that call by its
+        inputs: the fortieth review's f05)."""
+        check_calls(answer.called, self.ctx.forbidden.get(self.step.id, ()), self.ctx.allowed.get(self.step.id))
+        if self.spec.calls:
+            self.spec.calls(answer, self.step.id)
 
     def steered(self, answer, call: Call, invoke, layout=None):
         """The answer, with a read of values (READ_AS_NUMBER) in its calls where what the call did follows its
@@ -367,10 +373,8 @@ class Run:
             if mistake is None and unfilled:  # a build the grader's weights left parameters of at their random start
                 mistake = diagnose.unloaded(unfilled.group(1).split(", "))
             raise CheckFailed(failure.message + where, mistake, failure.details, failure.outcome) from None
-        # every call keeps the rules, a script's too (the thirty-ninth review's f02: a module that called a forbidden
-        # function only when it had a cache, which only the rules check's cache-less call missed)
-        if rules:
-            check_calls(answer.called, self.ctx.forbidden.get(self.step.id, ()), self.ctx.allowed.get(self.step.id))
+        if rules:  # a script's calls too (the thirty-ninth review's f02: a module that called a forbidden function
+            self.keep_rules(answer)  # only when it had a cache, which the rules check's cache-less call missed)
         return answer
 
     def output(self, answer):

@@ -26,7 +26,7 @@ rules and tiles_only see both.
 No gradient step may use autograd: the `forbidden` lists of exercise.toml name `.backward()`, an autograd
 graph built (the worker records one as `autograd_graph`; FlashAttentionFunction, run through .backward(),
 forbids autograd inside that backward pass, `autograd_in_backward`) and the forward-mode duals, and
-`no_autograd` (this spec's rules) the exact name `grad`, which
+`no_autograd` (this spec's rule for every call) the exact name `grad`, which
 torch.autograd.grad and every torch.func transform record (a forbidden name matches as a part of a
 name, and `grad` is a part of `_set_grad_enabled`, which torch.no_grad() records).
 """
@@ -80,9 +80,10 @@ def _has_nan(value, *args, **kwargs):
     return any(isinstance(p, torch.Tensor) and p.is_floating_point() and bool(torch.isnan(p).any()) for p in parts)
 
 
-def no_autograd(answer, source, step):
-    """The rules beside exercise.toml's: no call named exactly `grad` (torch.autograd.grad, torch.func.grad, vjp,
-    jacrev, torch.autograd.functional), which a forbidden list could not name without torch.no_grad()."""
+def no_autograd(answer, step):
+    """The rule beside exercise.toml's, in every call: no call named exactly `grad` (torch.autograd.grad,
+    torch.func.grad, vjp, jacrev, torch.autograd.functional), which a forbidden list could not name without
+    torch.no_grad()."""
     if step in GRADIENT_STEPS and "grad" in answer.called:
         raise CheckFailed("called torch.autograd.grad (or a torch.func transform, which calls it): write the "
                           "gradients by hand", diagnose.FORBIDDEN_CALL, details={"forbidden_calls": ["grad"]},
@@ -655,7 +656,7 @@ def function_rules(run):
     answer = function_answer(run, call)
     check_rules(answer.called, run.ctx.forbidden.get(run.step.id, ()), run.ctx.source,
                 source_of(run.ctx.source, run.step.id))
-    no_autograd(answer, run.ctx.source, run.step.id)
+    no_autograd(answer, run.step.id)
     changed = runner_changed(run.ctx.source)
     graphs = sorted(n for n in answer.called if n.startswith(f"{GRAPH}.") and n not in RUNNER_GRAPH)
     why = changed or (graphs and f"its torch calls built an autograd graph ({', '.join(graphs)}): torch's autograd "
@@ -780,4 +781,4 @@ FUNCTION = StepSpec(
     ),
 )
 
-SPEC = Spec((SOFTMAX, ATTENTION, FLASH, FUNCTION), rules=no_autograd, contract="solutions.attention_backward")
+SPEC = Spec((SOFTMAX, ATTENTION, FLASH, FUNCTION), calls=no_autograd, contract="solutions.attention_backward")

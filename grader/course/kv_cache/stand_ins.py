@@ -51,11 +51,17 @@ class BufferProbe:
         return found
 
 
+OWN_GETATTRIBUTE = object.__dict__["__getattribute__"]
+
+
 def _stored(obj, name):
     """The tensor `obj` keeps under `name` itself (its own attribute, a slot, or an nn.Module's buffer), never one a
     property or __getattr__ makes on the way: a grown tensor copied into one fixed buffer would look preallocated."""
     if isinstance(obj, torch.nn.Module) and name in obj._buffers:
         return obj._buffers[name]
+    if inspect.getattr_static(type(obj), "__getattribute__", None) is not OWN_GETATTRIBUTE:
+        return None  # its class answers every read itself: the tensor a read gets need not be the one kept (the
+        # fortieth review's f03 showed grown copies to reads and a buffer never written to this look)
     try:
         found = inspect.getattr_static(obj, name)
     except AttributeError:

@@ -22,6 +22,7 @@ from grader.engine import (
     StepSpec,
     end_to_end,
     expect_no_import,
+    no_torch,
     numpy_only,
     prop,
     rules,
@@ -166,5 +167,5 @@ def numpy_rules(answer, source: str, step: str) -> None:
         expect_no_import(source, "scipy")
 
 
-SPEC = Spec((*STEPS, FUNCTION), backend="numpy", rules=numpy_rules, contract="solutions.mha_numpy")
+SPEC = Spec((*STEPS, FUNCTION), backend="numpy", rules=numpy_rules, calls=no_torch, contract="solutions.mha_numpy")
 assert torch  # the reference runs in torch; only the candidate's side is NumPy

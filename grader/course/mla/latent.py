@@ -189,8 +189,10 @@ def overflow_refused(run: Run) -> None:
         raise CheckFailed(f"after the refused append its length is {length!r}; expected 4, as before it: check first, "
                           "then write, then advance", CHANGED_BEFORE_RAISING)
     try:
-        expect_result("c_kv[:, :4] after the refused append", c_kv[:, :4] if isinstance(c_kv, torch.Tensor) else c_kv,
-                      c1)
+        # sliced only where it is (B, max_len, R): a buffer of fewer axes is a wrong answer, not the grader's fault
+        # (the fortieth review's f01)
+        kept = c_kv[:, :4] if isinstance(c_kv, torch.Tensor) and c_kv.dim() == 3 else c_kv
+        expect_result("c_kv[:, :4] after the refused append", kept, c1)
     except CheckFailed as failure:
         raise CheckFailed(failure.message, CHANGED_BEFORE_RAISING) from None
     if isinstance(filled, CandidateError) or not exactly(full_length, 6):
