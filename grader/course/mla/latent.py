@@ -329,7 +329,8 @@ def latent_attention(state, x, absorbed=False, splits=None, *, bug: str | None =
     splits = splits or (x.shape[1],)
     latents, keys, outs, past = [], [], [], 0
     for t, chunk in zip(splits, chunks(x, splits), strict=True):
-        positions = torch.arange(t) if bug == POSITIONS_FROM_ZERO.id else torch.arange(past, past + t)
+        from_zero = bug == POSITIONS_FROM_ZERO.id or bug == FROM_ZERO_MASKED
+        positions = torch.arange(t) if from_zero else torch.arange(past, past + t)
         after_append = torch.arange(past + t, past + 2 * t)  # the cache's length read after the append
         query_positions = (torch.arange(t) if bug == QUERY_FROM_ZERO else
                            after_append if bug == QUERY_AFTER_APPEND.id and cached else positions)
@@ -348,7 +349,7 @@ def latent_attention(state, x, absorbed=False, splits=None, *, bug: str | None =
         keys.append(k_rope)
         seen = 0 if bug == CACHE_IGNORED.id else past  # the cached tokens attended to
         k_nope, v = ref.expand_kv(torch.cat(latents, dim=1)[:, past - seen:], w["w_uk"], w["w_uv"], H)
-        top_left = bug == TOP_LEFT_MASK.id
+        top_left = bug == TOP_LEFT_MASK.id or bug == FROM_ZERO_MASKED
         mask = torch.ones(t, seen + t, dtype=torch.bool).tril() if top_left else bottom_right(t, seen + t)
         k_rope = torch.cat(keys, dim=1)[:, past - seen:]
         scores = ref.mla_scores(q_nope, q_rope, k_nope, k_rope)
@@ -452,13 +453,16 @@ TOP_LEFT_MASK = _mistake(
     "top_left_mask", "with a cache, the causal mask was aligned to the top-left (new token i sees keys 0 … i): new "
     "token i sits at past_len + i; use tril(diagonal=past_len)")
 POSITIONS_FROM_ZERO = _mistake(
-    "positions_from_zero", "each call's tokens were rotated from position 0: with a cache they sit at past_len … "
-    "past_len + T − 1, so decoding token p turns by p",
+    "positions_from_zero", "each call's tokens were given positions from 0 (RoPE's, and a mask made from them): with "
+    "a cache they sit at past_len … past_len + T − 1",
     why="RoPE makes q(m)·k(n) depend on m − n; a new token rotated as position 0 is compared with cached keys from "
         "their real positions.")
-QUERY_FROM_ZERO = POSITIONS_FROM_ZERO.id + ":query"  # its other form: only the queries rotated from 0
+QUERY_FROM_ZERO = POSITIONS_FROM_ZERO.id + ":query"  # its other forms: only the queries rotated from 0, and the
+FROM_ZERO_MASKED = POSITIONS_FROM_ZERO.id + ":masked"  # mask made from the same positions (top-left: the thirtieth
+# blind set's b06)
 POSITIONS_FROM_ZERO = replace(POSITIONS_FROM_ZERO, variant=lambda state, x, absorbed=False, splits=None: [
-    latent_attention(state, x, absorbed, splits=splits, bug=bug) for bug in (POSITIONS_FROM_ZERO.id, QUERY_FROM_ZERO)])
+    latent_attention(state, x, absorbed, splits=splits, bug=bug)
+    for bug in (POSITIONS_FROM_ZERO.id, QUERY_FROM_ZERO, FROM_ZERO_MASKED)])
 QUERY_AFTER_APPEND = _mistake(
     "query_after_append", "with a cache, the queries were rotated from the cache's length after the append: the new "
     "tokens sit at past_len … past_len + T − 1, the length before it",

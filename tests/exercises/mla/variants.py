@@ -402,6 +402,10 @@ class LatentCache(LatentCache):
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.merge_heads_inner"),
     Variant("module_mask_inverted", forward_with(".masked_fill(~mask,", ".masked_fill(mask,"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.mask_inverted"),
+    Variant("module_positions_and_mask_from_zero", forward_with(
+        "torch.arange(past_len, past_len + T, device=x.device)", "torch.arange(T, device=x.device)").replace(
+        ".tril(diagonal=past_len)", ".tril()"), "MultiHeadLatentAttention", "MultiHeadLatentAttention.positions_from_zero",
+            situations=("MultiHeadLatentAttention.cache_contents_mishandled",)),
     Variant("module_positions_from_zero", forward_with(
         "torch.arange(past_len, past_len + T, device=x.device)", "torch.arange(T, device=x.device)"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.positions_from_zero",

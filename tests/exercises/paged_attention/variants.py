@@ -565,23 +565,10 @@ class PagedSelfAttention(_PagedSelfAttention):
 
 # Bugs located by a simpler case the candidate gets right (StepSpec.probes): one length, one sequence.
 BUGGY += [
-    Variant("decode_full_last_block_dropped", """
-def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
-    B, H, Dh = q.shape
-    bs = k_cache.shape[1]
-    out = torch.empty_like(q)
-    for b in range(B):
-        n = int(context_lens[b])
-        full, last = divmod(n, bs)  # a full last block counted as holding 0 tokens
-        blocks = block_tables[b, :full + (last > 0)].long()
-        k = k_cache[blocks].flatten(0, 1)[:full * bs + last]
-        v = v_cache[blocks].flatten(0, 1)[:full * bs + last]
-        if last == 0:
-            k, v = k[:-bs], v[:-bs]
-        scores = torch.einsum("hd,nhd->hn", q[b], k) / math.sqrt(Dh)
-        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v)
-    return out
-""", "paged_decode", "paged_decode.boundaries_mishandled"),
+    Variant("decode_full_last_block_dropped", decode_with("""\
+        kept = n - (bs if n % bs == 0 else 0)  # a full last block counted as holding n % bs = 0 tokens
+        k, v = k_cache[blocks].flatten(0, 1)[:kept], v_cache[blocks].flatten(0, 1)[:kept]"""),
+            "paged_decode", "paged_decode.boundaries_mishandled"),
     Variant("decode_lengths_differ", """
 _paged_decode_ = paged_decode
 
