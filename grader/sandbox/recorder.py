@@ -11,6 +11,7 @@ this file costs nothing before the zygote imports torch.
 
 import functools
 import hashlib
+import marshal
 import math
 import os
 import sys
@@ -130,6 +131,7 @@ def make_recorder(torch, lifted):
     from torch.overrides import TorchFunctionMode
 
     TENSOR[:] = [torch.Tensor]
+    DTYPE_NAMES.update({v: str(v) for v in list(vars(torch).values()) if type(v) is torch.dtype})
 
     # Everything below is compared by identity (id), never by == or hashing, which a type of the file's own (a
     # metaclass) could answer with its own code while the record is stashed.
@@ -884,6 +886,7 @@ class Shapes:
         self.peak = 0  # the most bytes those held at once
         self.largest = []  # then, the largest sizes among them: [[bytes, count], ...]
         self.overflow = 0  # the bytes of the storages seen past MAX_STORAGES, counted alive from then on
+        self.grew = False  # a storage watched, or counted larger, since the last sweep: the bytes alive may have grown
         self.sequence = BLAKE2B(digest_size=16)
         self.calls = 0
 
@@ -892,7 +895,7 @@ class Shapes:
         where memory happens to be, the same in no two calls: kept as no value."""
         if str.split(name, ".")[0] in UNSTEADY:
             value = None
-        self.sequence.update(repr((name, _answered(torch, value, 0))).encode("utf-8", "backslashreplace"))
+        self.sequence.update(MARSHAL((name, _answered(torch, value, 0)), 2))
         self.calls += 1
 
     def add(self, torch, value, name: str = "", given: tuple = ()) -> None:
@@ -911,27 +914,27 @@ class Shapes:
             base = _memory(readers, t)
             outgrew = widest is not None and base is t and numel(t) >= 2 * widest  # a pad to whole blocks grows less
             self._keep(_shape(readers, base), makes_scores or outgrew)
-            held = _held(readers, base)
-            if held is not None:
-                self._keep(held, makes_scores or outgrew)
-            self._count(readers, t)
-        for t in inputs:
+            found = _storage(readers, t)  # a view's is its base's: read once for both
+            if found is not None:
+                held = _held(readers, base, found[2])
+                if held is not None:
+                    self._keep(held, makes_scores or outgrew)
+                self._count(readers, *found)
+        for t in inputs:  # watched too: a buffer made where nothing records it, used
             self._keep(_shape(readers, t), False)
-            held = _held(readers, t)
-            if held is not None:
-                self._keep(held, False)
-            self._watch_given(readers, t)
-        self._sweep(readers)
+            found = _storage(readers, t)
+            if found is not None:
+                held = _held(readers, t, found[2])
+                if held is not None:
+                    self._keep(held, False)
+                self._watch(readers, *found)
+        if self.grew:  # else only frees happened since the last sweep: fewer bytes alive than then, no new peak
+            self._sweep(readers)
 
-    def _count(self, readers, t) -> None:
-        """The bytes of the storage `t` lives in, once per address: what a call's tensors hold together, however
+    def _count(self, readers, storage, address: int, size: int) -> None:
+        """The bytes of a storage a result lives in, once per address: what a call's tensors hold together, however
         many pieces or shapes they come in (a score matrix in B·H·2 buffers of one shape, the thirtieth review's
         f04). A storage freed and its address reused counts once: pieces that are never alive together are not."""
-        try:
-            storage = readers[6](t)
-            address, size = readers[8](storage), readers[7](storage)
-        except BaseException:  # a sparse or nested tensor: no storage of its own
-            return
         if address in self.storages:
             self.storages[address] = max(self.storages[address], size)
         elif len(self.storages) < MAX_STORAGES:
@@ -949,7 +952,9 @@ class Shapes:
         watched = self.alive.get(address)
         if watched is not None:
             if not readers[10](watched[0]):  # the same storage, seen again
-                self.alive[address] = (watched[0], max(watched[1], size))
+                if size > watched[1]:
+                    self.alive[address] = (watched[0], size)
+                    self.grew = True
                 return
             readers[11](watched[0])  # freed, and its address given to another
             del self.alive[address]
@@ -957,14 +962,7 @@ class Shapes:
             self.alive[address] = (readers[9](storage), size)
         else:
             self.overflow += size
-
-    def _watch_given(self, readers, t) -> None:
-        """A tensor a call was given: its storage is watched too (a buffer made where nothing records it, used)."""
-        try:
-            storage = readers[6](t)
-            self._watch(readers, storage, readers[8](storage), readers[7](storage))
-        except BaseException:  # a sparse or nested tensor: no storage of its own
-            return
+        self.grew = True
 
     def given(self, torch, values) -> None:
         """The arguments of the call the record is for: their storages are the caller's, not what it holds."""
@@ -980,6 +978,7 @@ class Shapes:
     def _sweep(self, readers) -> None:
         """Forget the storages freed since the last call; keep the most bytes the rest hold together, and their
         largest sizes then."""
+        self.grew = False
         expired, free = readers[10], readers[11]
         for address, (weak, _) in list(self.alive.items()):
             if expired(weak):
@@ -1052,17 +1051,24 @@ def _memory(readers, t):
     return view_of if view_of is not None and numel(view_of) * width(view_of) < numel(t) * width(t) else t
 
 
-def _held(readers, t) -> tuple | None:
+def _storage(readers, t) -> tuple | None:
+    """(storage, its address, its bytes) of the memory a tensor lives in; None for a sparse or nested tensor, which
+    has no storage of its own."""
+    try:
+        storage = readers[6](t)
+        return storage, readers[8](storage), readers[7](storage)
+    except BaseException:
+        return None
+
+
+def _held(readers, t, nbytes: int) -> tuple | None:
     """The shape of a tensor's whole storage, one axis of its elements, where that storage holds more than the
     tensor it belongs to (the tensor's base, or itself) has elements: a (2,) tensor made with a stride of n − 1 holds
     n, and a view of any shape on it counts as that tensor (the twenty-eighth review's f01–f04). None where the
     storage holds no more (a slice of an input is its input's, which is counted as itself)."""
     root = readers[1](t)
     root = t if root is None else root
-    try:
-        held = readers[7](readers[6](root)) // readers[4](root)
-    except BaseException:  # a sparse or nested tensor: no storage of its own
-        return None
+    held = nbytes // readers[4](root)  # `nbytes`: its storage's, which a view shares with its base
     if held <= readers[2](root):
         return None
     # its batch and head axes kept, where the storage divides among them: a slice of an output padded to whole blocks
@@ -1081,8 +1087,12 @@ def _shape(readers, t) -> tuple:
 
 
 BLAKE2B = hashlib.blake2b
+# plain data as bytes, in C: version 2 writes no back-references, so equal values give equal bytes whichever objects
+# hold them; it refuses anything but exact builtin types, which is all `_answered` gives
+MARSHAL = marshal.dumps
 UNSTEADY = frozenset({"data_ptr", "__hash__", "_cdata", "_version"})
 NUMBERS = (type(None), bool, int, float, complex, str)
+DTYPE_NAMES: dict = {}  # torch's dtypes (C singletons) by name, read once in the zygote (make_recorder)
 
 
 def _answered(torch, value, depth: int):
@@ -1092,7 +1102,7 @@ def _answered(torch, value, depth: int):
     kind = type(value)
     if issubclass(kind, torch.Tensor):
         base = torch._C.TensorBase
-        dtype = str(base.dtype.__get__(value))
+        dtype = DTYPE_NAMES.get(base.dtype.__get__(value)) or str(base.dtype.__get__(value))
         try:
             return ("tensor", tuple(base.shape.__get__(value)), tuple(base.stride(value)), base.storage_offset(value),
                     dtype)
@@ -1102,7 +1112,7 @@ def _answered(torch, value, depth: int):
         return value
     if (kind is tuple or kind is list or kind is torch.Size) and depth < 3:
         return (len(value), *(_answered(torch, v, depth + 1) for v in tuple(value)[:256]))
-    return TYPE_NAME(kind)
+    return str.__str__(TYPE_NAME(kind))  # an exact str: a metaclass can make __name__ a str subclass of the file's
 
 
 def _scalars_to_meta(torch, args, kwargs):
