@@ -7,11 +7,14 @@
 - buffers of the wrong shape (1-D, widened) cost the cache points, and never crash a check.
 """
 
+import importlib.util
+import sys
+import types
+
 import pytest
 import torch
 
 from grader.course.kv_cache import spec
-from grader.course.kv_cache.stand_ins import BufferProbe
 from solutions import kv_cache as ref
 from tests.conftest import ROOT, explain, lost, mistakes
 from tests.exercises.kv_cache.state_variants import BOOK_CACHE, KEEPS_OWN_KEYS, PADDED_CACHE
@@ -82,16 +85,84 @@ def test_a_cache_whose_buffers_have_the_wrong_shape_loses_points_in_its_checks(g
     assert all(c.end_to_end for c in module), explain(result)
 
 
-def test_the_probe_finds_one_storage_for_a_preallocated_cache_and_none_behind_a_property():
-    scope = {"torch": torch}
-    exec(PADDED_CACHE, scope)  # the variant's own class, run here as plain Python
-    for cls, kept in ((ref.KVCache, True), (scope["KVCache"], False)):
-        cache, probe = cls(2, 3, 4, 8), BufferProbe()
-        first = probe.storages(cache)
-        for t in (3, 1, 2):
-            cache.append(torch.randn(2, 3, t, 4), torch.randn(2, 3, t, 4))
-            now = probe.storages(cache)
-            assert (now == first and None not in now) if kept else now == [None, None]
+def _worker_scripts():
+    """grader/sandbox/scripts.py as the worker loads it, by path (its sibling serve.py stood in for: unused here)."""
+    stand_in = "_attn_grade_sandbox_serve" not in sys.modules
+    if stand_in:
+        sys.modules["_attn_grade_sandbox_serve"] = types.ModuleType("_attn_grade_sandbox_serve")
+    try:
+        spec = importlib.util.spec_from_file_location("_scripts_under_test", ROOT / "grader" / "sandbox" / "scripts.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        if stand_in:
+            del sys.modules["_attn_grade_sandbox_serve"]
+
+
+KEPT_SOMEWHERE_ELSE = """
+class Property:
+    def __init__(self):
+        self._k = torch.zeros(2)
+    k = property(lambda self: self._k)
+
+
+class Reads:  # every read of k answered by the class
+    def __init__(self):
+        self.k = torch.zeros(2)
+
+    def __getattribute__(self, name):
+        return torch.ones(2) if name == "k" else object.__getattribute__(self, name)
+
+
+class DictShadowed:  # the forty-first review's f01: the probe's look at the instance dict went to the class's
+    k = torch.zeros(2)
+    __dict__ = property(lambda self: {})
+
+    def __init__(self):
+        object.__setattr__(self, "_grown", torch.zeros(3))
+
+
+class ModuleAnswers(torch.nn.Module):  # a buffer kept, and every read of it answered with another tensor
+    def __init__(self):
+        super().__init__()
+        self._buffers["k"] = torch.zeros(2)
+
+    def __getattr__(self, name):
+        return torch.ones(2) if name == "k" else super().__getattr__(name)
+"""
+
+KEPT_ITSELF = """
+class Plain:
+    def __init__(self):
+        self.k = torch.zeros(2)
+
+
+class Slotted:
+    __slots__ = ("k",)
+
+    def __init__(self):
+        self.k = torch.zeros(2)
+
+
+class Module(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(2))
+"""
+
+
+def test_the_workers_look_at_a_kept_tensor_finds_only_what_the_object_keeps_itself():
+    """A script's `storage` action (grader/sandbox/scripts.py `_kept`): the tensor an object keeps under a name in its
+    own dict, a slot or a module's buffers, and None wherever its class decides what a read gets."""
+    scripts = _worker_scripts()
+    for code, kept in ((KEPT_ITSELF, True), (KEPT_SOMEWHERE_ELSE, False)):
+        scope = {"torch": torch}
+        exec(code, scope)
+        for name, cls in scope.items():
+            if isinstance(cls, type) and name != "torch":
+                found = scripts._kept(torch, cls(), "k")
+                assert (type(found) is torch.Tensor) if kept else found is None, name
 
 
 def test_the_answer_over_the_graders_values_is_what_the_reference_module_gives_over_them():

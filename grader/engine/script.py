@@ -15,6 +15,10 @@ The actions, as the worker reads them (objects are numbered in the order they ar
          tensors go to the device; refs pass built objects; an exception of an action that may
          raise is its result, and the script goes on
   get    {"do": "get", "object": i, "attribute": NAME}
+  storage {"do": "storage", "object": i, "attributes": [NAME, ...]}
+         where each tensor the object keeps under those names lives (its storage's address, None where it keeps
+         none itself, or its class decides what a read gets): the same address after every append is a buffer
+         kept in place
   fill   {"do": "fill", "object": i, "attributes": [NAME, ...], "axis": 2, "start": NAME or int,
           "value": "nan"}
          the object's tensors named, from `start` on along `axis`, set to `value` (a NAME: the
@@ -55,6 +59,10 @@ def get(obj: int, attribute: str) -> dict:
     return {"do": "get", "object": obj, "attribute": attribute}
 
 
+def storage(obj: int, attributes: tuple[str, ...]) -> dict:
+    return {"do": "storage", "object": obj, "attributes": list(attributes)}
+
+
 def fill(obj: int, attributes: tuple[str, ...], axis: int, start: str | int, value: str = "nan") -> dict:
     return {"do": "fill", "object": obj, "attributes": list(attributes), "axis": axis, "start": start, "value": value}
 
@@ -79,6 +87,9 @@ class Script:
 
     def get(self, obj: int, attribute: str) -> int:
         return self._add(get(obj, attribute))
+
+    def storage(self, obj: int, attributes: tuple[str, ...]) -> int:
+        return self._add(storage(obj, attributes))
 
     def fill(self, obj: int, attributes: tuple[str, ...], axis: int, start: str | int, **options) -> int:
         return self._add(fill(obj, attributes, axis, start, **options))

@@ -38,6 +38,11 @@ def run(torch, wire, record, module, stand_ins, request, blobs, blobs_out, oracl
       {"do": "call", "object": 0, "method": "name" | "__call__", "args": [...], "kwargs": {...},
        "refs": {"parameter": 1}, "may_raise": false}   tensors in args and kwargs go to the device; refs pass objects
       {"do": "get", "object": 0, "attribute": "name"}
+      {"do": "storage", "object": 0, "attributes": ["a", "b"]}
+                            for each attribute, the address of the storage of the tensor the object keeps under that
+                            name itself (an attribute of its own, a slot, an nn.Module's buffer), or None where no
+                            plain tensor is kept there or its class decides what a read gets (`_kept`); every tensor
+                            read stays alive to the script's end, so no new tensor takes a freed one's address
       {"do": "fill", "object": 0, "attributes": ["a", "b"], "axis": 2, "start": "size" | 3, "value": "nan"}
                             each attribute, a torch.Tensor of more than `axis` dimensions, gets `value`
                             ("nan", "inf", "-inf" or a number) from index `start` on along `axis`, if it
@@ -56,12 +61,13 @@ def run(torch, wire, record, module, stand_ins, request, blobs, blobs_out, oracl
     if not isinstance(actions, list) or len(actions) > MAX_SCRIPT_ACTIONS:
         raise ValueError(f"a script is a list of at most {MAX_SCRIPT_ACTIONS} actions")
     objects, encoded, raised, stopped = [], [], {}, None
+    objects_kept = []  # the tensors `storage` actions read: alive until the script ends
     path = getattr(module, "__file__", "")
     with torch.no_grad(), record, oracle:
         for index, action in enumerate(actions):
             mark = len(blobs_out)
             try:
-                value = _act(torch, wire, record, module, stand_ins, objects, action, device)
+                value = _act(torch, wire, record, module, stand_ins, objects, action, device, objects_kept)
                 item = wire.encode(value, blobs_out)
                 _bounded(item, blobs_out)
                 encoded.append(item)
@@ -92,7 +98,7 @@ def _bounded(item, blobs_out) -> None:
                          "more than the grader reads")
 
 
-def _act(torch, wire, record, module, stand_ins, objects, action, device):
+def _act(torch, wire, record, module, stand_ins, objects, action, device, kept):
     """One action of a script; its result (None for build and fill)."""
     if not isinstance(action, dict):
         raise ValueError("an action is a dict")
@@ -115,6 +121,14 @@ def _act(torch, wire, record, module, stand_ins, objects, action, device):
     if do == "fill":
         _fill(torch, wire, record, target, action)
         return None
+    if do == "storage":
+        names = action.get("attributes")
+        if not isinstance(names, list) or not 0 < len(names) <= MAX_FILL_ATTRIBUTES:
+            raise ValueError(f"a storage action names a list of 1 to {MAX_FILL_ATTRIBUTES} attributes")
+        found = [_kept(torch, target, _name(name)) for name in names]  # recorded, as any reads of the objects are
+        kept.extend(found)
+        with record.paused():  # the grader's own look at where each plain tensor lives
+            return [t.untyped_storage().data_ptr() if t is not None else None for t in found]
     raise ValueError(f"unknown action {str(do)[:40]!r}")
 
 
@@ -153,10 +167,9 @@ def _unrecorded(torch, cls, record):
         raise TypeError(f"the grader's stand-in {getattr(cls, '__name__', '?')} is not a class")
     made, members = [], {}
     plain = (type(None), bool, int, float, str, torch.Tensor, torch.dtype, torch.device)
-    probe = getattr(cls, "PROBE", False) is True
     for klass in reversed(cls.__mro__[:-1]):  # object's own methods are no stand-in's; a subclass's win
         for attribute, value in vars(klass).items():
-            paused = _paused_member(value, record, made, probe, plain)
+            paused = _paused_member(value, record, made, plain)
             if paused is not None:
                 members[attribute] = paused
     members.update(__module__=cls.__module__, __qualname__=cls.__qualname__, __doc__=cls.__doc__)
@@ -167,24 +180,24 @@ def _unrecorded(torch, cls, record):
     return made[0]
 
 
-def _paused_member(value, record, made, probe, plain):
+def _paused_member(value, record, made, plain):
     """`value` (a member of a class) running with the record paused, or None if it runs no code of its own."""
     if isinstance(value, types.FunctionType):
-        return _paused(value, record, made, probe, plain, "self")
+        return _paused(value, record, made, plain, "self")
     if isinstance(value, property):
         accessors = (value.fget, value.fset, value.fdel)
-        return property(*(f and _paused(f, record, made, probe, plain, "self") for f in accessors), value.__doc__)
+        return property(*(f and _paused(f, record, made, plain, "self") for f in accessors), value.__doc__)
     if isinstance(value, staticmethod):
-        return staticmethod(_paused(value.__func__, record, made, probe, plain, "nothing"))
+        return staticmethod(_paused(value.__func__, record, made, plain, "nothing"))
     if isinstance(value, classmethod):
-        return classmethod(_paused(value.__func__, record, made, probe, plain, "class"))
+        return classmethod(_paused(value.__func__, record, made, plain, "class"))
     return None
 
 
-def _paused(function, record, made, probe, plain, bound):
+def _paused(function, record, made, plain, bound):
     @functools.wraps(function)
     def paused(*args, **kwargs):
-        if not _graders_own(args, kwargs, made, probe, plain, bound):  # the file's code may run in it: recorded
+        if not _graders_own(args, kwargs, made, plain, bound):  # the file's code may run in it: recorded
             return function(*args, **kwargs)
         with record.paused():
             return function(*args, **kwargs)
@@ -192,9 +205,9 @@ def _paused(function, record, made, probe, plain, bound):
     return paused
 
 
-def _graders_own(args, kwargs, made, probe, plain, bound) -> bool:
+def _graders_own(args, kwargs, made, plain, bound) -> bool:
     """Can a stand-in's method run with nothing of the file's in it? Its class as the grader made it, its object of
-    exactly that class, holding and given only `_grader_data` (a probe is given the candidate's objects to look at).
+    exactly that class, holding and given only `_grader_data`.
     Where not, the method runs recorded, the file's code it reaches with it: the stand-in's own calls count as the
     candidate's then, which only a file that changed or fed it something else pays for."""
     if type(made[0]) is not type or not all(_same(space, kept) for space, kept in made[1]):
@@ -204,10 +217,10 @@ def _graders_own(args, kwargs, made, probe, plain, bound) -> bool:
         owner = args[0] if args else None
         if (owner is not made[0]) if bound == "class" else (type(owner) is not made[0]):
             return False
-        if bound == "self" and not probe and not _grader_data(vars(owner), plain, 0):
+        if bound == "self" and not _grader_data(vars(owner), plain, 0):
             return False
         given = args[1:]
-    return probe or all(_grader_data(a, plain, 0) for a in (*given, *dict.values(kwargs)))
+    return all(_grader_data(a, plain, 0) for a in (*given, *dict.values(kwargs)))
 
 
 def _same(space, kept: tuple) -> bool:
@@ -263,6 +276,40 @@ def _fill(torch, wire, record, target, action) -> None:
         for _, tensor in tensors:
             if tensor.is_floating_point():
                 tensor[(slice(None),) * axis + (slice(start, None),)] = value
+
+
+def _kept(torch, obj, name: str):
+    """The plain tensor `obj` keeps under `name` itself, read through CPython's own descriptors: its instance dict's
+    entry, a slot, or an nn.Module's buffer; never one a property, __getattr__ or __getattribute__ makes on the way
+    (a grown tensor copied into one fixed buffer would look kept in place). None where none is kept, or where its
+    class decides what a read gets: a __getattribute__, __dict__ or __class__ of its own (the fortieth review's f03
+    and the forty-first's f01: decoy buffers shown to a look that skipped such a class's own reads)."""
+    kind = type(obj)
+    mro = TYPE_MRO(kind)
+    for base in mro:  # torch's __getattr__ answers for a module's buffers, read here from _buffers
+        space = TYPE_DICT(base)
+        if (base is not object and base is not torch.nn.Module
+                and any(n in space for n in ("__getattribute__", "__class__", "__getattr__"))):
+            return None
+        if "__dict__" in space and type(space["__dict__"]) is not types.GetSetDescriptorType:
+            return None
+    found = None
+    has_dict = any(type(TYPE_DICT(b).get("__dict__")) is types.GetSetDescriptorType for b in mro)
+    own = OBJECT_GET(obj, "__dict__") if has_dict else None
+    if type(own) is dict:
+        buffers = own.get("_buffers") if issubclass(kind, torch.nn.Module) else None
+        found = buffers.get(name) if type(buffers) is dict and name in buffers else own.get(name)
+    if found is None:
+        for base in mro:
+            slot = TYPE_DICT(base).get(name)
+            if slot is not None:
+                found = slot.__get__(obj, kind) if type(slot) is types.MemberDescriptorType else None
+                break
+    return found if type(found) is torch.Tensor else None
+
+
+TYPE_MRO, TYPE_DICT = type.__dict__["__mro__"].__get__, type.__dict__["__dict__"].__get__
+OBJECT_GET = object.__getattribute__  # "__dict__" through CPython's own descriptor, checked above: the instance's dict
 
 
 def _fill_value(value) -> float:

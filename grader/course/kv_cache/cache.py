@@ -96,7 +96,7 @@ def fill_unused(script: Script, cache: int) -> int:
 
 class CacheScript:
     """A cache built (its unused slots filled with NaN if `nan`), then for each chunk: append, read length, k and v
-    (and with `probe`, where k and v are stored: the grader's BufferProbe, from stand_ins.py).
+    (and with `probe`, where k and v are stored: a script's `storage` action).
 
     The answer of a cache check: `initial` and `appends` sort the results out, and the cache's
     mistakes' tests read them (Run.explain(script, script.call) names the one it shows).
@@ -110,19 +110,18 @@ class CacheScript:
         script = Script()
         on = {"device": device} if device != "cpu" else {}
         cache = script.build("KVCache", B, H, DH, MAX_LEN, dtype=dtype, **on)
-        where = script.build("BufferProbe", stand_in=True) if probe else None
         self.filled = fill_unused(script, cache) if nan else None
         self.start = len(script.actions)
         for name in ("k", "v", "length"):
             script.get(cache, name)
-        self.storages = [script.call(where, "storages", refs={"cache": cache})] if probe else []
+        self.storages = [script.storage(cache, ("k", "v"))] if probe else []
         self.rows = []  # each append's index: its result, then length, k and v
         for k, v in zip(self.ks, self.vs, strict=True):
             self.rows.append(script.call(cache, "append", k, v, names=KV))
             for name in ("length", "k", "v"):
                 script.get(cache, name)
             if probe:
-                self.storages.append(script.call(where, "storages", refs={"cache": cache}))
+                self.storages.append(script.storage(cache, ("k", "v")))
         self.results = run.script(script, device=device).value
 
     @property

@@ -48,6 +48,7 @@ INIT = (D, H, R, DN, DR, DV)
 MAX_LEN = 16  # the cache's room: more than twice the tokens any check appends
 CHUNKS = (4, 1, 2)  # tokens per append: a prefill of 4, then 1, then 2
 APPEND = ("c_kv_new", "k_rope_new")  # append's arguments, as messages name them
+BUFFERS = ("c_kv", "k_rope")
 X = ("x",)
 
 
@@ -88,7 +89,8 @@ class Append(NamedTuple):
 
 
 class CacheScript:
-    """A cache built (its unused slots NaN if `nan`), then for each chunk: append, read length, c_kv and k_rope."""
+    """A cache built (its unused slots NaN if `nan`), then for each chunk: append, read length, c_kv and k_rope; and
+    where c_kv and k_rope are stored, once built and after each append (a script's `storage` action)."""
 
     def __init__(self, run: Run, dtype=torch.float32, device: str = "cpu", nan: bool = False):
         self.dtype, self.nan = dtype, nan
@@ -102,10 +104,12 @@ class CacheScript:
         self.start = len(script.actions)
         for name in ("c_kv", "k_rope", "length"):
             script.get(cache, name)
+        self.storages, self.rows = [script.storage(cache, BUFFERS)], []
         for c, k in zip(self.cs, self.ks, strict=True):
-            script.call(cache, "append", c, k, names=APPEND)
+            self.rows.append(script.call(cache, "append", c, k, names=APPEND))
             for name in ("length", "c_kv", "k_rope"):
                 script.get(cache, name)
+            self.storages.append(script.storage(cache, BUFFERS))
         self.results = run.script(script, device=device).value
 
     @property
@@ -113,9 +117,8 @@ class CacheScript:
         return self.results[self.start:self.start + 3]  # c_kv, k_rope, length
 
     def appends(self):
-        first = self.start + 3
-        for i in range(len(self.cs)):
-            returned, length, c_kv, k_rope = self.results[first + 4 * i:first + 4 * i + 4]
+        for i, row in enumerate(self.rows):
+            returned, length, c_kv, k_rope = self.results[row:row + 4]
             latents, keys = torch.cat(self.cs[:i + 1], dim=1), torch.cat(self.ks[:i + 1], dim=1)
             yield Append(i, returned, length, c_kv, k_rope, latents, keys, latents.shape[1])
 
@@ -144,6 +147,13 @@ def preallocated(script: CacheScript) -> None:
         if _shape(a.c_kv) != (B, MAX_LEN, R):
             raise CheckFailed(f"after append {a.index + 1}, c_kv is {_shape(a.c_kv)}: the buffer must stay "
                               f"(B, max_len, R) = {(B, MAX_LEN, R)}, written in place")
+    # the same storages after every append: a copy padded back to max_len keeps the shape (the forty-first review's f04)
+    first = script.results[script.storages[0]]
+    for number, at in enumerate(script.storages[1:], 1):
+        if not isinstance(first, list) or None in first or script.results[at] != first:
+            raise CheckFailed(f"after append {number}, c_kv or k_rope is not the tensor the cache was built with "
+                              "(a new one, or none it keeps itself): preallocate both once and write each append "
+                              "in place", NOT_IN_PLACE)
 
 
 def appends(script: CacheScript, where: str = "") -> None:
@@ -260,6 +270,10 @@ EXACT_FILL_REFUSED = Mistake(
     "LatentCache.exact_fill_refused", "an append that fills the cache exactly was refused: raise only when length + "
     "T > max_len, not >=",
     why="max_len is a capacity: the last slot is usable, and a model served at its full context needs it.")
+NOT_IN_PLACE = Mistake(
+    "LatentCache.not_in_place", "after an append, c_kv or k_rope is a new tensor (torch.cat, a padded copy, a "
+    "property's): preallocate both once and write each append in place",
+    why="A new buffer each append copies the whole cache every token: quadratic over a sequence.")
 FITTING_REFUSED = Mistake(
     "LatentCache.fitting_append_refused", "refused an append that fits (ValueError with room left): compare length + "
     "T with max_len, the buffers' token axis, and raise only past it",
@@ -286,6 +300,7 @@ CACHE_MISTAKES = (
             "(c_kv[:, a:b] = c_kv_new)", test=_nan_written,
             why="Adding is right only while the slots hold zeros: the grader fills the unused slots with NaN."),
     DTYPE_IGNORED, DEVICE_IGNORED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, EXACT_FILL_REFUSED, FITTING_REFUSED,
+    NOT_IN_PLACE,
 )
 
 # What a check's failure says when the appends are right and no listed mistake explains it.

@@ -4,9 +4,8 @@ A pool script builds the candidate's PagedKVCache in one worker, appends to seve
 turn, and after each append reads the pool's storage, every sequence's block table and length, and
 the free blocks; its record (PoolScript) is the answer the mistakes' tests read, named through
 Run.explain. "A stored token never moves" is checked on the storage itself: each token is looked for
-at the slot its block table gave it when it was written, after every later append, and the grader's
-probe (StorageProbe, stand_ins.py beside this file) says whether k_cache and v_cache still live in the
-storage they were made in. spec.py beside
+at the slot its block table gave it when it was written, after every later append, and a script's
+`storage` action says whether k_cache and v_cache still live in the storage they were made in. spec.py beside
 this file declares the exercise; the sizes below are shared with it.
 """
 
@@ -42,6 +41,7 @@ SCHEDULE = ((5, 3), (2, 4), (5, 2), (9, 6), (5, 1), (2, 5))  # (seq_id, new toke
 # token's block is table[(length + i) // block_size], not table[length // block_size + i // block_size]),
 # interleaved sequences
 KV = ("seq_id", "k", "v")
+POOL = ("k_cache", "v_cache")
 
 
 def ceil_blocks(n: int) -> int:
@@ -98,15 +98,14 @@ class PoolScript:
         self.ks, self.vs = self.call.args
         script = Script()
         pool = script.build("PagedKVCache", num_blocks, BLOCK, H, DH, dtype=dtype)
-        probe = script.build("StorageProbe", stand_in=True)  # the grader's: where k_cache and v_cache are stored
-        self.built_in = script.call(probe, "storages", refs={"cache": pool})
+        self.built_in = script.storage(pool, POOL)  # where k_cache and v_cache are stored
         self.reads, started = [], []
         for (seq_id, _), k, v in zip(schedule, self.ks, self.vs, strict=True):
             script.call(pool, "append", seq_id, k, v, names=KV)
             started += [seq_id] if seq_id not in started else []
             read = {"k_cache": script.get(pool, "k_cache"), "v_cache": script.get(pool, "v_cache"),
                     "free": script.call(pool, "num_free_blocks"),
-                    "storages": script.call(probe, "storages", refs={"cache": pool})}
+                    "storages": script.storage(pool, POOL)}
             read["tables"] = {s: script.call(pool, "block_table", s, names=("seq_id",)) for s in started}
             read["lengths"] = {s: script.call(pool, "seq_len", s, names=("seq_id",)) for s in started}
             self.reads.append(read)

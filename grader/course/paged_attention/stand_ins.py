@@ -6,8 +6,6 @@ promises, nothing more. The worker loads this file by path (in its zygote, befor
 and runs it as the grader's code: none of its torch calls is recorded as the candidate's.
 """
 
-import inspect
-import types
 
 import torch
 
@@ -43,45 +41,3 @@ class PagedKVCache:
     def free(self, seq_id):
         self.free_blocks.extend(self.tables.pop(seq_id))
         del self.lengths[seq_id]
-
-
-class StorageProbe:
-    """No stand-in but the grader's probe, built the same way: where a pool keeps its k_cache and v_cache.
-
-    storages(cache) gives the address of the storage each lives in (None for what is no plain tensor), and keeps
-    every tensor it read alive, so no later tensor can be given a freed one's address: a pool that makes new
-    storage on an append (torch.cat, clone, index_put without its underscore) shows new addresses.
-    """
-
-    PROBE = True  # called by the grader's script alone, on the candidate's objects (scripts._unrecorded)
-
-    def __init__(self):
-        self.held = []
-
-    def storages(self, cache):
-        found = []
-        for name in ("k_cache", "v_cache"):
-            value = _stored(cache, name)
-            self.held.append(value)
-            found.append(value.untyped_storage().data_ptr() if type(value) is torch.Tensor else None)
-        return found
-
-
-OWN_GETATTRIBUTE = object.__dict__["__getattribute__"]
-
-
-def _stored(obj, name):
-    """The tensor `obj` keeps under `name` itself (its own attribute, a slot, or an nn.Module's buffer), never one a
-    property or __getattr__ makes on the way: a grown tensor copied into one fixed buffer would look preallocated."""
-    if isinstance(obj, torch.nn.Module) and name in obj._buffers:
-        return obj._buffers[name]
-    if inspect.getattr_static(type(obj), "__getattribute__", None) is not OWN_GETATTRIBUTE:
-        return None  # its class answers every read itself: the tensor a read gets need not be the one kept (the
-        # fortieth review's f03 showed grown copies to reads and a buffer never written to this look)
-    try:
-        found = inspect.getattr_static(obj, name)
-    except AttributeError:
-        return None
-    if isinstance(found, types.MemberDescriptorType):  # a __slots__ entry
-        return getattr(obj, name, None)
-    return found if isinstance(found, torch.Tensor) else None

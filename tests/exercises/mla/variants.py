@@ -387,6 +387,15 @@ class LatentCache(LatentCache):
         self.k_rope[:, self.length:end] = k_rope_new
         self.length = end
         return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "LatentCache.exact_fill_refused"),
+    Variant("cache_copied_each_append", append_with("""\
+        end = self.length + t
+        if end > self.max_len:
+            raise ValueError("the cache is full")
+        self.c_kv, self.k_rope = self.c_kv.clone(), self.k_rope.clone()  # a new buffer each append, the same shape
+        self.c_kv[:, self.length:end] = c_kv_new
+        self.k_rope[:, self.length:end] = k_rope_new
+        self.length = end
+        return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "LatentCache.not_in_place"),
     Variant("cache_capacity_of_another_axis", append_with("""\
         end = self.length + t
         if end > self.c_kv.shape[0]:  # the batch axis, not max_len's
