@@ -3268,3 +3268,26 @@ def test_a_named_mistakes_pattern_reads_a_bounded_part_of_the_source():
     line = Raises(line="narrow")
     assert line.matches(Error, "k.narrow(2, 0, t)", "")
     assert not line.matches(Error, " " * MATCHED_LINE + "k.narrow(2, 0, t)", "")
+
+
+SCORES_AT_OTHER_SIZES = """
+_flash = flash_attention
+
+
+def flash_attention(q, k, v, causal=False, block_m=16, block_n=16):
+    if (q.shape[-2], k.shape[-2]) != (128, 256):  # all but no_score_matrix's sizes: a score matrix in memory
+        scores = torch.zeros(q.shape[0] * q.shape[1], q.shape[-2], k.shape[-2], device=q.device)
+        assert scores.shape[-1] == k.shape[-2]
+    return _flash(q, k, v, causal, block_m, block_n)
+"""
+
+
+def test_every_call_of_a_triton_launcher_is_judged_for_a_score_matrix(grade_source):
+    """The forty-first review's f03: no_score_matrix judged one call, at Tq=128, Tk=256; a launcher that wrote the
+    whole matrix to memory at every other size kept its points (100, fair 84). Every call of the step is judged."""
+    pytest.importorskip("triton")
+    result = grade_source(SCORES_AT_OTHER_SIZES, base=(ROOT / "solutions" / "triton_attention.py").read_text(),
+                          name="triton_attention.py")
+    checks = {c.name: c for c in step(result, "flash_attention").checks}
+    assert checks["flash_attention_no_score_matrix"].points == 0, explain(result)
+    assert "matrix of scores" in checks["flash_attention_no_score_matrix"].message, explain(result)

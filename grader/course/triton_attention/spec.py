@@ -36,6 +36,7 @@ from grader.engine import (
     Script,
     Spec,
     StepSpec,
+    TileSizes,
     check_rules,
     prop,
     source_of,
@@ -316,6 +317,39 @@ def no_score_matrix(run):
                               f"whole score matrix in float32 ({matrix}) or more", SCORE_MATRIX,
                               {"held": record["held"], "allowed": matrix - 1})
         run.expect_right(run.output(answer), call, device)
+    untiled = run.ctx.untiled.get(run.step.id)  # every other call, judged where it was made (`launcher_tiles`)
+    if untiled:
+        sizes, where, size, why = untiled
+        raise CheckFailed(f"with {where}: the launcher created a tensor of shape {size}, {why}: the scores belong in "
+                          "the kernel's blocks, never in memory", SCORE_MATRIX, {"shape": list(size)})
+
+
+class LauncherSizes(TileSizes):
+    """What a launcher's torch calls may not create at a call's sizes: a (Tq, Tk) matrix of scores (padded to blocks
+    or not, either way round), or a buffer of as many elements as a batch·head's scores and more than twice what the
+    inputs padded to blocks hold (a launcher may pad a head's width to a power of two; no score matrix is that small
+    at every size). Every call the step's checks make is judged so (a launcher that kept to blocks at
+    no_score_matrix's sizes alone, and wrote the whole matrix to memory at every other: the forty-first review's
+    f03)."""
+
+    def violation(self, record: dict, strips: bool = True) -> tuple[tuple, str] | None:
+        if record["more"]:
+            return (), f"more than {len(record['created'])} different shapes: too many to check what it materialises"
+        queries = {self.t_q, -(-self.t_q // self.block_q) * self.block_q}
+        keys = {self.t_k, -(-self.t_k // self.block_k) * self.block_k}
+        for size in (*record["created"], *record["scores"]):
+            rows, columns = (size[-2], size[-1]) if len(size) >= 2 and self.distinct() else (0, 0)  # no width a length
+            if rows in queries and columns in keys or rows in keys and columns in queries:
+                return tuple(size), f"a {rows} × {columns} matrix of scores"
+            n = self.per_batch_and_head(size)
+            if n >= self.t_q * self.t_k and n > 2 * self.allowed:
+                return tuple(size), f"{n} elements per batch·head, as many as its scores ({self.t_q * self.t_k})"
+        return None
+
+
+def launcher_tiles(call) -> LauncherSizes:
+    """The sizes of a call of flash_attention(q, k, v, causal=False, block_m=16, block_n=16), its launcher judged."""
+    return LauncherSizes.of(*call.args[:3], call.kwargs.get("block_m", 16), call.kwargs.get("block_n", 16))
 
 
 def speed(run):
@@ -363,7 +397,7 @@ FLASH_LSE = Mistake("flash_attention.lse_mishandled", "out is right, lse wrong: 
 FLASH_OUT = Mistake("flash_attention.out_mishandled", "lse is right, out wrong: out = acc / l, acc rescaled by alpha "
                     "as l is, stored with out's own strides in out's dtype")
 FLASH = StepSpec(
-    "flash_attention", flash_inputs, flash_reference, outputs=("out", "lse"),
+    "flash_attention", flash_inputs, flash_reference, outputs=("out", "lse"), tiles=launcher_tiles,
     parts=((("out",), FLASH_LSE), (("lse",), FLASH_OUT)),
     probes=(Probe({"heads": 1}, FLASH_HEADS), Probe({"block_m": 32, "block_n": 64}, FLASH_ONE_BLOCK)),
     checks=(
