@@ -5,9 +5,14 @@ q, k or v (flash-attn's own layout) has its head axis away from the batch axis, 
 of B·T·H·D elements: a correct file that made one failed as "materialises the full score matrix".
 """
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from grader.course.flash_attention import spec as flash
+from tests.conftest import ROOT
 
 MEM = flash.MEM
 B, H, TQ, TK, D, DV, BQ, BK = MEM.b, MEM.h, MEM.t_q, MEM.t_k, MEM.d, MEM.dv, MEM.block_q, MEM.block_k
@@ -57,8 +62,6 @@ def test_a_score_matrix_with_heads_in_the_middle_still_fails(grade_source):
 
 
 def flash_source() -> str:
-    from tests.conftest import ROOT
-
     return (ROOT / "solutions" / "flash_attention.py").read_text()
 
 
@@ -89,3 +92,26 @@ def test_a_product_of_every_query_and_a_heads_width_is_the_output_not_scores(siz
 def test_anything_created_is_a_strip_only_against_a_sequence_and_not_a_heads_width(size, strip):
     """Any tensor, not only a product's: a few rows against every key is a strip; the inputs in any layout are not."""
     assert bool(MEM.strip(size, scores=False)) == strip
+
+
+def test_torch_broadcast_shapes_runs_in_the_worker_whatever_the_device(tmp_path):
+    """torch.broadcast_shapes imports torch's symbolic shapes (and sympy) lazily, which a worker child may not: a
+    correct file of the thirty-first blind set that broadcast its mask with it lost 20 points under --device cpu,
+    where the zygote had not put its stand-ins in place. They are in place on every device but CUDA (graded here
+    as the command line grades, in a zygote of its own)."""
+    broadcast = """
+_attention_backward = attention_backward
+
+
+def attention_backward(q, k, v, grad_out, mask=None):
+    if mask is not None:
+        shape = torch.broadcast_shapes(mask.shape, (*q.shape[:-1], k.shape[-2]))
+        mask = torch.broadcast_to(mask, shape)
+    return _attention_backward(q, k, v, grad_out, mask)
+"""
+    path = tmp_path / "attention_backward.py"
+    path.write_text((ROOT / "solutions" / "attention_backward.py").read_text() + "\n\n" + broadcast)
+    done = subprocess.run([sys.executable, "-c", "from grader.cli import entry; entry()", "grade", str(path),
+                           "--device", "cpu", "--format", "json"], cwd=ROOT, capture_output=True, text=True)
+    report = json.loads(done.stdout)
+    assert report["score"] == 100, [c["message"] for s in report["steps"] for c in s["checks"] if c["message"]]

@@ -123,12 +123,19 @@ def seal() -> None:
     SEALED.append(True)
 
 
-def warm_meta(torch) -> None:
-    """Pay for the meta device's first use now, while the grader is still importing torch."""
+def stand_ins() -> None:
+    """The stand-ins for sympy and symbolic_shapes, which torch's Python code imports lazily: its meta kernels, and
+    torch.broadcast_shapes on any device (`torch._refs._broadcast_shapes`), whose import in a child, under the
+    guard, was refused (a correct file of the thirty-first blind set lost 20 points, with --device cpu)."""
     if "sympy" not in sys.modules:
         defer("sympy", package=True, Basic=type("Basic", (), {}))  # nothing is a sympy.Basic before sympy loads
     if "torch.fx.experimental.symbolic_shapes" not in sys.modules:
         _symbolic_shapes("torch.fx.experimental.symbolic_shapes")
+
+
+def warm_meta(torch) -> None:
+    """Pay for the meta device's first use now, while the grader is still importing torch."""
+    stand_ins()
     skip_lazy_dynamo_import(torch)
     x = torch.ones(2, 2, device="meta")
     (x @ x.T).exp().amax(-1, keepdim=True).masked_fill(x[:, :1] > 0, 0.0)

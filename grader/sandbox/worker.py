@@ -126,8 +126,10 @@ def main() -> None:
     repr(torch.zeros(1))
     torch.set_num_interop_threads(1)
     cuda = torch.cuda.is_available()  # asked once, here: NVML's handles would not survive the sandbox
-    if os.environ.get("ATTN_GRADE_WARM") == "device" and not cuda:
-        warm.warm_meta(torch)
+    if not cuda:
+        warm.stand_ins()
+        if os.environ.get("ATTN_GRADE_WARM") == "device":
+            warm.warm_meta(torch)
         warm.seal()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     arm, lifted = guard.install(torch)  # held in this frame and the children's only (guard.py)
