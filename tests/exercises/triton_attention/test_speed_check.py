@@ -34,8 +34,8 @@ class FakeRun:
     def answer(self, call, device="cpu"):
         self.answered = (call, device)
 
-    def script(self, script, device="cpu"):
-        self.scripts.append((script.actions, device))
+    def script(self, script, device="cpu", rules=True):
+        self.scripts.append((script.actions, device, rules))
         return SimpleNamespace(value=[None, self.times])
 
 
@@ -49,7 +49,8 @@ def test_the_speed_check_skips_without_cuda_and_says_the_interpreter_ran():
 def test_the_speed_check_passes_within_the_factor_and_says_the_ratio_beyond_it():
     run = FakeRun("cuda", kernel_ms=2.0, sdpa_ms=1.0)
     spec.speed(run)
-    (actions, device), = run.scripts
+    (actions, device, rules), = run.scripts
+    assert rules is False  # the Timer is the grader's own stand-in; the candidate's rules are kept in its answers
     assert device == "cuda" and actions[0]["class"] == "Timer" and actions[0]["stand_in"] is True
     assert actions[1]["kwargs"]["block_m"] == spec.SPEED["block_m"]
     with pytest.raises(CheckFailed, match=r"took 5\.000 ms, F\.scaled_dot_product_attention 1\.000 ms, 5\.0×"):
