@@ -41,10 +41,11 @@ def softmax_backward(probs, grad_probs, dim=-1, *, row_sum="p_dp", sign=-1, oute
 
 
 def probabilities(q, k, mask=None, *, lse=None, fill=-INF, use_mask=True, softmax_dim=-1, invert_mask=False,
-                  mask_added=False, mask_after_softmax=False):
+                  mask_added=False, mask_after_softmax=False, shift="row"):
     """P = softmax(q kᵀ / √D, masked), or e^(S − lse) from a given lse. mask_added: the bool mask added to the
     scores (+1 where allowed), as an additive mask would be. mask_after_softmax: the softmax of every score, the
-    blocked probabilities then zeroed (each row sums to less than 1)."""
+    blocked probabilities then zeroed (each row sums to less than 1). shift: what a hand-written softmax subtracts
+    before exp, "row" (each row's own max, as torch.softmax does), "all" (the whole tensor's) or "none"."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     if mask is not None and mask_after_softmax:
         return torch.softmax(scores, softmax_dim).masked_fill(~mask, 0.0)
@@ -54,20 +55,24 @@ def probabilities(q, k, mask=None, *, lse=None, fill=-INF, use_mask=True, softma
         scores = scores.masked_fill(mask if invert_mask else ~mask, fill)
     if lse is not None:  # a row with no key: lse -inf becomes +inf, so e^(S - lse) = 0
         return torch.exp(scores - lse.masked_fill(lse == -INF, INF)[..., None])
+    if shift != "row":
+        exps = torch.exp(scores - scores.amax() if shift == "all" else scores)
+        return (exps / exps.sum(softmax_dim, keepdim=True)).nan_to_num(0.0)
     return torch.softmax(scores, softmax_dim).nan_to_num(0.0)
 
 
 def plain(q, k, v, grad_out, mask=None, *, out=None, lse=None, fill=-INF, use_mask=True, softmax_dim=-1,
           delta_sign=-1, ds_scale="sqrt", dv_transposed=True, dk_transposed=True, row_sum="p_dp", scale_dv=False,
           dq_scale=None, dk_scale=None, invert_mask=False, operands_swapped="", mask_added=False,
-          mask_after_softmax=False):
+          mask_after_softmax=False, shift="row"):
     """(dq, dk, dv), computed whole; with `out` and `lse`, P from lse and D = rowsum(dO ∘ O) (the flash way).
 
     The keyword arguments after * make the named wrong variants.
     """
     d = q.shape[-1]
     probs = probabilities(q, k, mask, lse=lse, fill=fill, use_mask=use_mask, softmax_dim=softmax_dim,
-                          invert_mask=invert_mask, mask_added=mask_added, mask_after_softmax=mask_after_softmax)
+                          invert_mask=invert_mask, mask_added=mask_added, mask_after_softmax=mask_after_softmax,
+                          shift=shift)
     grad_v = (probs.transpose(-2, -1) if dv_transposed else probs) @ grad_out
     if scale_dv:
         grad_v = grad_v / math.sqrt(d)

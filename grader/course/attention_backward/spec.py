@@ -201,12 +201,22 @@ SOFTMAX = StepSpec(
 # -- attention_backward ---------------------------------------------------------------------
 
 TQ, TK, D, DV = 6, 9, 4, 5  # Tq ≠ Tk, D ≠ Dv, none equal
+PEAK = 110.0  # the first query's scores this far above the others: their e^(s - the tensor's max) is 0 in float32
 
 
-def attention_inputs(gen, dtype, t_q=TQ, t_k=TK, mask=None, lead=(B, H)):
-    """`lead`: the leading dims ((B, H) by default; the contract takes any)."""
+def attention_inputs(gen, dtype, t_q=TQ, t_k=TK, mask=None, lead=(B, H), peaked=False):
+    """`lead`: the leading dims ((B, H) by default; the contract takes any). `peaked`: every key's first coordinate
+    is 4 and only the first query has one, so that query's scores are all shifted by PEAK and no other's are (a
+    shift changes no row's softmax), while one max for the whole tensor underflows every other row, and no max at
+    all overflows the first. The first query's grad_out is small: in float32 its probabilities are only as exact as
+    scores near PEAK (7.6e-6), and what any implementation loses there must stay inside the tolerance."""
     q, k = gen.randn(*lead, t_q, D, dtype=dtype), gen.randn(*lead, t_k, D, dtype=dtype)
     v, grad_out = gen.randn(*lead, t_k, DV, dtype=dtype), gen.randn(*lead, t_q, DV, dtype=dtype)
+    if peaked:
+        k[..., 0] = 4.0
+        q[..., 0] = 0.0
+        q[..., 0, 0] = PEAK * D**0.5 / 4.0
+        grad_out[..., 0, :] *= 1e-3
     kwargs = {}
     if mask == "padding":
         kwargs["mask"] = torch.as_tensor(gen.mask(B, 1, t_q, t_k))
@@ -246,6 +256,9 @@ AB_MASK = Mistake("attention_backward.mask_mishandled", "right without a mask, w
                   "broadcasts")
 AB_ROWS = Mistake("attention_backward.masked_rows_mishandled", "wrong for rows the mask blocks entirely: their "
                   "probabilities are 0, so their dq is 0 and they add nothing to dk and dv")
+AB_PEAKED = Mistake("attention_backward.large_scores_mishandled", "right for ordinary scores, wrong when one row's "
+                    "scores are far above the others': subtract each row's own max before exp, amax(-1, keepdim=True) "
+                    "(torch.softmax does)")
 AB_SQUARE = Mistake("attention_backward.square_mishandled", "right for Tq ≠ Tk, wrong for Tq = Tk: a product "
                     "transposed the wrong way runs only when square; check dq (Tq, D), dk (Tk, D), dv (Tk, Dv)")
 
@@ -254,9 +267,10 @@ ATTENTION = StepSpec(
     answered=("softmax_backward",),
     checks=(
         shape(2), values("values", 3, FLOATS), values("padding_mask", 4, situation=AB_MASK, mask="padding"),
-        values("causal", 4, situation=AB_MASK, mask="causal"),
+        values("causal", 3, situation=AB_MASK, mask="causal"),
         values("fully_masked_rows", 4, situation=AB_ROWS, mask="rows"),
-        values("square", 4, situation=AB_SQUARE, t_q=TK, mask="causal"), rules(2, mask="padding"),
+        values("square", 3, situation=AB_SQUARE, t_q=TK, mask="causal"),
+        values("large_scores", 2, (torch.float32,), situation=AB_PEAKED, peaked=True), rules(2, mask="padding"),
         values("three_dims", 1, lead=(B * H,)),
         # heads split from (B, T, H, D) by a transpose: views, no layout assumed
         values("noncontiguous", 1, strided=((0, 1, 2), (1, 1, 2), (2, 1, 2), (3, 1, 2))),
@@ -329,6 +343,13 @@ ATTENTION = StepSpec(
                                  _att_variant(softmax_dim=-2, row_sum="queries")(*a, **k)]),
         Mistake("attention_backward.row_sum_over_queries", "dS subtracts Σ P ∘ dP over the queries (dim=-2): the "
                 "softmax normalised each query's row, so sum over the keys, dim=-1", _att_variant(row_sum="queries")),
+        Mistake("attention_backward.max_of_all_rows", "the softmax subtracted one max for the whole tensor, so rows "
+                "far below it underflow to 0: subtract each row's own, scores.amax(-1, keepdim=True)",
+                _att_variant(shift="all"),
+                why="Any shift of a row leaves its softmax unchanged in exact arithmetic; in float32 e^-104 is 0."),
+        Mistake("attention_backward.max_not_subtracted", "the softmax exponentiated the scores as they are, and "
+                "e^110 overflows float32: subtract each row's max first, scores.amax(-1, keepdim=True)",
+                _att_variant(shift="none")),
         Mistake("attention_backward.no_row_sum", "dS = P ∘ dP: subtract the row sum, dS = P ∘ (dP - Σ P ∘ dP), as "
                 "softmax_backward does", _att_variant(row_sum="none")),
     ),

@@ -213,6 +213,14 @@ def softmax_backward(probs, grad_probs, dim=-1):
     grad_probs = grad_out @ v.transpose(-2, -1)
     grad_scores = probs * (grad_probs - (probs * grad_probs).sum(-2, keepdim=True)) * scale"""),
             "attention_backward", "attention_backward.row_sum_over_queries"),
+    Variant("att_max_of_all_rows", attention(probs="""\
+    exps = torch.exp(scores - scores.max())  # one max for every row
+    probs = (exps / exps.sum(-1, keepdim=True)).nan_to_num(0.0)"""),
+            "attention_backward", "attention_backward.max_of_all_rows"),
+    Variant("att_max_not_subtracted", attention(probs="""\
+    exps = scores.exp()
+    probs = (exps / exps.sum(-1, keepdim=True)).nan_to_num(0.0)"""),
+            "attention_backward", "attention_backward.max_not_subtracted"),
     Variant("att_no_row_sum", attention(grad_scores="    grad_scores = probs * (grad_out @ v.transpose(-2, -1)) * scale"),
             "attention_backward", "attention_backward.no_row_sum"),
     Variant("att_dq_unscaled", attention(
@@ -614,6 +622,13 @@ def attention_backward(q, k, v, grad_out, mask=None):
 """, "attention_backward", situations=("attention_backward.mask_mishandled",
                                       "attention_backward.masked_rows_mishandled",
                                       "attention_backward.square_mishandled")),
+    Variant("att_large_scores_situation", """
+_attention_backward_peak = attention_backward
+
+def attention_backward(q, k, v, grad_out, mask=None):  # wrong only where some score is far from zero
+    dq, dk, dv = _attention_backward_peak(q, k, v, grad_out, mask)
+    return dq + 0.25 * ((q @ k.transpose(-2, -1)).abs().amax() > 100), dk, dv
+""", "attention_backward", situations=("attention_backward.large_scores_mishandled",)),
     Variant("fab_situations", """
 _flash_attention_backward = flash_attention_backward
 
