@@ -513,6 +513,11 @@ EXTRA_BLOCK = Mistake(
     "when n fills its last block; hold ceil(n / block_size), -(-n // block_size)",
     why="At a block boundary the last block is full but still the sequence's last: the next token takes a new one.",
     test=_extra_block)
+EVERY_BLOCK_TAKEN = Mistake(
+    "PagedKVCache.every_block_taken_for_none", "took free[-n:] blocks, and with n = 0 that slice is every free block: "
+    "take none when n is 0 (if n: ..., or free[len(free) - n:])",
+    why="-0 is 0, so free[-0:] is free[0:]: an append that fills no new block empties the pool.",
+    raises=Raises(message=r"block|free", source=r"\[\s*-\s*\w+\s*:\s*\]"))
 LAST_BLOCK_MISSING = Mistake(
     "PagedKVCache.last_block_not_allocated", "took a block one token late (n // block_size blocks: the last, partly "
     "filled block is never taken): hold ceil(n / block_size) blocks",
@@ -605,5 +610,5 @@ CACHE = StepSpec(
     mistakes=(GROWN_BY_CAT, STORAGE_REPLACED, EXTRA_BLOCK, LAST_BLOCK_MISSING, CROSSES_BLOCK, LOGICAL_WRITTEN,
               WRAPPED, SLOTS_FROM_APPEND, TOKENS_MOVED, SLOTS_COUNTED, OUT_OF_BLOCKS_NOT_REFUSED,
               CHANGED_BEFORE_RAISING, EXACT_FIT_REFUSED, ROOM_IGNORED, FREE_KEEPS_BLOCKS, FREE_KEEPS_SEQUENCE,
-              DTYPE_IGNORED, TABLE_SORTED),
+              DTYPE_IGNORED, TABLE_SORTED, EVERY_BLOCK_TAKEN),
 )

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from grader.engine import Call, Mistake, Probe, StepSpec, device, shape, values
+from grader.engine import Call, Mistake, Probe, Raises, StepSpec, device, shape, values
 from solutions import paged_attention as ref
 
 from .cache import BLOCK, DH, FLOATS, H
@@ -169,6 +169,12 @@ PARTIAL_BLOCK_DROPPED = Mistake(
                                                     for t in range(min(n, max(n // BLOCK, 1) * BLOCK))])],
     why="A sequence's last block holds its newest tokens, the new token's own key among them; floor division "
         "drops them whenever n is not a multiple of block_size.")
+LENGTHS_NOT_BROADCAST = Mistake(
+    "paged_decode.lengths_not_broadcast", "compared the positions (max_len,) with context_lens (B,) as they are, "
+    "which runs only for B = 1: give the lengths an axis, positions[None, :] < context_lens[:, None]",
+    raises=Raises(message=r"must match the size|broadcast",
+                  line=r"arange\(.*[<>]=?\s*context_lens(\.(long|int)\(\)|\.to\([^)]*\))?\s*(#.*)?\)?$"),
+    why="Every sequence has its own length, so the mask is (B, max_len): one row of positions, one column of lengths.")
 DECODE_UNSCALED = _decode_mistake("unscaled", "scores not scaled: divide q · k by √Dh", width=1)
 HEADS_RESHAPED = _decode_mistake(
     "heads_reshaped", "the gathered keys (n, H, Dh) were reshaped to (H, n, Dh), which mixes tokens and heads: "
@@ -228,7 +234,7 @@ DECODE = StepSpec(
     # first: an answer all NaN in a NaN check looks like several of the others', and only this one is right elsewhere
     mistakes=(TIMES_NAN, WHOLE_BLOCKS, PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_STRIDE, POSITION_AS_SLOT,
               CONTIGUOUS_RUN, BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED,
-              HEADS_RESHAPED),
+              HEADS_RESHAPED, LENGTHS_NOT_BROADCAST),
 )
 
 # -- varlen_attention ---------------------------------------------------------------------

@@ -167,6 +167,16 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
     weights = torch.softmax(scores.masked_fill(~valid[:, None], float("-inf")), dim=-1)
     return torch.einsum("bhn,bnhd->bhd", weights, v)
 """, "paged_decode", "paged_decode.one_key_past_context"),
+    Variant("decode_lengths_not_broadcast", """
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+    B, H, Dh = q.shape
+    tables = block_tables.long().clamp(min=0)
+    k, v = k_cache[tables].flatten(1, 2), v_cache[tables].flatten(1, 2)  # (B, slots, H, Dh)
+    valid = torch.arange(k.shape[1], device=q.device)[None, :] < context_lens.long()  # no axis for the lengths
+    scores = torch.einsum("bhd,bnhd->bhn", q, k) / math.sqrt(Dh)
+    weights = torch.softmax(scores.masked_fill(~valid[:, None], float("-inf")), dim=-1)
+    return torch.einsum("bhn,bnhd->bhd", weights, v)
+""", "paged_decode", "paged_decode.lengths_not_broadcast"),
     Variant("decode_one_key_short", decode_with("""\
         t = torch.arange(n - 1)  # the new token's own key left out
         k, v = k_cache[table[t // bs], t % bs], v_cache[table[t // bs], t % bs]"""),
@@ -533,6 +543,25 @@ class PagedKVCache(_PagedKVCache):
     def num_free_blocks(self):
         return max(super().num_free_blocks() - 1, 0)
 """, "PagedKVCache", situations=("PagedKVCache.counts_mishandled",)),
+    Variant("pool_every_block_taken_for_none", """
+_PagedKVCacheSliced = PagedKVCache
+
+class PagedKVCache(_PagedKVCacheSliced):
+    def append(self, seq_id, k, v):
+        table = self.tables.get(seq_id, [])
+        start = self.lengths.get(seq_id, 0)
+        end = start + k.shape[0]
+        needed = -(-end // self.block_size) - len(table)
+        if needed > len(self.free_blocks):
+            raise RuntimeError(f"out of blocks: sequence {seq_id} needs {needed} more, {len(self.free_blocks)} free")
+        table = table + self.free_blocks[-needed:]  # with needed 0, every free block
+        del self.free_blocks[-needed:]
+        positions = torch.arange(start, end, device=self.k_cache.device)
+        blocks = torch.tensor(table, device=self.k_cache.device)[positions // self.block_size]
+        self.k_cache[blocks, positions % self.block_size] = k
+        self.v_cache[blocks, positions % self.block_size] = v
+        self.tables[seq_id], self.lengths[seq_id] = table, end
+""", "PagedKVCache", "PagedKVCache.every_block_taken_for_none"),
     Variant("decode_situations", """
 _paged_decode = paged_decode
 
