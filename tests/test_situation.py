@@ -9,7 +9,7 @@ from tests.conftest import ROOT, explain, mistakes
 
 BASE = (ROOT / "solutions" / "attention_backward.py").read_text()
 SITUATIONS = {"attention_backward.mask_mishandled", "attention_backward.masked_rows_mishandled",
-              "attention_backward.square_mishandled"}
+              "attention_backward.square_mishandled", "attention_backward.large_scores_mishandled"}
 
 # Every gradient wrong in every case: no situation says where, since the plain case fails too.
 EVERYWHERE = """
