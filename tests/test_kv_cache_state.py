@@ -123,6 +123,20 @@ class DictShadowed:  # the forty-first review's f01: the probe's look at the ins
         object.__setattr__(self, "_grown", torch.zeros(3))
 
 
+class PropertyOverADecoy:  # the forty-second review's f01: a decoy in the instance dict, every read the property's
+    def __init__(self):
+        self.__dict__["k"] = torch.zeros(2)
+
+    k = property(lambda self: torch.ones(2))
+
+
+class ModuleBufferShadowed(torch.nn.Module):  # its f02: a buffer registered, every read finding the instance dict's
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(2))
+        self.__dict__["k"] = [torch.ones(2)]
+
+
 class ModuleAnswers(torch.nn.Module):  # a buffer kept, and every read of it answered with another tensor
     def __init__(self):
         super().__init__()
@@ -149,6 +163,12 @@ class Module(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.register_buffer("k", torch.zeros(2))
+
+
+class ModuleAttribute(torch.nn.Module):  # a plain tensor set on a module is in its instance dict, not its buffers
+    def __init__(self):
+        super().__init__()
+        self.k = torch.zeros(2)
 """
 
 

@@ -279,11 +279,12 @@ def _fill(torch, wire, record, target, action) -> None:
 
 
 def _kept(torch, obj, name: str):
-    """The plain tensor `obj` keeps under `name` itself, read through CPython's own descriptors: its instance dict's
-    entry, a slot, or an nn.Module's buffer; never one a property, __getattr__ or __getattribute__ makes on the way
-    (a grown tensor copied into one fixed buffer would look kept in place). None where none is kept, or where its
-    class decides what a read gets: a __getattribute__, __dict__ or __class__ of its own (the fortieth review's f03
-    and the forty-first's f01: decoy buffers shown to a look that skipped such a class's own reads)."""
+    """The plain tensor `obj` keeps under `name` itself, where a read of the name finds it, through CPython's own
+    descriptors: a slot, its instance dict's entry, or an nn.Module's buffer; never one a property, __getattr__ or
+    __getattribute__ makes on the way (a grown tensor copied into one fixed buffer would look kept in place). None
+    where none is kept, or where its class decides what a read gets: a __getattribute__, __dict__ or __class__ of its
+    own, or a property under the name (the fortieth review's f03, the forty-first's f01 and the forty-second's f01:
+    decoy buffers shown to a look that read elsewhere than the reads do)."""
     kind = type(obj)
     mro = TYPE_MRO(kind)
     for base in mro:  # torch's __getattr__ answers for a module's buffers, read here from _buffers
@@ -293,19 +294,29 @@ def _kept(torch, obj, name: str):
             return None
         if "__dict__" in space and type(space["__dict__"]) is not types.GetSetDescriptorType:
             return None
-    found = None
+    # CPython's order for a plain read: a data descriptor on the class (a slot, or a property that decides what the
+    # read gets), then the instance's dict, then a class attribute, and only then nn.Module's __getattr__ (_buffers):
+    # the tensor found here is the one every `get` of the name reads (the forty-second review's f01, f02)
+    descriptor = next((TYPE_DICT(base)[name] for base in mro if name in TYPE_DICT(base)), None)
+    if descriptor is not None and _data_descriptor(descriptor):
+        found = descriptor.__get__(obj, kind) if type(descriptor) is types.MemberDescriptorType else None
+        return found if type(found) is torch.Tensor else None
     has_dict = any(type(TYPE_DICT(b).get("__dict__")) is types.GetSetDescriptorType for b in mro)
     own = OBJECT_GET(obj, "__dict__") if has_dict else None
-    if type(own) is dict:
-        buffers = own.get("_buffers") if issubclass(kind, torch.nn.Module) else None
-        found = buffers.get(name) if type(buffers) is dict and name in buffers else own.get(name)
-    if found is None:
-        for base in mro:
-            slot = TYPE_DICT(base).get(name)
-            if slot is not None:
-                found = slot.__get__(obj, kind) if type(slot) is types.MemberDescriptorType else None
-                break
+    if type(own) is not dict:
+        return None
+    if name in own:
+        found = own[name]
+    elif descriptor is None and issubclass(kind, torch.nn.Module) and type(own.get("_buffers")) is dict:
+        found = own["_buffers"].get(name)
+    else:
+        return None
     return found if type(found) is torch.Tensor else None
+
+
+def _data_descriptor(attribute) -> bool:
+    """Whether a class attribute takes a read before the instance's dict does (its type sets or deletes)."""
+    return any("__set__" in TYPE_DICT(base) or "__delete__" in TYPE_DICT(base) for base in TYPE_MRO(type(attribute)))
 
 
 TYPE_MRO, TYPE_DICT = type.__dict__["__mro__"].__get__, type.__dict__["__dict__"].__get__
