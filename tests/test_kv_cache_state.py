@@ -137,6 +137,12 @@ class ModuleBufferShadowed(torch.nn.Module):  # its f02: a buffer registered, ev
         self.__dict__["k"] = [torch.ones(2)]
 
 
+class KeyOfAStrSubclass:  # the forty-third review's f02: a lookup of k may call such a key's __eq__, which can count
+    def __init__(self):  # the lookups and show each another tensor
+        self.k = torch.zeros(2)
+        self.__dict__[type("Key", (str,), {})("x")] = None
+
+
 class ModuleAnswers(torch.nn.Module):  # a buffer kept, and every read of it answered with another tensor
     def __init__(self):
         super().__init__()
@@ -229,3 +235,68 @@ def test_buffers_a_property_makes_on_the_way_are_not_where_the_cache_keeps_them(
     """A hostile review's cache (issue 17): the probe reads the cache's own attributes, never a property."""
     result = grade_kv(grade_source, COPIED_INTO_A_FIXED_BUFFER)
     assert "cache_preallocated" in failed(result) and result.score <= 97, explain(result)
+
+
+PARAMETERS_READ_FIRST = """
+class KVCache(torch.nn.Module):  # the forty-third review's f04: buffers kept as built, every read finding
+    def __init__(self, batch_size, num_heads, head_dim, max_len, dtype=torch.float32, device=None):  # _parameters'
+        super().__init__()  # new copy
+        shape = (batch_size, num_heads, max_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device))
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device))
+        self.max_len, self.length = max_len, 0
+
+    def append(self, k_new, v_new):
+        end = self.length + k_new.shape[2]
+        if end > self.max_len:
+            raise ValueError("full")
+        self._parameters["k"] = torch.cat([self.k[:, :, :self.length], k_new, self.k[:, :, end:]], dim=2)
+        self._parameters["v"] = torch.cat([self.v[:, :, :self.length], v_new, self.v[:, :, end:]], dim=2)
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+"""
+
+
+def test_a_buffer_every_read_passes_by_is_not_where_the_cache_keeps_its_keys(grade_source):
+    """The storage action's tensor is the one a read of the name gets (nn.Module reads _parameters before _buffers)."""
+    result = grade_kv(grade_source, PARAMETERS_READ_FIRST)
+    assert "cache_preallocated" in failed(result) and result.score <= 97, explain(result)
+
+
+SWAPPED_BEFORE_THE_LOOK = """
+class PagedKVCache(PagedKVCache):  # the forty-third review's f01: a new pool each append, and the pool as built shown
+    def __init__(self, *args, **kwargs):  # by the call the grader makes between its reads and its look at the storage
+        super().__init__(*args, **kwargs)
+        self._built, self._stash = (self.k_cache, self.v_cache), None
+
+    def _real(self):
+        if self._stash is not None:
+            (self.k_cache, self.v_cache), self._stash = self._stash, None
+
+    def append(self, seq_id, k, v):
+        self._real()
+        self.k_cache, self.v_cache = self.k_cache.clone(), self.v_cache.clone()
+        super().append(seq_id, k, v)
+
+    def block_table(self, seq_id):
+        self._real()
+        return super().block_table(seq_id)
+
+    def seq_len(self, seq_id):
+        self._real()
+        return super().seq_len(seq_id)
+
+    def num_free_blocks(self):
+        if self._stash is None:
+            self._stash = (self.k_cache, self.v_cache)
+            self.k_cache, self.v_cache = self._built
+        return super().num_free_blocks()
+"""
+
+
+def test_a_pool_swapped_back_between_the_reads_and_the_look_is_not_kept_in_place(grade_source):
+    """The storage action's tensor is the one the last read of the name got, whatever ran in between."""
+    result = grade_source(SWAPPED_BEFORE_THE_LOOK, base=(ROOT / "solutions" / "paged_attention.py").read_text(),
+                          name="paged_attention.py")
+    assert "pool_in_place" in failed(result), explain(result)
+    assert "PagedKVCache.storage_replaced" in mistakes(result, "PagedKVCache"), explain(result)

@@ -41,8 +41,9 @@ def run(torch, wire, record, module, stand_ins, request, blobs, blobs_out, oracl
       {"do": "storage", "object": 0, "attributes": ["a", "b"]}
                             for each attribute, the address of the storage of the tensor the object keeps under that
                             name itself (an attribute of its own, a slot, an nn.Module's buffer), or None where no
-                            plain tensor is kept there or its class decides what a read gets (`_kept`); every tensor
-                            read stays alive to the script's end, so no new tensor takes a freed one's address
+                            plain tensor is kept there, its class decides what a read gets (`_kept`), or the tensor
+                            kept is not the very one a read of the name gets now and the last `get` of it got; every
+                            tensor read stays alive to the script's end, so no new tensor takes a freed one's address
       {"do": "fill", "object": 0, "attributes": ["a", "b"], "axis": 2, "start": "size" | 3, "value": "nan"}
                             each attribute, a torch.Tensor of more than `axis` dimensions, gets `value`
                             ("nan", "inf", "-inf" or a number) from index `start` on along `axis`, if it
@@ -62,12 +63,13 @@ def run(torch, wire, record, module, stand_ins, request, blobs, blobs_out, oracl
         raise ValueError(f"a script is a list of at most {MAX_SCRIPT_ACTIONS} actions")
     objects, encoded, raised, stopped = [], [], {}, None
     objects_kept = []  # the tensors `storage` actions read: alive until the script ends
+    got = {}  # (object, attribute) -> the tensor its last `get` returned
     path = getattr(module, "__file__", "")
     with torch.no_grad(), record, oracle:
         for index, action in enumerate(actions):
             mark = len(blobs_out)
             try:
-                value = _act(torch, wire, record, module, stand_ins, objects, action, device, objects_kept)
+                value = _act(torch, wire, record, module, stand_ins, objects, action, device, objects_kept, got)
                 item = wire.encode(value, blobs_out)
                 _bounded(item, blobs_out)
                 encoded.append(item)
@@ -98,7 +100,7 @@ def _bounded(item, blobs_out) -> None:
                          "more than the grader reads")
 
 
-def _act(torch, wire, record, module, stand_ins, objects, action, device, kept):
+def _act(torch, wire, record, module, stand_ins, objects, action, device, kept, got):
     """One action of a script; its result (None for build and fill)."""
     if not isinstance(action, dict):
         raise ValueError("an action is a dict")
@@ -117,7 +119,10 @@ def _act(torch, wire, record, module, stand_ins, objects, action, device, kept):
         method = _name(action.get("method"))
         return target(*args, **kwargs) if method == "__call__" else getattr(target, method)(*args, **kwargs)
     if do == "get":
-        return getattr(target, _name(action.get("attribute")))
+        name = _name(action.get("attribute"))
+        value = getattr(target, name)
+        got[index, name] = value
+        return value
     if do == "fill":
         _fill(torch, wire, record, target, action)
         return None
@@ -125,8 +130,15 @@ def _act(torch, wire, record, module, stand_ins, objects, action, device, kept):
         names = action.get("attributes")
         if not isinstance(names, list) or not 0 < len(names) <= MAX_FILL_ATTRIBUTES:
             raise ValueError(f"a storage action names a list of 1 to {MAX_FILL_ATTRIBUTES} attributes")
-        found = [_kept(torch, target, _name(name)) for name in names]  # recorded, as any reads of the objects are
-        kept.extend(found)
+        found = []
+        for name in map(_name, names):  # recorded, as any reads of the objects are
+            tensor, read = _kept(torch, target, name), getattr(target, name)
+            # the tensor kept is the one the checks read: a read now and the last `get` find it (the forty-third
+            # review: a buffer shown to this look only, swapped in by a call between the reads and this action, or
+            # kept in _buffers while _parameters answers every read)
+            same = tensor is read and tensor is got.get((index, name), read)
+            found.append(tensor if same else None)
+            kept.extend((tensor, read))
         with record.paused():  # the grader's own look at where each plain tensor lives
             return [t.untyped_storage().data_ptr() if t is not None else None for t in found]
     raise ValueError(f"unknown action {str(do)[:40]!r}")
@@ -292,6 +304,8 @@ def _kept(torch, obj, name: str):
         if (base is not object and base is not torch.nn.Module
                 and any(n in space for n in ("__getattribute__", "__class__", "__getattr__"))):
             return None
+        if not _plain_keys(space):
+            return None
         if "__dict__" in space and type(space["__dict__"]) is not types.GetSetDescriptorType:
             return None
     # CPython's order for a plain read: a data descriptor on the class (a slot, or a property that decides what the
@@ -303,7 +317,7 @@ def _kept(torch, obj, name: str):
         return found if type(found) is torch.Tensor else None
     has_dict = any(type(TYPE_DICT(b).get("__dict__")) is types.GetSetDescriptorType for b in mro)
     own = OBJECT_GET(obj, "__dict__") if has_dict else None
-    if type(own) is not dict:
+    if type(own) is not dict or not _plain_keys(own) or not _plain_keys(own.get("_buffers", {})):
         return None
     if name in own:
         found = own[name]
@@ -312,6 +326,13 @@ def _kept(torch, obj, name: str):
     else:
         return None
     return found if type(found) is torch.Tensor else None
+
+
+def _plain_keys(space) -> bool:
+    """Whether every key of a namespace is a str of str's own class: a lookup there runs no code of the candidate's
+    (a key of a str subclass hashed as the name has its __eq__ called by every lookup of it, which can count them and
+    show this look another tensor than the reads got: the forty-third review's f02, f03)."""
+    return type(space) in (dict, types.MappingProxyType) and all(type(key) is str for key in space)
 
 
 def _data_descriptor(attribute) -> bool:
