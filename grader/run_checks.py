@@ -87,45 +87,104 @@ def _last_resort_timeout(timeout: float, import_timeout: float) -> int:
 
 
 def check_keys(source: str, spec) -> dict[str, str] | None:
-    """What each step's checks depend on, as a hash: the step's own definition (decorators included),
-    the rest of the file but the steps, and the steps it reaches by name, directly or through
-    others (all of them, if code outside the steps names one); "" for a composite's checks, which
-    depend on the whole file (its steps run as written once they pass, see Run.oracle in grader/engine/runner.py).
-    None when the file does not parse.
+    """What each step's checks depend on, as a hash: the file's code that runs at import (every statement but a
+    top-level definition, and each definition's decorators, defaults and class-body statements), and the
+    definitions the step reaches by name from its own, directly or through others: steps and helpers alike, a
+    Triton launcher's kernel among them (every definition, if code that runs at import names a step). A name is
+    reached where code or a string other than a docstring says it, so a launcher whose docstring speaks of the
+    softmax does not reach the step. "" for the whole file: a composite's checks depend on it (its steps run as
+    written once they pass, see Run.oracle in grader/engine/runner.py), and so do the rules checks. None when the
+    file does not parse.
     """
     tree = parse(source)
     if tree is None:
         return None
     lines = re.split(r"\r\n|\r|\n", source)  # the parser's lines (splitlines would also split at a form feed)
     steps = {step.id for step in spec.steps}
-    own: dict[str, list[str]] = {name: [] for name in steps}
-    rest, at_import = [], []
+    texts: dict[str, list[str]] = {name: [] for name in steps}  # a name's every top-level definition
+    said: dict[str, set[str]] = {name: set() for name in steps}  # the words its code says
+    at_import: list[str] = []  # code that runs at import
+    everywhere: set[str] = set()  # the words it says: what it may call, whoever reaches the definition
+    never_run = _never_run(tree)
     for node in tree.body:
         start = min([d.lineno for d in getattr(node, "decorator_list", [])] + [node.lineno])
         segment = "\n".join(lines[start - 1 : node.end_lineno])
-        if getattr(node, "name", None) in steps:
-            own[node.name].append(segment)
-            at_import.append(_run_at_import(node))  # a default argument may patch what every step calls
+        if isinstance(node, _DEFINITIONS):
+            texts.setdefault(node.name, []).append(segment)
+            said.setdefault(node.name, set()).update(_words(node))
+            runs = _import_time(node)  # a default argument may patch what every step calls
+            if runs is not None:
+                at_import.append(ast.unparse(runs))
+                everywhere |= _words(runs) - {node.name}
         else:
-            rest.append(segment)
-    names = lambda text: {n for n in steps if re.search(rf"\b{re.escape(n)}\b", text)}  # noqa: E731
-    outside = names("\n".join(rest))
-    rest += [part for part in at_import if part]
+            at_import.append(segment)
+            everywhere |= set() if node in never_run else _words(node)
+    everywhere &= set(texts)
+    if everywhere & steps:  # through a step, any definition
+        everywhere = set(texts)
     digest = lambda *parts: hashlib.sha256("\0".join(parts).encode()).hexdigest()  # noqa: E731
     keys = {"": digest(source)}
     for step in spec.steps:
-        reached, frontier = {step.id}, {step.id}
-        while frontier:  # the steps it names, and the ones those name
-            frontier = set().union(*(names("\n".join(own[n])) for n in frontier)) - reached
-            reached |= frontier
-        if outside:  # a helper outside the steps names one: any step may reach any
-            reached = set(steps)
-        keys[step.id] = digest(*rest, *("\n".join(own[n]) for n in sorted(reached)))
+        reached = frontier = {step.id} | everywhere
+        while frontier:  # the definitions it names, and the ones those name
+            frontier = set().union(*(said[n] for n in frontier)) & set(texts) - reached
+            reached = reached | frontier
+        keys[step.id] = digest(*at_import, *("\n".join(texts[n]) for n in sorted(reached)))
     return keys
 
 
-def _run_at_import(node: ast.AST) -> str:
-    """What of a step's definition runs code when the file is imported ("" if nothing does): all of it but
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _reads_whole_file(check) -> bool:
+    """A rules check reads the whole file's source (a name anywhere: what hides calls from the record, TorchScript,
+    a kernel's Python, an import of torch in the NumPy exercise), not only what its step reaches."""
+    return check.kind == "rules" or check.name == "rules"
+
+
+def _never_run(tree: ast.Module) -> list[ast.stmt]:
+    """The statements whose words call nothing when the grader imports the file: the module's docstring, and an
+    `if __name__ == "__main__":` block without an else (the worker imports the file under another name), unless the
+    file may change its name (says `__name__` elsewhere, or reaches its namespace: `globals`, `vars`, `__dict__`,
+    `sys`)."""
+    main = [node for node in tree.body if isinstance(node, ast.If) and not node.orelse
+            and ast.unparse(node.test) in ("__name__ == '__main__'", "'__main__' == __name__")]
+    first = tree.body[0] if tree.body else None
+    doc = [first] if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) else []
+    said = set().union(*(_words(node) for node in tree.body if node not in main), *(_words(n.test) for n in main))
+    if said & {"globals", "vars", "__dict__", "sys"} or sum(_count_name(n) for n in tree.body) > len(main):
+        return doc
+    return doc + main
+
+
+def _count_name(node: ast.AST) -> int:
+    """How many times the code says `__name__`."""
+    return sum(1 for n in ast.walk(node) if isinstance(n, ast.Name) and n.id == "__name__"
+               or isinstance(n, ast.Attribute) and n.attr == "__name__")
+
+
+def _words(node: ast.AST) -> set[str]:
+    """Every name the code says: identifiers, attributes, imported names, and the words of its strings but for
+    docstrings (`getattr(module, "softmax")` says softmax; a docstring that speaks of it calls nothing)."""
+    docstrings = {id(n.body[0].value) for n in ast.walk(node) if isinstance(n, (*_DEFINITIONS, ast.Module))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    words = set()
+    for inner in ast.walk(node):
+        if isinstance(inner, ast.Name):
+            words.add(inner.id)
+        elif isinstance(inner, ast.Attribute):
+            words.add(inner.attr)
+        elif isinstance(inner, ast.alias):
+            words.update((inner.name.split(".")[0], inner.asname or ""))
+        elif isinstance(inner, (ast.Global, ast.Nonlocal)):
+            words.update(inner.names)
+        elif isinstance(inner, ast.Constant) and isinstance(inner.value, str) and id(inner) not in docstrings:
+            words.update(re.findall(r"\w+", inner.value))
+    return words
+
+
+def _import_time(node: ast.AST) -> ast.AST | None:
+    """What of a definition runs code when the file is imported (None if nothing does): all of it but
     the bodies of its functions, unless that is only signatures and plain values (`dim: int = -1`,
     `x: torch.Tensor`, `nn.Module`). A decorator, a call or a walrus anywhere, or any statement in a class's
     body (`scale = 0.5`, `global X; X = 1`, `SETTINGS["scale"] = 0.5`), may change what another step sees
@@ -135,7 +194,7 @@ def _run_at_import(node: ast.AST) -> str:
         if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
             inner.body = [ast.Expr(ast.Constant(...))]
     runs = any(getattr(inner, "decorator_list", None) or not isinstance(inner, _PLAIN) for inner in ast.walk(node))
-    return ast.unparse(node) if runs else ""
+    return node if runs else None
 
 
 # what a definition's import-time part may hold and still run nothing: its shape, names, literals, a docstring
@@ -186,7 +245,8 @@ class _Plugin:
         """Whether an earlier grade's result for this check still holds; if so it is taken, and the check not run."""
         if keys is None or not isinstance(item, SpecItem):
             return False
-        item.cache_key = (item.name, keys["" if item.step.answered else item.step.id], self.seed, self._device)
+        whole = item.step.answered or _reads_whole_file(item.check)
+        item.cache_key = (item.name, keys["" if whole else item.step.id], self.seed, self._device)
         hit = self.cache.get(item.cache_key)
         if hit is not None:
             self.outcomes.append(hit)

@@ -10,7 +10,9 @@
   the catalogue, the exercise's own and the general ones, is shown by some variant.
 """
 
+import ast
 import importlib
+import textwrap
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -85,10 +87,56 @@ def pytest_generate_tests(metafunc):
 CACHES: dict[str, dict] = {c.exercise: {} for c in COURSES}
 
 
+def edited(base: str, code: str) -> str:
+    """The reference with the variant's functions in place of its own, as a candidate edits a file, and the rest of
+    the variant appended. The grade is the same as with the whole variant appended (later definitions win), but for
+    the cache: a decorator run once more (a second @triton.jit) is code that runs at import, in every step's key, so
+    an appended kernel would regrade every step (grader/run_checks.py check_keys). A function stays appended where
+    code that runs at import may read it (a statement, a class body, in the reference or the variant), since in
+    place it would read the variant's, and where its own decorators or defaults read what the variant defines."""
+    code = textwrap.dedent(code)
+    base_tree, tree = ast.parse(base), ast.parse(code)
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    read_at_import = {n.id for node in (*base_tree.body, *tree.body) if not isinstance(node, functions)
+                      for n in ast.walk(_without_bodies(node)) if isinstance(n, ast.Name)}
+    own = {}
+    for node in base_tree.body:
+        if isinstance(node, functions):
+            own.setdefault(node.name, []).append(node)
+    new = [n for n in tree.body if isinstance(n, functions)]
+    names = [n.name for n in new]
+    defined = {n.name for n in tree.body if isinstance(n, (*functions, ast.ClassDef))} | {
+        t.id for n in tree.body for t in ast.walk(n) if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store)}
+    swapped = {n.name: n for n in new if names.count(n.name) == 1 and len(own.get(n.name, ())) == 1
+               and n.name not in read_at_import  # nor may it read, at import, what the variant defines after it
+               and not {t.id for t in ast.walk(_without_bodies(n)) if isinstance(t, ast.Name)} & (defined - {n.name})}
+
+    def span(node):
+        return min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1, node.end_lineno
+
+    base_lines, code_lines = base.splitlines(), code.splitlines()
+    for name in sorted(swapped, key=lambda n: -own[n][0].lineno):  # from the last, so that earlier lines stay put
+        (start, end), (new_start, new_end) = span(own[name][0]), span(swapped[name])
+        base_lines[start:end] = code_lines[new_start:new_end]
+    for node in sorted(swapped.values(), key=lambda n: -n.lineno):
+        start, end = span(node)
+        del code_lines[start:end]
+    return "\n".join(base_lines) + "\n\n" + "\n".join(code_lines) + "\n"
+
+
+def _without_bodies(node: ast.AST) -> ast.AST:
+    """The node with its functions' bodies left out: what of it runs at import."""
+    node = ast.parse(ast.unparse(node)).body[0] if not isinstance(node, ast.Module) else node
+    for inner in ast.walk(node):
+        if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            inner.body = [ast.Pass()]
+    return node
+
+
 @pytest.fixture
 def grade_variant(grade_source):
     def run(course: Course, variant, **options):
-        result = grade_source(variant.code, base=course.base, name=f"{course.exercise}.py",
+        result = grade_source("", base=edited(course.base, variant.code), name=f"{course.exercise}.py",
                               cache=CACHES[course.exercise], **options)
         ALL_CHECKS[course.exercise].update(c.name for s in result.steps for c in s.checks)
         LOST_CHECKS[course.exercise][variant.name] = {

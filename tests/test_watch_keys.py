@@ -10,6 +10,7 @@ import collections
 
 from grader import watch as watch_module
 from grader.candidate import Candidate
+from grader.course.mha.spec import SPEC
 from grader.watch import watch
 from tests.conftest import REFERENCE, save, script
 
@@ -54,10 +55,17 @@ def test_a_setting_written_in_a_class_body_regrades_the_step_that_reads_it(tmp_p
     assert "scale_scores" in lost, [(s.id, s.score) for s in second.steps]  # not a stale full mark from the cache
 
 
-def test_an_edit_inside_a_function_body_still_regrades_only_what_reaches_it(tmp_path, zygote, monkeypatch):
-    """The cache still pays: a change in one step's body reruns that step and the module, not the others."""
+# the steps whose rules checks read the whole file's source (grader/run_checks.py), run again at every change
+RULED = {s.id for s in SPEC.steps if any(c.kind == "rules" or c.name == "rules" for c in s.checks)}
+REACHING_SCALE_SCORES = {"scale_scores", "MultiHeadAttention"} | RULED
+assert len(REACHING_SCALE_SCORES) < len(SPEC.steps)
+
+
+def regraded(tmp_path, zygote, monkeypatch, before: str, after: str) -> set[str]:
+    """The steps whose code the second grade called, watch saving `after` over `before` (both full marks)."""
+    assert after != before
     path = tmp_path / "mha.py"
-    path.write_text(REFERENCE)
+    path.write_text(before)
     results = graded(monkeypatch)
     called = collections.defaultdict(set)  # grade number -> the steps whose code the grader called
     call_child = Candidate._call_child
@@ -67,8 +75,44 @@ def test_an_edit_inside_a_function_body_still_regrades_only_what_reaches_it(tmp_
         return call_child(self, header, name, *rest)
 
     monkeypatch.setattr(Candidate, "_call_child", spy)
-    edited = REFERENCE.replace("return scores / math.sqrt(head_dim)", "return scores / head_dim ** 0.5")
-    assert edited != REFERENCE
-    watch(path, {"device": "cpu"}, read_key=script(lambda: save(path, edited)), zygote=zygote)
+    watch(path, {"device": "cpu"}, read_key=script(lambda: save(path, after)), zygote=zygote)
     assert [r.full_marks for r in results] == [True, True]
-    assert called[1] == {"scale_scores", "MultiHeadAttention"}, called
+    return called[1]
+
+
+def test_an_edit_inside_a_function_body_still_regrades_only_what_reaches_it(tmp_path, zygote, monkeypatch):
+    """The cache still pays: a change in one step's body reruns that step, the module and the rules checks, not the
+    others."""
+    edited = REFERENCE.replace("return scores / math.sqrt(head_dim)", "return scores / head_dim ** 0.5")
+    assert regraded(tmp_path, zygote, monkeypatch, REFERENCE, edited) == REACHING_SCALE_SCORES
+
+
+# a helper outside the steps, which one step calls and another's docstring speaks of (a Triton launcher's kernel is
+# one such helper)
+WITH_A_HELPER = REFERENCE + '''
+
+def root_of(head_dim):
+    return math.sqrt(head_dim)
+
+
+def scale_scores(scores, head_dim):
+    return scores / root_of(head_dim)
+
+
+def merge_heads(x):
+    """Unlike scale_scores, which divides by root_of(head_dim), this one needs no helper."""
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * d)
+'''
+
+
+def test_an_edit_inside_a_helper_regrades_only_the_steps_that_call_it(tmp_path, zygote, monkeypatch):
+    edited = WITH_A_HELPER.replace("return math.sqrt(head_dim)", "return head_dim ** 0.5")
+    assert regraded(tmp_path, zygote, monkeypatch, WITH_A_HELPER, edited) == REACHING_SCALE_SCORES
+
+
+def test_an_edit_inside_a_helper_that_code_run_at_import_calls_regrades_every_step(tmp_path, zygote, monkeypatch):
+    """Code that runs at import may call the helper and change what any step sees: every step is run again."""
+    at_import = WITH_A_HELPER + "\n\nROOT_OF_ONE = root_of(1.0)\n"
+    edited = at_import.replace("return math.sqrt(head_dim)", "return head_dim ** 0.5")
+    assert regraded(tmp_path, zygote, monkeypatch, at_import, edited) > REACHING_SCALE_SCORES
