@@ -371,5 +371,6 @@ def _md(text: str) -> str:
 
 
 def _xml(text: str) -> str:
-    """XML 1.0 has no place for most control characters: drop them."""
-    return "".join(c for c in text if c in "\t\n\r" or ord(c) >= 32)
+    """XML 1.0 has no place for most control characters, surrogates, U+FFFE and U+FFFF: drop them."""
+    return "".join(c for c in text if c in "\t\n\r" or 32 <= ord(c) < 0xD800 or 0xE000 <= ord(c) < 0xFFFE
+                   or ord(c) >= 0x10000)

@@ -147,3 +147,13 @@ def test_verbose_text_shows_the_prints_under_their_check(printing):
     project = next(i for i, line in enumerate(lines) if line.strip() == "ok project_shape")
     assert lines[project + 1].strip().startswith("ok project_"), lines[project:]  # nothing printed there
     assert "printed" not in click.unstyle(report.to_text(printing))  # only with -v
+
+
+def test_junit_is_well_formed_xml_whatever_the_raising_line_holds(grade_source):
+    """The forty-fourth review's r02: the candidate's line quoted in a failure held U+FFFE, which XML 1.0 has no
+    place for, and the report did not parse."""
+    result = grade_source('\n\ndef scale_scores(scores, head_dim):\n    return scores.no_such_method("\ufffe\uffff")\n')
+    assert not result.full_marks
+    assert any("\ufffe" in c.message for s in result.steps for c in s.checks)  # it reached the report
+    root = ET.fromstring(report.to_junit(result).split("\n", 1)[1])
+    assert [e for e in root.iter() if e.tag in ("failure", "error")]

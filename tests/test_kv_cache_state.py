@@ -300,3 +300,33 @@ def test_a_pool_swapped_back_between_the_reads_and_the_look_is_not_kept_in_place
                           name="paged_attention.py")
     assert "pool_in_place" in failed(result), explain(result)
     assert "PagedKVCache.storage_replaced" in mistakes(result, "PagedKVCache"), explain(result)
+
+
+COPIED_ALONG_AN_ARENA = """
+class KVCache(KVCache):  # the forty-fourth review's f05: grown by torch.cat, then copied into the next slice of one
+    def __init__(self, batch_size, num_heads, head_dim, max_len, dtype=torch.float32, device=None):  # large storage
+        super().__init__(batch_size, num_heads, head_dim, max_len, dtype, device)
+        self._shape, self._n, self._slot = self.k.shape, self.k.numel(), 0
+        self._arena = [torch.zeros(self._n * 8, dtype=dtype, device=device) for _ in "kv"]
+        self.k, self.v = (arena[:self._n].view(self._shape) for arena in self._arena)
+
+    def append(self, k_new, v_new):
+        end = self.length + k_new.shape[2]
+        if end > self.max_len:
+            raise ValueError("full")
+        grown = [torch.cat([old[:, :, :self.length], new, old[:, :, end:]], dim=2)
+                 for old, new in ((self.k, k_new), (self.v, v_new))]
+        self._slot = (self._slot + 1) % 8
+        self.k, self.v = (arena[self._slot * self._n:(self._slot + 1) * self._n].view(self._shape)
+                          for arena in self._arena)
+        self.k.copy_(grown[0])
+        self.v.copy_(grown[1])
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+"""
+
+
+def test_a_cache_copied_along_one_large_storage_is_not_kept_in_place(grade_source):
+    """Where a tensor lies is its storage's address and its offset there (its sizes and strides too)."""
+    result = grade_kv(grade_source, COPIED_ALONG_AN_ARENA)
+    assert "cache_preallocated" in failed(result) and result.score <= 97, explain(result)

@@ -39,11 +39,12 @@ def run(torch, wire, record, module, stand_ins, request, blobs, blobs_out, oracl
        "refs": {"parameter": 1}, "may_raise": false}   tensors in args and kwargs go to the device; refs pass objects
       {"do": "get", "object": 0, "attribute": "name"}
       {"do": "storage", "object": 0, "attributes": ["a", "b"]}
-                            for each attribute, the address of the storage of the tensor the object keeps under that
-                            name itself (an attribute of its own, a slot, an nn.Module's buffer), or None where no
-                            plain tensor is kept there, its class decides what a read gets (`_kept`), or the tensor
-                            kept is not the very one a read of the name gets now and the last `get` of it got; every
-                            tensor read stays alive to the script's end, so no new tensor takes a freed one's address
+                            for each attribute, where the tensor the object keeps under that name itself (an
+                            attribute of its own, a slot, an nn.Module's buffer) lies (`_where`: its storage's
+                            address, offset, sizes and strides), or None where no plain tensor is kept there, its
+                            class decides what a read gets (`_kept`), or the tensor kept is not the very one a read
+                            of the name gets now and the last `get` of it got; every tensor read stays alive to the
+                            script's end, so no new tensor takes a freed one's address
       {"do": "fill", "object": 0, "attributes": ["a", "b"], "axis": 2, "start": "size" | 3, "value": "nan"}
                             each attribute, a torch.Tensor of more than `axis` dimensions, gets `value`
                             ("nan", "inf", "-inf" or a number) from index `start` on along `axis`, if it
@@ -140,7 +141,7 @@ def _act(torch, wire, record, module, stand_ins, objects, action, device, kept, 
             found.append(tensor if same else None)
             kept.extend((tensor, read))
         with record.paused():  # the grader's own look at where each plain tensor lives
-            return [t.untyped_storage().data_ptr() if t is not None else None for t in found]
+            return [_where(t) if t is not None else None for t in found]
     raise ValueError(f"unknown action {str(do)[:40]!r}")
 
 
@@ -326,6 +327,13 @@ def _kept(torch, obj, name: str):
     else:
         return None
     return found if type(found) is torch.Tensor else None
+
+
+def _where(tensor) -> list:
+    """Where a tensor lies: its storage's address, its offset there, its sizes and strides. A slice taken further along
+    one large storage at each append, a copy in it, has the storage's address but not the offset (the forty-fourth
+    review's f03 to f05)."""
+    return [tensor.untyped_storage().data_ptr(), tensor.storage_offset(), list(tensor.shape), list(tensor.stride())]
 
 
 def _plain_keys(space) -> bool:
