@@ -22,7 +22,7 @@ from grader.arrays import as_tensor_tree, describe, leaves
 # inputs' elements and every one of their sizes (an answer can grow with the square of a size,
 # q @ kᵀ), and the elements one call may ask about in all. Legitimate calls are far below.
 MAX_QUESTION_ELEMENTS = 1 << 16
-MAX_QUESTION_SIZE = 256  # the largest size of any axis of any input
+MAX_QUESTION_SIZE = 512  # the largest size of any axis of any input (mla asks at 262 tokens: positions past 256)
 MAX_CALL_ELEMENTS = 1 << 24  # inputs and answers of all of one call's questions together
 MAX_ANSWER_ELEMENTS = 1 << 22  # an upper bound on one answer (answer_size_bound), before the reference runs
 

@@ -177,8 +177,12 @@ def test_4_5_hangs_are_killed_at_their_timeout_and_the_run_stays_bounded(grade_s
     lost_module = [c for c in step(result, "MultiHeadAttention").checks if c.points < c.max_points]
     assert [c.name for c in lost_module] == ["module_end_to_end"], explain(result)
     assert "timed out after 1 s" in lost_module[0].message and "already charged" in lost_module[0].message
-    # three hanging calls, each waited on once; with CUDA each fresh worker starts it, a few tenths of a second
-    assert elapsed < 3 * 1.0 + (8 if torch.cuda.is_available() else 5), elapsed
+    # each hanging call is waited on for its timeout, then killed: no check that timed out took much longer (a fresh
+    # worker child, with CUDA its start, is the rest), and the grade ends, where an unkilled hang never would
+    timed_out = [c for s in result.steps for c in s.checks if "timed out after 1 s" in c.message]
+    assert timed_out and all(c.seconds < 1.0 + (8 if torch.cuda.is_available() else 3) for c in timed_out), [
+        (c.name, c.seconds) for c in timed_out]
+    assert elapsed < 60, elapsed
 
 
 def test_whole_file_timeout_fires_and_is_reported(grade_source):

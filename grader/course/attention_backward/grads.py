@@ -99,12 +99,12 @@ def causal_mask(t_q, t_k, top_left=False):
 def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, top_left=False, use_mask=True,
           delta="rows", delta_sign=-1, ds_scale="sqrt", last_block=True, accumulate=True, dv_transposed=True,
           causal_shift=0, dq_scale=None, dk_scale=None, accumulate_q=True, last_q_block=True,
-          skip_from_first_row=False, scores_unscaled=False):
+          skip_from_first_row=False, scores_scale="sqrt"):
     """flash_attention_backward tile by tile, queries outside, keys inside (another order than the model answer's);
     the keyword arguments after * make the named wrong variants. delta: "rows" (rowsum(dO ∘ O)), "tile" (the tile's
     own Σ P ∘ dP), "tile_queries" (the tile's Σ P ∘ dP over its queries). skip_from_first_row: causal, the key
     tiles past the block's first query's position skipped, though its later queries see some of them.
-    scores_unscaled: the recomputed tile's scores without 1/√D before e^(S − lse)."""
+    scores_scale: what the recomputed tile's scores are scaled by before e^(S − lse), as ds_scale."""
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     factors = {"sqrt": d**-0.5, "none": 1.0, "d": 1.0 / d}
     q_factor, k_factor = (factors[x or ds_scale] for x in (dq_scale, dk_scale))  # dS's 1/√D, for dq and for dk
@@ -119,7 +119,7 @@ def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, 
             if causal and skip_from_first_row and j > offset + i:
                 break
             kb, vb = k[..., j:j + block_k, :], v[..., j:j + block_k, :]
-            scores = qb @ kb.transpose(-2, -1) / (1.0 if scores_unscaled else math.sqrt(d))
+            scores = qb @ kb.transpose(-2, -1) * factors[scores_scale]
             if causal and use_mask:
                 rows = torch.arange(offset + i, offset + i + qb.shape[-2])[:, None] + causal_shift
                 scores = scores.masked_fill(torch.arange(j, j + kb.shape[-2])[None, :] > rows, -INF)

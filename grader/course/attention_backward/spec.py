@@ -479,7 +479,11 @@ FLASH = StepSpec(
                 why="The block's later queries sit further right and see some keys of those tiles."),
         Mistake("flash_attention_backward.scores_unscaled", "the recomputed tile's scores were not scaled by 1/√D "
                 "before e^(S - lse): lse was taken of the scaled scores, so P = exp(q kᵀ / √D - lse)",
-                _flash_variant(scores_unscaled=True)),
+                _flash_variant(scores_scale="none")),
+        Mistake("flash_attention_backward.scores_scaled_twice", "the recomputed tile's scores were scaled by 1/√D "
+                "twice (q kᵀ scaled, then scaled again in the exponent): P = exp(q kᵀ / √D - lse)",
+                _flash_variant(scores_scale="d"),
+                why="A port of a kernel that keeps q kᵀ unscaled until the exponent must drop one of the two scales."),
         Mistake("flash_attention_backward.top_left", "causal tiles aligned to the top-left (query i at position i): "
                 "mask key j when j > Tk - Tq + i", _flash_variant(top_left=True)),
         Mistake("flash_attention_backward.last_block_dropped", "the last, shorter key block was dropped: loop over "

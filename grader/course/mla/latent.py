@@ -46,6 +46,7 @@ FLOATS = (torch.float32, torch.float64)
 B, H, R, DN, DR, DV, D = 2, 3, 8, 4, 6, 5, 16  # batch, heads, kv_lora_rank, qk_nope, qk_rope, v widths, model width
 INIT = (D, H, R, DN, DR, DV)
 MAX_LEN = 16  # the cache's room: more than twice the tokens any check appends
+LONG = 264  # the room of the one check of positions past 256
 CHUNKS = (4, 1, 2)  # tokens per append: a prefill of 4, then 1, then 2
 APPEND = ("c_kv_new", "k_rope_new")  # append's arguments, as messages name them
 BUFFERS = ("c_kv", "k_rope")
@@ -390,7 +391,8 @@ class ModuleScript:
     several sequences); `contents` reads the cache after every call."""
 
     def __init__(self, run: Run, splits=(3, 1, 2, 1), absorbed: bool = False, dtype=torch.float32,
-                 device: str = "cpu", nan: bool = False, contents: bool = False, interleaved: bool = False):
+                 device: str = "cpu", nan: bool = False, contents: bool = False, interleaved: bool = False,
+                 max_len: int = MAX_LEN):
         self.run, self.device = run, device
         self.feeds = [tuple(splits)] if isinstance(splits[0], int) else [tuple(s) for s in splits]
         self.splits = self.feeds[0]
@@ -403,7 +405,7 @@ class ModuleScript:
         self.outputs = [[] for _ in self.feeds]
         turns = []  # (feed, its cache, a chunk of it), in the order the module is called
         for i, feed in enumerate(self.feeds):
-            cache = script.build("LatentCache", B, MAX_LEN, R, DR, stand_in=not own, dtype=dtype, **on)
+            cache = script.build("LatentCache", B, max_len, R, DR, stand_in=not own, dtype=dtype, **on)
             if nan:
                 script.fill(cache, ("c_kv", "k_rope"), axis=1, start="length")
             turns.append([(i, cache, chunk) for chunk in chunks(x, feed)])
@@ -528,6 +530,12 @@ CACHED_UNROTATED_KEY = Mistake(
     "MultiHeadLatentAttention.cached_unrotated_key", "the cache holds k_rope before RoPE: cache it rotated, as "
     "compress_kv gives it, so a cached key is never rotated again",
     why="A key rotated once, at its own position, stays right for every later query.")
+ROPE_BEFORE_HEADS_MOVED = Mistake(
+    "MultiHeadLatentAttention.rope_before_heads_moved", "RoPE was applied to q_rope laid out (B, T, H, Dr): apply_rope "
+    "turns axis -2 by the positions, so move the heads to axis 1 first, (B, H, T, Dr)",
+    why="DeepSeek-V3's own code keeps the heads on axis 2 and its RoPE reads the tokens elsewhere; this contract's "
+        "apply_rope reads them on axis -2.",
+    raises=Raises(types=("RuntimeError",), message=r"must match the size", line=r"angles"))
 
 # What a check's failure says when the module is right without a cache and no listed mistake explains it.
 MODULE_CACHED = Mistake("MultiHeadLatentAttention.cache_mishandled", "right without a cache, wrong with one: new "
@@ -541,6 +549,9 @@ MODULE_OWN_POSITIONS = Mistake("MultiHeadLatentAttention.positions_of_its_own", 
                                "length (past_len = cache.length), not a count the module keeps",
                                why="A server decodes many sequences with one layer; only the cache knows how far its "
                                    "own sequence has come.")
+MODULE_LONG_HALF = Mistake("MultiHeadLatentAttention.positions_rounded", "right in float32, wrong in bfloat16 past "
+                           "position 256: make positions integers, torch.arange(past, past + T), which bfloat16 "
+                           "would round (257 is 256 there)")
 MODULE_CACHE_CONTENTS = Mistake("MultiHeadLatentAttention.cache_contents_mishandled", "the cache holds other values "
                                 "than each token's latent and rotated RoPE key: append c_kv and k_rope as "
                                 "compress_kv gives them")
@@ -552,7 +563,10 @@ MODULE = StepSpec(
         prop("structure", 2, linear_layers(tuple(LAYERS), INIT, "an nn.Linear")),
         values("no_cache", 3, FLOATS), values("no_cache_absorbed", 2, situation=MODULE_ABSORBED, absorbed=True),
         prop("decode", 3, _module_check(splits=(4, 1, 1, 1)), situation=MODULE_CACHED),
-        prop("every_split", 2, _module_check(splits=EVERY_SPLIT), situation=MODULE_CACHED),
+        prop("every_split", 1, _module_check(splits=EVERY_SPLIT), situation=MODULE_CACHED),
+        # bfloat16 holds every integer up to 256 and every other one past it: positions 257, 259, 261 show
+        prop("long_bfloat16", 1, _module_check(splits=(259, 2, 1), dtype=torch.bfloat16, max_len=LONG),
+             situation=MODULE_LONG_HALF),
         prop("chunked", 3, _module_check(splits=(3, 2, 2)), situation=MODULE_CACHED),
         prop("two_caches", 2, _module_check(splits=[(3, 2, 2), (4, 1, 1, 1)], interleaved=True),
              situation=MODULE_OWN_POSITIONS),
@@ -566,5 +580,5 @@ MODULE = StepSpec(
               QUERY_SPLIT_SWAPPED, QUERY_SPLIT_ACROSS_HEADS,
               MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, ABSORBED_UNMASKED, CHUNK_UNMASKED, CACHE_IGNORED,
               CACHED_FULL_KEYS,
-              PER_HEAD_ROPE_KEY, CACHED_UNROTATED_KEY),
+              PER_HEAD_ROPE_KEY, CACHED_UNROTATED_KEY, ROPE_BEFORE_HEADS_MOVED),
 )

@@ -191,6 +191,14 @@ def _scaled_by_a_size(q_nope, q_rope, k_nope, k_rope):
             for w in (dn + t_k, dn + t_q, dn + h, t_k + dr, t_q + dr, h + dr, t_k, t_q)]
 
 
+def _rope_key_interleaved(q_nope, q_rope, k_nope, k_rope):
+    """The shared key made per head by repeating each token H times in a row, then viewed (B, H, Tk, Dr)."""
+    b, t_k, dr = k_rope.shape
+    keys = k_rope.repeat_interleave(q_nope.shape[1], dim=1).view(b, -1, t_k, dr)
+    nope, rope = q_nope @ k_nope.transpose(-2, -1), q_rope @ keys.transpose(-2, -1)
+    return (nope + rope) / math.sqrt(q_nope.shape[-1] + dr)
+
+
 SCORES_ONE = Mistake("mla_scores.one_query_mishandled", "right for several queries, wrong for one: keep the query "
                      "axis of size 1 (no squeeze), and broadcast k_rope over the heads with k_rope.unsqueeze(1)")
 SCORES_SIZES = Mistake("mla_scores.sizes_mishandled", "wrong for 2 queries and 11 keys: a size was taken from the "
@@ -228,6 +236,11 @@ SCORES = StepSpec(
         Mistake("mla_scores.rope_part_dropped", "the RoPE part is missing: add q_rope @ k_ropeᵀ, the shared key "
                 "broadcast over the heads", lambda *a: [_scores(*a, rope=False), _scores(*a, rope=False, width=DN)],
                 why="Without it the scores carry no position at all."),
+        Mistake("mla_scores.rope_key_heads_interleaved", "the shared key was repeated with repeat_interleave over "
+                "the tokens and viewed (B, H, Tk, Dr), so head h reads other tokens' keys: broadcast it, "
+                "k_rope.unsqueeze(1)",
+                _rope_key_interleaved,
+                why="repeat_interleave repeats each token H times in a row; viewed as (H, Tk), the rows are mixed."),
         Mistake("mla_scores.rope_key_not_shared", "k_rope (B, Tk, Dr) was used as if it had a head axis: it is one key "
                 "per token, shared by the heads; k_rope.unsqueeze(1) broadcasts it",
                 raises=Raises(message=r"must match the size|broadcast|Expected size", line=r"k_rope"),

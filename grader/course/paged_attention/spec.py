@@ -189,6 +189,13 @@ NAN_READ = Mistake(
     why="The grader fills the pool with NaN before anything is appended: a slot read before it is written shows.",
     test=lambda value, *_, **__: bool(torch.isnan(value.double()).any()))
 
+POOL_INTERNALS = Mistake(
+    "PagedSelfAttention.pool_internals_read", "read an attribute of the pool its contract does not name: use only "
+    "append, seq_len, block_table, k_cache and v_cache, since the grader may hand over a pool of its own",
+    why="The module serves whatever pool the server owns; a pool's bookkeeping (its tables, lengths, free list) is "
+        "its own business, named as its author chose.",
+    raises=Raises(types=("AttributeError",), message=r"'PagedKVCache' object has no attribute"))
+
 
 class ServeScript:
     """The module built with the grader's weights and a pool (the candidate's, or the stand-in), then the calls of
@@ -291,7 +298,7 @@ MODULE = StepSpec(
         prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),
     mistakes=(NOT_CAUSAL, NEW_ONLY, LENGTHS_BEFORE, KEYS_AT_QUERIES, NO_OUTPUT_PROJECTION, HEADS_SPLIT_INNER,
-              HEADS_MERGED_INNER, TABLE_BEFORE_APPEND, NAN_READ),
+              HEADS_MERGED_INNER, TABLE_BEFORE_APPEND, NAN_READ, POOL_INTERNALS),
 )
 
 SPEC = Spec((CACHE, DECODE, VARLEN, MODULE))

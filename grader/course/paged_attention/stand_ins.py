@@ -15,29 +15,31 @@ class PagedKVCache:
         shape = (num_blocks, block_size, num_heads, head_dim)
         self.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         self.v_cache = torch.zeros(shape, dtype=dtype, device=device)
-        self.block_size, self.free_blocks, self.tables, self.lengths = block_size, list(range(num_blocks)), {}, {}
+        # its bookkeeping under names no module can guess (name-mangled): a module that reads a pool's own
+        # attributes rather than its contract fails here, as with any pool but its own
+        self.__block, self.__free, self.__tables, self.__lengths = block_size, list(range(num_blocks)), {}, {}
 
     def append(self, seq_id, k, v):
-        table, start = self.tables.get(seq_id, []), self.lengths.get(seq_id, 0)
+        table, start = self.__tables.get(seq_id, []), self.__lengths.get(seq_id, 0)
         end = start + k.shape[0]
-        needed = -(-end // self.block_size) - len(table)
-        if needed > len(self.free_blocks):
-            raise RuntimeError(f"out of blocks: sequence {seq_id} needs {needed} more, {len(self.free_blocks)} free")
-        table = table + [self.free_blocks.pop() for _ in range(needed)]
+        needed = -(-end // self.__block) - len(table)
+        if needed > len(self.__free):
+            raise RuntimeError(f"out of blocks: sequence {seq_id} needs {needed} more, {len(self.__free)} free")
+        table = table + [self.__free.pop() for _ in range(needed)]
         for i, t in enumerate(range(start, end)):
-            self.k_cache[table[t // self.block_size], t % self.block_size] = k[i]
-            self.v_cache[table[t // self.block_size], t % self.block_size] = v[i]
-        self.tables[seq_id], self.lengths[seq_id] = table, end
+            self.k_cache[table[t // self.__block], t % self.__block] = k[i]
+            self.v_cache[table[t // self.__block], t % self.__block] = v[i]
+        self.__tables[seq_id], self.__lengths[seq_id] = table, end
 
     def block_table(self, seq_id):
-        return list(self.tables[seq_id])
+        return list(self.__tables[seq_id])
 
     def seq_len(self, seq_id):
-        return self.lengths[seq_id]
+        return self.__lengths[seq_id]
 
     def num_free_blocks(self):
-        return len(self.free_blocks)
+        return len(self.__free)
 
     def free(self, seq_id):
-        self.free_blocks.extend(self.tables.pop(seq_id))
-        del self.lengths[seq_id]
+        self.__free.extend(self.__tables.pop(seq_id))
+        del self.__lengths[seq_id]

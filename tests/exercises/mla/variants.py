@@ -174,6 +174,10 @@ def expand_kv(c_kv, w_uk, w_uv, num_heads):
             "mla_scores", "mla_scores.scaled_per_part"),
     Variant("scores_rope_part_dropped", scores_with("nope / math.sqrt(q_nope.shape[-1])"),
             "mla_scores", "mla_scores.rope_part_dropped"),
+    Variant("scores_rope_key_heads_interleaved", scores_with("(nope + rope) / math.sqrt(q_nope.shape[-1] + "
+                                                          "q_rope.shape[-1])").replace(
+        "k_rope.unsqueeze(1)", "k_rope.repeat_interleave(q_nope.shape[1], dim=1).view(k_rope.shape[0], -1, "
+        "*k_rope.shape[1:])"), "mla_scores", "mla_scores.rope_key_heads_interleaved"),
     Variant("scores_rope_key_not_shared", """
 def mla_scores(q_nope, q_rope, k_nope, k_rope):
     scores = q_nope @ k_nope.transpose(-2, -1) + q_rope @ k_rope.transpose(-2, -1)
@@ -415,6 +419,17 @@ class LatentCache(LatentCache):
         "torch.arange(past_len, past_len + T, device=x.device)", "torch.arange(T, device=x.device)").replace(
         ".tril(diagonal=past_len)", ".tril()"), "MultiHeadLatentAttention", "MultiHeadLatentAttention.positions_from_zero",
             situations=("MultiHeadLatentAttention.cache_contents_mishandled",)),
+    Variant("module_rope_before_heads_moved", forward_with(  # DeepSeek-V3's layout, (B, T, H, ·), kept for RoPE
+        """        q = self.w_q(x).view(B, T, H, Dn + Dr).transpose(1, 2)
+        q_nope, q_rope = q.split([Dn, Dr], dim=-1)
+        q_rope = apply_rope(q_rope, positions)
+""", """        q_nope, q_rope = self.w_q(x).view(B, T, H, Dn + Dr).split([Dn, Dr], dim=-1)
+        q_rope = apply_rope(q_rope, positions).transpose(1, 2)
+        q_nope = q_nope.transpose(1, 2)
+"""), "MultiHeadLatentAttention", "MultiHeadLatentAttention.rope_before_heads_moved"),
+    Variant("module_positions_in_input_dtype", forward_with(  # as Hugging Face's rotary code once did
+        "torch.arange(past_len, past_len + T, device=x.device)", "torch.arange(past_len, past_len + T, device=x.device, "
+        "dtype=x.dtype)"), "MultiHeadLatentAttention", "MultiHeadLatentAttention.positions_rounded"),
     Variant("module_positions_from_zero", forward_with(
         "torch.arange(past_len, past_len + T, device=x.device)", "torch.arange(T, device=x.device)"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.positions_from_zero",

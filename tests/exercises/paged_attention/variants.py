@@ -312,6 +312,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
         "        tables = [torch.tensor(cache.block_table(s)) for s in seq_ids]\n", APPEND,
         GATHER.replace("        tables = [torch.tensor(cache.block_table(s)) for s in seq_ids]\n", ""), ATTEND),
             "PagedSelfAttention", "PagedSelfAttention.table_before_append"),
+    Variant("module_pool_internals_read", forward(APPEND.replace("cache.seq_len(s)", "cache.lengths[s]"), GATHER.replace(
+        "cache.block_table(s)", "cache.tables[s]"), ATTEND),  # right with its own pool, which keeps them so
+            "PagedSelfAttention", "PagedSelfAttention.pool_internals_read"),
     Variant("module_lengths_before_append", forward("""\
         lens = []
         for s in seq_ids:  # what each sequence holds: 0 if it is new
