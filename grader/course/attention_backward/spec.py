@@ -187,6 +187,11 @@ SOFTMAX = StepSpec(
                 "alone: each probability depends on every score of its slice, probs ∘ (grad_probs - Σ probs ∘ "
                 "grad_probs)", _sb_variant(diagonal_only=True),
                 why="∂p_i/∂s_j = p_i (δ_ij - p_j): the off-diagonal terms -p_i p_j are what the row sum gathers."),
+        Mistake("softmax_backward.log_softmax_gradient", "returned grad_probs - probs ∘ Σ grad_probs, the gradient "
+                "through a log-softmax: through a softmax it is probs ∘ (grad_probs - Σ probs ∘ grad_probs)",
+                _sb_variant(log_softmax=True),
+                why="Cross-entropy's gradient flows through log p, whose Jacobian is I - 1 pᵀ; p's own is "
+                    "diag(p) - p pᵀ."),
         Mistake("softmax_backward.sum_over_everything", "summed probs ∘ grad_probs over every axis: sum along dim "
                 "only, with keepdim=True", _sb_variant(row_sum="all")),
         Mistake("softmax_backward.sum_over_queries", "summed probs ∘ grad_probs over the axis before dim (the "

@@ -115,6 +115,10 @@ def _expand(c_kv, w_uk, w_uv, num_heads, *, split="right", only=""):
             return y.view(b, t, -1, num_heads).permute(0, 3, 1, 2)
         return y.view(b, t, num_heads, -1).transpose(1, 2)
 
+    if split == "weight_viewed":  # each weight's (H·width, R) storage read as (H, R, width), one matrix per head
+        right = heads(c_kv @ w_uk.T, "k"), heads(c_kv @ w_uv.T, "v")
+        viewed = [c_kv[:, None] @ w.reshape(num_heads, c_kv.shape[-1], -1) for w in (w_uk, w_uv)]
+        return tuple(v if only in ("", part) else r for v, r, part in zip(viewed, right, "kv", strict=True))
     if split == "stacked":  # [w_uk; w_uv] as one kv_b_proj, each head's row cut [Dn, Dv] as DeepSeek's interleaved
         dn, dv = w_uk.shape[0] // num_heads, w_uv.shape[0] // num_heads
         both = (c_kv @ torch.cat([w_uk, w_uv]).T).view(b, t, num_heads, dn + dv).transpose(1, 2)
@@ -140,6 +144,10 @@ EXPAND = StepSpec(
                 "weight", lambda *a: _expand(*a, split="stacked"),
                 why="With one head the two layouts agree; with more, head h gets rows of other heads' keys and "
                     "values."),
+        Mistake("expand_kv.weight_viewed_per_head", "the weight (H·width, R) was viewed as (H, R, width), reading its "
+                "numbers in another order: view it (H, width, R) and transpose, or split c_kv @ w.T into heads",
+                _split_wrong("weight_viewed"),
+                why="view keeps the memory's order: the rows of head h are its width rows of R numbers each."),
         Mistake("expand_kv.heads_inner", "split the features as (width, H), heads inner: head h owns rows "
                 "h·width … (h + 1)·width − 1, so view(B, T, H, width)", _split_wrong("heads_inner")),
         Mistake("expand_kv.weight_not_transposed", "c_kv @ w multiplied by the weight as stored, (out, in): use "
@@ -223,6 +231,10 @@ SCORES = StepSpec(
                 "or the heads: k_rope.size(1) is Tk): scale by √(q_nope.shape[-1] + q_rope.shape[-1])",
                 _scaled_by_a_size,
                 why="k_rope (B, Tk, Dr) has no head axis, so its axis 1 is the keys, not the width."),
+        Mistake("mla_scores.scale_precedence", "the power or root bound tighter than the sum: Dn + Dr ** -0.5 is "
+                "Dn + 1/√Dr; write (Dn + Dr) ** -0.5", lambda qn, qr, *a: [
+                    _scores(qn, qr, *a, width=1) * (qn.shape[-1] + qr.shape[-1] ** -0.5),
+                    _scores(qn, qr, *a, width=1) / (qn.shape[-1] + qr.shape[-1] ** 0.5)]),
         Mistake("mla_scores.unscaled", "scores not scaled: divide the sum by √(qk_nope_head_dim + qk_rope_head_dim)",
                 lambda *a: _scores(*a, width=1)),
         Mistake("mla_scores.rope_part_unscaled", "only the no-position part was scaled: divide the sum of both parts "

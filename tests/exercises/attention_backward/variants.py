@@ -154,6 +154,9 @@ def softmax_backward(probs, grad_probs, dim=-1):
             "softmax_backward", "softmax_backward.no_row_sum"),
     Variant("sb_sum_not_weighted", softmax_backward(RIGHT_INNER + "\n    return probs * grad_probs - inner"),
             "softmax_backward", "softmax_backward.sum_not_weighted"),
+    Variant("sb_log_softmax_gradient", softmax_backward(
+        "    return grad_probs - probs * grad_probs.sum(dim, keepdim=True)"),
+            "softmax_backward", "softmax_backward.log_softmax_gradient"),
     Variant("sb_diagonal_only", softmax_backward("    return probs * (1 - probs) * grad_probs"),
             "softmax_backward", "softmax_backward.diagonal_only"),
     Variant("sb_sign", softmax_backward(RIGHT_INNER + "\n    return probs * (grad_probs + inner)"),

@@ -124,6 +124,11 @@ def expand_kv(c_kv, w_uk, w_uv, num_heads):
     B, T, _ = c_kv.shape
     return (c_kv @ w_uk.T).reshape(B, num_heads, T, -1), (c_kv @ w_uv.T).reshape(B, num_heads, T, -1)
 """, "expand_kv", "expand_kv.split_no_transpose"),
+    Variant("expand_weight_viewed_per_head", """
+def expand_kv(c_kv, w_uk, w_uv, num_heads):
+    latents = c_kv.unsqueeze(1)  # (B, 1, T, R)
+    return latents @ w_uk.view(num_heads, c_kv.shape[-1], -1), latents @ w_uv.view(num_heads, c_kv.shape[-1], -1)
+""", "expand_kv", "expand_kv.weight_viewed_per_head"),
     Variant("expand_heads_inner", """
 def expand_kv(c_kv, w_uk, w_uv, num_heads):
     B, T, _ = c_kv.shape
@@ -160,6 +165,8 @@ def expand_kv(c_kv, w_uk, w_uv, num_heads):
     return k_nope, v
 """, "expand_kv", "expand_kv.value_from_key_weight"),
     # -- mla_scores ---------------------------------------------------------------------------
+    Variant("scores_scale_precedence", scores_with("(nope + rope) * (q_nope.shape[-1] + q_rope.shape[-1] ** -0.5)"),
+            "mla_scores", "mla_scores.scale_precedence"),
     Variant("scores_scaled_by_nope", scores_with("(nope + rope) / math.sqrt(q_nope.shape[-1])"),
             "mla_scores", "mla_scores.scaled_by_nope"),
     Variant("scores_scaled_by_a_size", scores_with("(nope + rope) / math.sqrt(q_nope.shape[-1] + k_rope.size(1))"),
