@@ -509,8 +509,13 @@ FLASH = StepSpec(
 RUNNER = "flash_attention_and_grads"  # the file's given function that runs the Function forward and backward
 
 
-def function_inputs(gen, dtype, t_q=FTQ, t_k=FTK, causal=True, block_q=BQ, block_k=BK, d=FD, dv=FDV):
+def function_inputs(gen, dtype, t_q=FTQ, t_k=FTK, causal=True, block_q=BQ, block_k=BK, d=FD, dv=FDV, below=0.0):
+    """`below`: every score moved about that far below 0 (a shared direction added to q, taken from k), within a
+    few units of each other: e^s underflows past -745 in float64 unless the forward's running max starts at -inf."""
     q, k = gen.randn(B, H, t_q, d, dtype=dtype), gen.randn(B, H, t_k, d, dtype=dtype)
+    if below:
+        shift = math.sqrt(below * math.sqrt(d) / d)  # per coordinate: q·k / √D falls by `below`
+        q, k = q / 4 + shift, k / 4 - shift
     v, grad_out = gen.randn(B, H, t_k, dv, dtype=dtype), gen.randn(B, H, t_q, dv, dtype=dtype)
     return Call((q, k, v, grad_out), {"causal": causal, "block_q": block_q, "block_k": block_k},
                 ("q", "k", "v", "grad_out"))
@@ -724,6 +729,10 @@ FN_CAUSAL = Mistake("FlashAttentionFunction.causal_mishandled", "right without c
 FN_FLOAT64 = Mistake("FlashAttentionFunction.float64_blocks_mishandled", "right in float32 with the default blocks, "
                      "wrong in float64 with blocks of 7 × 5: keep q's dtype in m, l, acc and lse, and honour "
                      "block_q and block_k")
+FN_BELOW_ZERO = Mistake("FlashAttentionFunction.far_below_zero_mishandled", "right for ordinary scores, wrong when "
+                        "every score of a row is far below 0 (−800, in float64): start the forward's running max at -inf, not 0",
+                        why="With m = 0, e^(s − m) underflows to 0 past s = −745 in float64 (−104 in float32), and "
+                            "out = 0 / 0.")
 FN_SAVED = Mistake("FlashAttentionFunction.saved_mishandled", "out is right, the gradients wrong: the backward reads "
                    "what forward saved (q, k, v, out, lse = m + log l) and ctx's causal and blocks")
 FUNCTION = StepSpec(
@@ -731,7 +740,9 @@ FUNCTION = StepSpec(
     answered=("flash_attention_backward",), plain="non_causal", parts=((("out",), FN_SAVED),),
     checks=(
         prop("non_causal", 3, function_case(causal=False, t_q=FTK + 3, t_k=FTQ)),
-        prop("causal", 4, function_case(), situation=FN_CAUSAL),
+        prop("causal", 3, function_case(), situation=FN_CAUSAL),
+        prop("far_below_zero", 1, function_case(dtype=torch.float64, causal=False, below=800.0),
+             situation=FN_BELOW_ZERO),
         prop("float64", 3, function_case(dtype=torch.float64, t_q=FTK + 3, t_k=FTQ, block_q=7,
                                          block_k=5), situation=FN_FLOAT64),
         prop("tiles_only", 2, FUNCTION_TILES.check), prop("rules", 1, function_rules),

@@ -209,6 +209,11 @@ BOUNDARIES = Mistake("paged_decode.boundaries_mishandled", "wrong when a length 
                      "sequence holds ceil(len / block_size) blocks, and its last block's slots end at len")
 BLOCK_ZERO = Mistake("paged_decode.block_zero_skipped", "wrong when a sequence holds block 0: only −1 pads a table "
                      "row, and block 0 is a block like any other (keep entries >= 0, not > 0)")
+WIDE_TABLES = Mistake("paged_decode.wide_tables_mishandled", "right for tables as wide as the longest sequence "
+                      "needs, wrong with more padding: a split holding none of a sequence's blocks must add nothing "
+                      "(weight 0, not NaN)",
+                      why="vLLM pads every row to the batch's widest table; a split-k decode's empty split has max "
+                          "−inf, and e^(−inf − −inf) is NaN.")
 HALF = Mistake("paged_decode.half_mishandled", "right in float32, wrong in float16: compute in float32 if you like, "
                "return q's dtype, and fill masked scores with -inf rather than a large number")
 
@@ -225,7 +230,8 @@ DECODE = StepSpec(
     probes=(Probe({"lengths": (5, 7, 1, 11)}, BOUNDARIES), Probe({"lengths": (7, 7, 7)}, DECODE_LENGTHS)),
     checks=(
         shape(3), values("mixed_lengths", 3, FLOATS), values("block_zero", 1, situation=BLOCK_ZERO, zero=True),
-        values("unused_nan", 6, situation=NAN_SLOTS, nan=True),
+        values("unused_nan", 5, situation=NAN_SLOTS, nan=True),
+        values("wide_tables", 1, situation=WIDE_TABLES, extra=5),
         values("large_scores", 1, situation=LARGE_SCORES, q_scale=100.0),
         values("at_boundaries", 4, situation=BOUNDARIES, lengths=(4, 8, 12), extra=1, nan=True),
         values("half", 2, (torch.float16,), situation=HALF),

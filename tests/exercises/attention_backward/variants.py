@@ -389,6 +389,10 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
         "cols = torch.arange(j, j + scores.shape[-1], device=q.device)[None, :]",
         "cols = torch.arange(0, scores.shape[-1], device=q.device)[None, :]"),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_tile_key_index"),
+    Variant("fn_max_starts_at_zero", function().replace(
+        "m = torch.full(qb.shape[:-1], -math.inf, dtype=q.dtype, device=q.device)",
+        "m = torch.zeros(qb.shape[:-1], dtype=q.dtype, device=q.device)  # e^(s - 0) <= 1 for scores below 0"),
+            "FlashAttentionFunction", situations=("FlashAttentionFunction.far_below_zero_mishandled",)),
     Variant("fn_forward_max_not_running", function().replace("m_new = torch.maximum(m, scores.amax(dim=-1))",
                                                              "m_new = scores.amax(dim=-1)"),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_max_not_running"),

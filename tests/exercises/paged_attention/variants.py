@@ -221,6 +221,31 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
         e = torch.exp(torch.einsum("hd,nhd->hn", q[b], k) / math.sqrt(Dh))  # no max subtracted: inf past 88
         out[b] = torch.einsum("hn,nhd->hd", e / e.sum(-1, keepdim=True), v)
         continue"""), "paged_decode", situations=("paged_decode.large_scores_mishandled",)),
+    Variant("decode_split_k_empty_split", """
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+    B, H, Dh = q.shape
+    bs, split = k_cache.shape[1], 4  # blocks a split: vLLM's paged_attention_v2 partitions
+    out = torch.empty_like(q)
+    for b in range(B):
+        n = int(context_lens[b])
+        maxes, sums, outs = [], [], []
+        for start in range(0, block_tables.shape[1], split):  # every split of the row, used or not
+            slots = torch.arange(start * bs, (start + split) * bs)
+            slots = slots[slots < block_tables.shape[1] * bs]
+            keep = slots < n
+            blocks = block_tables[b, slots // bs].clamp(min=0).long()
+            k, v = k_cache[blocks, slots % bs], v_cache[blocks, slots % bs]
+            s = (torch.einsum("hd,nhd->hn", q[b], k) / math.sqrt(Dh)).masked_fill(~keep, float("-inf"))
+            m = s.amax(-1, keepdim=True)  # -inf for a split past the sequence
+            e = torch.exp(s - m)  # NaN there: -inf - -inf
+            maxes.append(m)
+            sums.append(e.sum(-1, keepdim=True))
+            outs.append(torch.einsum("hn,nhd->hd", e, torch.where(keep[:, None, None], v, 0.0)))
+        m = torch.stack(maxes).amax(0)
+        scale = [torch.exp(mi - m) for mi in maxes]
+        out[b] = sum(c * o for c, o in zip(scale, outs)) / sum(c * l for c, l in zip(scale, sums))
+    return out
+""", "paged_decode", situations=("paged_decode.wide_tables_mishandled",)),
     Variant("decode_keepdim", decode_with("""\
         k, v = k_cache[blocks].flatten(0, 1)[:n], v_cache[blocks].flatten(0, 1)[:n]""").replace(
         "    return out", "    return out[:, :, None]  # (B, H, 1, Dh): one query"), "paged_decode", "axis_extra"),
