@@ -288,15 +288,25 @@ def columns(steps: list[str]) -> list[str]:
             *(f"{s}_{column}" for s in steps for column in PER_STEP)]
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
 def flat(row: dict) -> dict[str, str]:
-    """A row as the CSV's columns."""
+    """A row as the CSV's columns, each inert in a spreadsheet."""
     data = {"file": row["file"], "exercise": row["exercise"], "total": str(row["total"]),
             "max_score": str(row["max_score"]), "status": row["status"], "reason": row["reason"],
             "seconds": f"{row['seconds']:.2f}", "sha256": row["sha256"]}
     data.update({step: str(score) for step, score in row["steps"].items()})
     for step, lost in row["lost"].items():
         data.update(zip((f"{step}_{column}" for column in PER_STEP), lost, strict=True))
-    return data
+    return {column: inert(text) for column, text in data.items()}
+
+
+def inert(text: str) -> str:
+    """`text` as a spreadsheet shows it and never runs it: a cell starting with =, +, -, @, a tab or a carriage return
+    is a formula to Excel, LibreOffice and Google Sheets (a candidate's exception class can be named
+    `=HYPERLINK(...)`: the forty-fifth review), so it gets a leading ' (OWASP's advice on CSV injection)."""
+    return "'" + text if text[:1] in FORMULA_STARTS else text
 
 
 def step_columns(files: list[Path], exercise: str | None, earlier: list[dict] = ()) -> list[str]:

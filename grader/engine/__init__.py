@@ -75,6 +75,7 @@ from grader.engine.spec import (
 from grader.engine.stock import defaults, end_to_end, gradients, linear_layers, raises_value_error
 from grader.engine.tiles import TileSizes, judge_tiles, tiles_only
 from grader.engine.tolerance import HALF_TYPES, Tolerance, expect_close, expect_form, grid, upcast
+from grader.sandbox.recorder import FUNCTION_NODES, NODE_KIND
 from grader.wire import device_of
 
 __all__ = [
@@ -87,5 +88,6 @@ __all__ = [
     "matches_any", "no_torch", "numpy_only", "prop", "raises_value_error", "rules", "shape", "source_of", "upcast",
     "values",
     "TileSizes", "judge_tiles", "tiles_only", "CODE_IN_BACKWARD", "GRAPH", "parse", "exactly",
+    "FUNCTION_NODES", "NODE_KIND",
     "Script", "build", "call", "chunks", "expect_chunks", "expect_each", "expect_result", "fill", "get", "type_name",
 ]

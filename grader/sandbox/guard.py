@@ -101,6 +101,12 @@ HIDING = {"ScriptFunction": ("__call__",), "ScriptMethod": ("__call__",), "Scrip
 # mode sees it, with no engine, backward or grad to record (the twenty-fifth review). Every node type of
 # torch._C._functions, by the name HIDING's keys take
 NODE = "autograd node"
+# And so does running autograd's engine by hand (`Variable._execution_engine.run_backward`, by a name built at run
+# time, on a graph built at import where no record ran: the forty-fifth review): the record runs the engine for every
+# backward pass it follows (recorder.py's `_autograd`) and expects it; any other run hid its backward formulas. A
+# callback queued on the engine runs the caller's code at its end, unrecorded.
+ENGINE = "_EngineBase"
+ENGINE_METHODS = ("run_backward", "queue_callback")
 STORAGE_EVENT = "attn_grade.storage"
 IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE: set on a C type, its attributes cannot be set
 TYPE_FLAGS_AT = 21  # tp_flags follows 21 pointer-sized fields in CPython's PyTypeObject
@@ -154,7 +160,9 @@ def install(torch):
             told = (key != "StorageBase.copy_"
                     or any(issubclass(type(s), storage_type) and not resizable(s) for s in given[:2]))
             owner = key.split(".")[0]
-            if watched[0] is not None and (owner in HIDING or owner.startswith(NODE)):
+            if watched[0] is not None and owner == ENGINE:
+                watched[0].engine_entered(key == f"{ENGINE}.run_backward")
+            elif watched[0] is not None and (owner in HIDING or owner.startswith(NODE)):
                 watched[0].hide("TorchScript, whose calls the record cannot see" if owner in HIDING else
                                 "an autograd node called by hand, whose backward formula the record cannot see")
             elif told and watched[0] is not None:
@@ -265,8 +273,9 @@ def install(torch):
 
 
 def _readers(torch) -> tuple[dict, object]:
-    """Replace the readers (STORAGE_READERS, C_READERS, WRITER_READERS) by stand-ins that ask the hook to run them;
-    return the originals by key, and StorageBase's own `resizable`. StorageBase is immutable, as C types are: its flag
+    """Replace the readers (STORAGE_READERS, C_READERS, WRITER_READERS), the autograd nodes' calls, TorchScript's
+    (HIDING) and the engine's (ENGINE_METHODS) by stand-ins that ask the hook to run them; return the originals by
+    key, and StorageBase's own `resizable`. StorageBase is immutable, as C types are: its flag
     is lifted for the change (ctypes, before the guard is armed) and set again; where the flags are not where CPython
     keeps them, its methods are left alone."""
     found = {}
@@ -279,6 +288,9 @@ def _readers(torch) -> tuple[dict, object]:
             with _mutable(kind):
                 _replace_methods(kind, f"{NODE} {name}", ("__call__",), found)
     _replace_methods(torch._C.PyTorchFileWriter, "PyTorchFileWriter", WRITER_READERS, found)
+    engine = type(torch.autograd.Variable._execution_engine)  # torch._C's _EngineBase, by no name of torch._C's
+    with _mutable(engine):
+        _replace_methods(engine, ENGINE, ENGINE_METHODS, found)
     for name, methods in HIDING.items():
         if hasattr(torch._C, name):
             _replace_methods(getattr(torch._C, name), name, methods, found)

@@ -44,6 +44,10 @@ REENTERED = ("backward", "grad")
 # ("autograd_graph.NAME", NAME the call's), autograd used while torch.autograd's backward pass runs (a graph built,
 # or a backward pass entered, inside one), and any torch call made there (Python's, a Function's own backward)
 GRAPH, GRAPH_IN_BACKWARD, CODE_IN_BACKWARD = "autograd_graph", "autograd_in_backward", "code_in_backward"
+# What a backward pass the record runs differentiates: "autograd_node.NAME" for each kind of torch's own node in the
+# graph (MulBackward0, AccumulateGrad), and "autograd_functions.N" for the number of nodes of autograd.Functions
+# (Python's, whose backward the file wrote). A rule can then say which graph may be differentiated, whatever built it.
+NODE_KIND, FUNCTION_NODES, MAX_NODES = "autograd_node", "autograd_functions", 100_000
 # Two more that name what leaves torch with no torch call to record: a storage's bytes read in Python (its items,
 # its file, its shared memory: guard.py's STORAGE_READERS), and a tensor on memory torch did not allocate given to or
 # returned by a torch call (a NumPy array's, a bytearray's, a file's, which Python reads where no call answers).
@@ -159,6 +163,9 @@ def make_recorder(torch, lifted):
     quiet = _quiet_warnings()
     autograd_entries = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
     grad_enabled, grad_fn_of = torch.is_grad_enabled, torch._C.TensorBase.grad_fn.__get__
+    # an autograd.Function's node is of a Python class the file's Function made, whose attributes the file can set:
+    # its inputs are read by the C getter of the base class
+    function_node, function_next = torch._C._FunctionBase, vars(torch._C._FunctionBase)["next_functions"].__get__
     dispatch_modes = torch._C._len_torch_dispatch_stack  # modes below this one, whose Python runs inside a call
     reads_as_number = _number_reader(torch)
     foreign = _foreign_finder(torch)
@@ -194,6 +201,7 @@ def make_recorder(torch, lifted):
         shapes = None  # a Shapes while a request asks for the shapes of what the call creates (`"shapes": true`)
         changed: list = []  # the arguments a call changed in place
         gradients = 0  # how many of torch.autograd's backward passes are running (one inside another when > 1)
+        engine_next = False  # the record is about to run autograd's engine itself (engine_entered)
         unwatch = None  # puts Triton's interpreter back as the record leaves (kernels.py), while it runs
         # What a torch setter replaced (an old .grad, .data), and the graph nodes of a C call's tensors: kept alive
         # until the request is answered, so that nothing of the file's they held is freed inside the call (a
@@ -274,6 +282,34 @@ def make_recorder(torch, lifted):
                 self.seen.add(GRAPH_IN_BACKWARD if self.gradients else f"{GRAPH}.{name}")
             return value
 
+        def engine_entered(self, runs: bool):
+            """Told by the guard's hook: autograd's engine was asked to run a backward pass (or to queue a callback,
+            `runs` False). Only the run this record starts itself (`_autograd`) is one it follows."""
+            if runs and self.engine_next:
+                self.engine_next = False
+                return
+            self.hidden = self.hidden or ("autograd's engine run by hand, whose backward formulas the record cannot "
+                                          "see" if runs else "a callback queued on autograd's engine")
+
+        def _graph(self, outputs):
+            """Mark what the backward pass of `outputs` will differentiate (NODE_KIND, FUNCTION_NODES)."""
+            stack, visited, functions = [grad_fn_of(t) for t in outputs if issubclass(type(t), torch.Tensor)], set(), 0
+            while stack and len(visited) < MAX_NODES:
+                node = stack.pop()
+                if node is None or id(node) in visited:
+                    continue
+                visited.add(id(node))
+                kind = type(node)
+                if issubclass(kind, function_node):
+                    functions += 1
+                    following = function_next(node)
+                else:
+                    getter = vars(kind).get("next_functions")
+                    following = getter.__get__(node) if type(getter) is GETSET else ()
+                    self.seen.add(f"{NODE_KIND}.{kind.__name__}")
+                stack.extend(edge[0] for edge in following if type(edge) is tuple and edge)
+            self.seen.add(f"{FUNCTION_NODES}.{functions}")
+
         def storage_read(self):
             """Told by the guard's hook: the candidate's code read a storage's bytes (guard.py)."""
             self.seen.add(STORAGE_BYTES)
@@ -351,14 +387,20 @@ def make_recorder(torch, lifted):
             retain = create if given["retain_graph"] is None else given["retain_graph"]
             if self.gradients:
                 self.seen.add(GRAPH_IN_BACKWARD)
+            self._graph(outputs)
             with self._reentered(), self._gradients():
                 grads = _make_grads(outputs, _tensor_or_tensors_to_tuple(grads, len(outputs)), is_grads_batched=False)
-                if func is not torch.autograd.grad:
-                    _engine_run_backward(outputs, grads, retain, create, inputs, allow_unreachable=True,
-                                         accumulate_grad=True)
-                    return None
-                unused = given["materialize_grads"] if given["allow_unused"] is None else given["allow_unused"]
-                result = _engine_run_backward(outputs, grads, retain, create, inputs, unused, accumulate_grad=False)
+                self.engine_next = True  # the engine's next run is this one (engine_entered)
+                try:
+                    if func is not torch.autograd.grad:
+                        _engine_run_backward(outputs, grads, retain, create, inputs, allow_unreachable=True,
+                                             accumulate_grad=True)
+                        return None
+                    unused = given["materialize_grads"] if given["allow_unused"] is None else given["allow_unused"]
+                    result = _engine_run_backward(outputs, grads, retain, create, inputs, unused,
+                                                  accumulate_grad=False)
+                finally:
+                    self.engine_next = False
                 if given.get("materialize_grads"):
                     result = tuple(torch.zeros_like(i) if r is None else r for r, i in zip(result, inputs, strict=True))
                 return result

@@ -41,7 +41,9 @@ import torch
 
 from grader.engine import (
     CODE_IN_BACKWARD,
+    FUNCTION_NODES,
     GRAPH,
+    NODE_KIND,
     Call,
     CandidateError,
     CheckFailed,
@@ -627,6 +629,11 @@ def function_case(**params):
 # What the given runner's own Σ out ∘ grad_out records as building an autograd graph; anything else that does is
 # autograd differentiating the candidate's forward, not the Function's backward
 RUNNER_GRAPH = {f"{GRAPH}.{name}" for name in ("mul", "__mul__", "sum")}
+# What its backward pass differentiates: torch's nodes for that sum and product, the leaves q, k and v, and one node
+# of an autograd.Function, the file's. More of them (a Function's own `apply` building a graph of mul and sum between
+# helper Functions: the forty-fifth review's f1) is autograd doing the backward's work.
+RUNNER_NODES = {f"{NODE_KIND}.{name}" for name in ("SumBackward0", "MulBackward0", "AccumulateGrad")}
+ONE_FUNCTION = f"{FUNCTION_NODES}.1"
 
 
 def runner_changed(source: str) -> str:
@@ -694,13 +701,17 @@ def function_rules(run):
     no_autograd(answer, run.step.id)
     changed = runner_changed(run.ctx.source)
     graphs = sorted(n for n in answer.called if n.startswith(f"{GRAPH}.") and n not in RUNNER_GRAPH)
+    nodes = sorted(n for n in answer.called if n.startswith(f"{NODE_KIND}.") and n not in RUNNER_NODES
+                   or n.startswith(f"{FUNCTION_NODES}.") and n != ONE_FUNCTION)
     why = changed or (graphs and f"its torch calls built an autograd graph ({', '.join(graphs)}): torch's autograd "
                                  "differentiated them, not FlashAttentionFunction.backward") or (
+        nodes and f"the runner's backward pass differentiated more than the Function's one node ({', '.join(nodes)}):"
+                  " torch's autograd did part of the backward's work") or (
         CODE_IN_BACKWARD not in answer.called and "no torch call ran in the backward pass: the gradients are not "
                                                  "FlashAttentionFunction.backward's")
     if why:
         raise CheckFailed(f"{why}; the gradients must come from the Function's own backward", FN_AUTOGRAD,
-                          details={"forbidden_calls": graphs}, breach=True)
+                          details={"forbidden_calls": graphs + nodes}, breach=True)
     try:
         run.expect_right(run.output(answer), call)
     except CheckFailed as failure:
@@ -730,7 +741,8 @@ FN_FLOAT64 = Mistake("FlashAttentionFunction.float64_blocks_mishandled", "right 
                      "wrong in float64 with blocks of 7 × 5: keep q's dtype in m, l, acc and lse, and honour "
                      "block_q and block_k")
 FN_BELOW_ZERO = Mistake("FlashAttentionFunction.far_below_zero_mishandled", "right for ordinary scores, wrong when "
-                        "every score of a row is far below 0 (−800, in float64): start the forward's running max at -inf, not 0",
+                        "every score of a row is far below 0 (−800, in float64): start the forward's running max at "
+                        "-inf, not 0",
                         why="With m = 0, e^(s − m) underflows to 0 past s = −745 in float64 (−104 in float32), and "
                             "out = 0 / 0.")
 FN_SAVED = Mistake("FlashAttentionFunction.saved_mishandled", "out is right, the gradients wrong: the backward reads "

@@ -313,7 +313,8 @@ CACHE_HALF = Mistake("LatentCache.half_mishandled", "right in float32, wrong in 
 CACHE = StepSpec(
     "LatentCache", cache_inputs, lambda cs, ks: None, prefix="cache", plain="appends",
     checks=(
-        prop("preallocated", 3, _cache_check(preallocated)), prop("appends", 3, _cache_check(appends)),
+        prop("preallocated", 3, _cache_check(preallocated), gated=ALWAYS),  # kept by one writing nothing
+        prop("appends", 3, _cache_check(appends)),
         prop("contents", 3, _cache_check(contents)),
         prop("unused_slots_nan", 2, _cache_check(appends, nan=True), situation=CACHE_NAN),
         prop("overflow_refused", 2, overflow_refused, gated=ALWAYS),
