@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import math
 import time
 
 import numpy as np
@@ -100,6 +101,13 @@ SCALED_BY_WRONG_SIZE = Mistake(
     why="A size read from the wrong axis (k.shape[-2] for k.shape[-1]) runs without an error, and the softmax comes "
         "out sharper or flatter.",
 )
+EXPONENT_BASE_WRONG = Mistake(
+    "exponent_base_wrong",
+    "the softmax's exponent had the wrong base: exp2 of scores not multiplied by log2(e) (or exp of scores that "
+    "were): e^s = 2^(s · log2(e))",
+    why="FlashAttention's kernels take exp2, the faster instruction, and fold log2(e) into the scale; leaving it out "
+        "gives softmax(s · ln 2), a flatter softmax that shapes cannot show.",
+)
 COMPUTED_IN_FLOAT32 = Mistake(
     "computed_in_float32",
     "float64 inputs were computed in float32 inside the step (.float(), dtype=torch.float32, a float32 softmax): "
@@ -108,7 +116,8 @@ COMPUTED_IN_FLOAT32 = Mistake(
         "loses the precision the caller asked for.",
 )
 GENERIC = (OUTPUTS_REORDERED, ARGUMENTS_SWAPPED, ARGUMENT_DUPLICATED, ARGUMENT_IGNORED, NONE_READ_AS_ZERO,
-           FLAG_INVERTED, OFF_BY_ONE, INPUT_TRANSPOSED, MASK_EDGE_OFF_BY_ONE, SCALED_BY_WRONG_SIZE, COMPUTED_IN_FLOAT32)
+           FLAG_INVERTED, OFF_BY_ONE, INPUT_TRANSPOSED, MASK_EDGE_OFF_BY_ONE, SCALED_BY_WRONG_SIZE, EXPONENT_BASE_WRONG,
+           COMPUTED_IN_FLOAT32)
 
 # Pairs whose swap has a name of its own (the gloss after the names).
 GLOSSES = {frozenset(p): g for p, g in (
@@ -335,7 +344,8 @@ def _state_variants(name: str, state: dict):
 
 def _scale_variants(arguments: dict, tensors: list):
     """Scores q @ kᵀ / √size for each other size of the inputs: the reference with q scaled by √(D / size) (q is the
-    first tensor argument whose width another one, k, shares)."""
+    first tensor argument whose width another one, k, shares); then the scores times ln 2 or log2(e), the softmax
+    taken in the wrong base."""
     if len(tensors) < 2 or arguments[tensors[0]].dim() < 2:
         return
     query = tensors[0]
@@ -353,6 +363,9 @@ def _scale_variants(arguments: dict, tensors: list):
                                           f"instead of √{width}, the width of `{query}` (its last axis): divide by "
                                           f"√{query}.shape[-1]"),
                {query: arguments[query] * (width / size) ** 0.5})
+    if arguments[query].is_floating_point():
+        for factor in (math.log(2), math.log2(math.e)):
+            yield EXPONENT_BASE_WRONG, {query: arguments[query] * factor}
 
 
 def _edge_variants(reference, signature, dims: int):

@@ -393,7 +393,7 @@ DTYPE_IGNORED = Mistake(
 CACHE = StepSpec(
     "KVCache", cache_inputs, lambda ks, vs: None, prefix="cache", plain="appends",
     checks=(
-        prop("preallocated", 3, _cache_check(preallocated, probe=True), gated=ALWAYS),  # kept by one writing nothing
+        prop("preallocated", 3, _cache_check(preallocated, probe=True)),
         prop("appends", 4, _cache_check(appends)),
         prop("length", 3, _cache_check(lengths)), prop("contents", 4, _cache_check(contents)),
         prop("unused_slots_nan", 3, unused_slots_nan), prop("fills_to_max_len", 2, fills_to_max_len),

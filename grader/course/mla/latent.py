@@ -297,6 +297,11 @@ CACHE_MISTAKES = (
             "c_kv[:, :length] and k_rope[:, :length], what attention reads",
             test=lambda seen, *_: any(a.index > 0 and _shape(_pair(a.returned, "")[0])[1:2] == (CHUNKS[a.index],)
                                       for a in seen.appends())),
+    Mistake("LatentCache.returned_before_advancing", "returned the positions cached before this append: advance "
+            "length first, then return c_kv[:, :length] and k_rope[:, :length], this append's included",
+            test=lambda seen, *_: all(_shape(_pair(a.returned, "")[0])[1:2] == (a.expected_length - CHUNKS[a.index],)
+                                      for a in seen.appends()),
+            why="The caller attends with what append returns: its own new tokens must be among the keys."),
     Mistake("LatentCache.added_not_written", "the new latents were added to what the slots held (+=): assign them "
             "(c_kv[:, a:b] = c_kv_new)", test=_nan_written,
             why="Adding is right only while the slots hold zeros: the grader fills the unused slots with NaN."),
@@ -313,7 +318,7 @@ CACHE_HALF = Mistake("LatentCache.half_mishandled", "right in float32, wrong in 
 CACHE = StepSpec(
     "LatentCache", cache_inputs, lambda cs, ks: None, prefix="cache", plain="appends",
     checks=(
-        prop("preallocated", 3, _cache_check(preallocated), gated=ALWAYS),  # kept by one writing nothing
+        prop("preallocated", 3, _cache_check(preallocated)),
         prop("appends", 3, _cache_check(appends)),
         prop("contents", 3, _cache_check(contents)),
         prop("unused_slots_nan", 2, _cache_check(appends, nan=True), situation=CACHE_NAN),

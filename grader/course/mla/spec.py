@@ -207,6 +207,15 @@ def _rope_key_interleaved(q_nope, q_rope, k_nope, k_rope):
     return (nope + rope) / math.sqrt(q_nope.shape[-1] + dr)
 
 
+def _off_by_a_factor(value, *args, **kwargs) -> bool:
+    """The answer is the right scores times one number other than 1 (the least-squares one)."""
+    right = ref.mla_scores(*args, **kwargs).double()
+    if not isinstance(value, torch.Tensor) or value.shape != right.shape or not value.is_floating_point():
+        return False
+    factor = float((value.double() * right).sum() / (right * right).sum().clamp(min=1e-300))
+    return abs(factor - 1) > 1e-2 and bool(torch.allclose(value.double(), factor * right, rtol=1e-3, atol=1e-5))
+
+
 SCORES_ONE = Mistake("mla_scores.one_query_mishandled", "right for several queries, wrong for one: keep the query "
                      "axis of size 1 (no squeeze), and broadcast k_rope over the heads with k_rope.unsqueeze(1)")
 SCORES_SIZES = Mistake("mla_scores.sizes_mishandled", "wrong for 2 queries and 11 keys: a size was taken from the "
@@ -253,6 +262,10 @@ SCORES = StepSpec(
                 "k_rope.unsqueeze(1)",
                 _rope_key_interleaved,
                 why="repeat_interleave repeats each token H times in a row; viewed as (H, Tk), the rows are mixed."),
+        Mistake("mla_scores.scaled_by_a_constant", "every score is the right one times one constant: the scale is "
+                "(qk_nope_head_dim + qk_rope_head_dim) ** -0.5, with no other factor (no YaRN mscale here)",
+                test=_off_by_a_factor,
+                why="DeepSeek-V3's long-context softmax_scale multiplies by YaRN's mscale²; this model has no YaRN."),
         Mistake("mla_scores.rope_key_not_shared", "k_rope (B, Tk, Dr) was used as if it had a head axis: it is one key "
                 "per token, shared by the heads; k_rope.unsqueeze(1) broadcasts it",
                 raises=Raises(message=r"must match the size|broadcast|Expected size", line=r"k_rope"),

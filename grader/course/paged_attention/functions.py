@@ -176,9 +176,22 @@ LENGTHS_NOT_BROADCAST = Mistake(
                   line=r"arange\(.*[<>]=?\s*context_lens(\.(long|int)\(\)|\.to\([^)]*\))?\s*(#.*)?\)?$"),
     why="Every sequence has its own length, so the mask is (B, max_len): one row of positions, one column of lengths.")
 DECODE_UNSCALED = _decode_mistake("unscaled", "scores not scaled: divide q · k by √Dh", width=1)
-HEADS_RESHAPED = _decode_mistake(
-    "heads_reshaped", "the gathered keys (n, H, Dh) were reshaped to (H, n, Dh), which mixes tokens and heads: "
-    "transpose(0, 1) to put the heads first", heads_reshaped=True)
+def _padded_heads_reshaped(q, k_cache, v_cache, block_tables, context_lens):
+    """Every table row gathered whole, (B, max_blocks · block_size, H, Dh) viewed as (B, H, L, Dh), and the
+    positions past context_lens of that view masked."""
+    b, h, dh = q.shape
+    rows = block_tables.long().clamp(min=0)
+    length = rows.shape[1] * k_cache.shape[1]
+    keep = torch.arange(length)[None, :] < context_lens.long()[:, None]  # (B, L), read along the view's axis 2
+    k, v = (x[rows].reshape(b, h, length, dh).where(keep[:, None, :, None], 0.0) for x in (k_cache, v_cache))
+    scores = (k @ q[..., None])[..., 0].masked_fill(~keep[:, None], -math.inf) / math.sqrt(dh)  # (B, H, L)
+    return (torch.softmax(scores, -1)[..., None, :] @ v)[..., 0, :]
+
+
+HEADS_RESHAPED = Mistake(
+    "paged_decode.heads_reshaped", "the gathered keys (n, H, Dh) were reshaped to (H, n, Dh), which mixes tokens and "
+    "heads: transpose(0, 1) to put the heads first",
+    lambda *a: [decoded(*a, heads_reshaped=True), _padded_heads_reshaped(*a)])
 
 
 def masked_multiplied(q, k_cache, v_cache, block_tables, context_lens):

@@ -82,6 +82,7 @@ def served(state, streams, schedule=PREFILL_DECODE, *, refilled: bool = False, b
         wrong = bug if only is None or only == ("decode" if decoding else "prefill") else None
         packed = [torch.cat([heads[i][n][:done[i] + call[i]] for i in ids]) for n in (1, 2)]  # every key, gathered
         first = 0  # where the sequence's new tokens start among the call's
+        width = -(-(done[ids[0]] + call[ids[0]]) // BLOCK)  # the first sequence's blocks, after the append
         for i in ids:
             q, k, v = heads[i]
             past, t = done[i], call[i]
@@ -94,8 +95,12 @@ def served(state, streams, schedule=PREFILL_DECODE, *, refilled: bool = False, b
                     lo = past
                 elif wrong == LENGTHS_BEFORE.id:
                     hi = p - t
+                elif wrong == TABLES_CUT.id and decoding:
+                    hi = min(hi, width * BLOCK - 1)
                 keys = slice(lo, max(hi + 1, lo))  # none when hi < lo
                 read_k, read_v = k[keys], v[keys]
+                if wrong == VALUES_FROM_KEYS.id:
+                    read_v = read_k
                 if wrong == KEYS_AT_QUERIES.id:  # the packed keys where its queries are, causally, as if no cache
                     read_k, read_v = (x[offset:offset + p - past + 1] for x in packed)
                 scores = torch.einsum("hd,nhd->hn", q[p], read_k) / math.sqrt(DH)  # (H, keys)
@@ -139,6 +144,14 @@ KEYS_AT_QUERIES = _mistake(
     "key_offsets_from_queries", "cut the gathered keys with the queries' cu_seqlens: each sequence holds seq_len "
     "keys, so pass cu_seqlens_k of those lengths, not cu_seqlens",
     why="After a cache, a sequence has more keys than new tokens: the packed keys' offsets are their own.")
+VALUES_FROM_KEYS = _mistake(
+    "values_from_key_pool", "read the values from the key pool (k_cache where v_cache belongs): gather each "
+    "sequence's values from cache.v_cache")
+TABLES_CUT = _mistake(
+    "tables_cut_to_first", "padded the decode's block tables to the first sequence's width: make them as wide as the "
+    "longest table, so no sequence loses its later blocks",
+    why="Sequences of one batch hold different numbers of blocks; a later, longer one would attend to its first "
+        "blocks' keys only.")
 HEADS_SPLIT_INNER = Mistake(
     "PagedSelfAttention.heads_split_inner", "the projections were split as (N, Dh, H), heads inner: head h owns "
     "features h·Dh … (h + 1)·Dh − 1, so view(N, H, Dh)",
@@ -298,7 +311,7 @@ MODULE = StepSpec(
         prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),
     mistakes=(NOT_CAUSAL, NEW_ONLY, LENGTHS_BEFORE, KEYS_AT_QUERIES, NO_OUTPUT_PROJECTION, HEADS_SPLIT_INNER,
-              HEADS_MERGED_INNER, TABLE_BEFORE_APPEND, NAN_READ, POOL_INTERNALS),
+              HEADS_MERGED_INNER, TABLE_BEFORE_APPEND, NAN_READ, POOL_INTERNALS, VALUES_FROM_KEYS, TABLES_CUT),
 )
 
 SPEC = Spec((CACHE, DECODE, VARLEN, MODULE))

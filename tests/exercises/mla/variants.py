@@ -167,6 +167,9 @@ def expand_kv(c_kv, w_uk, w_uv, num_heads):
     # -- mla_scores ---------------------------------------------------------------------------
     Variant("scores_scale_precedence", scores_with("(nope + rope) * (q_nope.shape[-1] + q_rope.shape[-1] ** -0.5)"),
             "mla_scores", "mla_scores.scale_precedence"),
+    Variant("scores_yarn_mscale", scores_with("(nope + rope) * (q_nope.shape[-1] + q_rope.shape[-1]) ** -0.5 * "
+                                              "(0.1 * math.log(40.0) + 1.0) ** 2"),  # DeepSeek-V3's softmax_scale
+            "mla_scores", "mla_scores.scaled_by_a_constant"),
     Variant("scores_scaled_by_nope", scores_with("(nope + rope) / math.sqrt(q_nope.shape[-1])"),
             "mla_scores", "mla_scores.scaled_by_nope"),
     Variant("scores_scaled_by_a_size", scores_with("(nope + rope) / math.sqrt(q_nope.shape[-1] + k_rope.size(1))"),
@@ -360,6 +363,15 @@ class LatentCache(LatentCache):
         self.k_rope[:, self.length:end] = k_rope_new
         self.length = end
         return c_kv_new, k_rope_new"""), "LatentCache", "LatentCache.returns_new_only"),
+    Variant("cache_returned_before_advancing", append_with("""\
+        end = self.length + t
+        if end > self.max_len:
+            raise ValueError("the cache is full")
+        self.c_kv[:, self.length:end] = c_kv_new
+        self.k_rope[:, self.length:end] = k_rope_new
+        before = self.c_kv[:, :self.length], self.k_rope[:, :self.length]  # taken before length moves on
+        self.length = end
+        return before"""), "LatentCache", "LatentCache.returned_before_advancing"),
     Variant("cache_returns_whole_buffer", append_with("""\
         end = self.length + t
         if end > self.max_len:

@@ -250,6 +250,10 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
         k, v = k_cache[blocks].flatten(0, 1)[:n], v_cache[blocks].flatten(0, 1)[:n]""").replace(
         "    return out", "    return out[:, :, None]  # (B, H, 1, Dh): one query"), "paged_decode", "axis_extra"),
     # -- varlen_attention ---------------------------------------------------------------------
+    Variant("varlen_exp2_without_log2e", varlen_with(VARLEN_BODY.replace(
+        "(torch.softmax(scores, dim=-1) @ vb)",
+        "(torch.exp2(scores - scores.amax(-1, keepdim=True)) / torch.exp2(scores - scores.amax(-1, keepdim=True))"
+        ".sum(-1, keepdim=True) @ vb)")), "varlen_attention", "exponent_base_wrong"),
     Variant("varlen_cu_seqlens_as_lengths", """
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
     out = torch.zeros_like(q)
@@ -337,6 +341,18 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
         "        tables = [torch.tensor(cache.block_table(s)) for s in seq_ids]\n", APPEND,
         GATHER.replace("        tables = [torch.tensor(cache.block_table(s)) for s in seq_ids]\n", ""), ATTEND),
             "PagedSelfAttention", "PagedSelfAttention.table_before_append"),
+    Variant("module_values_from_key_pool", forward(APPEND, GATHER.replace("v_all = torch.cat([cache.v_cache[t]",
+                                                                         "v_all = torch.cat([cache.k_cache[t]"), ATTEND),
+            "PagedSelfAttention", "PagedSelfAttention.values_from_key_pool"),
+    Variant("module_tables_cut_to_first", forward(APPEND, """\
+        if N == len(seq_ids):  # one token each: decode from the pool
+            width = len(cache.block_table(seq_ids[0]))  # the first sequence's table, not the longest
+            tables = torch.full((N, width), -1, dtype=torch.int32)
+            for b, s in enumerate(seq_ids):
+                tables[b] = torch.tensor((cache.block_table(s) + [-1] * width)[:width], dtype=torch.int32)
+            y = paged_decode(q, cache.k_cache, cache.v_cache, tables, torch.tensor(lens, dtype=torch.int32))
+            return self.w_o(y.reshape(N, D))
+""", GATHER, ATTEND), "PagedSelfAttention", "PagedSelfAttention.tables_cut_to_first"),
     Variant("module_pool_internals_read", forward(APPEND.replace("cache.seq_len(s)", "cache.lengths[s]"), GATHER.replace(
         "cache.block_table(s)", "cache.tables[s]"), ATTEND),  # right with its own pool, which keeps them so
             "PagedSelfAttention", "PagedSelfAttention.pool_internals_read"),
