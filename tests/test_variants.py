@@ -56,11 +56,13 @@ ALL_CHECKS: dict[str, set[str]] = {c.exercise: set() for c in COURSES}
 SHOWN: dict[str, dict[str, set[str]]] = {c.exercise: {} for c in COURSES}  # variant -> named mistakes shown
 
 
-# The exercises this module grades; Triton's, the slowest by far, are tests/test_variants_triton.py's (this module's
-# tests, imported there), so that under `--dist loadfile` two processes share the work: an exercise's variants and
-# the coverage test that reads what they recorded stay in one module, hence one process.
-SEPARATE = ("triton_attention",)
-EXERCISES = tuple(name for name in MANIFEST if name not in SEPARATE)
+# The exercises this module grades. Triton's, the slowest by far, are tests/test_variants_triton.py's, and the ladder's
+# part 4 (the next slowest) tests/test_variants_part4.py's: those modules import this one's tests, so that under
+# `--dist loadfile` the processes share the work, while an exercise's variants and the coverage test that reads what
+# they recorded stay in one module, hence one process.
+TRITON = ("triton_attention",)
+PART4 = ("attention_backward", "mla", "paged_attention")
+EXERCISES = tuple(name for name in MANIFEST if name not in TRITON + PART4)
 
 
 def of(attribute: str):

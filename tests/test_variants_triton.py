@@ -2,9 +2,9 @@
 a module of its own, a process of its own under `--dist loadfile`)."""
 
 from tests.test_variants import *  # noqa: F403 (the tests, their fixture and pytest_generate_tests)
-from tests.test_variants import SEPARATE
+from tests.test_variants import TRITON
 
-EXERCISES = SEPARATE
+EXERCISES = TRITON
 
 # Triton's device checks are its values checks on CUDA: it has no device variants, and an empty set of them would
 # show as skipped tests
