@@ -152,6 +152,36 @@ TABLES_CUT = _mistake(
     "longest table, so no sequence loses its later blocks",
     why="Sequences of one batch hold different numbers of blocks; a later, longer one would attend to its first "
         "blocks' keys only.")
+def _stale_rows(schedule) -> list[int]:
+    """The rows of `served`'s outputs whose sequence holds more blocks than after the first call it was in: those a
+    block table kept from that call no longer covers."""
+    done, first, rows, row = {}, {}, [], 0
+    for call in schedule:
+        for i in (i for i, t in call.items() if t):
+            done[i] = done.get(i, 0) + call[i]
+            blocks = -(-done[i] // BLOCK)
+            first.setdefault(i, blocks)
+            rows += range(row, row + call[i]) if blocks > first[i] else []
+            row += call[i]
+    return rows
+
+
+def _tables_memoised(value, state, streams, schedule=PREFILL_DECODE, refilled=False) -> bool:
+    """Wrong somewhere, and only at the tokens of sequences that took a block since the first call they were in."""
+    right = served(state, streams, schedule, refilled=refilled).to(value.dtype)
+    if value.shape != right.shape:
+        return False
+    wrong = ~torch.isclose(value, right, rtol=1e-3, atol=1e-4).all(dim=-1)
+    stale = torch.zeros_like(wrong)
+    stale[_stale_rows(schedule)] = True
+    return bool(wrong.any()) and bool((wrong <= stale).all())
+
+
+TABLES_MEMOISED = Mistake(
+    "PagedSelfAttention.tables_memoised", "kept each sequence's block table from the first call it was in: ask the "
+    "cache for block_table(seq_id) at every call, after the append", test=_tables_memoised,
+    why="The table grows whenever the sequence takes a new block; a copy kept from its first call misses every later "
+        "block's keys.")
 HEADS_SPLIT_INNER = Mistake(
     "PagedSelfAttention.heads_split_inner", "the projections were split as (N, Dh, H), heads inner: head h owns "
     "features h·Dh … (h + 1)·Dh − 1, so view(N, H, Dh)",
@@ -311,7 +341,8 @@ MODULE = StepSpec(
         prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),
     mistakes=(NOT_CAUSAL, NEW_ONLY, LENGTHS_BEFORE, KEYS_AT_QUERIES, NO_OUTPUT_PROJECTION, HEADS_SPLIT_INNER,
-              HEADS_MERGED_INNER, TABLE_BEFORE_APPEND, NAN_READ, POOL_INTERNALS, VALUES_FROM_KEYS, TABLES_CUT),
+              HEADS_MERGED_INNER, TABLE_BEFORE_APPEND, NAN_READ, POOL_INTERNALS, VALUES_FROM_KEYS, TABLES_CUT,
+              TABLES_MEMOISED),
 )
 
 SPEC = Spec((CACHE, DECODE, VARLEN, MODULE))

@@ -353,6 +353,15 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
             y = paged_decode(q, cache.k_cache, cache.v_cache, tables, torch.tensor(lens, dtype=torch.int32))
             return self.w_o(y.reshape(N, D))
 """, GATHER, ATTEND), "PagedSelfAttention", "PagedSelfAttention.tables_cut_to_first"),
+    Variant("module_tables_memoised", forward(APPEND, """\
+        memo = self.__dict__.setdefault("memo", {})  # seq_id -> its table, asked for once
+        tables = [memo.setdefault(s, cache.block_table(s)) for s in seq_ids]
+        if N == len(seq_ids):  # one token each: decode from the pool
+            width = max(len(t) for t in tables)
+            padded = torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32)
+            y = paged_decode(q, cache.k_cache, cache.v_cache, padded, torch.tensor(lens, dtype=torch.int32))
+            return self.w_o(y.reshape(N, D))
+""", GATHER, ATTEND), "PagedSelfAttention", "PagedSelfAttention.tables_memoised"),
     Variant("module_pool_internals_read", forward(APPEND.replace("cache.seq_len(s)", "cache.lengths[s]"), GATHER.replace(
         "cache.block_table(s)", "cache.tables[s]"), ATTEND),  # right with its own pool, which keeps them so
             "PagedSelfAttention", "PagedSelfAttention.pool_internals_read"),
