@@ -34,6 +34,8 @@ def softmax_backward(probs: torch.Tensor, grad_probs: torch.Tensor, dim: int = -
 
     the sum taken along `dim` and kept as an axis of size 1, so it broadcasts
     back over that axis. A slice of probs that is all 0 gives 0, never NaN.
+    Products and sums only: no autograd, no complex numbers, and no
+    exponential or logarithm (the softmax is not to be recomputed here).
 
     Why: the softmax's Jacobian is diag(p) − p pᵀ, so its vector-Jacobian
     product with g is p ∘ g − p (pᵀ g) = p ∘ (g − Σ p ∘ g): one elementwise
@@ -63,7 +65,9 @@ def attention_backward(
         dq = dS k / √D        dk = dSᵀ q / √D
 
     Call softmax_backward for dS. The softmax of the recompute is allowed;
-    torch.autograd, .backward() and torch.func are not.
+    torch.autograd, .backward() and torch.func are not, nor numerical
+    differentiation (complex numbers, or a tensor with one answer per input
+    element: no tensor larger than a score matrix as wide as a head).
 
     Why: autograd would keep P (Tq × Tk per head) from the forward pass to use
     here; recomputing it costs one matrix product and saves that memory. Each
@@ -108,9 +112,9 @@ def flash_attention_backward(
     time may more than one block_q × block_k tile of scores per batch and head
     exist (the grader checks the shapes of the tensors your torch calls
     create). No softmax, no F.scaled_dot_product_attention, no autograd
-    (torch.autograd, .backward(), torch.func), and no tensor's values read into
-    Python (int(), float(), .item(), .tolist(), NumPy, printing one): bounds
-    come from shapes and block sizes.
+    (torch.autograd, .backward(), torch.func), no complex numbers, and no
+    tensor's values read into Python (int(), float(), .item(), .tolist(),
+    NumPy, printing one): bounds come from shapes and block sizes.
 
     Why: the backward pass needs P, which the forward never held whole. lse
     gives it back one tile at a time, exactly: e^(S − lse) is the softmax of

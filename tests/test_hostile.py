@@ -2190,6 +2190,63 @@ FlashAttentionFunction.apply = classmethod(_apply)
     assert set(lost(result)) == {"FlashAttentionFunction"}, explain(result)
 
 
+def test_gradients_differentiated_numerically_break_the_rules(grade_source):
+    """The forty-sixth review's f1: gradients by the complex step (the forward on x + ih·e_j, its imaginary part over
+    h) or by central differences, every direction at once, with no autograd at all (attention_backward 30 of 30,
+    softmax_backward 20 of 20 along grad_probs). A complex tensor is forbidden in the gradient steps, softmax_backward
+    may not recompute the softmax, and no gradient step may make a tensor past a score matrix as wide as a head."""
+    base = (ROOT / "solutions" / "attention_backward.py").read_text()
+    result = grade_source("""
+def _attend(q, k, v, mask=None):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        s = s.masked_fill(~mask, -math.inf)
+    return torch.softmax(s, dim=-1).nan_to_num(0.0) @ v
+
+
+def softmax_backward(probs, grad_probs, dim=-1):
+    scores, h = probs.log(), 1e-6  # the softmax's Jacobian is symmetric: one derivative along grad_probs
+    ahead, behind = (torch.softmax(scores + sign * h * grad_probs, dim) for sign in (1, -1))
+    return ((ahead - behind) / (2 * h)).nan_to_num(0.0)
+
+
+def attention_backward(q, k, v, grad_out, mask=None):
+    found, inputs = [], [x.double() for x in (q, k, v)]
+    for which, x in enumerate(inputs):
+        n = x.numel()
+        basis = torch.eye(n, dtype=torch.float64).reshape(n, *x.shape)  # every direction at once
+        sides = []
+        for sign in (1.0, -1.0):
+            args = list(inputs)
+            args[which] = x + sign * 1e-6 * basis
+            sides.append(_attend(*args, mask))
+        slope = (sides[0] - sides[1]) / 2e-6
+        found.append((slope * grad_out.double()).flatten(1).sum(-1).reshape(x.shape).to(q.dtype))
+    return tuple(found)
+""", base=base, name="attention_backward.py")
+    for name in ("softmax_backward", "attention_backward"):
+        assert step(result, name).score == 0 and step(result, name).breach, explain(result)
+    complex_step = grade_source("""
+def attention_backward(q, k, v, grad_out, mask=None):
+    h, found = 1e-30, []
+    for which, x in enumerate((q, k, v)):
+        grad = torch.zeros_like(x)
+        for j in range(min(x.numel(), 2)):  # one direction at a time (two, to keep the test short)
+            args = [a.to(torch.complex128) for a in (q, k, v)]
+            args[which] = args[which] + 1j * h * torch.nn.functional.one_hot(torch.tensor(j), x.numel()).reshape(
+                x.shape)
+            s = args[0] @ args[1].transpose(-2, -1) / math.sqrt(q.shape[-1])
+            if mask is not None:
+                s = s.masked_fill(~mask, -1e300)
+            e = torch.exp(s - s.real.amax(-1, keepdim=True))
+            out = (e / e.sum(-1, keepdim=True)) @ args[2]
+            grad.view(-1)[j] = (out.imag / h * grad_out).sum()
+        found.append(grad)
+    return tuple(found)
+""", base=base, name="attention_backward.py")
+    assert step(complex_step, "attention_backward").breach, explain(complex_step)
+
+
 def test_a_tiled_step_under_vmap_by_its_c_entry_points_breaks_its_rule(grade_source):
     """The twenty-fifth review's q01: whole rows of scores, one query at a time under functorch's vmap reached by its
     C entry points (torch.vmap itself asks for a frame): the record saw one slice's (Tk,) shapes (100 of 100). Those

@@ -17,6 +17,7 @@ from grader.engine.diagnose import FORBIDDEN_CALL
 from grader.engine.failure import CheckFailed
 from grader.sandbox.recorder import (
     CODE_IN_BACKWARD,
+    COMPLEX,
     FOREIGN_MEMORY,
     GRAPH,
     GRAPH_IN_BACKWARD,
@@ -34,7 +35,8 @@ MEANING = {GRAPH: "autograd_graph (an autograd graph built by its torch calls)",
            "__repr__": "__repr__ (a tensor's values as text: printing one reads them into Python)",
            "__str__": "__str__ (a tensor's values as text)", "__format__": "__format__ (a tensor's values as text)",
            STORAGE_BYTES: "storage_bytes (a storage's bytes read in Python: its items, its file, its shared memory)",
-           FOREIGN_MEMORY: "foreign_memory (a tensor on memory torch did not allocate: a NumPy array's, a buffer's)"}
+           FOREIGN_MEMORY: "foreign_memory (a tensor on memory torch did not allocate: a NumPy array's, a buffer's)",
+           COMPLEX: "complex_tensor (a complex tensor: the complex step differentiates numerically, without autograd)"}
 
 # Names of ways to blind the worker's record of torch calls: switching the mode off, or reaching the record
 # itself (the mode stack, the worker's frames, the garbage collector's list of every object). A file that
@@ -99,7 +101,7 @@ def check_calls(called, forbidden: tuple[str, ...], allowed: tuple[str, ...] | N
     used = sorted(n for n in called if n.split(".")[0] in exact or any(f in n.split(".")[0] for f in wanted)
                   or allowed is not None and not n.startswith(HIDDEN) and n not in (*allowed, *MARKS))
     if used:
-        said = ", ".join(MEANING.get(n.split(".")[0], n) for n in used)
+        said = ", ".join(dict.fromkeys(MEANING.get(n.split(".")[0], n) for n in used))  # each meaning once
         fix = ("it may call only allocations, views and reads of a tensor's layout: do the work in its own code"
                if allowed is not None else "write it with basic tensor ops")
         raise CheckFailed(f"called {said}, which this step must not use: {fix}",

@@ -237,11 +237,14 @@ class Run:
                 # make, whatever their values (`steered`)
                 traced = device == "cpu" and reads_forbidden(self.ctx.forbidden.get(step.id, ()),
                                                              self.ctx.allowed.get(step.id))
+                bounded = step.largest is not None and device == "cpu"  # no tensor past the step's bound
                 oracle = self.oracle()
 
                 def invoke(c: Call):
                     got = candidate.invoke(step.id, laid(c), c.kwargs, device=device, answers=oracle,
-                                           shapes=shapes or judged or traced)
+                                           shapes=shapes or judged or traced or bounded)
+                    if bounded:
+                        _within(got.shapes, step.largest(c))
                     if judged:
                         sizes = step.tiles(c)
                         tiles.judge_tiles(self.ctx, step.id, sizes, sizes.describe(bool(c.kwargs.get("causal"))),
@@ -563,6 +566,16 @@ def matches_any(value, candidates) -> bool:
         except CheckFailed:
             continue
     return False
+
+
+def _within(shapes, largest: int) -> None:
+    """The tensors a call created hold at most `largest` elements each (StepSpec.largest), else its rules broke."""
+    size = max((math.prod(s) for s in (shapes or {}).get("created", ())), default=0)
+    if size > largest:
+        raise CheckFailed(f"a tensor of {size} elements was created, more than this step ever needs ({largest}, a "
+                          "score matrix as wide as a head for every batch and head): derive the gradients by hand, "
+                          "not by differentiating numerically", diagnose.FORBIDDEN_CALL,
+                          details={"created_elements": size, "largest_allowed": largest}, breach=True)
 
 
 def replace_mistake(failure: CheckFailed, mistake) -> CheckFailed:

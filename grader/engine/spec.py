@@ -197,6 +197,9 @@ class StepSpec:
     remake: for a step that may read no values, remake(call, rng) -> Call, the call on the same shapes and other
     values, still one the reference answers (its inputs consistent: a forward's out and lse from its q, k, v); by
     default every float tensor's values are drawn afresh (grader/engine/runner.py, `Run.steered`).
+    largest: largest(call) -> the most elements one tensor a call of the step creates may hold: every call the
+    step's checks make is then held to it, and one that made more breaks the step's rules (a gradient differentiated
+    numerically, every direction at once, makes one tensor as large as the inputs times the outputs).
     """
 
     id: str
@@ -214,6 +217,7 @@ class StepSpec:
     probes: tuple[Probe, ...] = ()
     tiles: Callable | None = None
     remake: Callable | None = None
+    largest: Callable | None = None
 
     def __post_init__(self):
         situated = [c.name for c in self.checks if c.situation is not None]

@@ -53,6 +53,9 @@ NODE_KIND, FUNCTION_NODES, MAX_NODES = "autograd_node", "autograd_functions", 10
 # returned by a torch call (a NumPy array's, a bytearray's, a file's, which Python reads where no call answers).
 # torch allocates resizable storages; another's memory is lent, and never resizable.
 STORAGE_BYTES, FOREIGN_MEMORY = "storage_bytes", "foreign_memory"
+# A call that answered a complex tensor: the complex step (f(x + ih) / h, exact to rounding) differentiates code with no
+# autograd at all (the forty-sixth review), so a step that must derive its gradients by hand may forbid it
+COMPLEX = "complex_tensor"
 # Their parameters and defaults (torch 2.x), bound here by hand: the record's own code calls nothing the file could
 # have replaced (inspect.signature is Python, and the record is stashed while it runs)
 AUTOGRAD_PARAMETERS = {
@@ -163,6 +166,7 @@ def make_recorder(torch, lifted):
     quiet = _quiet_warnings()
     autograd_entries = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
     grad_enabled, grad_fn_of = torch.is_grad_enabled, torch._C.TensorBase.grad_fn.__get__
+    dtype_of = torch._C.TensorBase.dtype.__get__
     # an autograd.Function's node is of a Python class the file's Function made, whose attributes the file can set:
     # its inputs are read by the C getter of the base class
     function_node, function_next = torch._C._FunctionBase, vars(torch._C._FunctionBase)["next_functions"].__get__
@@ -276,6 +280,8 @@ def make_recorder(torch, lifted):
                 self.shapes.trace(torch, name, value)
             if foreign(args, dict.values(kwargs), (value,)):
                 self.seen.add(FOREIGN_MEMORY)
+            if any(issubclass(type(t), torch.Tensor) and dtype_of(t).is_complex for t in _items(value)):
+                self.seen.add(COMPLEX)
             if self.gradients:
                 self.seen.add(CODE_IN_BACKWARD)
             if grad_enabled() and self._builds_graph(value):

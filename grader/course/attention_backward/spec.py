@@ -269,9 +269,19 @@ AB_PEAKED = Mistake("attention_backward.large_scores_mishandled", "right for ord
 AB_SQUARE = Mistake("attention_backward.square_mishandled", "right for Tq ≠ Tk, wrong for Tq = Tk: a product "
                     "transposed the wrong way runs only when square; check dq (Tq, D), dk (Tk, D), dv (Tk, Dv)")
 
+def largest(call: Call) -> int:
+    """The most elements a gradient step's tensor may hold: twice a score matrix as wide as the widest head for every
+    batch and head (a broadcast product, q[..., :, None, :] * k[..., None, :, :], is that large), or twice the largest
+    input. A gradient differentiated numerically, every direction at once, holds one answer per input element."""
+    q, k, v = call.args[:3]
+    lead, width = math.prod(q.shape[:-2]), max(q.shape[-1], v.shape[-1])
+    inputs = max(x.numel() for x in call.args if isinstance(x, torch.Tensor))
+    return 2 * max(lead * q.shape[-2] * k.shape[-2] * width, inputs)
+
+
 ATTENTION = StepSpec(
     "attention_backward", attention_inputs, attention_reference, outputs=("dq", "dk", "dv"),
-    answered=("softmax_backward",),
+    answered=("softmax_backward",), largest=largest,
     checks=(
         shape(2), values("values", 3, FLOATS), values("padding_mask", 4, situation=AB_MASK, mask="padding"),
         values("causal", 3, situation=AB_MASK, mask="causal"),
@@ -428,7 +438,7 @@ def call_tiles(call: Call) -> TileSizes:
 
 FLASH = StepSpec(
     "flash_attention_backward", flash_inputs, flash_reference, outputs=("dq", "dk", "dv"), tiles=call_tiles,
-    remake=flash_remake,
+    remake=flash_remake, largest=largest,
     probes=(Probe({"block_q": 64, "block_k": 64}, FB_ONE_TILE), Probe({"dv": FD}, FB_WIDTHS)),
     checks=(
         shape(2), values("values", 3, FLOATS), values("causal", 4, situation=FB_CAUSAL, causal=True),
