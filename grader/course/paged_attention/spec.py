@@ -166,20 +166,24 @@ def _stale_rows(schedule) -> list[int]:
     return rows
 
 
-def _tables_memoised(value, state, streams, schedule=PREFILL_DECODE, refilled=False) -> bool:
-    """Wrong somewhere, and only at the tokens of sequences that took a block since the first call they were in."""
-    right = served(state, streams, schedule, refilled=refilled).to(value.dtype)
-    if value.shape != right.shape:
-        return False
-    wrong = ~torch.isclose(value, right, rtol=1e-3, atol=1e-4).all(dim=-1)
-    stale = torch.zeros_like(wrong)
-    stale[_stale_rows(schedule)] = True
-    return bool(wrong.any()) and bool((wrong <= stale).all())
+def _wrong_only_at(rows_of):
+    """A mistake's test: the answer is wrong somewhere, and only at the rows `rows_of(schedule)` lists."""
+
+    def test(value, state, streams, schedule=PREFILL_DECODE, refilled=False) -> bool:
+        right = served(state, streams, schedule, refilled=refilled).to(value.dtype)
+        if value.shape != right.shape:
+            return False
+        wrong = ~torch.isclose(value, right, rtol=1e-3, atol=1e-4).all(dim=-1)
+        expected = torch.zeros_like(wrong)
+        expected[rows_of(schedule)] = True
+        return bool(wrong.any()) and bool((wrong <= expected).all())
+
+    return test
 
 
 TABLES_MEMOISED = Mistake(
     "PagedSelfAttention.tables_memoised", "kept each sequence's block table from the first call it was in: ask the "
-    "cache for block_table(seq_id) at every call, after the append", test=_tables_memoised,
+    "cache for block_table(seq_id) at every call, after the append", test=_wrong_only_at(_stale_rows),
     why="The table grows whenever the sequence takes a new block; a copy kept from its first call misses every later "
         "block's keys.")
 HEADS_SPLIT_INNER = Mistake(
@@ -193,6 +197,8 @@ HEADS_MERGED_INNER = Mistake(
     "(N, H, Dh), so reshape(N, H·Dh) as it is", lambda *a, **kw: served(*a, **kw, merged_inner=True),
     why="A transpose(1, 2) kept from the (B, H, T, Dh) layout puts each head's features apart, and w_o's columns "
         "expect head h's at h·Dh … (h + 1)·Dh − 1.")
+
+
 def _opening_rows(schedule) -> list[int]:
     """The rows of `served`'s outputs that are one-token decodes opening a new block (their position a multiple of
     BLOCK): the tokens whose own key sits in a block their table gets only at the append."""
@@ -209,22 +215,12 @@ def _opening_rows(schedule) -> list[int]:
     return rows
 
 
-def _table_before_append(value, state, streams, schedule=PREFILL_DECODE, refilled=False) -> bool:
-    """Wrong exactly at the decoded tokens that open a block, and right everywhere else."""
-    right = served(state, streams, schedule, refilled=refilled).to(value.dtype)
-    if value.shape != right.shape:
-        return False
-    wrong = ~torch.isclose(value, right, rtol=1e-3, atol=1e-4).all(dim=-1)
-    opening = torch.zeros_like(wrong)
-    opening[_opening_rows(schedule)] = True
-    return bool(wrong.any()) and bool((wrong <= opening).all())
-
-
 TABLE_BEFORE_APPEND = Mistake(
     "PagedSelfAttention.table_before_append", "took the block tables before appending: a decoded token that opens a "
     "new block finds -1 where its own key's block belongs; append first, then read block_table and seq_len",
     why="Only the tokens at a multiple of block_size show it: every other new token lands in a block the table "
-        "already holds; a prefill, whose sequence has no block yet, finds none at all.", test=_table_before_append,
+        "already holds; a prefill, whose sequence has no block yet, finds none at all.",
+    test=_wrong_only_at(_opening_rows),
     raises=Raises(types=("IndexError", "KeyError"), line=r"table", source=r"block_table\([\s\S]*\.append\("))
 NAN_READ = Mistake(
     "PagedSelfAttention.unused_slots_read", "read slots of the pool no sequence holds (a whole block, or a −1 of a "
