@@ -34,8 +34,9 @@ def softmax_backward(probs: torch.Tensor, grad_probs: torch.Tensor, dim: int = -
 
     the sum taken along `dim` and kept as an axis of size 1, so it broadcasts
     back over that axis. A slice of probs that is all 0 gives 0, never NaN.
-    Products and sums only: no autograd, no complex numbers, and no
-    exponential or logarithm (the softmax is not to be recomputed here).
+    Products and sums only, in torch: no autograd, no complex numbers, no
+    NumPy, and no exponential or logarithm (nor a function made of them: the
+    softmax is not to be recomputed here).
 
     Why: the softmax's Jacobian is diag(p) − p pᵀ, so its vector-Jacobian
     product with g is p ∘ g − p (pᵀ g) = p ∘ (g − Σ p ∘ g): one elementwise
@@ -67,7 +68,8 @@ def attention_backward(
     Call softmax_backward for dS. The softmax of the recompute is allowed;
     torch.autograd, .backward() and torch.func are not, nor numerical
     differentiation (complex numbers, or a tensor with one answer per input
-    element: no tensor larger than a score matrix as wide as a head).
+    element: no tensor larger than a score matrix as wide as a head), nor
+    NumPy or a tensor's values read into Python (.item(), .tolist()).
 
     Why: autograd would keep P (Tq × Tk per head) from the forward pass to use
     here; recomputing it costs one matrix product and saves that memory. Each

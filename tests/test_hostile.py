@@ -2245,6 +2245,24 @@ def attention_backward(q, k, v, grad_out, mask=None):
     return tuple(found)
 """, base=base, name="attention_backward.py")
     assert step(complex_step, "attention_backward").breach, explain(complex_step)
+    # the forty-seventh review: the exponential by another name (cosh + sinh), and the complex step in NumPy
+    renamed = grade_source("""
+def softmax_backward(probs, grad_probs, dim=-1):
+    h = 1e-4
+    e = [torch.cosh(sign * h * grad_probs) + torch.sinh(sign * h * grad_probs) for sign in (1, -1)]
+    ahead, behind = (p / p.sum(dim, keepdim=True) for p in (probs * e[0], probs * e[1]))
+    return ((ahead - behind) / (2 * h)).nan_to_num(0.0)
+
+
+_by_hand = attention_backward
+
+
+def attention_backward(q, k, v, grad_out, mask=None):
+    q.detach().numpy()  # where no record sees what it computes
+    return _by_hand(q, k, v, grad_out, mask)
+""", base=base, name="attention_backward.py")
+    for name in ("softmax_backward", "attention_backward"):
+        assert step(renamed, name).score == 0 and step(renamed, name).breach, explain(renamed)
 
 
 def test_a_tiled_step_under_vmap_by_its_c_entry_points_breaks_its_rule(grade_source):

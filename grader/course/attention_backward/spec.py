@@ -132,10 +132,10 @@ DP_FROM_KEYS = Raises(message=r"size|shape|match|multiplied",
 SB_SHAPE = (B, H, 5, 7)
 
 
-def softmax_inputs(gen, dtype, dim=-1, masked=False):
+def softmax_inputs(gen, dtype, dim=-1, masked=False, shape=SB_SHAPE):
     """probs = softmax(scores, dim) of random scores (masked: some entries -inf, and whole slices along dim), and a
     random grad_probs."""
-    scores = gen.randn(*SB_SHAPE, dtype=torch.float64, scale=2.0)
+    scores = gen.randn(*shape, dtype=torch.float64, scale=2.0)
     if masked:
         scores = scores.masked_fill(~torch.as_tensor(gen.mask(*SB_SHAPE)), -INF)
         index = [slice(None)] * 4
@@ -143,7 +143,7 @@ def softmax_inputs(gen, dtype, dim=-1, masked=False):
         scores[tuple(index)] = -INF
         scores[0, 1, 2, :] = -INF  # a row with no key
     probs = torch.softmax(scores, dim).nan_to_num(0.0)
-    grad_probs = gen.randn(*SB_SHAPE, dtype=torch.float64)
+    grad_probs = gen.randn(*shape, dtype=torch.float64)
     kwargs = {} if dim == -1 else {"dim": dim}
     return Call((probs.to(dtype), grad_probs.to(dtype)), kwargs, ("probs", "grad_probs"))
 
@@ -153,6 +153,8 @@ def _sb_variant(**wrong):
 
 
 # What a check's failure says when the plain case passed and no listed mistake explains it (spec.Check.situation).
+SB_ONE_ROW = Mistake("softmax_backward.one_row_mishandled", "right for several rows, wrong for one (B, H, 1, Tk): "
+                    "keep every axis of size 1, summing with keepdim=True rather than squeezing")
 SB_DIM = Mistake("softmax_backward.dim_ignored", "right along the last axis, wrong along dim=1: every sum and "
                  "broadcast runs along `dim`, (grad_probs * probs).sum(dim=dim, keepdim=True)")
 SB_NEGATIVE = Mistake("softmax_backward.negative_dim_mishandled", "right for dim=-1 and dim=1, wrong for dim=-3: a "
@@ -165,8 +167,9 @@ SOFTMAX = StepSpec(
     "softmax_backward", softmax_inputs, ref.softmax_backward,
     checks=(
         shape(2), values("values", 3, FLOATS), values("other_dim", 3, situation=SB_DIM, dim=1),
+        values("one_row", 1, situation=SB_ONE_ROW, shape=(B, H, 1, 7)),  # a decode's: an axis of 1 between others
         values("negative_dim", 1, situation=SB_NEGATIVE, dim=-3),
-        values("masked", 3, situation=SB_ZEROS, masked=True),
+        values("masked", 2, situation=SB_ZEROS, masked=True),
         values("noncontiguous", 1, strided=(0, 1)),  # probs and grad_probs as views: no layout assumed
         rules(2), device(2),
     ),
@@ -385,9 +388,9 @@ def forward(q, k, v, causal):
     return attention.attend(q64, k64, v64, mask).to(q.dtype), lse.to(q.dtype)
 
 
-def flash_inputs(gen, dtype, t_q=FTQ, t_k=FTK, causal=False, block_q=BQ, block_k=BK, d=FD, dv=FDV):
-    q, k = gen.randn(B, H, t_q, d, dtype=dtype), gen.randn(B, H, t_k, d, dtype=dtype)
-    v, grad_out = gen.randn(B, H, t_k, dv, dtype=dtype), gen.randn(B, H, t_q, dv, dtype=dtype)
+def flash_inputs(gen, dtype, t_q=FTQ, t_k=FTK, causal=False, block_q=BQ, block_k=BK, d=FD, dv=FDV, lead=(B, H)):
+    q, k = gen.randn(*lead, t_q, d, dtype=dtype), gen.randn(*lead, t_k, d, dtype=dtype)
+    v, grad_out = gen.randn(*lead, t_k, dv, dtype=dtype), gen.randn(*lead, t_q, dv, dtype=dtype)
     out, lse = forward(q, k, v, causal)
     return Call((q, k, v, out, lse, grad_out), {"causal": causal, "block_q": block_q, "block_k": block_k},
                 ("q", "k", "v", "out", "lse", "grad_out"))
@@ -423,6 +426,8 @@ FB_SQUARE = Mistake("flash_attention_backward.square_tiles_mishandled", "wrong w
                     "bounds mix block_q with block_k, or lse and D lack their [..., None]; check each slice")
 FB_BLOCKS = Mistake("flash_attention_backward.block_sizes_mishandled", "right with the default blocks, wrong with "
                     "others: walk queries by block_q and keys by block_k, and end each tile at min(start + block, T)")
+FB_LEAD = Mistake("flash_attention_backward.leading_dims_mishandled", "right for (B, H, T, D), wrong for (B·H, T, D): "
+                 "slice and index the last two axes with ..., so any leading dims pass")
 FB_DECODE = Mistake("flash_attention_backward.one_query_mishandled", "wrong for one query (Tq = 1, causal): it sees "
                     "every key (its position is Tk - 1); check the causal offset and any squeeze of an axis of 1")
 FB_ONE_TILE = Mistake("flash_attention_backward.tiles_mishandled", "right with one tile, wrong over several: slice q, "
@@ -441,7 +446,8 @@ FLASH = StepSpec(
     remake=flash_remake, largest=largest,
     probes=(Probe({"block_q": 64, "block_k": 64}, FB_ONE_TILE), Probe({"dv": FD}, FB_WIDTHS)),
     checks=(
-        shape(2), values("values", 3, FLOATS), values("causal", 4, situation=FB_CAUSAL, causal=True),
+        shape(2), values("values", 3, FLOATS), values("causal", 3, situation=FB_CAUSAL, causal=True),
+        values("three_dims", 1, situation=FB_LEAD, lead=(B * H,), causal=True),
         values("rows_with_no_key", 3, situation=FB_NO_KEY, t_q=FTK + 4, t_k=FTQ, causal=True),
         values("square_tiles", 3, situation=FB_SQUARE, t_q=12, t_k=18, causal=True, block_q=6, block_k=6),
         prop("block_sizes", 4, block_sizes, situation=FB_BLOCKS),

@@ -222,6 +222,10 @@ BOUNDARIES = Mistake("paged_decode.boundaries_mishandled", "wrong when a length 
                      "sequence holds ceil(len / block_size) blocks, and its last block's slots end at len")
 BLOCK_ZERO = Mistake("paged_decode.block_zero_skipped", "wrong when a sequence holds block 0: only −1 pads a table "
                      "row, and block 0 is a block like any other (keep entries >= 0, not > 0)")
+LONG_CONTEXT = Mistake("paged_decode.long_context_mishandled", "right for contexts of a few blocks, wrong for 41 "
+                       "tokens: every block counts, and splits of the keys are rescaled to one max before adding",
+                       why="A split-k decode (vLLM's paged_attention_v2) takes a softmax per split of the context; "
+                           "the splits' sums are relative to their own maxima until rescaled to the whole row's.")
 WIDE_TABLES = Mistake("paged_decode.wide_tables_mishandled", "right for tables as wide as the longest sequence "
                       "needs, wrong with more padding: a split holding none of a sequence's blocks must add nothing "
                       "(weight 0, not NaN)",
@@ -243,7 +247,8 @@ DECODE = StepSpec(
     probes=(Probe({"lengths": (5, 7, 1, 11)}, BOUNDARIES), Probe({"lengths": (7, 7, 7)}, DECODE_LENGTHS)),
     checks=(
         shape(3), values("mixed_lengths", 3, FLOATS), values("block_zero", 1, situation=BLOCK_ZERO, zero=True),
-        values("unused_nan", 5, situation=NAN_SLOTS, nan=True),
+        values("unused_nan", 4, situation=NAN_SLOTS, nan=True),
+        values("long_context", 1, situation=LONG_CONTEXT, lengths=(5, 41, 1, 11)),
         values("wide_tables", 1, situation=WIDE_TABLES, extra=5),
         values("large_scores", 1, situation=LARGE_SCORES, q_scale=100.0),
         values("at_boundaries", 4, situation=BOUNDARIES, lengths=(4, 8, 12), extra=1, nan=True),

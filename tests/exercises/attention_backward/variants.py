@@ -150,6 +150,11 @@ def softmax_backward(probs, grad_probs, dim=-1):
     back = [order.index(i) for i in range(probs.dim())]
     return (p * (g - (p * g).sum(-1, keepdim=True))).permute(back)
 """, "softmax_backward", "softmax_backward.negative_dim_mishandled"),
+    Variant("sb_row_sum_squeezed", """
+def softmax_backward(probs, grad_probs, dim=-1):
+    inner = (grad_probs * probs).sum(dim=dim, keepdim=True).squeeze()  # every axis of 1 goes, not only dim's
+    return probs * (grad_probs - inner.unsqueeze(dim))
+""", "softmax_backward", situations=("softmax_backward.one_row_mishandled",)),
     Variant("sb_no_row_sum", softmax_backward("    return probs * grad_probs"),
             "softmax_backward", "softmax_backward.no_row_sum"),
     Variant("sb_sum_not_weighted", softmax_backward(RIGHT_INNER + "\n    return probs * grad_probs - inner"),
@@ -648,7 +653,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
 """, "flash_attention_backward", situations=(
         "flash_attention_backward.causal_mishandled", "flash_attention_backward.no_key_rows_mishandled",
         "flash_attention_backward.square_tiles_mishandled", "flash_attention_backward.block_sizes_mishandled",
-        "flash_attention_backward.one_query_mishandled")),
+        "flash_attention_backward.one_query_mishandled", "flash_attention_backward.leading_dims_mishandled")),
     Variant("fn_situations", """
 _Function = FlashAttentionFunction
 

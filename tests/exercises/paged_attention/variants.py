@@ -221,6 +221,12 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
         e = torch.exp(torch.einsum("hd,nhd->hn", q[b], k) / math.sqrt(Dh))  # no max subtracted: inf past 88
         out[b] = torch.einsum("hn,nhd->hd", e / e.sum(-1, keepdim=True), v)
         continue"""), "paged_decode", situations=("paged_decode.large_scores_mishandled",)),
+    Variant("decode_split_k_not_rescaled", decode_with("""\
+        k, v = k_cache[blocks].flatten(0, 1)[:n], v_cache[blocks].flatten(0, 1)[:n]
+        scores = torch.einsum("hd,nhd->hn", q[b], k) / math.sqrt(Dh)
+        parts = [(torch.softmax(s, -1), w) for s, w in zip(scores.split(32, -1), v.split(32, 0))]  # 32-token splits
+        out[b] = sum(torch.einsum("hn,nhd->hd", p, w) for p, w in parts) / len(parts)  # no rescale to one max
+        continue"""), "paged_decode", situations=("paged_decode.long_context_mishandled",)),
     Variant("decode_split_k_empty_split", """
 def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
     B, H, Dh = q.shape
