@@ -102,12 +102,13 @@ def causal_mask(t_q, t_k, top_left=False):
 def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, top_left=False, use_mask=True,
           delta="rows", delta_sign=-1, ds_scale="sqrt", last_block=True, accumulate=True, dv_transposed=True,
           causal_shift=0, dq_scale=None, dk_scale=None, accumulate_q=True, last_q_block=True,
-          skip_from_first_row=False, scores_scale="sqrt"):
+          skip_from_first_row=False, scores_scale="sqrt", mask_after_exp=False):
     """flash_attention_backward tile by tile, queries outside, keys inside (another order than the model answer's);
     the keyword arguments after * make the named wrong variants. delta: "rows" (rowsum(dO ∘ O)), "tile" (the tile's
     own Σ P ∘ dP), "tile_queries" (the tile's Σ P ∘ dP over its queries). skip_from_first_row: causal, the key
     tiles past the block's first query's position skipped, though its later queries see some of them.
-    scores_scale: what the recomputed tile's scores are scaled by before e^(S − lse), as ds_scale."""
+    scores_scale: what the recomputed tile's scores are scaled by before e^(S − lse), as ds_scale. mask_after_exp:
+    the causal mask multiplies e^(S − lse) instead of filling S with -inf, so a large hidden score gives inf · 0."""
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     factors = {"sqrt": d**-0.5, "none": 1.0, "d": 1.0 / d}
     q_factor, k_factor = (factors[x or ds_scale] for x in (dq_scale, dk_scale))  # dS's 1/√D, for dq and for dk
@@ -123,10 +124,14 @@ def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, 
                 break
             kb, vb = k[..., j:j + block_k, :], v[..., j:j + block_k, :]
             scores = qb @ kb.transpose(-2, -1) * factors[scores_scale]
+            hidden = None
             if causal and use_mask:
                 rows = torch.arange(offset + i, offset + i + qb.shape[-2])[:, None] + causal_shift
-                scores = scores.masked_fill(torch.arange(j, j + kb.shape[-2])[None, :] > rows, -INF)
+                hidden = torch.arange(j, j + kb.shape[-2])[None, :] > rows
+                scores = scores if mask_after_exp else scores.masked_fill(hidden, -INF)
             probs = torch.exp(scores - lb[..., None])
+            if mask_after_exp and hidden is not None:
+                probs = probs * ~hidden
             grad_probs = dob @ vb.transpose(-2, -1)
             if delta == "rows":
                 dd = full[..., i:i + block_q, None]

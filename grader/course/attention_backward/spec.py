@@ -82,6 +82,15 @@ def _has_nan(value, *args, **kwargs):
     return any(isinstance(p, torch.Tensor) and p.is_floating_point() and bool(torch.isnan(p).any()) for p in parts)
 
 
+def _nan_in_keyless_rows(value, q, k, v, out, lse, *args, **kwargs):
+    """NaN in dq, and only in rows with no key to see (lse = -inf)."""
+    grad_q = value[0] if isinstance(value, (tuple, list)) and value else None
+    if not isinstance(grad_q, torch.Tensor) or grad_q.shape != q.shape or not grad_q.is_floating_point():
+        return _has_nan(value)
+    nan = torch.isnan(grad_q).any(-1)
+    return bool(nan.any()) and bool((nan <= (lse == -INF)).all())
+
+
 def no_autograd(answer, step):
     """The rule beside exercise.toml's, in every call: no call named exactly `grad` (torch.autograd.grad,
     torch.func.grad, vjp, jacrev, torch.autograd.functional), which a forbidden list could not name without
@@ -388,9 +397,18 @@ def forward(q, k, v, causal):
     return attention.attend(q64, k64, v64, mask).to(q.dtype), lse.to(q.dtype)
 
 
-def flash_inputs(gen, dtype, t_q=FTQ, t_k=FTK, causal=False, block_q=BQ, block_k=BK, d=FD, dv=FDV, lead=(B, H)):
+def flash_inputs(gen, dtype, t_q=FTQ, t_k=FTK, causal=False, block_q=BQ, block_k=BK, d=FD, dv=FDV, lead=(B, H),
+                 hidden_peak=False):
+    """`hidden_peak` (causal): the last key's first coordinate is 4 and every query's but the last (the one that
+    sees that key) is PEAK·√D/4, so each of them holds a hidden score of PEAK, where e^(S - lse) is inf in float32,
+    and no visible score changes."""
     q, k = gen.randn(*lead, t_q, d, dtype=dtype), gen.randn(*lead, t_k, d, dtype=dtype)
     v, grad_out = gen.randn(*lead, t_k, dv, dtype=dtype), gen.randn(*lead, t_q, dv, dtype=dtype)
+    if hidden_peak:
+        k[..., 0] = 0.0
+        k[..., -1, 0] = 4.0
+        q[..., :-1, 0] = PEAK * d**0.5 / 4.0
+        q[..., -1, 0] = 0.0
     out, lse = forward(q, k, v, causal)
     return Call((q, k, v, out, lse, grad_out), {"causal": causal, "block_q": block_q, "block_k": block_k},
                 ("q", "k", "v", "out", "lse", "grad_out"))
@@ -428,6 +446,8 @@ FB_BLOCKS = Mistake("flash_attention_backward.block_sizes_mishandled", "right wi
                     "others: walk queries by block_q and keys by block_k, and end each tile at min(start + block, T)")
 FB_LEAD = Mistake("flash_attention_backward.leading_dims_mishandled", "right for (B, H, T, D), wrong for (B·H, T, D): "
                  "slice and index the last two axes with ..., so any leading dims pass")
+FB_HIDDEN = Mistake("flash_attention_backward.hidden_scores_mishandled", "wrong when a hidden key's score is "
+                    "large: e^(S - lse) overflows there; mask S with -inf before the exponential, never P after it")
 FB_DECODE = Mistake("flash_attention_backward.one_query_mishandled", "wrong for one query (Tq = 1, causal): it sees "
                     "every key (its position is Tk - 1); check the causal offset and any squeeze of an axis of 1")
 FB_ONE_TILE = Mistake("flash_attention_backward.tiles_mishandled", "right with one tile, wrong over several: slice q, "
@@ -446,8 +466,9 @@ FLASH = StepSpec(
     remake=flash_remake, largest=largest,
     probes=(Probe({"block_q": 64, "block_k": 64}, FB_ONE_TILE), Probe({"dv": FD}, FB_WIDTHS)),
     checks=(
-        shape(2), values("values", 3, FLOATS), values("causal", 3, situation=FB_CAUSAL, causal=True),
+        shape(2), values("values", 3, FLOATS), values("causal", 2, situation=FB_CAUSAL, causal=True),
         values("three_dims", 1, situation=FB_LEAD, lead=(B * H,), causal=True),
+        values("large_hidden_scores", 1, (torch.float32,), situation=FB_HIDDEN, causal=True, hidden_peak=True),
         values("rows_with_no_key", 3, situation=FB_NO_KEY, t_q=FTK + 4, t_k=FTQ, causal=True),
         values("square_tiles", 3, situation=FB_SQUARE, t_q=12, t_k=18, causal=True, block_q=6, block_k=6),
         prop("block_sizes", 4, block_sizes, situation=FB_BLOCKS),
@@ -456,7 +477,10 @@ FLASH = StepSpec(
     ),
     mistakes=(
         Mistake("flash_attention_backward.nan_rows", "a row with no key to see (lse = -inf) gave NaN: e^(S - lse) "
-                "is e^(-inf + inf) there; make such rows' P 0 (lse → +inf, or torch.where)", test=_has_nan),
+                "is e^(-inf + inf) there; make such rows' P 0 (lse → +inf, or torch.where)", test=_nan_in_keyless_rows),
+        Mistake("flash_attention_backward.masked_after_exp", "P was masked after e^(S - lse): a hidden key's large "
+                "score makes it inf, and inf · 0 is NaN; fill S with -inf before the exponential",
+                _flash_variant(mask_after_exp=True)),
         Mistake("flash_attention_backward.delta_sign", "dS = P ∘ (dP + D): subtract D, dS = P ∘ (dP - D)",
                 _flash_variant(delta_sign=1)),
         Mistake("flash_attention_backward.delta_from_the_tile", "D was summed over the tile's keys only (Σ P ∘ dP of "

@@ -279,6 +279,16 @@ def softmax_backward(probs, grad_probs, dim=-1):
             "flash_attention_backward", "flash_attention_backward.lse_not_unsqueezed"),
     Variant("fab_mask_forgotten", flash(mask="            pass"),
             "flash_attention_backward", "flash_attention_backward.mask_forgotten"),
+    Variant("fab_masked_after_exp", flash(mask="""\
+            hidden = None
+            if causal:
+                rows = torch.arange(offset + i, offset + i + qb.shape[-2], device=q.device)[:, None]
+                hidden = torch.arange(j, j + kb.shape[-2], device=q.device)[None, :] > rows""",
+        probs="""\
+            probs = torch.exp(scores - lse[..., i:i + block_q, None])
+            if hidden is not None:
+                probs = probs * ~hidden"""),
+            "flash_attention_backward", "flash_attention_backward.masked_after_exp"),
     Variant("fab_top_left", flash(offset="0"), "flash_attention_backward", "flash_attention_backward.top_left"),
     Variant("fab_last_block_dropped", flash(keys="range(0, t_k - t_k % block_k, block_k)"),
             "flash_attention_backward", "flash_attention_backward.last_block_dropped"),
