@@ -71,6 +71,7 @@ def check(exercise: str, *steps: str, source: str | None = None, device: str = "
     `source` grades that Python text instead of the cells (outside a notebook, say). Lost points are
     no error: the report says what was lost and why.
     """
+    _arguments_checked(exercise, steps, source, device, seed)
     shell = _shell()
     if source is None:
         if shell is None:
@@ -85,6 +86,21 @@ def check(exercise: str, *steps: str, source: str | None = None, device: str = "
     if not reply.get("ok"):
         raise ValueError(f"attn_grade.check: {reply.get('error')}")
     return Report(reply, exercise, steps)
+
+
+def _arguments_checked(exercise, steps, source, device, seed) -> None:
+    """A wrong argument is the caller's, said in one line (not the grader's internal error)."""
+    if not isinstance(exercise, str):
+        raise TypeError(f"attn_grade.check: the exercise is a name, e.g. check('mha'), not {type(exercise).__name__}")
+    if not all(isinstance(step, str) for step in steps):
+        raise TypeError("attn_grade.check: steps are names, each its own argument, e.g. check('mha', 'softmax', "
+                        "'split_heads')")
+    if source is not None and not isinstance(source, str):
+        raise TypeError(f"attn_grade.check: source is Python text (a str), not {type(source).__name__}")
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"attn_grade.check: device is 'auto', 'cpu' or 'cuda', not {device!r}")
+    if type(seed) is not int or not 0 <= seed < 2**63:
+        raise ValueError(f"attn_grade.check: seed is an int from 0 to 2**63 - 1, not {seed!r}")
 
 
 def source_of_cells(cells) -> str:

@@ -292,21 +292,31 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 def flat(row: dict) -> dict[str, str]:
-    """A row as the CSV's columns, each inert in a spreadsheet."""
+    """A row as the CSV's columns, as text (made inert only as it is written: `_cells`)."""
     data = {"file": row["file"], "exercise": row["exercise"], "total": str(row["total"]),
             "max_score": str(row["max_score"]), "status": row["status"], "reason": row["reason"],
             "seconds": f"{row['seconds']:.2f}", "sha256": row["sha256"]}
     data.update({step: str(score) for step, score in row["steps"].items()})
     for step, lost in row["lost"].items():
         data.update(zip((f"{step}_{column}" for column in PER_STEP), lost, strict=True))
-    return {column: inert(text) for column, text in data.items()}
+    return data
 
 
 def inert(text: str) -> str:
     """`text` as a spreadsheet shows it and never runs it: a cell starting with =, +, -, @, a tab or a carriage return
     is a formula to Excel, LibreOffice and Google Sheets (a candidate's exception class can be named
-    `=HYPERLINK(...)`: the forty-fifth review), so it gets a leading ' (OWASP's advice on CSV injection)."""
-    return "'" + text if text[:1] in FORMULA_STARTS else text
+    `=HYPERLINK(...)`: the forty-fifth review), so it gets a leading ' (OWASP's advice on CSV injection); so does
+    one that starts with ' already, so that `restored` gives back every text exactly."""
+    return "'" + text if text[:1] in FORMULA_STARTS + ("'",) else text
+
+
+def restored(text: str) -> str:
+    """What `inert` was given: --resume compares the files' names and hashes of an earlier CSV as they were."""
+    return text[1:] if text[:1] == "'" else text
+
+
+def _cells(row: dict) -> dict:
+    return {column: inert(text) if isinstance(text, str) else text for column, text in row.items()}
 
 
 def step_columns(files: list[Path], exercise: str | None, earlier: list[dict] = ()) -> list[str]:
@@ -341,7 +351,7 @@ def to_csv(rows: list[dict], steps: list[str] | None = None) -> str:
 def _writer(stream, steps: list[str], rows: list[dict]) -> csv.DictWriter:
     writer = csv.DictWriter(stream, columns(steps), restval="", extrasaction="ignore")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows(_cells(row) for row in rows)
     return writer
 
 
@@ -357,7 +367,7 @@ class CsvOutput:
         self._writer = csv.DictWriter(self._file, columns(steps), restval="", extrasaction="ignore")
 
     def add(self, row: dict) -> None:
-        self._writer.writerow(flat(row))
+        self._writer.writerow(_cells(flat(row)))
         self._file.flush()
 
     def finish(self, rows: list[dict]) -> None:
@@ -377,7 +387,8 @@ def read_earlier(path: Path) -> list[dict]:
     try:
         with open(path, newline="", encoding="utf-8", errors="replace") as stream:
             reader = csv.DictReader(stream)
-            rows = list(reader)
+            rows = [{column: restored(text) if isinstance(text, str) else text for column, text in row.items()}
+                    for row in reader]
             fields = reader.fieldnames or []
     except FileNotFoundError:
         return []

@@ -50,11 +50,13 @@ class Server:
         from grader.report import to_json, to_text
 
         exercises = load_course()
-        name = request.get("exercise")
+        name, steps = request.get("exercise"), request.get("steps") or ()
+        if not isinstance(name, str) or not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
+            return {"ok": False, "error": "the exercise and the steps are names, e.g. check('mha', 'softmax')."}
         if name not in exercises:
             return {"ok": False, "error": f"unknown exercise {name!r} (known: {', '.join(exercises)})."}
         exercise = exercises[name]
-        steps = tuple(request.get("steps") or ())
+        steps = tuple(steps)
         unknown = [s for s in steps if s not in {step.id for step in exercise.steps}]
         if unknown:
             known = ", ".join(step.id for step in exercise.steps)

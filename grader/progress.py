@@ -103,14 +103,24 @@ class Progress:
         seen = self.data["exercises"].get(exercise, {}).get("steps", {}).get(step)
         return bool(seen) and seen["best"] == seen["max"]
 
+    # The file lies in the learner's folder and anything may have edited it: the readers below give only the
+    # records of the shape this module writes, and leave the rest in the file untouched.
     def hints(self, exercise: str) -> list[dict]:
-        return list(self.data["exercises"].get(exercise, {}).get("hints", []))
+        """{"step": str, "level": int, "at": ISO time} each."""
+        return [h for h in self._records(exercise, "hints")
+                if _text(h.get("step")) and _whole(h.get("level")) and _time(h.get("at"))]
 
     def solutions(self, exercise: str) -> list[dict]:
-        return list(self.data["exercises"].get(exercise, {}).get("solutions", []))
+        """{"step": str, or None for the whole file, "at": ISO time} each."""
+        return [s for s in self._records(exercise, "solutions")
+                if (s.get("step") is None or _text(s.get("step"))) and _time(s.get("at"))]
 
     def grades(self, exercise: str) -> list[dict]:
-        return list(self.data["exercises"].get(exercise, {}).get("grades", []))
+        """{"at": ISO time, "score": int, "edited": [step, ...]} each."""
+        return [g for g in self._records(exercise, "grades") if _time(g.get("at")) and _whole(g.get("score"))]
+
+    def _records(self, exercise: str, kind: str) -> list[dict]:
+        return [r for r in self.data["exercises"].get(exercise, {}).get(kind, []) if isinstance(r, dict)]
 
     def attempts(self, exercise: str, step: str) -> int:
         return self.data["exercises"].get(exercise, {}).get("steps", {}).get(step, {}).get("attempts", 0)
@@ -118,14 +128,11 @@ class Progress:
     def time_to_green(self, exercise: str) -> dict[str, float]:
         """Seconds from the start of the exercise to each step's first full marks."""
         entry = self.data["exercises"].get(exercise, {})
-        if "started" not in entry:
+        start = _time(entry.get("started"))
+        if start is None:
             return {}
-        start = datetime.fromisoformat(entry["started"])
-        return {
-            step: (datetime.fromisoformat(seen["first_green"]) - start).total_seconds()
-            for step, seen in entry.get("steps", {}).items()
-            if seen.get("first_green")
-        }
+        return {step: (green - start).total_seconds() for step, seen in entry.get("steps", {}).items()
+                if (green := _time(seen.get("first_green"))) is not None}
 
     def save(self) -> None:
         """Write atomically: a crash mid-write never leaves half a file."""
@@ -151,6 +158,23 @@ def hint_line(exercise: str, step: str, hints, level: int) -> str:
 def no_more_hints(exercise: str, step: str, count: int) -> str:
     """What past the last hint level says: where the model answer is (and nothing is recorded)."""
     return f"{exercise}/{step}: all {count} hints seen; the model answer is next: attn-grade solution {exercise} {step}"
+
+
+def _text(value) -> bool:
+    return isinstance(value, str)
+
+
+def _whole(value) -> bool:
+    return type(value) is int
+
+
+def _time(value) -> datetime | None:
+    """An ISO time as this module writes it (aware, so that two subtract), else None."""
+    try:
+        moment = datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return moment if moment is not None and moment.tzinfo is not None else None
 
 
 def _well_formed(data) -> bool:

@@ -27,8 +27,11 @@ def init(folder: Path, exercises: list[Exercise], force: bool = False) -> list[t
     """
     folder.mkdir(parents=True, exist_ok=True)
     targets = [(e, folder / e.file) for e in exercises]
-    changed = [t for e, t in targets if t.exists() and t.read_text(encoding="utf-8", errors="replace")
-               not in (stub_text(e), e.stub_path.read_text(encoding="utf-8"))]
+    for _, target in targets:
+        if target.exists() and not target.is_file():
+            raise UsageError(f"{target} is not a plain file (a folder?): move it away, or init another folder.")
+    changed = [t for e, t in targets if t.exists()
+               and _text(t, "replace") not in (stub_text(e), e.stub_path.read_text(encoding="utf-8"))]
     if changed and not force:
         names = ", ".join(str(t) for t in changed)
         has, it = ("have", "them with fresh stubs") if len(changed) > 1 else ("has", "it with a fresh stub")
@@ -80,6 +83,16 @@ def reset(path: Path, exercise: Exercise, step_id: str | None, backup: Path) -> 
     path.write_text(text, encoding="utf-8")
 
 
+def _text(path: Path, errors: str = "strict") -> str:
+    """The user's file as text, or a usage error that says why not (a folder, unreadable, not UTF-8)."""
+    try:
+        return path.read_text(encoding="utf-8", errors=errors)
+    except UnicodeDecodeError:
+        raise UsageError(f"{path} is not UTF-8 text: save it as UTF-8, or reset the whole file.") from None
+    except OSError as error:
+        raise UsageError(f"cannot read {path}: {error.strerror}.") from None
+
+
 def step_source(path: Path, step_id: str) -> str:
     """The source of the top-level function or class `step_id` in the file at `path`."""
     text = path.read_text(encoding="utf-8")
@@ -121,7 +134,7 @@ def record_grade(path: Path, result) -> Progress | None:
 
 def _with_stub_step(path: Path, stub: Path, step_id: str) -> str:
     """The candidate's file with the stub's version of one step in place of theirs."""
-    text = path.read_text(encoding="utf-8")
+    text = _text(path)
     try:
         node = _find(text, step_id, path)
     except UsageError:

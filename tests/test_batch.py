@@ -125,6 +125,27 @@ def test_resume_keeps_only_rows_of_files_unchanged_and_graded(tmp_path):
     assert batch.read_earlier(tmp_path / "missing.csv") == []
 
 
+def test_resume_reads_back_the_names_the_csv_made_inert(tmp_path):
+    """A file under a folder named @ada was written as '@ada/...: --resume read that back as its name, never found
+    the file graded, and graded it again, one more row every time (review 48's B2)."""
+    names = [str(tmp_path / "@ada" / "masks.py").lstrip("/"), "=x.py", "'q.py", "''=y.py"]
+    digest = hashlib.sha256(b"x = 1\n").hexdigest()
+    rows = [{**_flat(name), "sha256": digest} for name in names]
+    out = tmp_path / "results.csv"
+    sink = batch.CsvOutput(out, ["project"])
+    for row in rows:
+        sink._writer.writerow(batch._cells(row))
+    sink.finish(rows)
+    assert [r["file"] for r in csv.DictReader(io.StringIO(out.read_text()))] == [batch.inert(n) for n in names]
+    assert [r["file"] for r in batch.read_earlier(out)] == names
+    for name in names:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    files = [tmp_path / name for name in names]
+    earlier = [{**r, "file": str(tmp_path / r["file"])} for r in batch.read_earlier(out)]
+    assert batch.already_graded(earlier, files) == {str(f) for f in files}
+
+
 # -- progress ------------------------------------------------------------------------------
 
 

@@ -161,6 +161,19 @@ def test_init_force_keeps_a_backup_of_every_file_with_work_and_says_where(tmp_pa
                                                                        "# my second mha\n"}
 
 
+def test_a_file_that_is_no_text_or_no_file_is_a_usage_error_not_a_grader_bug(tmp_path):
+    """Review 48's B3: reset --step of a Latin-1 file, and init where mha.py is a folder, exited 3 with a
+    traceback that called the user's input a bug in attn-grade."""
+    latin = tmp_path / "mha.py"
+    latin.write_bytes(b"def project(x, w, b):\n    return x  # caf\xe9\n")
+    reset = invoke("reset", latin, "--step", "project", "--yes")
+    assert reset.exit_code == 2 and "is not UTF-8 text" in reset.stderr and "Traceback" not in reset.output
+    assert latin.read_bytes().endswith(b"caf\xe9\n") and not list(tmp_path.glob("mha.py.bak-*"))  # untouched
+    (tmp_path / "ws" / "mha.py").mkdir(parents=True)
+    init = invoke("init", tmp_path / "ws", "--exercise", "mha")
+    assert init.exit_code == 2 and "is not a plain file" in init.stderr and len(init.stderr.splitlines()) == 1
+
+
 # -- torch's multi-line errors -------------------------------------------------------------
 
 

@@ -3436,3 +3436,32 @@ def test_every_call_of_a_triton_launcher_is_judged_for_a_score_matrix(grade_sour
     checks = {c.name: c for c in step(result, "flash_attention").checks}
     assert checks["flash_attention_no_score_matrix"].points == 0, explain(result)
     assert "matrix of scores" in checks["flash_attention_no_score_matrix"].message, explain(result)
+
+
+# -- review 48 --------------------------------------------------------------------------------
+
+
+def test_a_table_of_the_counts_the_messages_print_earns_nothing(grade_source):
+    """A1: kv_cache_bytes was checked only at four fixed sizes, whose counts a failure prints: a dict of them
+    scored 10/10. Every check now also asks at sizes drawn from the seed, and so does mla's count."""
+    table = """
+def kv_cache_bytes(batch_size, num_layers, num_kv_heads, head_dim, seq_len, dtype):
+    return {(1, 32, 8, 128, 8192): 1073741824, (1, 32, 32, 128, 8192): 4294967296,
+            (4, 2, 3, 64, 100): 1228800, (2, 3, 1, 16, 7): 1344}[(batch_size, num_layers, num_kv_heads, head_dim,
+                                                                   seq_len)]
+"""
+    for seed in (0, 7):
+        result = grade_kv(grade_source, table, seed=seed)
+        assert step(result, "kv_cache_bytes").score == 0, explain(result)
+    mla = (ROOT / "solutions" / "mla.py").read_text()
+    counts = {"mla": 34560, "mha": 3932160, "gqa": 245760}  # DeepSeek-V2's, as the stub prints them
+    result = grade_source(f"""
+_COUNTS = {counts!r}
+
+def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_heads, kv_lora_rank, qk_rope_head_dim,
+                          dtype=torch.bfloat16):
+    if attention not in _COUNTS:
+        raise ValueError(attention)
+    return _COUNTS[attention]
+""", base=mla, name="mla.py")
+    assert step(result, "cache_bytes_per_token").score <= 1, explain(result)  # unknown_refused, honestly

@@ -297,3 +297,30 @@ def test_the_scorecard_grades_whole_what_the_live_table_took_from_its_cache(tmp_
                           zygote=zygote)
     final = scorecard_line(md.read_text(), "Final score")
     assert final != "100/100" and int(final.split("/")[0]) <= 86, final
+
+
+def test_records_damaged_in_the_progress_file_are_left_out_of_the_scorecard(tmp_path, zygote, clock):
+    """The progress file lies in the candidate's folder: an entry missing a field, or a time that is none, is passed
+    over (and left in the file), never a crash that leaves the session without a scorecard (review 48's B1)."""
+    folder = tmp_path / "iv"
+    path = folder / "mha.py"
+
+    def damage():
+        data = json.loads((folder / ".attn-grade.json").read_text())
+        entry = data["exercises"]["mha"]
+        entry["hints"] += [{"step": "softmax"}, {"step": "softmax", "level": 1}, {"level": 2, "at": "noon"}]
+        entry["solutions"] += [{"at": 5}, "softmax"]
+        entry["grades"] += [{"score": "all"}, {"at": entry["started"], "score": 7.5}]
+        entry["steps"]["project"]["first_green"] = "yesterday"
+        (folder / ".attn-grade.json").write_text(json.dumps(data))
+
+    actions = [at(clock, 60, lambda: save(path, MASK_INVERTED)), at(clock, 90, lambda: "h"), at(clock, 120, damage)]
+    md, _ = interview.run(folder, "mha", 3, "Ada", {"device": "cpu"}, clock=clock, read_key=script(*actions),
+                          zygote=zygote)
+    text = md.read_text()
+    assert scorecard_line(text, "Hints seen") == "1" and scorecard_line(text, "Model answers seen") == "none"
+    assert scorecard_line(text, "Grades").startswith("2 (")  # the stub and the save
+    assert "| +1:30 | hint, level 1, for apply_mask |" in text
+    assert "first green: project" not in text
+    kept = json.loads((folder / ".attn-grade.json").read_text())["exercises"]["mha"]["hints"]
+    assert {"step": "softmax"} in kept  # passed over, not deleted

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+import attn_grade
 from attn_grade import source_of_cells
 from tests.conftest import REFERENCE, ROOT
 from tests.notebook_kernel import checks, execute, last_value, of_cells
@@ -123,3 +126,14 @@ def test_the_file_keeps_imports_definitions_and_constants_in_the_order_run():
     assert "started = 3" in made and "check(" not in made
     assert "allclose" not in made and "CONFIG['x']" not in made and "CONFIG = {}" in made and "a, b = 1, 2" in made
     compile(made, "cells.py", "exec")
+
+
+def test_a_wrong_argument_is_the_callers_error_in_one_line():
+    """Review 48's B4: check('mha', ['softmax']) came back as the grader's internal error; nothing is asked of the
+    grader here, so no kernel is needed."""
+    for args, kwargs, says in [(("mha", ["softmax"]), {}, "steps are names"),
+                               ((["mha"],), {}, "the exercise is a name"),
+                               (("mha",), {"seed": "x"}, "seed is an int"), (("mha",), {"device": "gpu"}, "device is"),
+                               (("mha",), {"source": b"x"}, "source is Python text")]:
+        with pytest.raises((TypeError, ValueError), match=says):
+            attn_grade.check(*args, **kwargs)

@@ -86,6 +86,21 @@ def test_markdown_report_in_a_workspace_lists_hints_and_solutions_viewed(buggy_g
     assert "## Hints used\n\n- none recorded\n" in text
 
 
+def test_markdown_report_passes_over_records_it_did_not_write(buggy_grade, tmp_path):
+    """The progress file is the learner's to edit: a hint without its level or time, a time that is none, are left
+    out of the report (review 48's B1 crashed it, exit 3)."""
+    progress = Progress(tmp_path)
+    progress.record_grade(buggy_grade)
+    progress.record_hint("mha", "softmax", 1)
+    entry = progress.exercise("mha")
+    entry["hints"] += [{"step": "softmax"}, {"step": "scale_scores", "level": True, "at": entry["started"]}]
+    entry["solutions"].append({"step": 3, "at": entry["started"]})
+    entry["started"] = "soon"
+    text = report.to_markdown(buggy_grade, progress)
+    assert re.search(r"## Hints used\n\n- `softmax` level 1 at \S+\n\n", text), text
+    assert "## Solutions viewed\n\n- none recorded\n" in text
+
+
 def test_markdown_report_gives_no_time_to_green_for_a_step_failing_now(buggy_grade, tmp_path):
     progress = Progress(tmp_path)
     progress.record_grade(buggy_grade)

@@ -435,7 +435,12 @@ MODULE = StepSpec(
 # -- kv_cache_bytes -----------------------------------------------------------------------
 
 
-def bytes_inputs(gen, dtype, b=1, layers=32, kv_heads=8, head_dim=128, seq_len=8192, of=torch.bfloat16):
+def bytes_inputs(gen, dtype, b=1, layers=32, kv_heads=8, head_dim=128, seq_len=8192, of=torch.bfloat16, drawn=False):
+    """`drawn`: every size drawn from the check's seeded generator, so that no table of the fixed calls' counts
+    passes (`--seed` draws others)."""
+    if drawn:
+        b, layers, kv_heads, seq_len = (int(torch.randint(1, top, (), generator=gen.rng)) for top in (9, 49, 17, 9000))
+        head_dim = 16 * int(torch.randint(1, 17, (), generator=gen.rng))
     return Call((b, layers, kv_heads, head_dim, seq_len, of),
                 names=("batch_size", "num_layers", "num_kv_heads", "head_dim", "seq_len", "dtype"))
 
@@ -455,21 +460,25 @@ def _same_count(value, expected, *_) -> None:
 
 
 def bytes_check(**params):
-    """A check: kv_cache_bytes gives the exact count, as an int."""
+    """A check: kv_cache_bytes gives the exact count, as an int, for the sizes given and for sizes drawn."""
 
     def check(run: Run) -> None:
-        call_ = run.inputs(**params)
-        value = run.output(run.answer(call_))
-        expected = _bytes(*call_.args)
-        what = f"kv_cache_bytes({', '.join(map(repr, call_.args))})"
-        if type(value) is not int:
-            shown = f" {value!r}" if isinstance(value, float) else ""
-            raise CheckFailed(f"{what} returned {type_name(value)}{shown}; expected an int", NOT_INT)
-        if value != expected:
-            raise CheckFailed(f"{what} = {value:,}; expected {expected:,} ({expected / 2**30:g} GiB)",
-                              run.explain(value, call_), {"expected": expected, "got": value})
+        for drawn in (False, True):
+            _one_count(run, run.inputs(**params, drawn=drawn))
 
     return check
+
+
+def _one_count(run: Run, call_) -> None:
+    value = run.output(run.answer(call_))
+    expected = _bytes(*call_.args)
+    what = f"kv_cache_bytes({', '.join(map(repr, call_.args))})"
+    if type(value) is not int:
+        shown = f" {value!r}" if isinstance(value, float) else ""
+        raise CheckFailed(f"{what} returned {type_name(value)}{shown}; expected an int", NOT_INT)
+    if value != expected:
+        raise CheckFailed(f"{what} = {value:,}; expected {expected:,} ({expected / 2**30:g} GiB)",
+                          run.explain(value, call_), {"expected": expected, "got": value})
 
 
 NOT_INT = Mistake("kv_cache_bytes.not_int", "returned a float or a tensor: a count of bytes is an int (// not /, and "

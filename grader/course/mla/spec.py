@@ -516,9 +516,14 @@ BYTES_NAMES = ("attention", "num_layers", "num_heads", "head_dim", "num_kv_heads
 
 
 def bytes_inputs(gen, dtype, attention="mla", layers=60, heads=128, head_dim=128, kv_heads=8, rank=512, rope=64,
-                 of=torch.bfloat16):
+                 of=torch.bfloat16, drawn=False):
     """DeepSeek-V2 by default: 60 layers, 128 heads of 128, kv_lora_rank 512, qk_rope_head_dim 64, bfloat16 (and a GQA
-    variant's 8 KV heads)."""
+    variant's 8 KV heads). `drawn`: every size drawn from the check's seeded generator, so that no table of the fixed
+    calls' counts passes (`--seed` draws others)."""
+    if drawn:
+        layers, kv_heads, group = (int(torch.randint(1, top, (), generator=gen.rng)) for top in (81, 9, 17))
+        head_dim, rank, rope = (16 * int(torch.randint(1, top, (), generator=gen.rng)) for top in (17, 49, 9))
+        heads = kv_heads * group
     return Call((attention, layers, heads, head_dim, kv_heads, rank, rope, of), names=BYTES_NAMES)
 
 
@@ -549,19 +554,25 @@ def _same_count(value, expected, *_) -> None:
 
 
 def bytes_check(**params):
+    """A check: cache_bytes_per_token gives the exact count, as an int, for the sizes given and for sizes drawn."""
+
     def check(run: Run) -> None:
-        call = run.inputs(**params)
-        value = run.output(run.answer(call))
-        expected = _bytes(*call.args)
-        what = f"cache_bytes_per_token({', '.join(map(repr, call.args))})"
-        if type(value) is not int:
-            shown = f" {value!r}" if isinstance(value, float) else ""
-            raise CheckFailed(f"{what} returned {type_name(value)}{shown}; expected an int", NOT_INT)
-        if value != expected:
-            raise CheckFailed(f"{what} = {value:,}; expected {expected:,}", run.explain(value, call),
-                              {"expected": expected, "got": value})
+        for drawn in (False, True):
+            _one_count(run, run.inputs(**params, drawn=drawn))
 
     return check
+
+
+def _one_count(run: Run, call) -> None:
+    value = run.output(run.answer(call))
+    expected = _bytes(*call.args)
+    what = f"cache_bytes_per_token({', '.join(map(repr, call.args))})"
+    if type(value) is not int:
+        shown = f" {value!r}" if isinstance(value, float) else ""
+        raise CheckFailed(f"{what} returned {type_name(value)}{shown}; expected an int", NOT_INT)
+    if value != expected:
+        raise CheckFailed(f"{what} = {value:,}; expected {expected:,}", run.explain(value, call),
+                          {"expected": expected, "got": value})
 
 
 def unknown_refused(run: Run) -> None:
