@@ -28,7 +28,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
-from grader.exercise import CANDIDATE_SUFFIXES, GraderBug, UsageError, find_exercise, load_course
+from grader.exercise import CANDIDATE_SUFFIXES, GraderBug, UsageError, find_exercise, linked, load_course
 
 GRADED = ("full marks", "points lost", "rule broken", "timed out", "crashed", "could not import")  # a file graded
 STATUSES = (*GRADED, "usage error", "internal error")
@@ -42,20 +42,24 @@ _zygote = None  # each pool process's own
 _private: str | None = None  # each pool process's temporary folder: every temporary file of its grades is in it
 
 
-def find_files(paths: list[str]) -> list[Path]:
+def find_files(paths: list[str]) -> tuple[list[Path], list[Path]]:
     """The files to grade: each path that is a file, and every .py and .ipynb under each folder
-    (but in folders whose name starts with a dot, such as .ipynb_checkpoints or .git)."""
+    (but in folders whose name starts with a dot, such as .ipynb_checkpoints or .git); and the links found
+    under the folders, which are not graded (a student's link to the kit's model answer is no work of theirs)."""
     found: list[Path] = []
+    links: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found += sorted(p for p in path.rglob("*") if p.suffix in CANDIDATE_SUFFIXES and p.is_file()
-                            and not any(part.startswith(".") for part in p.relative_to(path).parts[:-1]))
+            for p in sorted(path.rglob("*")):
+                if p.suffix in CANDIDATE_SUFFIXES and p.is_file() and not any(
+                        part.startswith(".") for part in p.relative_to(path).parts[:-1]):
+                    (links if linked(p, path) else found).append(p)
         elif path.is_file():
             found.append(path)
         else:
             raise UsageError(f"no such file or folder: {raw}. Pass candidate files or folders that hold them.")
-    return found
+    return found, links
 
 
 # -- grading -----------------------------------------------------------------------------

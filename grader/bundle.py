@@ -17,7 +17,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from grader.exercise import CANDIDATE_SUFFIXES, GRADER_DIR, Exercise
+from grader.exercise import CANDIDATE_SUFFIXES, GRADER_DIR, Exercise, linked
 
 KIT_ROOT = GRADER_DIR.parent
 KIT_PARTS = ("pyproject.toml", "README.md", "docs", "grader", "solutions", "exercises")
@@ -112,7 +112,7 @@ def submission_files(folder: Path, exercise: Exercise) -> list[Path]:
         if any(p.startswith(".") or p == "__MACOSX" for p in parts) or path.suffix not in CANDIDATE_SUFFIXES:
             continue
         number = _copy_number(path.stem, exercise)
-        if number is not None and path.is_file():
+        if number is not None and path.is_file() and not linked(path, folder):
             found.append((-number, CANDIDATE_SUFFIXES.index(path.suffix), len(parts), str(path), path))
     return [entry[-1] for entry in sorted(found)]
 
@@ -132,8 +132,12 @@ def run_submission(root: Path, exercise: Exercise) -> None:
     own = Path(exercise.file)
     files = submission_files(folder, exercise)
     if not files:
-        _write_zero(results, f"No {own.name} or {own.stem}.ipynb in the submission ({_others(folder)}): "
-                             f"upload your {own.name} (or {own.stem}.ipynb).")
+        links = sorted(str(p.relative_to(folder)) for p in (folder.rglob("*") if folder.is_dir() else ())
+                       if p.suffix in CANDIDATE_SUFFIXES and _copy_number(p.stem, exercise) is not None
+                       and linked(p, folder))
+        said = f"; {', '.join(links)} {'is a link' if len(links) == 1 else 'are links'}, not graded" if links else ""
+        _write_zero(results, f"No {own.name} or {own.stem}.ipynb in the submission ({_others(folder)}{said}): "
+                             f"upload your {own.name} (or {own.stem}.ipynb) itself.")
         return
     chosen = files[0]
     command = ["attn-grade", str(chosen), "--exercise", exercise.name, "--format", "gradescope", "--output",

@@ -345,7 +345,10 @@ def batch(paths, jobs, output, resume, **options) -> None:
     """Grade every file in PATHS (every .py and .ipynb under a folder) into one CSV row each."""
     from grader import batch as batch_
 
-    files = _run(batch_.find_files, list(paths))
+    files, links = _run(batch_.find_files, list(paths))
+    for link in links:
+        click.echo(f"not graded: {link} is a link; grade the file it points at by its own path if it is the "
+                   "student's", err=True)
     if not files:
         raise click.UsageError("no .py or .ipynb files found in those paths.")
     if resume and not output:

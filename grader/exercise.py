@@ -20,6 +20,16 @@ COURSE_DIR = GRADER_DIR / "course"  # one folder per exercise, and course.toml: 
 ENGINE_DIR = GRADER_DIR / "engine"
 CANDIDATE_SUFFIXES = (".py", ".ipynb")  # a notebook's code cells are graded (grader/notebook.py)
 
+
+def linked(path: Path, folder: Path) -> bool:
+    """Whether `path`, found under `folder`, is a link or lies in a linked folder: a submission's or a class's file
+    that points elsewhere (at the kit's model answers, say) is not the student's work, and is never graded."""
+    try:
+        inside = path.resolve().relative_to(folder.resolve())
+    except (OSError, ValueError):
+        return True
+    return inside != path.relative_to(folder)
+
 # Names an exercise.toml's forbidden list may use for a list of torch's names. "library_attention": every fused
 # attention torch has, CPU or CUDA, public or private (tests/test_rules.py lists torch's names to keep it whole).
 LIBRARY_ATTENTION = ("scaled_dot_product", "multi_head_attention", "scaled_dot_attention", "transformer_encoder_layer",

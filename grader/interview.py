@@ -38,7 +38,7 @@ from grader.html import grid_of
 from grader.html import pictures as draw_pictures
 from grader.pool import Zygote
 from grader.progress import Progress
-from grader.report import _groups
+from grader.report import _groups, markdown_text
 from grader.score import Grade, StepResult
 from grader.watch import KEYS, NOT_WRITTEN, Watcher, keys_and_zygote, loss
 from grader.watch import run as run_watch
@@ -313,7 +313,7 @@ class Scorecard:
         )
 
     def markdown(self) -> str:
-        cell = lambda text: html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+        cell = lambda text: markdown_text(str(text))  # noqa: E731  (the candidate's text: no markup of theirs runs)
         lines = [f"# {self.title}", ""]
         lines += [f"- **{label}**: {cell(value)}" for label, value in self.facts]
         lines += ["", "## Steps", "", "| " + " | ".join(self.HEADER) + " |", "| --- |" + " ---: |" * 3 + " --- | --- |"]

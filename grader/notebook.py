@@ -61,7 +61,9 @@ def read(path: Path) -> Notebook:
             source = "".join(source)
         if not isinstance(source, str):
             raise UsageError(f"{path}: cell {number} has no text as its source. {again}")
-        cell_lines = source.splitlines()
+        cell_lines = re.split(r"\r\n|\r|\n", source.removesuffix("\n").removesuffix("\r"))  # Python's lines: splitlines
+        # would also split at U+2028, a form feed and the like, which a comment may hold
+        cell_lines = [] if cell_lines == [""] else cell_lines
         cell_magic = bool(cell_lines) and cell_lines[0].lstrip().startswith("%%")
         for in_cell, line in enumerate(cell_lines, 1):
             code = line.lstrip()

@@ -50,7 +50,7 @@ class Server:
         from grader.report import to_json, to_text
 
         exercises = load_course()
-        name, steps = request.get("exercise"), request.get("steps") or ()
+        name, steps = request.get("exercise"), request.get("steps") or []
         if not isinstance(name, str) or not isinstance(steps, list) or not all(isinstance(s, str) for s in steps):
             return {"ok": False, "error": "the exercise and the steps are names, e.g. check('mha', 'softmax')."}
         if name not in exercises:

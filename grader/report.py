@@ -202,7 +202,7 @@ def to_markdown(grade: Grade, progress=None) -> str:
         f"- File: `{grade.file.replace('`', chr(39))}` (sha256 `{grade.sha256[:16] or 'unknown'}`)",  # no ` ends it
         f"- Graded: {_utc(grade.graded_at)}",
         f"- torch {env.get('torch', '?')}; {DEVICE_NOTE.get(env.get('device'), env.get('device'))}",
-        *([f"- **The whole file**: {_md(env['file_error'])}"] if env.get("file_error") else []),
+        *([f"- **The whole file**: {markdown_text(env['file_error'])}"] if env.get("file_error") else []),
         "",
     ]
     green = progress.time_to_green(grade.exercise) if progress else {}
@@ -218,16 +218,16 @@ def to_markdown(grade: Grade, progress=None) -> str:
     broken = [s for s in grade.steps if s.breach]
     if broken:
         lines += ["", "## Rules broken", ""]
-        lines += [f"- **`{s.id}` earns nothing**: {_md(s.breach)}" for s in broken]
+        lines += [f"- **`{s.id}` earns nothing**: {markdown_text(s.breach)}" for s in broken]
     if any(c.points < c.max_points for s in grade.steps for c in s.checks):
         lines += ["", "## Failed checks", ""]
         for step in grade.steps:
             for first, names in _groups(step):
                 more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-                lines.append(f"- `{step.id}` / `{names[0]}`{more} ({first.outcome}): {_md(first.message)}")
+                lines.append(f"- `{step.id}` / `{names[0]}`{more} ({first.outcome}): {markdown_text(first.message)}")
                 if first.mistake:
                     count = f' ({len(names)} checks)' if len(names) > 1 else ''
-                    lines.append(f"  - likely mistake{count}: {_md(first.mistake)}")
+                    lines.append(f"  - likely mistake{count}: {markdown_text(first.mistake)}")
                 drawn = grid(first.details)
                 if drawn:
                     lines += ["", "  ```text", *("  " + line for line in drawn), "  ```"]
@@ -364,7 +364,7 @@ def _duration(seconds: float | None) -> str:
     return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
 
 
-def _md(text: str) -> str:
+def markdown_text(text: str) -> str:
     """The candidate's text in Markdown, one line, each character that makes markup mid-line escaped (the text never
     starts a line here, so `#`, `-` and `1.` make nothing; `_` inside a word, as in w_o, makes nothing either)."""
     return re.sub(r"([\\`*\[\]<>|~]|(?<!\w)_|_(?!\w))", r"\\\1", _escape(text)).replace("\n", " ")

@@ -16,7 +16,7 @@ import pytest
 
 from grader import batch
 from grader.score import CheckResult, Grade, StepResult, verdict
-from tests.conftest import REFERENCE
+from tests.conftest import REFERENCE, ROOT
 
 HANG = REFERENCE + "\n\ndef softmax(scores, dim=-1):\n    while True:\n        pass\n"
 
@@ -245,3 +245,14 @@ def test_ctrl_c_keeps_the_rows_graded_stops_the_workers_quietly_and_resume_grade
     assert [Path(r["file"]).parent.name for r in rows] == ["a_syntax", "b_hang", "c_hang", "d_reference"]
     assert rows[: len(kept)] == kept  # the rows kept are not graded again
     assert [r["status"] for r in rows[1:]] == ["timed out", "timed out", "full marks"]
+
+
+def test_links_under_a_folder_are_not_graded(tmp_path):
+    """Review 49: a student's mha.py linked to the kit's solutions/mha.py scored 100 in batch."""
+    (tmp_path / "ada").mkdir()
+    (tmp_path / "bob").mkdir()
+    (tmp_path / "ada" / "mha.py").symlink_to(ROOT / "solutions" / "mha.py")
+    (tmp_path / "bob" / "mha.py").write_text("x = 1\n")
+    (tmp_path / "eve").symlink_to(ROOT / "solutions", target_is_directory=True)
+    files, links = batch.find_files([str(tmp_path)])
+    assert files == [tmp_path / "bob" / "mha.py"] and links == [tmp_path / "ada" / "mha.py"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from grader.bundle import TESTED_TORCH, TORCH_CPU_INDEX, setup_script, submission_files, write_bundle
+from grader.bundle import TESTED_TORCH, TORCH_CPU_INDEX, run_submission, setup_script, submission_files, write_bundle
 from grader.exercise import load_course
 from tests.conftest import REFERENCE, ROOT, STUB
 from tests.test_notebook import write_notebook
@@ -298,7 +298,21 @@ def test_gradescope_names_what_it_found_when_no_file_is_the_exercises(bundle, tm
     results = run_autograder(bundle, tmp_path / "autograder", {"attention.py": REFERENCE, "mha_numpy.py": ""})
     assert results == {"score": 0, "tests": [], "output": "No mha.py or mha.ipynb in the submission (it holds "
                                                           "attention.py, mha_numpy.py): upload your mha.py (or "
-                                                          "mha.ipynb)."}
+                                                          "mha.ipynb) itself."}
+
+
+def test_a_submitted_link_is_never_graded(tmp_path):
+    """Review 49: mha.py linked to the kit's solutions/mha.py was graded as the model answer, 100. A link, or a file
+    in a linked folder, is no work of the student's; the results say so."""
+    root = tmp_path / "autograder"
+    (root / "submission" / "sub").mkdir(parents=True)
+    (root / "submission" / "mha.py").symlink_to(ROOT / "solutions" / "mha.py")
+    (root / "submission" / "sub" / "mha (1).py").symlink_to(root / "submission" / "mha.py")
+    (root / "submission" / "kit").symlink_to(ROOT / "solutions", target_is_directory=True)
+    assert submission_files(root / "submission", load_course()["mha"]) == []
+    run_submission(root, load_course()["mha"])
+    results = json.loads((root / "results" / "results.json").read_text())
+    assert results["score"] == 0 and "mha.py, sub/mha (1).py are links, not graded" in results["output"], results
 
 
 def _stand_in(folder: Path, name: str, code: int) -> str:

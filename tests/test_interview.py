@@ -324,3 +324,15 @@ def test_records_damaged_in_the_progress_file_are_left_out_of_the_scorecard(tmp_
     assert "first green: project" not in text
     kept = json.loads((folder / ".attn-grade.json").read_text())["exercises"]["mha"]["hints"]
     assert {"step": "softmax"} in kept  # passed over, not deleted
+
+
+def test_the_candidates_text_makes_no_markdown_in_the_scorecard():
+    """Review 49: an exception message's image, link and bold text were live in scorecard.md (the HTML page and
+    `--format markdown` escaped them already)."""
+    said = "![p](http://example.invalid/p.png) [click](http://example.invalid) **100/100** `x` | y"
+    card = interview.Scorecard(title="Interview scorecard: Ada", facts=[("Final score", "3/10")],
+                               rows=[("✗ softmax", "0/14", "–", "1", "–", "–")], mistakes=[("softmax", [said])],
+                               rules=[("softmax", said)], timeline=[("+0:00", "started")])
+    text = card.markdown()
+    assert "![p](" not in text and "[click](" not in text and "**100/100**" not in text, text
+    assert r"!\[p\](http://example.invalid/p.png) \[click\](http://example.invalid) \*\*100/100\*\* \`x\` \| y" in text

@@ -107,3 +107,14 @@ def test_a_file_that_is_neither_python_nor_a_notebook_is_a_usage_error(tmp_path,
     assert result.exit_code == 2, result.output
     assert "is neither a Python file (.py) nor a Jupyter notebook (.ipynb)" in result.output
     assert "Total" not in result.output  # never graded, never a zero
+
+
+def test_a_cell_is_split_into_lines_as_python_splits_a_file(tmp_path):
+    """Review 49: a comment holding a pasted U+2028 (or a form feed) split the cell's line, and a correct notebook
+    scored 0 with a SyntaxError; Python ends lines only at \\n, \\r\\n and \\r."""
+    code = "x = 1  # a pasted\u2028line separator\ny = 2  # a form\x0cfeed\r\nz = 3\n"
+    write_notebook(tmp_path / "nb.ipynb", [("code", code), ("code", "%time w = 4\n")])
+    read = notebook.read(tmp_path / "nb.ipynb")
+    assert read.source == "x = 1  # a pasted\u2028line separator\ny = 2  # a form\x0cfeed\nz = 3\npass\n"
+    assert read.cells == ((1, 1), (1, 2), (1, 3), (2, 1))
+    compile(read.source, "nb", "exec")

@@ -472,7 +472,7 @@ def test_gradescope_bundle_grades_a_submission_as_gradescope_runs_it(bundle, tmp
 
 def test_gradescope_bundle_reports_a_missing_submission_as_an_error_not_a_silent_zero(bundle, tmp_path):
     results = run_autograder(bundle, tmp_path / "autograder", None)
-    says = "No mha.py or mha.ipynb in the submission (it holds nothing): upload your mha.py (or mha.ipynb)."
+    says = "No mha.py or mha.ipynb in the submission (it holds nothing): upload your mha.py (or mha.ipynb) itself."
     assert results["score"] == 0 and says in results["output"]
 
 
