@@ -50,7 +50,9 @@ from grader.engine.script import (
     call,
     chunks,
     expect_chunks,
+    expect_count,
     expect_each,
+    expect_joined,
     expect_result,
     fill,
     get,
@@ -89,5 +91,7 @@ __all__ = [
     "values",
     "TileSizes", "judge_tiles", "tiles_only", "CODE_IN_BACKWARD", "GRAPH", "parse", "exactly",
     "FUNCTION_NODES", "NODE_KIND",
-    "Script", "build", "call", "chunks", "expect_chunks", "expect_each", "expect_result", "fill", "get", "type_name",
+    "Script", "build", "call", "chunks", "expect_chunks", "expect_count", "expect_each",
+    "expect_joined", "expect_result", "fill",
+    "get", "type_name",
 ]

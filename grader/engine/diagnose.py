@@ -117,6 +117,22 @@ EXPAND_NON_SINGLETON = Mistake(
     raises=Raises(message=r"expanded size of the tensor .* must match the existing size", line=r"expand\("),
     why="Written against one KV head (multi-query attention), expand on the head axis works; with two it raises.",
 )
+OPEN_SLICE_WRITE = Mistake(
+    "open_slice_write",
+    "new tokens were written into buffer[..., start:] with no end, a slice to the buffer's end: write "
+    "buffer[..., start:start + n]",
+    raises=Raises(message=r"expanded size of the tensor .* must match the existing size|must match the size",
+                  line=r"\[[^\]\n]*:\s*\]\s*=(?!=)"),
+    why="Written against one-token appends to a nearly full buffer, or a buffer sized to the sequence, it runs; a "
+        "chunk with room to spare after it raises.",
+)
+EXPAND_AS_ANOTHER_SHAPE = Mistake(
+    "expand_as_another_shape",
+    "expand_as() copies the other tensor's whole shape, its last axis too, so it fails where the widths differ: "
+    "expand only the axes of size 1, x.expand(-1, H, -1, -1)",
+    raises=Raises(message=r"expanded size of the tensor .* must match the existing size", line=r"expand_as\("),
+    why="Written against a test where both widths happen to be equal, expand_as runs; with two widths it raises.",
+)
 LAYER_NAMES = Mistake(
     "layer_names",
     "the module's layers are not named or shaped as the contract says, so the grader's weights cannot be loaded "
@@ -227,9 +243,9 @@ INPUT_CHANGED = Mistake(
     why="The caller's tensors and arrays are theirs, and may be read again; np.exp(x, out=x) writes into x too.",
 )
 
-ERRORS = (VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED, TENSOR_TRUTHINESS, DTYPE_MISMATCH,
-          FLOAT_SHAPE, TRANSPOSE_ALL_AXES, RESHAPE_SIZES, DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK,
-          EXPAND_NON_SINGLETON, LAYER_NAMES)
+ERRORS = (OPEN_SLICE_WRITE, VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED, TENSOR_TRUTHINESS,
+          DTYPE_MISMATCH, FLOAT_SHAPE, TRANSPOSE_ALL_AXES, RESHAPE_SIZES, DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK,
+          EXPAND_NON_SINGLETON, EXPAND_AS_ANOTHER_SHAPE, LAYER_NAMES)
 FORMS = (MASK_NOT_BOOL, DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE,
          RESULT_ON_CPU)
 CATALOGUE = (*ERRORS, *FORMS, *GENERIC, *locate.GENERIC, PARAMETERS_NOT_LOADED, CONSTRUCTOR_DEFAULTS,

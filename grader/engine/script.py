@@ -129,6 +129,20 @@ def expect_result(what: str, got, expected: torch.Tensor, device: str = "cpu",
         raise CheckFailed(f"{what}: {failure.message}", failure.mistake, failure.details) from None
 
 
+def expect_count(run: Run, call: Call, not_int, said=lambda count: "") -> None:
+    """The step's answer to `call` is its reference's count exactly, as an int (a float or a tensor is `not_int`);
+    `said` adds to the message what the expected count means (its size in GiB, say)."""
+    value = run.output(run.answer(call))
+    expected = run.step.reference(*call.args)
+    what = f"{run.step.id}({', '.join(map(repr, call.args))})"
+    if type(value) is not int:
+        shown = f" {value!r}" if isinstance(value, float) else ""
+        raise CheckFailed(f"{what} returned {type_name(value)}{shown}; expected an int", not_int)
+    if value != expected:
+        raise CheckFailed(f"{what} = {value:,}; expected {expected:,}{said(expected)}", run.explain(value, call),
+                          {"expected": expected, "got": value})
+
+
 def expect_each(run: Run, answer, call: Call, *looks, prefix: str = "") -> None:
     """Each look at a script's answer in turn (a function that raises CheckFailed); a failure that names no
     mistake is given the one Run.explain finds in the answer, whose tests read it as the step's answer."""
@@ -156,21 +170,27 @@ def expect_chunks(run: Run, call: Call, splits: tuple[int, ...], outputs: list, 
     of its own (Raises.source) is named from its answer only in such a source.
     """
     native, exact = run.reference(call, exact=False), run.reference(call)
-    tolerance = Tolerance.of(native, exact, device)
-    got, start = [], 0
+    got = []
     what = (f"{call.names[0] if call.names else 'the input'} of {sum(splits)} tokens fed in calls of "
             f"{', '.join(map(str, splits))}")
     try:
-        for value, t in zip(outputs, splits, strict=False):
-            expect_form(value, native[:, start:start + t], device=device)
-            got.append(value)
-            start += t
-        if device == "meta":
-            return
-        expect_close(torch.cat(got, dim=1), exact, None, tolerance)
+        expect_joined(outputs, splits, native, exact, device, got)
     except CheckFailed as failure:
         mistake = failure.mistake or _chunks_mistake(run, call, splits, outputs, got, native, device)
         raise CheckFailed(f"{what}: {failure.message}", mistake, failure.details) from None
+
+
+def expect_joined(outputs: list, splits, native, exact, device: str = "cpu", got: list | None = None) -> None:
+    """Each output of the form of its chunk of `native` (the tokens on axis 1), and all of them joined close to
+    `exact`; `got` collects the outputs of the right form, in order, for a caller that names the mistake."""
+    got = [] if got is None else got
+    start = 0
+    for value, t in zip(outputs, splits, strict=False):
+        expect_form(value, native[:, start:start + t], device=device)
+        got.append(value)
+        start += t
+    if device != "meta":
+        expect_close(torch.cat(got, dim=1), exact, None, Tolerance.of(native, exact, device))
 
 
 def _chunks_mistake(run: Run, call: Call, splits: tuple, outputs: list, got: list, native, device: str):

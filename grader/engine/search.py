@@ -108,6 +108,20 @@ EXPONENT_BASE_WRONG = Mistake(
     why="FlashAttention's kernels take exp2, the faster instruction, and fold log2(e) into the scale; leaving it out "
         "gives softmax(s · ln 2), a flatter softmax that shapes cannot show.",
 )
+SCALED_BY_SIZE_NOT_ROOT = Mistake(
+    "scaled_by_size_not_root",
+    "the scores were divided by D, or not at all, where the contract divides by √D: divide q kᵀ by √D, "
+    "D = q.shape[-1]",
+    why="1/D (a scale applied twice, or head_dim ** -1 for ** -0.5) and no scale at all both run without an error; "
+        "the softmax comes out flatter or sharper.",
+)
+DEFAULT_MISREAD = Mistake(
+    "default_misread",
+    "a parameter's default is not the contract's (dim=1 where the stub says dim=-1): keep the defaults of the stub's "
+    "signature",
+    why="A caller that leaves the argument out gets the contract's default; a default of another value is right only "
+        "when the argument is given.",
+)
 COMPUTED_IN_FLOAT32 = Mistake(
     "computed_in_float32",
     "float64 inputs were computed in float32 inside the step (.float(), dtype=torch.float32, a float32 softmax): "
@@ -117,7 +131,7 @@ COMPUTED_IN_FLOAT32 = Mistake(
 )
 GENERIC = (OUTPUTS_REORDERED, ARGUMENTS_SWAPPED, ARGUMENT_DUPLICATED, ARGUMENT_IGNORED, NONE_READ_AS_ZERO,
            FLAG_INVERTED, OFF_BY_ONE, INPUT_TRANSPOSED, MASK_EDGE_OFF_BY_ONE, SCALED_BY_WRONG_SIZE, EXPONENT_BASE_WRONG,
-           COMPUTED_IN_FLOAT32)
+           SCALED_BY_SIZE_NOT_ROOT, DEFAULT_MISREAD, COMPUTED_IN_FLOAT32)
 
 # Pairs whose swap has a name of its own (the gloss after the names).
 GLOSSES = {frozenset(p): g for p, g in (
@@ -297,6 +311,7 @@ def _variants(reference, bound, parameters, names, module: bool, native):
                 yield (said(OFF_BY_ONE, f"`{name}` acted one {more} than given (the answer is the one for {name}="
                                         f"{given + delta}): check < against <= and where ranges start"),
                        {name: given + delta})
+    yield from _default_variants(parameters, arguments, tensors)
     for name in tensors:
         x = arguments[name]
         if x.dim() >= 2 and x.shape[-1] > 1 and x.shape[-2] > 1:  # square ones too: their transpose runs
@@ -308,6 +323,25 @@ def _variants(reference, bound, parameters, names, module: bool, native):
         yield from _state_variants(names[0], arguments[names[0]])
     if isinstance(native, torch.Tensor) and native.dtype == torch.bool and native.dim() >= 1:
         yield from _edge_variants(reference, bound.signature, native.dim())
+
+
+def _default_variants(parameters, arguments: dict, tensors: list):
+    """The parameters the call left out, each at another value than the contract's default: a flag's opposite, an
+    axis's other indices (as many as the first tensor has)."""
+    dims = arguments[tensors[0]].dim() if tensors else 0
+    for name, parameter in parameters.items():
+        default = parameter.default
+        if name in arguments or default is inspect.Parameter.empty or parameter.kind is parameter.VAR_KEYWORD:
+            continue
+        if isinstance(default, bool):
+            others = [not default]
+        elif isinstance(default, int) and -dims <= default < dims:
+            others = [axis for axis in range(dims) if axis != default % dims]  # as a stub would write it: 1, not -3
+        else:
+            continue
+        for value in others:
+            yield (said(DEFAULT_MISREAD, f"`{name}` left out acted as {name}={value!r}: the contract's default is "
+                                         f"{name}={default!r}; keep the stub's signature"), {name: value})
 
 
 def _state_variants(name: str, state: dict):
@@ -364,6 +398,10 @@ def _scale_variants(arguments: dict, tensors: list):
                                           f"√{query}.shape[-1]"),
                {query: arguments[query] * (width / size) ** 0.5})
     if arguments[query].is_floating_point():
+        for factor, said_as in ((width**-0.5, f"divided by {width}, not √{width}"),
+                                (width**0.5, f"not divided by √{width}")):
+            yield (said(SCALED_BY_SIZE_NOT_ROOT, f"the scores were {said_as} (the width of `{query}`): divide q kᵀ "
+                                                 f"by √{query}.shape[-1]"), {query: arguments[query] * factor})
         for factor in (math.log(2), math.log2(math.e)):
             yield EXPONENT_BASE_WRONG, {query: arguments[query] * factor}
 

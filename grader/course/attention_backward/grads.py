@@ -16,11 +16,11 @@ def softmax_backward(probs, grad_probs, dim=-1, *, row_sum="p_dp", sign=-1, oute
                      probs_on_first=False, diagonal_only=False, log_softmax=False):
     """probs ∘ (grad_probs − Σ_dim probs ∘ grad_probs); the knobs after * make the named wrong variants.
 
-    row_sum: "p_dp" (right), "dp" (Σ grad_probs, without probs), "all" (over every axis), "none" (nothing
-    subtracted), "queries" (over the axis before `dim`'s, the query axis of attention). probs_on_first: probs
-    multiplies grad_probs only, probs ∘ grad_probs − Σ probs ∘ grad_probs. diagonal_only: the Jacobian's diagonal
-    alone, probs ∘ (1 − probs) ∘ grad_probs. log_softmax: the gradient through a log-softmax, grad_probs − probs ∘
-    Σ grad_probs.
+    row_sum: "p_dp" (right), "dp" (Σ grad_probs, without probs), "mean" (averaged, not summed), "all" (over every
+    axis), "none" (nothing subtracted), "queries" (over the axis before `dim`'s, the query axis of attention).
+    probs_on_first: probs multiplies grad_probs only, probs ∘ grad_probs − Σ probs ∘ grad_probs. diagonal_only: the
+    Jacobian's diagonal alone, probs ∘ (1 − probs) ∘ grad_probs. log_softmax: the gradient through a log-softmax,
+    grad_probs − probs ∘ Σ grad_probs.
     """
     if diagonal_only:
         return probs * (1 - probs) * grad_probs
@@ -31,6 +31,7 @@ def softmax_backward(probs, grad_probs, dim=-1, *, row_sum="p_dp", sign=-1, oute
     sums = {
         "p_dp": lambda: product.sum(axis, keepdim=True),
         "dp": lambda: grad_probs.sum(axis, keepdim=True),
+        "mean": lambda: product.mean(axis, keepdim=True),
         "all": lambda: product.sum(),
         "none": lambda: torch.zeros_like(product),
         "queries": lambda: product.sum(axis - 1 if axis > 0 else axis + 1, keepdim=True),

@@ -206,6 +206,9 @@ SOFTMAX = StepSpec(
                 _sb_variant(log_softmax=True),
                 why="Cross-entropy's gradient flows through log p, whose Jacobian is I - 1 pᵀ; p's own is "
                     "diag(p) - p pᵀ."),
+        Mistake("softmax_backward.row_mean", "the row's Σ probs ∘ grad_probs was averaged (mean along dim): it is a "
+                "sum, probs ∘ (grad_probs - Σ probs ∘ grad_probs)", _sb_variant(row_sum="mean"),
+                why="LayerNorm's backward subtracts means; the softmax's Jacobian, diag(p) - p pᵀ, sums."),
         Mistake("softmax_backward.sum_over_everything", "summed probs ∘ grad_probs over every axis: sum along dim "
                 "only, with keepdim=True", _sb_variant(row_sum="all")),
         Mistake("softmax_backward.sum_over_queries", "summed probs ∘ grad_probs over the axis before dim (the "
@@ -219,7 +222,7 @@ SOFTMAX = StepSpec(
 
 # -- attention_backward ---------------------------------------------------------------------
 
-TQ, TK, D, DV = 6, 9, 4, 5  # Tq ≠ Tk, D ≠ Dv, none equal
+TQ, TK, D, DV = 6, 9, 8, 5  # Tq ≠ Tk, D ≠ Dv, none equal; D no square (a 1/isqrt(D) scale shows)
 PEAK = 110.0  # the first query's scores this far above the others: their e^(s - the tensor's max) is 0 in float32
 
 
@@ -446,8 +449,6 @@ FB_BLOCKS = Mistake("flash_attention_backward.block_sizes_mishandled", "right wi
                     "others: walk queries by block_q and keys by block_k, and end each tile at min(start + block, T)")
 FB_LEAD = Mistake("flash_attention_backward.leading_dims_mishandled", "right for (B, H, T, D), wrong for (B·H, T, D): "
                  "slice and index the last two axes with ..., so any leading dims pass")
-FB_HIDDEN = Mistake("flash_attention_backward.hidden_scores_mishandled", "wrong when a hidden key's score is "
-                    "large: e^(S - lse) overflows there; mask S with -inf before the exponential, never P after it")
 FB_DECODE = Mistake("flash_attention_backward.one_query_mishandled", "wrong for one query (Tq = 1, causal): it sees "
                     "every key (its position is Tk - 1); check the causal offset and any squeeze of an axis of 1")
 FB_ONE_TILE = Mistake("flash_attention_backward.tiles_mishandled", "right with one tile, wrong over several: slice q, "
@@ -468,7 +469,7 @@ FLASH = StepSpec(
     checks=(
         shape(2), values("values", 3, FLOATS), values("causal", 2, situation=FB_CAUSAL, causal=True),
         values("three_dims", 1, situation=FB_LEAD, lead=(B * H,), causal=True),
-        values("large_hidden_scores", 1, (torch.float32,), situation=FB_HIDDEN, causal=True, hidden_peak=True),
+        values("large_hidden_scores", 1, (torch.float32,), causal=True, hidden_peak=True),
         values("rows_with_no_key", 3, situation=FB_NO_KEY, t_q=FTK + 4, t_k=FTQ, causal=True),
         values("square_tiles", 3, situation=FB_SQUARE, t_q=12, t_k=18, causal=True, block_q=6, block_k=6),
         prop("block_sizes", 4, block_sizes, situation=FB_BLOCKS),

@@ -31,7 +31,6 @@ from grader.engine import (
     Script,
     Spec,
     StepSpec,
-    Tolerance,
     attention,
     check_rules,
     chunks,
@@ -41,14 +40,14 @@ from grader.engine import (
     exactly,
     expect_chunks,
     expect_close,
-    expect_form,
+    expect_count,
+    expect_joined,
     gradients,
     linear_layers,
     matches_any,
     prop,
     shape,
     source_of,
-    type_name,
     upcast,
     values,
 )
@@ -302,17 +301,13 @@ def reads_cache(run: Run, prefill: int = 4, splits=(1, 2)) -> None:
     native, exact = _over_filled(state, x, prefill), _over_filled(upcast(state), upcast(x), prefill)
     what = (f"after a prefill of {prefill} tokens the grader set the cache's k to {K_FILL} and v to {V_FILL}; then "
             f"calls of {', '.join(map(str, splits))} tokens")
-    got, start = [], 0
+    got = []
     try:
-        for index, t in zip(at, splits, strict=True):
-            expect_form(results[index], native[:, start:start + t])
-            got.append(results[index])
-            start += t
-        got = torch.cat(got, dim=1)
-        expect_close(got, exact, None, Tolerance.of(native, exact))
+        expect_joined([results[i] for i in at], splits, native, exact, got=got)
     except CheckFailed as failure:
         unfilled = cached(state, x, (prefill, *splits))[:, prefill:]  # over the module's own keys and values
-        mistake = CACHE_NOT_READ if isinstance(got, torch.Tensor) and matches_any(got, [unfilled]) else None
+        whole = torch.cat(got, dim=1) if len(got) == len(splits) else None  # every chunk of the right form
+        mistake = CACHE_NOT_READ if whole is not None and matches_any(whole, [unfilled]) else None
         raise CheckFailed(f"{what}: {failure.message}", failure.mistake or mistake, failure.details) from None
 
 
@@ -449,7 +444,8 @@ def _itemsize(dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def _bytes(b, layers, kv_heads, head_dim, seq_len, dtype, *, factor=2, unit=1, itemsize=None):
+def _bytes(b, layers, kv_heads, head_dim, seq_len, dtype, *, factor=2, unit=1, itemsize=None, one_layer=False):
+    layers = 1 if one_layer else layers
     return factor * layers * b * kv_heads * head_dim * seq_len * (itemsize or _itemsize(dtype)) * unit
 
 
@@ -464,21 +460,9 @@ def bytes_check(**params):
 
     def check(run: Run) -> None:
         for drawn in (False, True):
-            _one_count(run, run.inputs(**params, drawn=drawn))
+            expect_count(run, run.inputs(**params, drawn=drawn), NOT_INT, lambda n: f" ({n / 2**30:g} GiB)")
 
     return check
-
-
-def _one_count(run: Run, call_) -> None:
-    value = run.output(run.answer(call_))
-    expected = _bytes(*call_.args)
-    what = f"kv_cache_bytes({', '.join(map(repr, call_.args))})"
-    if type(value) is not int:
-        shown = f" {value!r}" if isinstance(value, float) else ""
-        raise CheckFailed(f"{what} returned {type_name(value)}{shown}; expected an int", NOT_INT)
-    if value != expected:
-        raise CheckFailed(f"{what} = {value:,}; expected {expected:,} ({expected / 2**30:g} GiB)",
-                          run.explain(value, call_), {"expected": expected, "got": value})
 
 
 NOT_INT = Mistake("kv_cache_bytes.not_int", "returned a float or a tensor: a count of bytes is an int (// not /, and "
@@ -498,6 +482,8 @@ BYTES = StepSpec(
                 lambda *a: _bytes(*a, factor=1)),
         Mistake("kv_cache_bytes.in_bits", "counted bits (itemsize · 8, or finfo(dtype).bits): the answer is in bytes",
                 lambda *a: _bytes(*a, unit=8)),
+        Mistake("kv_cache_bytes.layers_left_out", "counted one layer's cache: every layer keeps its own keys and "
+                "values, so multiply by num_layers", lambda *a: _bytes(*a, one_layer=True)),
         Mistake("kv_cache_bytes.fixed_itemsize", "assumed 2 bytes per element whatever the dtype: use the dtype's own "
                 "(torch.empty((), dtype=dtype).element_size(), or dtype.itemsize)", lambda *a: _bytes(*a, itemsize=2)),
     ),

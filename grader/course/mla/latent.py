@@ -32,6 +32,7 @@ from grader.engine import (
     expect_close,
     expect_each,
     expect_form,
+    expect_joined,
     expect_result,
     linear_layers,
     prop,
@@ -343,9 +344,10 @@ def module_inputs(gen, dtype, t=T, absorbed=None):
     return Call((gen.randn(B, t, D, dtype=dtype),), kwargs, X, init=INIT, state=state)
 
 
-def latent_attention(state, x, absorbed=False, splits=None, *, bug: str | None = None):
+def latent_attention(state, x, absorbed=False, splits=None, *, bug: str | None = None, filled: bool = False):
     """The module's outputs for x fed in chunks of `splits` (None: one call, no cache), from the contract; the
-    plain and absorbed paths give the same. `bug`, one of the step's mistakes' ids, makes its wrong answer."""
+    plain and absorbed paths give the same. `bug`, one of the step's mistakes' ids, makes its wrong answer.
+    `filled`: after the first chunk the cache holds C_FILL and R_FILL in its place (`reads_cache`)."""
     w = {name: state[f"{name}.weight"] for name in LAYERS}
     cached = splits is not None
     splits = splits or (x.shape[1],)
@@ -382,6 +384,8 @@ def latent_attention(state, x, absorbed=False, splits=None, *, bug: str | None =
         merged = merged.reshape(B, t, H * DV)
         outs.append(merged @ w["w_o"].T)
         past += t
+        if filled and len(latents) == 1:
+            latents[0], keys[0] = torch.full_like(latents[0], C_FILL), torch.full_like(keys[0], R_FILL)
     return torch.cat(outs, dim=1)
 
 
@@ -432,6 +436,56 @@ class ModuleScript:
 
 def _module_check(**options):
     return lambda run: ModuleScript(run, **options).expect_right()
+
+
+C_FILL, R_FILL = 0.5, -1.5  # what the grader writes into a cache's c_kv and k_rope after a prefill
+
+
+def reads_cache(run: Run, prefill: int = 4, splits=(1, 2)) -> None:
+    """After a prefill the grader writes values of its own into the cache's c_kv and k_rope (the stand-in's); the
+    calls after it, on both paths, must attend over them, not over latents the module kept or recomputed."""
+    call = run.inputs(t=prefill + sum(splits))
+    x, state = call.args[0], call.state
+    parts = chunks(x, (prefill, *splits))
+    exact = latent_attention(upcast(state), upcast(x), splits=(prefill, *splits), filled=True)[:, prefill:]
+    native = latent_attention(state, x, splits=(prefill, *splits), filled=True)[:, prefill:]
+    for absorbed in (False, True):
+        script = Script()
+        module = script.build("MultiHeadLatentAttention", *INIT, state=state)
+        cache = script.build("LatentCache", B, MAX_LEN, R, DR, stand_in=True, dtype=x.dtype)
+        kwargs = {"absorbed": True} if absorbed else None
+        script.call(module, "__call__", parts[0], names=X, refs={"cache": cache}, kwargs=kwargs)
+        script.fill(cache, ("c_kv",), axis=1, start=0, value=C_FILL)
+        script.fill(cache, ("k_rope",), axis=1, start=0, value=R_FILL)
+        at = [script.call(module, "__call__", part, names=X, refs={"cache": cache}, kwargs=kwargs)
+              for part in parts[1:]]
+        results = run.script(script).value
+        what = (f"after a prefill of {prefill} tokens the grader set the cache's c_kv to {C_FILL} and k_rope to "
+                f"{R_FILL}; then {'absorbed ' if absorbed else ''}calls of {', '.join(map(str, splits))} tokens")
+        try:
+            expect_joined([results[i] for i in at], splits, native, exact)
+        except CheckFailed as failure:
+            raise CheckFailed(f"{what}: {failure.message}", failure.mistake or CACHE_NOT_READ,
+                              failure.details) from None
+
+
+def calls_independent(run: Run) -> None:
+    """Two calls without a cache on one module: the second gives what a fresh module gives, nothing of the first
+    kept on the module."""
+    call = run.inputs()
+    x = call.args[0]
+    script = Script()
+    module = script.build("MultiHeadLatentAttention", *INIT, state=call.state)
+    script.call(module, "__call__", -0.5 * x.flip(1), names=X)
+    second = script.call(module, "__call__", x, names=X, may_raise=True)
+    result = run.script(script).value[second]
+    what = "a second call without a cache, after another sequence's"
+    if isinstance(result, CandidateError):
+        raise CheckFailed(f"{what}, raised {result.message}", STATE_ACROSS_CALLS)
+    try:
+        expect_chunks(run, call, (x.shape[1],), [result])
+    except CheckFailed as failure:
+        raise CheckFailed(f"{what}: {failure.message}", STATE_ACROSS_CALLS, failure.details) from None
 
 
 def cache_contents(run: Run) -> None:
@@ -543,6 +597,15 @@ ROPE_BEFORE_HEADS_MOVED = Mistake(
         "apply_rope reads them on axis -2.",
     raises=Raises(types=("RuntimeError",), message=r"must match the size", line=r"angles"))
 
+CACHE_NOT_READ = Mistake(
+    "MultiHeadLatentAttention.cache_not_read", "attended over latents the module kept itself (on self, or "
+    "recomputed), not over the cache's: attend over what cache.append returns",
+    why="The cache is the one record of the sequence: a caller may trim it, move it or fill it from elsewhere.")
+STATE_ACROSS_CALLS = Mistake(
+    "MultiHeadLatentAttention.state_across_calls", "a call without a cache gave other answers after another call: "
+    "the module kept state of its own; without a cache every call is a whole sequence, from position 0",
+    why="One module serves many sequences: everything a sequence needs lives in its cache, or in no cache at all.")
+
 # What a check's failure says when the module is right without a cache and no listed mistake explains it.
 MODULE_CACHED = Mistake("MultiHeadLatentAttention.cache_mishandled", "right without a cache, wrong with one: new "
                         "tokens sit at positions past_len onwards (RoPE, the causal mask's offset) and attend to every "
@@ -568,12 +631,13 @@ MODULE = StepSpec(
     checks=(
         prop("structure", 2, linear_layers(tuple(LAYERS), INIT, "an nn.Linear")),
         values("no_cache", 3, FLOATS), values("no_cache_absorbed", 2, situation=MODULE_ABSORBED, absorbed=True),
-        prop("decode", 3, _module_check(splits=(4, 1, 1, 1)), situation=MODULE_CACHED),
+        prop("decode", 2, _module_check(splits=(4, 1, 1, 1)), situation=MODULE_CACHED),
         prop("every_split", 1, _module_check(splits=EVERY_SPLIT), situation=MODULE_CACHED),
         # bfloat16 holds every integer up to 256 and every other one past it: positions 257, 259, 261 show
         prop("long_bfloat16", 1, _module_check(splits=(259, 2, 1), dtype=torch.bfloat16, max_len=LONG),
              situation=MODULE_LONG_HALF),
-        prop("chunked", 3, _module_check(splits=(3, 2, 2)), situation=MODULE_CACHED),
+        prop("chunked", 2, _module_check(splits=(3, 2, 2)), situation=MODULE_CACHED),
+        prop("reads_cache", 1, reads_cache), prop("calls_independent", 1, calls_independent),
         prop("two_caches", 2, _module_check(splits=[(3, 2, 2), (4, 1, 1, 1)], interleaved=True),
              situation=MODULE_OWN_POSITIONS),
         prop("absorbed", 4, _module_check(splits=[(4, 1, 1, 1), (3, 2, 2)], absorbed=True, nan=True),
@@ -586,5 +650,5 @@ MODULE = StepSpec(
               QUERY_SPLIT_SWAPPED, QUERY_SPLIT_ACROSS_HEADS,
               MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, ABSORBED_UNMASKED, CHUNK_UNMASKED, CACHE_IGNORED,
               CACHED_FULL_KEYS,
-              PER_HEAD_ROPE_KEY, CACHED_UNROTATED_KEY, ROPE_BEFORE_HEADS_MOVED),
+              PER_HEAD_ROPE_KEY, CACHED_UNROTATED_KEY, ROPE_BEFORE_HEADS_MOVED, CACHE_NOT_READ, STATE_ACROSS_CALLS),
 )

@@ -26,9 +26,9 @@ from grader.engine import (
     Spec,
     StepSpec,
     device,
+    expect_count,
     prop,
     shape,
-    type_name,
     values,
 )
 from solutions import mla as ref
@@ -529,7 +529,7 @@ def bytes_inputs(gen, dtype, attention="mla", layers=60, heads=128, head_dim=128
 
 def _bytes(attention, layers, heads, head_dim, kv_heads, rank, rope, dtype, *, itemsize=None, unit=1, kv_factor=2,
            mla_per_head=False, mla_factor=1, rope_per_head=False, gqa_query_heads=False, gqa_group=False,
-           by_family=False, rope_once=False):
+           by_family=False, rope_once=False, one_layer=False):
     """The count, from the formula; the keyword arguments make the named wrong counts."""
     item = itemsize or torch.empty((), dtype=dtype).element_size()
     if by_family:  # 2 bytes for the half types, 4 for every other
@@ -540,7 +540,7 @@ def _bytes(attention, layers, heads, head_dim, kv_heads, rank, rope, dtype, *, i
                  "mla": mla_factor * (heads if mla_per_head else 1) * (rank + (heads if rope_per_head else 1) * rope)}
     if rope_once and attention == "mla":  # L·R + Dr: the product taken before the sum
         return (layers * rank + rope) * item * unit
-    return layers * per_layer[attention] * item * unit
+    return (1 if one_layer else layers) * per_layer[attention] * item * unit
 
 
 def _count(**knobs):
@@ -558,21 +558,9 @@ def bytes_check(**params):
 
     def check(run: Run) -> None:
         for drawn in (False, True):
-            _one_count(run, run.inputs(**params, drawn=drawn))
+            expect_count(run, run.inputs(**params, drawn=drawn), NOT_INT)
 
     return check
-
-
-def _one_count(run: Run, call) -> None:
-    value = run.output(run.answer(call))
-    expected = _bytes(*call.args)
-    what = f"cache_bytes_per_token({', '.join(map(repr, call.args))})"
-    if type(value) is not int:
-        shown = f" {value!r}" if isinstance(value, float) else ""
-        raise CheckFailed(f"{what} returned {type_name(value)}{shown}; expected an int", NOT_INT)
-    if value != expected:
-        raise CheckFailed(f"{what} = {value:,}; expected {expected:,}", run.explain(value, call),
-                          {"expected": expected, "got": value})
 
 
 def unknown_refused(run: Run) -> None:
@@ -634,6 +622,8 @@ BYTES = StepSpec(
         Mistake("cache_bytes_per_token.finfo_for_integers", "the element size came from torch.finfo, which takes "
                 "floating dtypes only, so an int8 cache raised: use dtype.itemsize, or "
                 "torch.empty((), dtype=dtype).element_size()", raises=Raises(types=("TypeError",), message=r"finfo")),
+        Mistake("cache_bytes_per_token.layers_left_out", "counted one layer's cache: every layer keeps its own, so "
+                "multiply by num_layers", _count(one_layer=True)),
         Mistake("cache_bytes_per_token.fixed_itemsize", "assumed 2 bytes per element whatever the dtype: use "
                 "torch.empty((), dtype=dtype).element_size(), or dtype.itemsize", _count(itemsize=2)),
     ),

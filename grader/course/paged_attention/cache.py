@@ -429,6 +429,9 @@ def _expect_held(read: dict, sequences: dict, when: str) -> None:
         if got is None:
             raise CheckFailed(f"{when}, sequence {seq_id}'s block table {read[table_name]!r} cannot point at its {n} "
                               "tokens")
+        if isinstance(got, torch.Tensor) and got.dtype != keys.dtype:  # each pool here is built with no dtype
+            raise CheckFailed(f"{when}, the pool is {str(got.dtype).removeprefix('torch.')}: built with no dtype, "
+                              "it is the contract's default, float32", DEFAULT_DTYPE)
         expect_result(f"{when}, sequence {seq_id}'s keys read through its block table", got, keys)
 
 
@@ -503,6 +506,9 @@ def _held(cache, table, keys) -> bool:
     return isinstance(got, torch.Tensor) and got.shape == keys.shape and bool(torch.allclose(got, keys))
 
 
+DEFAULT_DTYPE = Mistake(
+    "PagedKVCache.default_dtype", "a pool built with no dtype was not float32: keep the stub's default, "
+    "dtype=torch.float32")
 GROWN_BY_CAT = Mistake(
     "PagedKVCache.grown_by_cat", "the pool grows (torch.cat onto it, or a new tensor per append): make k_cache and "
     "v_cache once, (num_blocks, block_size, H, Dh), and write into their blocks",
@@ -611,5 +617,5 @@ CACHE = StepSpec(
     mistakes=(GROWN_BY_CAT, STORAGE_REPLACED, EXTRA_BLOCK, LAST_BLOCK_MISSING, CROSSES_BLOCK, LOGICAL_WRITTEN,
               WRAPPED, SLOTS_FROM_APPEND, TOKENS_MOVED, SLOTS_COUNTED, OUT_OF_BLOCKS_NOT_REFUSED,
               CHANGED_BEFORE_RAISING, EXACT_FIT_REFUSED, ROOM_IGNORED, FREE_KEEPS_BLOCKS, FREE_KEEPS_SEQUENCE,
-              DTYPE_IGNORED, TABLE_SORTED, EVERY_BLOCK_TAKEN),
+              DTYPE_IGNORED, TABLE_SORTED, EVERY_BLOCK_TAKEN, DEFAULT_DTYPE),
 )

@@ -99,6 +99,8 @@ def served(state, streams, schedule=PREFILL_DECODE, *, refilled: bool = False, b
                     hi = min(hi, width * BLOCK - 1)
                 keys = slice(lo, max(hi + 1, lo))  # none when hi < lo
                 read_k, read_v = k[keys], v[keys]
+                if wrong == NEW_KEYS_TWICE.id:  # the pool's keys (the new ones included), then the new ones again
+                    read_k, read_v = (torch.cat([x[:past + t], x[past:p + 1]]) for x in (k, v))
                 if wrong == VALUES_FROM_KEYS.id:
                     read_v = read_k
                 if wrong == KEYS_AT_QUERIES.id:  # the packed keys where its queries are, causally, as if no cache
@@ -127,6 +129,9 @@ def _mistake(name: str, message: str, why: str = "") -> Mistake:
                                                           for only in (None, "decode", "prefill")], why=why)
 
 
+NEW_KEYS_TWICE = _mistake(
+    "new_keys_twice", "the new tokens' keys and values were added again after the ones gathered from the pool, which "
+    "holds them already after the append: attend over the pool's keys only")
 NOT_CAUSAL = _mistake(
     "not_causal", "several new tokens of a sequence attended to each other's future: call varlen_attention with "
     "causal=True", why="One new token may see every key; a prefill or a chunk must not see the tokens after it.")
@@ -336,9 +341,9 @@ MODULE = StepSpec(
         prop("reads_pool", 2, _serve_check(refill=True), situation=POOL_NOT_READ),
         prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),
-    mistakes=(NOT_CAUSAL, NEW_ONLY, LENGTHS_BEFORE, KEYS_AT_QUERIES, NO_OUTPUT_PROJECTION, HEADS_SPLIT_INNER,
-              HEADS_MERGED_INNER, TABLE_BEFORE_APPEND, NAN_READ, POOL_INTERNALS, VALUES_FROM_KEYS, TABLES_CUT,
-              TABLES_MEMOISED),
+    mistakes=(NOT_CAUSAL, NEW_KEYS_TWICE, NEW_ONLY, LENGTHS_BEFORE, KEYS_AT_QUERIES, NO_OUTPUT_PROJECTION,
+              HEADS_SPLIT_INNER, HEADS_MERGED_INNER, TABLE_BEFORE_APPEND, NAN_READ, POOL_INTERNALS, VALUES_FROM_KEYS,
+              TABLES_CUT, TABLES_MEMOISED),
 )
 
 SPEC = Spec((CACHE, DECODE, VARLEN, MODULE))

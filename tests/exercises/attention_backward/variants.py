@@ -155,6 +155,11 @@ def softmax_backward(probs, grad_probs, dim=-1):
     inner = (grad_probs * probs).sum(dim=dim, keepdim=True).squeeze()  # every axis of 1 goes, not only dim's
     return probs * (grad_probs - inner.unsqueeze(dim))
 """, "softmax_backward", situations=("softmax_backward.one_row_mishandled",)),
+    Variant("sb_default_dim_one", softmax_backward(RIGHT_INNER + "\n    return probs * (grad_probs - inner)").replace(
+        "dim=-1):", "dim=1):"), "softmax_backward", "default_misread"),
+    Variant("sb_row_mean", softmax_backward(
+        "    inner = (grad_probs * probs).mean(dim=dim, keepdim=True)\n    return probs * (grad_probs - inner)"),
+            "softmax_backward", "softmax_backward.row_mean"),
     Variant("sb_no_row_sum", softmax_backward("    return probs * grad_probs"),
             "softmax_backward", "softmax_backward.no_row_sum"),
     Variant("sb_sum_not_weighted", softmax_backward(RIGHT_INNER + "\n    return probs * grad_probs - inner"),

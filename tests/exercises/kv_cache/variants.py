@@ -317,6 +317,9 @@ class CachedSelfAttention(CachedSelfAttention):
     Variant("bytes_fixed_itemsize",
             bytes_with("2 * num_layers * batch_size * num_kv_heads * head_dim * seq_len * 2  # bf16"),
             "kv_cache_bytes", "kv_cache_bytes.fixed_itemsize"),
+    Variant("bytes_one_layer",
+            bytes_with("2 * batch_size * num_kv_heads * head_dim * seq_len * dtype.itemsize"),
+            "kv_cache_bytes", "kv_cache_bytes.layers_left_out"),
     Variant("bytes_tensor", bytes_with(
         "2 * torch.tensor([num_layers, batch_size, num_kv_heads, head_dim, seq_len]).prod() * dtype.itemsize"),
             "kv_cache_bytes", "kv_cache_bytes.not_int"),

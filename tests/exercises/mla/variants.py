@@ -419,6 +419,14 @@ class LatentCache(LatentCache):
         self.k_rope[:, self.length:end] = k_rope_new
         self.length = end
         return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "LatentCache.not_in_place"),
+    Variant("cache_open_slice_write", append_with("""\
+        end = self.length + t
+        if end > self.c_kv.shape[1]:
+            raise ValueError("the cache is full")
+        self.c_kv[:, self.length:] = c_kv_new  # right only when the chunk fills the rest of the cache
+        self.k_rope[:, self.length:] = k_rope_new
+        self.length = end
+        return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "open_slice_write"),
     Variant("cache_capacity_of_another_axis", append_with("""\
         end = self.length + t
         if end > self.c_kv.shape[0]:  # the batch axis, not max_len's
@@ -430,6 +438,19 @@ class LatentCache(LatentCache):
     # -- MultiHeadLatentAttention -------------------------------------------------------------
     Variant("module_top_left_mask", forward_with(".tril(diagonal=past_len)", ".tril()"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.top_left_mask"),
+    Variant("module_cache_not_read", forward_with(  # the latents kept on the module, appended but never read back
+        """            c_kv, k_rope = cache.append(c_kv, k_rope)
+""", """            cache.append(c_kv, k_rope)
+            kept = getattr(self, "kept", None) if past_len else None
+            if kept is not None:
+                c_kv, k_rope = torch.cat((kept[0], c_kv), dim=1), torch.cat((kept[1], k_rope), dim=1)
+            self.kept = (c_kv, k_rope)
+"""), "MultiHeadLatentAttention", "MultiHeadLatentAttention.cache_not_read"),
+    Variant("module_state_across_calls", forward_with(  # a cache of its own when none is given
+        """        past_len = 0 if cache is None else cache.length""", """        if cache is None:
+            cache = getattr(self, "own", None) or LatentCache(B, 64, self.w_dkv.out_features, Dr, dtype=x.dtype)
+            self.own = cache
+        past_len = cache.length"""), "MultiHeadLatentAttention", "MultiHeadLatentAttention.state_across_calls"),
     Variant("module_merge_heads_inner", forward_with("y.transpose(1, 2).reshape", "y.permute(0, 2, 3, 1).reshape"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.merge_heads_inner"),
     Variant("module_mask_inverted", forward_with(".masked_fill(~mask,", ".masked_fill(mask,"),
@@ -534,6 +555,20 @@ class MultiHeadLatentAttention(MultiHeadLatentAttention):
     # -- cache_bytes_per_token ----------------------------------------------------------------
     Variant("bytes_mla_per_head", bytes_with(mla="num_heads * (kv_lora_rank + qk_rope_head_dim)"),
             "cache_bytes_per_token", "cache_bytes_per_token.mla_per_head"),
+    Variant("scores_rope_key_expanded_as_nope", """
+def mla_scores(q_nope, q_rope, k_nope, k_rope):
+    k = torch.cat([k_nope, k_rope.unsqueeze(1).expand_as(k_nope)], dim=-1)  # right only when Dr == Dn
+    q = torch.cat([q_nope, q_rope], dim=-1)
+    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+""", "mla_scores", "expand_as_another_shape"),
+    Variant("bytes_mla_one_layer", """
+def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_heads, kv_lora_rank, qk_rope_head_dim,
+                          dtype):
+    if attention == "mla":  # the latent and the RoPE key: one layer's only
+        return (kv_lora_rank + qk_rope_head_dim) * dtype.itemsize
+    per_layer = {"mha": 2 * num_heads * head_dim, "gqa": 2 * num_kv_heads * head_dim}[attention]
+    return num_layers * per_layer * dtype.itemsize
+""", "cache_bytes_per_token", "cache_bytes_per_token.layers_left_out"),
     Variant("bytes_mla_rope_per_head", bytes_with(mla="kv_lora_rank + num_heads * qk_rope_head_dim"),
             "cache_bytes_per_token", "cache_bytes_per_token.mla_rope_per_head"),
     Variant("scores_parts_misaligned", """

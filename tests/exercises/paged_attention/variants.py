@@ -107,6 +107,16 @@ def forward(*parts: str) -> str:
 
 BUGGY = [
     *POOL_BUGGY,  # the pool's mistakes (pool_variants.py)
+    Variant("module_new_keys_twice", forward(APPEND, GATHER.replace(
+        "        cu_k = torch.tensor([0, *lens])", """\
+        news = [k[starts[b]:starts[b + 1]] for b in range(len(seq_ids))]
+        k_all = torch.cat([part for b, n in enumerate(lens) for part in (k_all[sum(lens[:b]):sum(lens[:b + 1])],
+                                                                         news[b])])
+        news = [v[starts[b]:starts[b + 1]] for b in range(len(seq_ids))]
+        v_all = torch.cat([part for b, n in enumerate(lens) for part in (v_all[sum(lens[:b]):sum(lens[:b + 1])],
+                                                                         news[b])])
+        lens = [n + starts[b + 1] - starts[b] for b, n in enumerate(lens)]
+        cu_k = torch.tensor([0, *lens])"""), ATTEND), "PagedSelfAttention", "PagedSelfAttention.new_keys_twice"),
     # -- paged_decode -------------------------------------------------------------------------
     Variant("decode_whole_blocks_read", decode_with("""\
         k, v = k_cache[blocks].flatten(0, 1), v_cache[blocks].flatten(0, 1)  # every slot of its blocks"""),
@@ -256,6 +266,8 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
         k, v = k_cache[blocks].flatten(0, 1)[:n], v_cache[blocks].flatten(0, 1)[:n]""").replace(
         "    return out", "    return out[:, :, None]  # (B, H, 1, Dh): one query"), "paged_decode", "axis_extra"),
     # -- varlen_attention ---------------------------------------------------------------------
+    Variant("varlen_scaled_by_width", varlen_with(VARLEN_BODY).replace(
+        "scale = 1 / math.sqrt(q.shape[-1])", "scale = 1 / q.shape[-1]"), "varlen_attention", "scaled_by_size_not_root"),
     Variant("varlen_exp2_without_log2e", varlen_with(VARLEN_BODY.replace(
         "(torch.softmax(scores, dim=-1) @ vb)",
         "(torch.exp2(scores - scores.amax(-1, keepdim=True)) / torch.exp2(scores - scores.amax(-1, keepdim=True))"
@@ -602,6 +614,16 @@ class PagedKVCache(_PagedKVCache):
     def num_free_blocks(self):
         return max(super().num_free_blocks() - 1, 0)
 """, "PagedKVCache", situations=("PagedKVCache.counts_mishandled",)),
+    Variant("pool_default_half", """
+_PagedKVCacheHalf = PagedKVCache
+
+class PagedKVCache(_PagedKVCacheHalf):
+    def __init__(self, num_blocks, block_size, num_heads, head_dim, dtype=torch.float16, device=None):
+        super().__init__(num_blocks, block_size, num_heads, head_dim, dtype, device)
+
+    def append(self, seq_id, k, v):  # stored in the pool's own dtype
+        super().append(seq_id, k.to(self.k_cache.dtype), v.to(self.v_cache.dtype))
+""", "PagedKVCache", "PagedKVCache.default_dtype"),
     Variant("pool_every_block_taken_for_none", """
 _PagedKVCacheSliced = PagedKVCache
 
