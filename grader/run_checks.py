@@ -92,9 +92,8 @@ def check_keys(source: str, spec) -> dict[str, str] | None:
     definitions the step reaches by name from its own, directly or through others: steps and helpers alike, a
     Triton launcher's kernel among them (every definition, if code that runs at import names a step). A name is
     reached where code or a string other than a docstring says it, so a launcher whose docstring speaks of the
-    softmax does not reach the step. "" for the whole file: a composite's checks depend on it (its steps run as
-    written once they pass, see Run.oracle in grader/engine/runner.py), and so do the rules checks. None when the
-    file does not parse.
+    softmax does not reach the step. "" for the whole file, which the rules checks depend on. None when the file
+    does not parse.
     """
     tree = parse(source)
     if tree is None:
@@ -245,8 +244,10 @@ class _Plugin:
         """Whether an earlier grade's result for this check still holds; if so it is taken, and the check not run."""
         if keys is None or not isinstance(item, SpecItem):
             return False
-        whole = item.step.answered or _reads_whole_file(item.check)
-        item.cache_key = (item.name, keys["" if whole else item.step.id], self.seed, self._device)
+        # A composite's checks depend on the steps it is answered for too: whether each passed decides whether it
+        # runs as written or the grader answers it (Run.oracle in grader/engine/runner.py), even one it never names
+        parts = [""] if _reads_whole_file(item.check) else [item.step.id, *item.step.answered]
+        item.cache_key = (item.name, "\0".join(keys[part] for part in parts), self.seed, self._device)
         hit = self.cache.get(item.cache_key)
         if hit is not None:
             self.outcomes.append(hit)
