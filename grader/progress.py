@@ -71,6 +71,7 @@ class Progress:
         edited = []
         for step in grade.steps:
             seen = entry["steps"].setdefault(step.id, {"best": 0, "max": step.max_score, "first_green": None})
+            _mended(seen)
             seen["best"], seen["max"] = max(seen["best"], step.score), step.max_score
             if step.score == step.max_score and not seen["first_green"]:
                 seen["first_green"] = now()
@@ -175,6 +176,17 @@ def _time(value) -> datetime | None:
     except ValueError:
         return None
     return moment if moment is not None and moment.tzinfo is not None else None
+
+
+def _mended(seen: dict) -> None:
+    """A step's record with every field this module reads back of the type it writes: the file is the learner's
+    (a field missing or of another type is started afresh, rather than crash the grade that records)."""
+    if not isinstance(seen.get("first_green"), str):
+        seen["first_green"] = None
+    if type(seen.get("attempts", 0)) is not int:
+        seen["attempts"] = 0
+    if not isinstance(seen.get("version"), str):
+        seen.pop("version", None)
 
 
 def _well_formed(data) -> bool:

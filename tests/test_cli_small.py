@@ -135,6 +135,18 @@ def test_version_does_not_import_torch():
     assert done.returncode == 0 and done.stdout.splitlines() == [cli.version_line(), "False"], done
 
 
+@pytest.mark.parametrize("module", ["grader", "grader.cli"])
+def test_python_dash_m_runs_the_command(module):
+    """Review 50's F8: `python -m grader.cli` did nothing and exited 0, which the command's contract reads as full
+    marks."""
+    done = subprocess.run([sys.executable, "-m", module, "--version"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout == cli.version_line() + "\n", done
+    done = subprocess.run([sys.executable, "-m", module, "grade", "no-such-file.py"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith("attn-grade:"), done
+
+
 # -- init --force -----------------------------------------------------------------------
 
 

@@ -101,6 +101,19 @@ def test_markdown_report_passes_over_records_it_did_not_write(buggy_grade, tmp_p
     assert "## Solutions viewed\n\n- none recorded\n" in text
 
 
+def test_a_step_record_of_another_shape_is_started_afresh_when_a_grade_is_recorded(buggy_grade, tmp_path):
+    """Review 50's F4: a step record without first_green, or with attempts that are no count, crashed every grade
+    in the workspace (exit 3, and an interview ended without its scorecard)."""
+    progress = Progress(tmp_path)
+    steps = progress.exercise("mha")["steps"]
+    steps["softmax"] = {"best": 0, "max": 14}
+    steps["project"] = {"best": 0, "max": 10, "first_green": 7, "attempts": "many", "version": ["x"]}
+    progress.record_grade(buggy_grade, {"project": "v1"})
+    assert steps["project"]["attempts"] == 1 and steps["project"]["version"] == "v1"
+    assert steps["softmax"]["best"] == 14 and isinstance(steps["softmax"]["first_green"], str)
+    assert progress.attempts("mha", "project") == 1
+
+
 def test_markdown_report_gives_no_time_to_green_for_a_step_failing_now(buggy_grade, tmp_path):
     progress = Progress(tmp_path)
     progress.record_grade(buggy_grade)
