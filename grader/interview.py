@@ -14,15 +14,21 @@ A scorecard written at time up is final: it is kept in the session file with the
 file it graded, and the same command run later writes it again as it was, with the file as it is
 now (its score, its hash, when it was graded) in a section of its own, "After time". A save is a
 change of the file's content (its hash), not of its size and modification time.
+
+The session file lies in the candidate's folder, so it is signed (HMAC-SHA256) with a key of the interviewer's
+account, kept outside it (`key_path`): a session changed by anyone but attn-grade, such as a final scorecard
+written by hand, is refused, and so is one started under another account or on another machine.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import html
 import json
 import math
 import os
+import secrets
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -74,6 +80,7 @@ class Session:
                 "minutes": self.minutes, "started": _iso(self.started)}
         if self.final:
             data["final"] = self.final
+        data["signature"] = _signature(data)
         tmp = self.folder / (SESSION_FILE + ".tmp")
         tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         os.replace(tmp, self.folder / SESSION_FILE)
@@ -447,6 +454,11 @@ def _load(folder: Path) -> dict | None:
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+        signature = data.pop("signature", None)
+        if not isinstance(signature, str) or not hmac.compare_digest(signature, _signature(data)):
+            raise UsageError(f"{path} is no interview session attn-grade can read: it was changed outside attn-grade, "
+                             f"or started under another account or machine (the key is {key_path()}); give another "
+                             "folder for a new interview.")
         final = data.get("final")
         if final is not None:  # read whole now, so that a damaged one is refused here, in one line
             final = {"sha256": str(final["sha256"]), "scorecard": Scorecard.from_json(final["scorecard"]).to_json()}
@@ -456,6 +468,31 @@ def _load(folder: Path) -> dict | None:
         raise UsageError(
             f"{path} is no interview session attn-grade can read: move it away, or give another folder."
         ) from None
+
+
+def key_path() -> Path:
+    """The interviewer's key for session files: in the account's state folder, never in an interview's."""
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "attn-grade" / "interview.key"
+
+
+def _signature(data: dict) -> str:
+    path = key_path()
+    try:
+        key = path.read_bytes()
+    except FileNotFoundError:
+        key = secrets.token_bytes(32)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+                out.write(key)
+        except FileExistsError:  # another interview made it meanwhile
+            key = path.read_bytes()
+    except OSError as error:
+        raise UsageError(f"cannot read the interview key {path} ({error.strerror}): make it readable, or set "
+                         "XDG_STATE_HOME to a folder of your own.") from None
+    text = json.dumps(data, sort_keys=True, ensure_ascii=True)
+    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
 def _over_time(grades: list[dict]) -> str:

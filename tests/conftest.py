@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import signal
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -27,6 +28,10 @@ PORTABLE = portable_sandbox()  # ATTN_GRADE_SANDBOX=portable, or not Linux: ever
 LINUX_SANDBOX_ONLY = ("needs the Linux sandbox (namespaces, subreaper, seccomp): the portable sandbox "
                       "(ATTN_GRADE_SANDBOX=portable, or not Linux) has none of them, see docs/sandbox.md")
 needs_namespaces = pytest.mark.skipif(PORTABLE, reason=LINUX_SANDBOX_ONLY)
+
+# The interviewer's key for interview sessions (grader/interview.py key_path) is the account's: the suite's own, in a
+# folder of its own, never the one in the home of whoever runs it
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="attn-grade-state-")
 
 # A suite started in the background (a shell's `cmd &`) inherits SIGINT ignored, and so would every command it
 # starts: the tests of Ctrl-C would then test nothing a terminal does. Handled here, the commands get it back.

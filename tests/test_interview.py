@@ -241,6 +241,27 @@ def test_a_damaged_final_scorecard_in_the_session_is_refused(tmp_path, clock):
         interview.start(folder, "mha", 5, "Ada", clock)
 
 
+def test_a_session_changed_by_hand_or_signed_by_another_account_is_refused(tmp_path, clock, monkeypatch):
+    """Review 50's F5: the candidate wrote a final scorecard of 100/100 into the session file in their folder, and the
+    interviewer's resume printed it, 29 minutes early. The session is signed with a key outside the folder."""
+    folder = tmp_path / "iv"
+    session, _ = interview.start(folder, "mha", 30, "Ada", clock)
+    path = folder / interview.SESSION_FILE
+    signed = json.loads(path.read_text())
+    forged = {**signed, "final": {"sha256": "0" * 64, "scorecard": {}}}
+    path.write_text(json.dumps(forged))
+    with pytest.raises(interview.UsageError, match="changed outside attn-grade"):
+        interview.start(folder, "mha", 30, "Ada", clock)
+    path.write_text(json.dumps({**signed, "minutes": 300}))  # more time, given by hand
+    with pytest.raises(interview.UsageError, match="changed outside attn-grade"):
+        interview.start(folder, "mha", 30, "Ada", clock)
+    path.write_text(json.dumps(signed))
+    assert interview.start(folder, "mha", 30, "Ada", clock)[1]  # as attn-grade wrote it: resumed
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "another"))
+    with pytest.raises(interview.UsageError, match="another account or machine"):
+        interview.start(folder, "mha", 30, "Ada", clock)
+
+
 def test_the_countdown_shows_under_each_screen(tmp_path, zygote, clock, capsys):
     folder = tmp_path / "iv"
     actions = [at(clock, 75, lambda: save(folder / "mha.py", REFERENCE)), at(clock, 200, lambda: None)]
