@@ -28,6 +28,7 @@ __all__ = ["Report", "check", "source_of_cells"]
 MIME = "application/vnd.attn-grade+json"  # the grade as data, beside the HTML and the text
 KEPT = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
         ast.Assign, ast.AnnAssign, ast.AugAssign, ast.If, ast.Try, ast.Pass)
+DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 NOT_IN_THE_FILE = ("attn_grade", "get_ipython", "display")  # the notebook's own machinery
 
 
@@ -124,7 +125,7 @@ def source_of_cells(cells) -> str:
         except (SyntaxError, ValueError):
             continue
     defined = {node.name for _, _, tree in trees for node in tree.body
-               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+               if isinstance(node, DEFINITIONS)}
     found = []  # (cell, the key that makes a repeat the same, its text)
     for number, cell, tree in trees:
         lines = cell.splitlines()
@@ -134,18 +135,18 @@ def source_of_cells(cells) -> str:
                 if others:  # `import sys, attn_grade`: the file imports sys
                     text = ast.unparse(ast.Import(names=others))
                     found.append((number, ("statement", text), text))
-            elif _kept(node, defined):
+            elif kept(node, defined):
                 text = _segment(cell, lines, node)
-                named = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                named = isinstance(node, DEFINITIONS)
                 found.append((number, ("definition", node.name) if named else ("statement", text), text))
     last = {key: i for i, (_, key, _) in enumerate(found) if key[0] == "definition"}
     first = {}
     for i, (_, key, _) in enumerate(found):
         first.setdefault(key, i)
-    kept = [(number, text) for i, (number, key, text) in enumerate(found)
+    chosen = [(number, text) for i, (number, key, text) in enumerate(found)
             if i == (last[key] if key[0] == "definition" else first[key])]
     parts = []
-    for number, text in kept:
+    for number, text in chosen:
         if parts and parts[-1][0] == number:
             parts[-1][1].append(text)
         else:
@@ -162,10 +163,12 @@ def _segment(cell: str, lines: list[str], node: ast.stmt) -> str:
     return ast.get_source_segment(cell, node)
 
 
-def _kept(node: ast.AST, defined: set[str]) -> bool:
+def kept(node: ast.AST, defined: set[str]) -> bool:
+    """Whether a top-level statement is part of the file the cells make (a notebook graded as a file keeps the same,
+    grader/notebook.py)."""
     if not isinstance(node, KEPT):
         return False
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+    if isinstance(node, DEFINITIONS):
         return True
     if _names(node) & set(NOT_IN_THE_FILE):
         return False
@@ -179,7 +182,7 @@ def _kept(node: ast.AST, defined: set[str]) -> bool:
     if isinstance(node, (ast.If, ast.Try)):  # a constant or import chosen at run time: only what may be kept
         bodies = [node.body, node.orelse, *([h.body for h in node.handlers] + [node.finalbody]
                                             if isinstance(node, ast.Try) else [])]
-        return all(_kept(child, defined) for body in bodies for child in body)
+        return all(kept(child, defined) for body in bodies for child in body)
     return True
 
 

@@ -1,8 +1,10 @@
 """A Jupyter notebook as a candidate file: its code cells, read as JSON, become one Python file.
 
 IPython's own syntax is not Python, so a line magic (`%timeit f()`) or a shell line
-(`!pip install torch`) becomes `pass` at the same indentation, and every line of a cell
-magic (`%%bash`, `%%timeit`) an empty one. Each line of the Python file is one line of a
+(`!pip install torch`) that starts a logical line becomes `pass` at the same indentation, and every
+line of a cell magic (`%%bash`, `%%timeit`) an empty one. What the notebook's own check leaves out
+of the file it grades (attn_grade.source_of_cells: calls, `display`, trying the code out) is left
+out here too, so both grade one program. Each line of the Python file is one line of a
 cell, so `where(line)` can say "cell 3, line 2" for an error at line N of the file. Cells
 are counted from the top of the notebook, markdown cells included, as a reader counts them.
 Nothing here runs the notebook: the worker imports the Python file like any other.
@@ -15,13 +17,17 @@ its contract as markdown, a cell per step holding the stub, and after each an `a
 
 from __future__ import annotations
 
+import ast
+import io
 import json
 import re
 import shutil
 import tempfile
+import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
+from attn_grade import DEFINITIONS, kept
 from grader.exercise import UsageError
 
 SUFFIX = ".ipynb"
@@ -52,7 +58,7 @@ def read(path: Path) -> Notebook:
     cells = data.get("cells") if isinstance(data, dict) else None
     if not isinstance(cells, list):
         raise UsageError(f"{path} has no list of cells, as a Jupyter notebook (format 4) has. {again}")
-    lines, where = [], []
+    lines, where, cells_lines = [], [], []
     for number, cell in enumerate(cells, 1):
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
@@ -64,22 +70,70 @@ def read(path: Path) -> Notebook:
         cell_lines = re.split(r"\r\n|\r|\n", source.removesuffix("\n").removesuffix("\r"))  # Python's lines: splitlines
         # would also split at U+2028, a form feed and the like, which a comment may hold
         cell_lines = [] if cell_lines == [""] else cell_lines
-        cell_magic = bool(cell_lines) and cell_lines[0].lstrip().startswith("%%")
-        for in_cell, line in enumerate(cell_lines, 1):
-            code = line.lstrip()
-            if cell_magic:
-                line = ""
-            elif code.startswith(("%", "!")) or _checker(code):  # IPython's, or the checker's own line
-                line = line[: len(line) - len(code)] + "pass"
-            lines.append(line)
-            where.append((number, in_cell))
+        if cell_lines and cell_lines[0].lstrip().startswith("%%"):
+            cell_lines = [""] * len(cell_lines)
+        cells_lines.append((number, _without_escapes(cell_lines)))
+    defined = set()
+    for _, cell_lines in cells_lines:
+        tree = _parsed(cell_lines)
+        defined |= {node.name for node in (tree.body if tree else ()) if isinstance(node, DEFINITIONS)}
+    for number, cell_lines in cells_lines:
+        lines += _only_kept(cell_lines, defined)
+        where += [(number, in_cell) for in_cell in range(1, len(cell_lines) + 1)]
     return Notebook("".join(line + "\n" for line in lines), tuple(where))
 
 
-def _checker(code: str) -> bool:
-    """A line that imports or calls the notebook checker (`import attn_grade`, `attn_grade.check(...)`): the kit's,
-    not the candidate's code, and no import the worker allows."""
-    return bool(re.match(r"(import\s+attn_grade\b|from\s+attn_grade\b|attn_grade\s*\.)", code))
+def _without_escapes(lines: list[str]) -> list[str]:
+    """A line magic or shell line (`%timeit f()`, `!pip install x`) as `pass`: only where a logical line starts, as
+    IPython reads them, so that a line of an expression that starts with `%` or `!=` stays (review 50's F6)."""
+    out, pending = [], []
+    for line in lines:
+        code = line.lstrip()
+        if not pending and code.startswith(("%", "!")):
+            line = line[: len(line) - len(code)] + "pass"
+        out.append(line)
+        pending.append(line)
+        if _complete(pending):
+            pending = []
+    return out
+
+
+def _complete(lines: list[str]) -> bool:
+    """Whether the lines end a logical line: no bracket, string or backslash continuation left open."""
+    try:
+        for _ in tokenize.generate_tokens(io.StringIO("\n".join(lines) + "\n").readline):
+            pass
+    except tokenize.TokenError:
+        return False
+    except (SyntaxError, ValueError):  # not Python: the parse says so in its own words, at its own line
+        return True
+    return True
+
+
+def _parsed(lines: list[str]) -> ast.Module | None:
+    try:
+        return ast.parse("\n".join(lines))
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _only_kept(lines: list[str], defined: set[str]) -> list[str]:
+    """The cell with what the notebook's own check leaves out of the file as `pass` (attn_grade.source_of_cells: a
+    call, `display(...)`, `report = attn_grade.check("mha")`, trying the code out), each line where it was, so that a
+    notebook graded as a file is the program its check grades (review 50's F7). A cell that does not parse is kept
+    whole: the grade says where its error is."""
+    tree = _parsed(lines)
+    if tree is None:
+        return lines
+    lines = list(lines)
+    kept_lines = {n for node in tree.body if kept(node, defined) for n in range(node.lineno, node.end_lineno + 1)}
+    for node in tree.body:
+        span = range(node.lineno, node.end_lineno + 1)
+        if kept(node, defined) or kept_lines & set(span):  # `x = 1; check()` on one line: the line stays
+            continue
+        for n in span:
+            lines[n - 1] = "pass" if n == node.lineno else ""
+    return lines
 
 
 @dataclass(frozen=True)

@@ -118,3 +118,28 @@ def test_a_cell_is_split_into_lines_as_python_splits_a_file(tmp_path):
     assert read.source == "x = 1  # a pasted\u2028line separator\ny = 2  # a form\x0cfeed\nz = 3\npass\n"
     assert read.cells == ((1, 1), (1, 2), (1, 3), (2, 1))
     compile(read.source, "nb", "exec")
+
+
+def test_an_expression_line_that_starts_with_an_operator_is_no_magic(tmp_path):
+    """Review 50's F6: IPython reads a magic or a shell line only where a logical line starts; a line of an
+    expression broken before `%` or `!=` (Black's style) became `pass`, and a correct notebook scored 0."""
+    code = "n = (7\n     % 3)\nok = (n\n      != 2)\ns = '''\n%not a magic\n'''\nt = 1 \\\n    != 2\n%time u = 1\n"
+    read = notebook.read(write_notebook(tmp_path / "nb.ipynb", [("code", code)]))
+    namespace = {}
+    exec(compile(read.source, "nb", "exec"), namespace)  # noqa: S102 (the test's own code)
+    assert (namespace["n"], namespace["ok"], namespace["t"]) == (1, True, True) and "%not a magic" in namespace["s"]
+    assert read.source.endswith("\npass\n") and len(read.cells) == len(code.splitlines())
+
+
+def test_a_notebook_graded_as_a_file_leaves_out_what_its_check_leaves_out(tmp_path, zygote):
+    """Review 50's F7: a notebook that kept its check's report (`report = attn_grade.check("mha")`) or called
+    Jupyter's `display` scored 100 in the notebook and 0 as a file (NameError at import). The file is the program the
+    notebook's check grades (attn_grade.source_of_cells); a cell that does not parse is kept, for its error."""
+    cells = [("code", "import torch\nimport attn_grade"), ("code", REFERENCE),
+             ("code", "x = torch.randn(1, 4, 8)\ndisplay(split_heads(x, 2).shape)\nshape = split_heads(x, 2).shape"),
+             ("code", 'report = attn_grade.check("mha")\nreport.score\nprint(undefined_name)')]
+    path = write_notebook(tmp_path / "kept.ipynb", cells)
+    read = notebook.read(path)
+    assert "display" not in read.source and "attn_grade" not in read.source and "shape =" not in read.source
+    assert "x = torch.randn(1, 4, 8)" in read.source and len(read.cells) == len(read.source.splitlines())
+    assert grade(path, "mha", zygote=zygote, device="cpu").full_marks

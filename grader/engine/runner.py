@@ -282,7 +282,8 @@ class Run:
         too (a file that counts the grader's calls could raise on every other one, and be compared with nothing). Only
         a right answer (as the checks judge it) is compared: a wrong one loses its checks as it is, the calls made
         again cost time, and a wrong file that is roughly right on its values, wrong on others (a peaked softmax that
-        misses a key) reads nothing."""
+        misses a key) reads nothing. A call made again that is wrong, but neither raised nor replayed, is a slip these
+        inputs hide: the check fails on it, as on wrong values."""
         if not self.matches(answer, call):  # a wrong answer loses its checks anyway: no calls made again for it
             return answer
         oracle = self.oracle()
@@ -311,13 +312,31 @@ class Run:
                 read = known != now
         except CandidateError:
             pass
-        if not read and any(a is None or not self.right(a, c) for a, c in again):
-            read = True
+        slip = None
+        for a, c in again if not read else ():
+            if a is not None and self.right(a, c):
+                continue
+            if a is None or any(self.right(a, seen) for seen in (call, *(s for _, s in again if s is not c))):
+                read = True  # raised where this call answered, or replayed an earlier call's answer
+            else:
+                slip = slip or (a, c)
+        if slip is not None and not read:
+            self._wrong_on_other_values(*slip)
         if read:
             called |= {READ_AS_NUMBER}
         if known is not None:
             self.ctx.traces[key] = known
         return replace(answer, called=called)
+
+    def _wrong_on_other_values(self, answer, call: Call) -> None:
+        """A call on other values made the same torch calls and answered neither right nor an earlier call's answer:
+        a kernel wrong where these inputs hide it (acc not rescaled, on keys whose max never rises), which loses the
+        check as wrong values do, not the step as a read of values (review 50's F2)."""
+        try:
+            self.expect_right(self.output(answer), call)
+        except CheckFailed as failure:
+            raise CheckFailed(f"right on these inputs, wrong on the same shapes with other values: {failure.message}",
+                              failure.mistake, failure.details) from None
 
     def other_values(self, call: Call) -> Call:
         """The call on the same shapes and other values: the step's own `remake`, else every float tensor's finite
