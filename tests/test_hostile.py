@@ -3465,3 +3465,17 @@ def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_hea
     return _COUNTS[attention]
 """, base=mla, name="mla.py")
     assert step(result, "cache_bytes_per_token").score <= 1, explain(result)  # unknown_refused, honestly
+
+
+def test_a_slip_that_the_checks_inputs_hide_is_a_wrong_answer_not_a_read_of_values(grade_source):
+    """Review 50's F2: decode's acc not rescaled is right on falling_max's keys (their max never rises), and the call
+    made again on other values showed the slip; that was taken for a read of values, a rule broken (0 of 20, where
+    a strictly worse kernel kept 2). A call made again that is merely wrong fails the check, with its mistake."""
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    slip = base.replace("acc = alpha * acc + tl.sum(p[:, None] * v, axis=0)", "acc = acc + tl.sum(p[:, None] * v, axis=0)")
+    assert slip != base
+    result = grade_source("", base=slip, name="triton_attention.py")
+    decode = step(result, "decode_attention")
+    assert not decode.breach and decode.score > 0, explain(result)
+    assert "decode_attention.acc_not_rescaled" in mistakes(result, "decode_attention"), explain(result)
+    assert set(lost(result)) == {"decode_attention"}, explain(result)
