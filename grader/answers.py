@@ -21,7 +21,7 @@ def shape_record(record) -> dict | None:
     checked to be what it says: lists of whole numbers; and of the calls it made, a digest and a count."""
     if record is None:
         return None
-    lists = [record.get(k) if isinstance(record, dict) else None for k in ("created", "scores")]
+    lists = [record.get(k) if isinstance(record, dict) else None for k in ("created", "scores", "blocks")]
     more = record.get("more") if isinstance(record, dict) else None
     if type(more) is not int or not all(isinstance(shapes, list) and len(shapes) <= 4096 for shapes in lists):
         raise Malformed("a malformed record of shapes")
@@ -40,6 +40,7 @@ def shape_record(record) -> dict | None:
             and sum(size * count for size, count in largest) <= alive):
         raise Malformed("a malformed record of the bytes alive at once")
     return {"created": [tuple(s) for s in lists[0]], "more": more, "scores": [tuple(s) for s in lists[1]],
+            "blocks": [tuple(s) for s in lists[2]],
             "sequence": sequence, "calls": calls, "held": held, "alive": alive, "largest": [tuple(p) for p in largest]}
 
 

@@ -3479,3 +3479,27 @@ def test_a_slip_that_the_checks_inputs_hide_is_a_wrong_answer_not_a_read_of_valu
     assert not decode.breach and decode.score > 0, explain(result)
     assert "decode_attention.acc_not_rescaled" in mistakes(result, "decode_attention"), explain(result)
     assert set(lost(result)) == {"decode_attention"}, explain(result)
+
+
+def test_a_kernel_that_reaches_the_interpreters_arrays_or_a_dunder_reaches_python():
+    """Review 50's F3: an interpreted kernel did its attention in NumPy on its blocks' arrays (`q.handle.data`, with
+    methods and operators only), or called the file's Python through `tl.core.tensor.__init__.__globals__`: 100 of
+    100. Neither compiles; both are what the interpreter alone has, and the rules refuse them (a breach, as a helper
+    called by name is: test_a_triton_kernel_may_not_reach_python_through_a_constant_or_another_kernel)."""
+    from grader.engine.rules import foreign_kernel_calls
+
+    kernel = """
+import triton
+import triton.language as tl
+
+@triton.jit
+def kernel(q_ptr, o_ptr, N: tl.constexpr):
+    q = tl.load(q_ptr + tl.arange(0, N))
+    {body}
+    tl.store(o_ptr + tl.arange(0, N), q)
+"""
+    assert foreign_kernel_calls(kernel.format(body="q = q * 2.0")) == []
+    assert foreign_kernel_calls(kernel.format(body="q.handle.data[...] = q.handle.data.max()")) == ["q.handle"]
+    assert foreign_kernel_calls(kernel.format(body="f = tl.core.tensor.__init__.__globals__['f']")) == [
+        "tl.core.tensor.__init__.__globals__", "tl.core.tensor.__init__"]
+    assert foreign_kernel_calls(kernel.format(body="h = getattr(q, 'han' + 'dle')")) == ["getattr"]

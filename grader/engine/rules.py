@@ -59,6 +59,9 @@ TAMPERING = ("DisableTorchFunction", "_disable_torch_function", "_pop_mode", "_s
              # the record is stashed (the thirty-fifth review's f05 and f06)
              "__del__", "weakref")
 # What a Triton kernel may call besides Triton's language and other kernels: Python's, evaluated as constants
+# What only the interpreter's blocks have (the NumPy array under a block: `x.handle.data`), and a dunder (a way to
+# the file's Python: `tl.core.tensor.__init__.__globals__`): no compiled kernel reaches either (review 50's F3)
+INTERPRETER_ONLY = frozenset({"handle"})
 KERNEL_BUILTINS = frozenset({"range", "min", "max", "len", "int", "float", "bool", "abs", "isinstance", "zip",
                              "enumerate", "tuple", "list", "print"})
 
@@ -76,9 +79,9 @@ def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: st
     code = _without_comments(source)
     foreign = foreign_kernel_calls(_with_helpers(code, _without_comments(step_source))) if allowed is not None else []
     if foreign:  # a launcher's step: its kernels, and the Python they name
-        raise CheckFailed(f"a Triton kernel calls {foreign[0]}, which is neither Triton's language nor another kernel: "
-                          "compiled, it would not build; interpreted, it runs Python no record sees", FORBIDDEN_CALL,
-                          details={"kernel_calls": foreign}, breach=True)
+        raise CheckFailed(f"a Triton kernel reaches {foreign[0]}, which is neither Triton's language nor another "
+                          "kernel: compiled, it would not build; interpreted, it runs Python no record sees",
+                          FORBIDDEN_CALL, details={"kernel_calls": foreign}, breach=True)
     tampering = [t for t in TAMPERING if (forbidden or allowed is not None) and t in code]
     if tampering:  # hiding a forbidden call in the step costs what making it costs; elsewhere, the rules checks
         step_text = _with_helpers(code, _without_comments(step_source))
@@ -116,7 +119,8 @@ def reads_forbidden(forbidden: tuple[str, ...], allowed: tuple[str, ...] | None)
 
 def foreign_kernel_calls(source: str) -> list[str]:
     """What the file's Triton kernels (@triton.jit functions, top level) call that is not Triton's language, another
-    kernel, a builtin evaluated as a constant or a method of one of the kernel's own values: Python of the file's
+    kernel, a builtin evaluated as a constant or a method of one of the kernel's own values, and what they reach that
+    only the interpreter has (`INTERPRETER_ONLY`, a dunder): Python of the file's
     (the thirty-fifth review's f01 and f02, score tiles kept in a dict or written by the interpreter's own stores
     from a helper the kernel called). The interpreter runs a kernel's body as Python, so anything goes there; the
     compiler takes only these."""
@@ -149,6 +153,10 @@ def foreign_kernel_calls(source: str) -> list[str]:
                         or chain.startswith("triton.language."))
             if not fine and chain not in found:
                 found.append(chain)
+        for attribute in (n for n in ast.walk(kernel) if isinstance(n, ast.Attribute)):
+            inside = attribute.attr in INTERPRETER_ONLY or attribute.attr.startswith("__")
+            if inside and ast.unparse(attribute) not in found:
+                found.append(ast.unparse(attribute))
     return found
 
 

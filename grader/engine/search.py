@@ -110,10 +110,10 @@ EXPONENT_BASE_WRONG = Mistake(
 )
 SCALED_BY_SIZE_NOT_ROOT = Mistake(
     "scaled_by_size_not_root",
-    "the scores were divided by D, or not at all, where the contract divides by √D: divide q kᵀ by √D, "
-    "D = q.shape[-1]",
-    why="1/D (a scale applied twice, or head_dim ** -1 for ** -0.5) and no scale at all both run without an error; "
-        "the softmax comes out flatter or sharper.",
+    "the scores were divided by D, multiplied by √D or not scaled, where the contract divides by √D: divide "
+    "q kᵀ by √D, D = q.shape[-1]",
+    why="1/D (a scale applied twice, or head_dim ** -1 for ** -0.5), √D (a scale of D ** -0.5 divided by) and no "
+        "scale at all all run without an error; the softmax comes out flatter or sharper.",
 )
 DEFAULT_MISREAD = Mistake(
     "default_misread",
@@ -399,7 +399,8 @@ def _scale_variants(arguments: dict, tensors: list):
                {query: arguments[query] * (width / size) ** 0.5})
     if arguments[query].is_floating_point():
         for factor, said_as in ((width**-0.5, f"divided by {width}, not √{width}"),
-                                (width**0.5, f"not divided by √{width}")):
+                                (width**0.5, f"not divided by √{width}"),
+                                (width, f"multiplied by √{width}, not divided (a scale D ** -0.5 divided by)")):
             yield (said(SCALED_BY_SIZE_NOT_ROOT, f"the scores were {said_as} (the width of `{query}`): divide q kᵀ "
                                                  f"by √{query}.shape[-1]"), {query: arguments[query] * factor})
         for factor in (math.log(2), math.log2(math.e)):

@@ -14,6 +14,9 @@ module as Triton's package imported it, an object of one of its classes), anothe
 the compiler takes; anything else (a function of the file's, under whatever decorator's name: the thirty-fifth and
 thirty-sixth reviews) hides the record.
 
+Every block the interpreter makes is told to the record's shapes, when it keeps them (`made`): what a kernel holds
+in its registers at once, for the checks of its tiles (a kernel that loads every key at once: review 50's F1).
+
 Compiled kernels (CUDA) are not checked: what they touch, no Python sees. Python that reaches the interpreter's
 own loads (triton._C.libtriton) is refused by name (rules.TAMPERING).
 
@@ -188,7 +191,19 @@ def watch(torch, record):
         finally:
             spans.pop()
 
+    handle = getattr(interpreter, "TensorHandle", None)
+    made_before = vars(handle).get("__post_init__") if handle is not None else None
+
+    def made(self):
+        """Every block the interpreter makes: its shape, for the checks of what a kernel holds at once (its tiles)."""
+        made_before(self)
+        shapes = record.shapes
+        if shapes is not None:
+            shapes.block(getattr(self.data, "shape", ()))
+
     patches = [(executor, "__call__", run, launch)]
+    if made_before is not None:
+        patches.append((handle, "__post_init__", made_before, made))
     patches += [(builder, name, vars(builder)[name], checked(vars(builder)[name], *at))
                 for name, at in OPERATIONS.items()]
     for owner, name, _, patched in patches:

@@ -908,7 +908,8 @@ class Shapes:
     The shapes of what makes scores or their probabilities returned (SCORES: products, exponentials) are kept
     apart as well. Plain data, bounded: each distinct shape once, in the order first seen, at most MAX_SHAPES
     of them; `more` counts the distinct shapes left out:
-    {"created": [[2, 2, 16, 24], [2, 2, 16], ...], "more": 0, "scores": [[2, 2, 16, 24]]}.
+    {"created": [[2, 2, 16, 24], [2, 2, 16], ...], "more": 0, "scores": [[2, 2, 16, 24]], "blocks": [[64, 16], ...]},
+    "blocks" the shapes of the blocks a kernel run by Triton's interpreter made (its tiles: kernels.py).
 
     The storages those tensors live in are counted once each, by address: "held", the bytes of them all. Each is
     watched through a weak reference as well (torch's own, to the storage itself, which every tensor, view and
@@ -926,6 +927,7 @@ class Shapes:
     def __init__(self):
         self.seen = {}
         self.scores = {}
+        self.blocks = {}  # the shapes of the blocks an interpreted Triton kernel made (what its tiles hold)
         self.more = 0
         self.storages = {}  # the address of each storage a tensor seen lives in: its bytes
         self.unsorted = 0  # the bytes of those seen past MAX_STORAGES
@@ -1041,6 +1043,15 @@ class Shapes:
             self.peak = live
             self.largest = [[size, counts[size]] for size in sorted(counts, reverse=True)[:MAX_SIZES]]
 
+    def block(self, shape) -> None:
+        """A block Triton's interpreter made while the call ran (kernels.py): "blocks", each distinct shape once."""
+        key = tuple(int(n) for n in shape)
+        if key not in self.blocks:
+            if len(self.blocks) >= MAX_SHAPES:
+                self.more += 1
+            else:
+                self.blocks[key] = True
+
     def _keep(self, key: tuple, scores: bool) -> None:
         for kept in (self.seen, self.scores) if scores else (self.seen,):
             if key in kept:
@@ -1052,7 +1063,8 @@ class Shapes:
 
     def data(self) -> dict:
         return {"created": [list(s) for s in self.seen], "more": self.more,
-                "scores": [list(s) for s in self.scores], "sequence": self.sequence.hexdigest(), "calls": self.calls,
+                "scores": [list(s) for s in self.scores], "blocks": [list(s) for s in self.blocks],
+                "sequence": self.sequence.hexdigest(), "calls": self.calls,
                 "held": sum(self.storages.values()) + self.unsorted, "alive": self.peak, "largest": self.largest}
 
     def release(self, torch) -> None:

@@ -157,23 +157,27 @@ def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, 
 
 def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal_shift=0, rescale_sum=True,
                   scale="d", top_left=False, last_block=True, normalise=True, lse_base_two=False, local_keys=False,
-                  running_max=True, block_q=32, last_query_block=True, skip_from_first_row=False):
+                  running_max=True, block_q=32, last_query_block=True, skip_from_first_row=False, padded_keys=False):
     """(out, lse) by the online softmax over key blocks, in float64; the keyword arguments after * make the named
     wrong variants (causal_shift=-1: the diagonal key masked too; scale: "d" (1/√D, right), "v" (1/√Dv), "none",
     "twice" (1/D); last_block=False: the last, shorter key block dropped; normalise=False: acc not divided by l;
     lse_base_two: lse in bits, an exp2 loop's; local_keys: the causal mask compares the tile's own key indices,
     0 to block_k - 1; running_max=False: the max is the tile's own, not the larger of it and the running one;
     last_query_block=False: the queries past the last whole block of block_q never computed, out 0 and lse -inf;
-    skip_from_first_row: causal, a query block stops at the first key block past its first row's last key).
+    skip_from_first_row: causal, a query block stops at the first key block past its first row's last key;
+    padded_keys: k and v padded with zeros to whole blocks, the padding masked only by the causal mask).
     A row with no key: out 0, lse -inf."""
     q64, k64, v64 = q.double(), k.double(), v.double()
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    if padded_keys:
+        pad = [0, 0, 0, -t_k % block_k]
+        k64, v64 = torch.nn.functional.pad(k64, pad), torch.nn.functional.pad(v64, pad)
     rows = torch.arange(0 if top_left else t_k - t_q, t_q if top_left else t_k)[:, None] + causal_shift
     factor = {"d": d**-0.5, "v": v.shape[-1] ** -0.5, "none": 1.0, "twice": 1.0 / d}[scale]
     m = torch.full(q.shape[:-1], -INF, dtype=torch.float64)
     total = torch.zeros_like(m)
     acc = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float64)
-    for j in range(0, t_k if last_block else t_k - t_k % block_k, block_k):
+    for j in range(0, k64.shape[-2] if last_block else t_k - t_k % block_k, block_k):
         scores = q64 @ k64[..., j:j + block_k, :].transpose(-2, -1) * factor
         if causal:
             first = 0 if local_keys else j

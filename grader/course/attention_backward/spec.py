@@ -118,6 +118,16 @@ def _scaled_by_a_length(q, k, v, grad_out, mask=None):
     return found
 
 
+def _forward_scale_wrong(q, k, v, grad_out, mask=None):
+    """The recomputed scores multiplied by √D, unscaled or divided by D (a scale of D ** -0.5 divided by, left out,
+    or applied twice), the gradients' own 1/√D right: the right ones of q·c for the probabilities, dk taken from q."""
+    found = []
+    for c in (q.shape[-1], q.shape[-1] ** 0.5, q.shape[-1] ** -0.5):
+        dq, dk, dv = grads.plain(q * c, k, v, grad_out, mask)
+        found.append((dq, dk / c, dv))
+    return found
+
+
 def _one_side(variant, side: str):
     """One gradient's 1/√D wrong, the other right: missing (unscaled) or twice (1/D, a pre-scaled q or k reused)."""
     return lambda *a, **k: [variant(**{f"{side}_scale": wrong})(*a, **k) for wrong in ("none", "d")]
@@ -155,6 +165,24 @@ def softmax_inputs(gen, dtype, dim=-1, masked=False, shape=SB_SHAPE):
     grad_probs = gen.randn(*shape, dtype=torch.float64)
     kwargs = {} if dim == -1 else {"dim": dim}
     return Call((probs.to(dtype), grad_probs.to(dtype)), kwargs, ("probs", "grad_probs"))
+
+
+def _row_sum_off(value, probs, grad_probs, dim=-1):
+    """probs ∘ (grad_probs - s) with s one number per slice along dim, not Σ probs ∘ grad_probs (a term counted twice
+    or left out, a sum over part of the slice): what the answer implies for s, where probs is not 0, is constant along
+    dim and is not the sum."""
+    value, probs, grad_probs = (torch.as_tensor(x).double() for x in (value, probs, grad_probs))
+    if value.shape != probs.shape:
+        return False
+    seen = probs > 1e-3
+    implied = torch.where(seen, grad_probs - value / probs.clamp_min(1e-3), torch.nan)
+    low, high = implied.nan_to_num(torch.inf).amin(dim, keepdim=True), implied.nan_to_num(-torch.inf).amax(dim,
+                                                                                                           keepdim=True)
+    rows = seen.any(dim, keepdim=True)
+    spread = ((high - low)[rows]).abs().max() if rows.any() else torch.tensor(torch.inf)
+    right = (probs * grad_probs).sum(dim, keepdim=True)
+    off = ((low - right)[rows]).abs().max() if rows.any() else torch.tensor(0.0)
+    return bool(spread < 1e-6 * (1 + right.abs().max()) and off > 1e-3 * (1 + right.abs().max()))
 
 
 def _sb_variant(**wrong):
@@ -217,6 +245,9 @@ SOFTMAX = StepSpec(
                 lambda probs, grad_probs, dim=-1: grads.softmax_backward(probs, grad_probs, -1)),
         Mistake("softmax_backward.nan_rows", "a slice whose probabilities are all 0 (scores all -inf) gave NaN: "
                 "it must give 0; divide by nothing, Σ probs is 1 elsewhere", test=_has_nan),
+        Mistake("softmax_backward.row_sum_off", "the answer is probs ∘ (grad_probs - s) with s not Σ probs ∘ "
+                "grad_probs: a term counted twice or left out; sum every entry along dim once", test=_row_sum_off,
+                why="A loop that starts its sum at the first term and then adds every term counts the first twice."),
     ),
 )
 
@@ -328,6 +359,10 @@ ATTENTION = StepSpec(
         Mistake("attention_backward.scaled_by_a_length", "scaled by 1/√Tk or 1/√Tq, a sequence length: the scores "
                 "are q kᵀ / √D, D = q.shape[-1], the head width", _scaled_by_a_length,
                 why="k.size(-2) is the number of keys; the width is the last axis."),
+        Mistake("attention_backward.forward_scale_wrong", "the recomputed scores were multiplied by √D, unscaled or "
+                "divided by D: recompute P exactly as the forward, softmax(q kᵀ / √D)", _forward_scale_wrong,
+                why="The backward's 1/√D can be right while the recomputed forward is not: every gradient then "
+                    "follows probabilities of the wrong sharpness."),
         Mistake("attention_backward.dq_scale_wrong", "dq's 1/√D is missing or applied twice while dk's is right: dq = "
                 "dS k / √D, once (a pre-scaled k reused in dq scales it again)", _one_side(_att_variant, "dq"),
                 why="dq and dk both take the scores' single 1/√D; a factor kept on a pre-scaled q or k counts twice."),
@@ -614,6 +649,13 @@ def _out_grad_swapped(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
     return (out, *grads.plain(q, k, v, out, mask, out=grad_out, lse=lse))
 
 
+def _padding_weighted(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+    """The forward's zero-padded keys weighted; nothing where they take every row's weight (scores far below 0, where
+    an output of 0 has other causes: a max started at 0)."""
+    answer = _forward_variant(padded_keys=True)(q, k, v, grad_out, causal, block_q, block_k)
+    return [answer] if answer[0].abs().amax() > 1e-3 * v.abs().amax() else []
+
+
 def _forward_variant(**wrong):
     """The Function with a wrong tiled forward (grads.tiled_forward) and a right backward: out as that forward gave
     it, and the gradients flash_attention_backward computes from the out and lse it saved."""
@@ -817,6 +859,14 @@ FUNCTION = StepSpec(
                 "output accumulator when the running max rose: acc = alpha * acc + p @ v, alpha = e^(m - m_new)",
                 _forward_variant(rescale_acc=False),
                 why="acc holds sums of e^(s - m) under the old max; the division by l (rescaled) then mixes scales."),
+        Mistake("FlashAttentionFunction.forward_never_rescaled", "the forward's online softmax rescaled neither acc "
+                "nor l (alpha was always 1): keep the old max apart, alpha = e^(m_old - m_new), before m is updated",
+                _forward_variant(rescale_acc=False, rescale_sum=False),
+                why="m_old = m, then m updated in place (torch.maximum(..., out=m)), makes m_old the new max too."),
+        Mistake("FlashAttentionFunction.forward_padding_weighted", "the forward's zero-padded keys took weight "
+                "(score 0) without causal: mask the keys past Tk in every tile, causal or not",
+                _padding_weighted,
+                why="A key of zeros scores 0, and e^(0 - m) is no 0: padding is invisible only where it is masked."),
         Mistake("FlashAttentionFunction.forward_diagonal_masked", "the forward's causal mask hid each query's own "
                 "key: mask key j only when j > Tk - Tq + i (>, not >=)", _forward_variant(causal_shift=-1),
                 why="Query i sits at position Tk - Tq + i and sees itself; its own key is the one a decoder most "

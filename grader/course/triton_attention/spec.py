@@ -22,6 +22,7 @@ The references are plain torch (wrong.py), which the model answer equals
 """
 
 import math
+from dataclasses import replace
 
 import torch
 
@@ -289,10 +290,13 @@ def block_sizes(run):
 # and a padded copy of each together (272 KB). A head width of 16: the least tl.dot takes compiled; blocks of 64, few
 # programs for the interpreter.
 MEM_TQ, MEM_TK, MEM_D = 128, 256, 16
+MEM_BLOCK = 64  # block_m and block_n there: no block a kernel makes has more than 64 · 64 elements and a longer axis
 
 
 def no_score_matrix(run):
-    """No tensor that the launcher's torch calls create holds as many elements as one batch·head's (Tq, Tk) scores
+    """No block the kernel makes (in the interpreter) holds more than a block_m × block_n tile with an axis longer than
+    a block or the head's width (review 50's F1 loaded every key at once); no tensor that the launcher's torch calls
+    create holds as many elements as one batch·head's (Tq, Tk) scores
     (whole, or one per batch·head: the twenty-ninth review's f05; flat too: the twenty-seventh's f02), causal or not;
     and without a mask, where every score is needed, all the storages its tensors live in hold fewer bytes than the
     score matrix in float32 (a matrix in smaller pieces alive together, the thirtieth's f04; causal, the visible
@@ -300,9 +304,10 @@ def no_score_matrix(run):
     device = triton_device(run)
     scores, matrix = MEM_TQ * MEM_TK, 4 * B * H * MEM_TQ * MEM_TK
     for causal in (True, False):
-        call = run.inputs(torch.float32, t_q=MEM_TQ, t_k=MEM_TK, d=MEM_D, causal=causal, block_m=64, block_n=64)
+        call = run.inputs(torch.float32, t_q=MEM_TQ, t_k=MEM_TK, d=MEM_D, causal=causal, block_m=MEM_BLOCK,
+                          block_n=MEM_BLOCK)
         answer = run.answer(call, device=device, shapes=True)
-        record = answer.shapes or {"created": [], "more": 0, "held": 0}
+        record = answer.shapes or {"created": [], "more": 0, "held": 0, "blocks": []}
         if record["more"]:
             raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different shapes: "
                               "too many to check what it materialises", SCORE_MATRIX)
@@ -312,6 +317,11 @@ def no_score_matrix(run):
                 raise CheckFailed(f"{where}: the launcher created a tensor of shape {tuple(size)}, as many elements as "
                                   f"a batch·head's scores ({scores}) or more", SCORE_MATRIX,
                                   {"shape": list(size), "allowed": scores - 1})
+        for size in record.get("blocks", ()):  # the interpreter's blocks (compiled, none are seen)
+            if math.prod(size) > MEM_BLOCK * MEM_BLOCK and max(size, default=0) > max(MEM_BLOCK, MEM_D):
+                raise CheckFailed(f"{where}, block_m = block_n = {MEM_BLOCK}: the kernel made a block of shape "
+                                  f"{tuple(size)}, more than a {MEM_BLOCK} × {MEM_BLOCK} tile", KEYS_AT_ONCE,
+                                  {"block": list(size), "allowed": MEM_BLOCK * MEM_BLOCK})
         if not causal and record.get("held", 0) >= matrix:
             raise CheckFailed(f"{where}: the launcher's tensors held {record['held']} bytes together, as many as the "
                               f"whole score matrix in float32 ({matrix}) or more", SCORE_MATRIX,
@@ -375,6 +385,10 @@ def speed(run):
 
 SCORE_MATRIX = Mistake("flash_attention.score_matrix", "the launcher built a tensor the size of the score matrix "
                        "with torch: compute each block_m × block_n tile in the kernel and keep it there")
+KEYS_AT_ONCE = Mistake("flash_attention.keys_not_streamed", "the kernel held more than block_m × block_n scores "
+                       "at once (a whole row of keys): loop over the keys in blocks of block_n, with the online "
+                       "softmax",
+                       why="A row of Tk scores in registers is no tile: it spills, or fails to compile, once Tk grows.")
 FLASH_NO_KERNEL = Mistake("flash_attention.no_kernel", "the launcher computed attention without launching a Triton "
                           "kernel: do the work in flash_forward_kernel, launched over its grid of programs")
 FLASH_CAUSAL = Mistake("flash_attention.causal_mishandled", "right without causal, wrong with it: mask key j > i + "
@@ -487,7 +501,7 @@ FLASH = StepSpec(
                     "float16's largest number, 65504 (inf)."),
         Mistake("flash_attention.block_not_power_of_two", "tl.arange's length must be a power of two: pad the "
                 "head width to triton.next_power_of_2(D) and mask the lanes past D", raises=NOT_POWER_OF_TWO),
-        SCORE_MATRIX, FLASH_NO_KERNEL,
+        SCORE_MATRIX, KEYS_AT_ONCE, FLASH_NO_KERNEL,
     ),
 )
 
@@ -509,6 +523,28 @@ def decode_inputs(gen, dtype, lengths=LENGTHS, t_max=T_MAX, d=D, scale=1.0, peak
     return Call((q, k_cache, v_cache, torch.tensor(lengths)), {}, ("q", "k_cache", "v_cache", "lengths"))
 
 
+DECODE_BLOCK = 16  # the block_n the streaming check asks for: keys 16 at a time, out of 128
+
+
+def decode_streamed(run):
+    """Over 128 keys in blocks of 16, no block the kernel makes (in the interpreter) has an axis longer than a block
+    or the head's width, padded, with more elements than a block of keys: the cache is streamed, never loaded whole
+    (review 50's F1). The answer must be right too."""
+    device = triton_device(run)
+    call = run.inputs(torch.float32, lengths=(97, 128), t_max=128)
+    call = replace(call, kwargs={**call.kwargs, "block_n": DECODE_BLOCK})
+    answer = run.answer(call, device=device, shapes=True)
+    width = 1 << (D - 1).bit_length()
+    for size in (answer.shapes or {}).get("blocks", ()):
+        if math.prod(size) > DECODE_BLOCK * width and max(size, default=0) > max(DECODE_BLOCK, width):
+            raise CheckFailed(f"over 128 keys with block_n={DECODE_BLOCK}: the kernel made a block of shape "
+                              f"{tuple(size)}, more than {DECODE_BLOCK} keys at once", DECODE_AT_ONCE,
+                              {"block": list(size), "allowed": DECODE_BLOCK * width})
+    run.expect_right(run.output(answer), call, device)
+
+
+DECODE_AT_ONCE = Mistake("decode_attention.cache_not_streamed", "the kernel loaded more than block_n keys at once "
+                         "(the whole cache row): loop over range(0, length, BLOCK_N) with a running max and sum")
 DECODE_NO_KERNEL = Mistake("decode_attention.no_kernel", "the launcher computed attention without launching a "
                            "Triton kernel: do the work in decode_kernel, launched over a grid of B·H programs")
 DECODE_STRIDES = Mistake("decode_attention.strides_mishandled", STRIDES + "q, k_cache, v_cache and out each by its "
@@ -528,7 +564,7 @@ DECODE = StepSpec(
         checked("strided", 2, strided=(0, 1, 2), situation=DECODE_STRIDES),
         # k_cache and v_cache in two layouts: neither read with the other's strides
         checked("layouts", 2, strided=((1, 1, 2), 2), situation=DECODE_STRIDES),
-        checked("float16", 3, torch.float16, situation=DECODE_HALF),
+        checked("float16", 2, torch.float16, situation=DECODE_HALF), prop("streamed", 1, decode_streamed),
         checked("one_block", 2, lengths=(3, 11, 13), t_max=13, situation=DECODE_LENGTHS),
         checked("long", 1, lengths=(97, 128), t_max=128, scale=8.0, situation=DECODE_LONG),
         checked("falling_max", 1, lengths=(97, 128), t_max=128, scale=8.0, peak=True, situation=DECODE_LONG),
@@ -592,7 +628,7 @@ DECODE = StepSpec(
                 "width: scale by 1/sqrt(d), the head's real width", decode_variant(padded_scale=True)),
         Mistake("decode_attention.first_length", "every sequence used lengths[0]: load lengths[b] for the "
                 "program's own batch b = program_id // H", first_length),
-        DECODE_NO_KERNEL,
+        DECODE_AT_ONCE, DECODE_NO_KERNEL,
     ),
 )
 

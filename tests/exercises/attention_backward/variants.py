@@ -160,6 +160,12 @@ def softmax_backward(probs, grad_probs, dim=-1):
     Variant("sb_row_mean", softmax_backward(
         "    inner = (grad_probs * probs).mean(dim=dim, keepdim=True)\n    return probs * (grad_probs - inner)"),
             "softmax_backward", "softmax_backward.row_mean"),
+    Variant("sb_first_term_twice", softmax_backward("""\
+    terms = (grad_probs * probs).unbind(dim)
+    inner = terms[0]
+    for term in terms:  # the loop starts at 0 too: the first term counted twice
+        inner = inner + term
+    return probs * (grad_probs - inner.unsqueeze(dim % probs.dim()))"""), "softmax_backward", "softmax_backward.row_sum_off"),
     Variant("sb_no_row_sum", softmax_backward("    return probs * grad_probs"),
             "softmax_backward", "softmax_backward.no_row_sum"),
     Variant("sb_sum_not_weighted", softmax_backward(RIGHT_INNER + "\n    return probs * grad_probs - inner"),
@@ -210,6 +216,10 @@ def softmax_backward(probs, grad_probs, dim=-1):
             "attention_backward", "attention_backward.scaled_by_d"),
     Variant("att_dv_scaled", attention(grad_v="    grad_v = probs.transpose(-2, -1) @ grad_out * scale"),
             "attention_backward", "attention_backward.dv_scaled"),
+    Variant("att_scale_divided_by", attention(scores="""\
+    scores = q @ k.transpose(-2, -1) / scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)"""), "attention_backward", "attention_backward.forward_scale_wrong"),
     Variant("att_mask_ignored", attention(scores="    scores = q @ k.transpose(-2, -1) * scale"),
             "attention_backward", "attention_backward.mask_ignored"),
     Variant("att_mask_after_softmax", attention(scores="    scores = q @ k.transpose(-2, -1) * scale", probs="""\
@@ -387,6 +397,19 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
         "            for j in range(0, t_k, bk_):\n                if causal and j > t_k - t_q + i:  # the block's first row\n"
         "                    break\n"),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_tiles_skipped_from_first_row"),
+    Variant("fn_forward_never_rescaled", function().replace(
+        "m_new = torch.maximum(m, scores.amax(dim=-1))",
+        "m_old = m\n                m_new = torch.maximum(m, scores.amax(dim=-1), out=m)  # m_old is m: alpha is 1").replace(
+        "alpha, p = torch.exp(m - m_safe)", "alpha, p = torch.exp(m_old - m_safe)"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_never_rescaled"),
+    Variant("fn_forward_padding_weighted", function().replace(
+        "        outs, lses = [], []\n",
+        "        outs, lses = [], []\n"
+        "        k_p, v_p = (torch.nn.functional.pad(x, (0, 0, 0, -t_k % bk_)) for x in (k, v))  # padding: score 0\n"
+    ).replace("            for j in range(0, t_k, bk_):\n", "            for j in range(0, k_p.shape[-2], bk_):\n").replace(
+        "qb @ k[..., j:j + bk_, :]", "qb @ k_p[..., j:j + bk_, :]").replace("p @ v[..., j:j + bk_, :]",
+                                                                            "p @ v_p[..., j:j + bk_, :]"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_padding_weighted"),
     Variant("fn_forward_sum_not_rescaled", function().replace("l = alpha * l + p.sum", "l = l + p.sum"),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_sum_not_rescaled"),
     Variant("fn_forward_scale_by_dv", function().replace("scale = q.shape[-2], k.shape[-2], 1.0 / math.sqrt(q.shape[-1])",

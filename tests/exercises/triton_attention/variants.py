@@ -88,6 +88,13 @@ PACKED_SCORES_BUFFER = changed(
 )
 
 BUGGY = [
+    # every key in one block (review 50's F1): right, and no tile
+    Variant("flash_keys_at_once", changed("flash_attention", (
+        "BLOCK_N=block_n,", "BLOCK_N=max(16, triton.next_power_of_2(t_k)),")),
+            "flash_attention", "flash_attention.keys_not_streamed"),
+    Variant("decode_cache_at_once", changed("decode_attention", (
+        "BLOCK_N=block_n,", "BLOCK_N=triton.next_power_of_2(k_cache.shape[2]),")),
+            "decode_attention", "decode_attention.cache_not_streamed"),
     Variant("decode_block_d_rounded_down", changed(  # 16 lanes for a head of 20
         "decode_attention", ("BLOCK_D=triton.next_power_of_2(d)", "BLOCK_D=2 ** int(math.log2(d))")),
             "decode_attention", "decode_attention.block_d_below_width"),
