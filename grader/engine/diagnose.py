@@ -133,6 +133,13 @@ EXPAND_AS_ANOTHER_SHAPE = Mistake(
     raises=Raises(message=r"expanded size of the tensor .* must match the existing size", line=r"expand_as\("),
     why="Written against a test where both widths happen to be equal, expand_as runs; with two widths it raises.",
 )
+RAGGED_TO_TENSOR = Mistake(
+    "ragged_to_tensor",
+    "torch.tensor() was given lists of different lengths, which makes no tensor: pad each to the longest first "
+    "(with -1, or 0 and a length beside it)",
+    raises=Raises(message=r"expected sequence of length \d+ at dim \d+ \(got \d+\)"),
+    why="Written against rows of one length (sequences that all hold as many blocks), it runs; rows of two raise.",
+)
 LAYER_NAMES = Mistake(
     "layer_names",
     "the module's layers are not named or shaped as the contract says, so the grader's weights cannot be loaded "
@@ -245,7 +252,7 @@ INPUT_CHANGED = Mistake(
 
 ERRORS = (OPEN_SLICE_WRITE, VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED, TENSOR_TRUTHINESS,
           DTYPE_MISMATCH, FLOAT_SHAPE, TRANSPOSE_ALL_AXES, RESHAPE_SIZES, DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK,
-          EXPAND_NON_SINGLETON, EXPAND_AS_ANOTHER_SHAPE, LAYER_NAMES)
+          EXPAND_NON_SINGLETON, EXPAND_AS_ANOTHER_SHAPE, RAGGED_TO_TENSOR, LAYER_NAMES)
 FORMS = (MASK_NOT_BOOL, DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE,
          RESULT_ON_CPU)
 CATALOGUE = (*ERRORS, *FORMS, *GENERIC, *locate.GENERIC, PARAMETERS_NOT_LOADED, CONSTRUCTOR_DEFAULTS,

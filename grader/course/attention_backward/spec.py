@@ -480,6 +480,8 @@ FB_NO_KEY = Mistake("flash_attention_backward.no_key_rows_mishandled", "wrong fo
                     "Tq > Tk, lse = -inf): their P is 0, so dq is 0 and they add nothing to dk, dv")
 FB_SQUARE = Mistake("flash_attention_backward.square_tiles_mishandled", "wrong with block_q = block_k: a tile's "
                     "bounds mix block_q with block_k, or lse and D lack their [..., None]; check each slice")
+FB_LARGE = Mistake("flash_attention_backward.large_scores_mishandled", "right for ordinary scores, wrong for a "
+                   "score of 110: take P = e^(S - lse), one exponential of a difference, never e^S / e^lse")
 FB_BLOCKS = Mistake("flash_attention_backward.block_sizes_mishandled", "right with the default blocks, wrong with "
                     "others: walk queries by block_q and keys by block_k, and end each tile at min(start + block, T)")
 FB_LEAD = Mistake("flash_attention_backward.leading_dims_mishandled", "right for (B, H, T, D), wrong for (B·H, T, D): "
@@ -505,9 +507,10 @@ FLASH = StepSpec(
         shape(2), values("values", 3, FLOATS), values("causal", 2, situation=FB_CAUSAL, causal=True),
         values("three_dims", 1, situation=FB_LEAD, lead=(B * H,), causal=True),
         values("large_hidden_scores", 1, (torch.float32,), causal=True, hidden_peak=True),
+        values("large_scores", 1, (torch.float32,), situation=FB_LARGE, hidden_peak=True),  # the peak in sight
         values("rows_with_no_key", 3, situation=FB_NO_KEY, t_q=FTK + 4, t_k=FTQ, causal=True),
         values("square_tiles", 3, situation=FB_SQUARE, t_q=12, t_k=18, causal=True, block_q=6, block_k=6),
-        prop("block_sizes", 4, block_sizes, situation=FB_BLOCKS),
+        prop("block_sizes", 3, block_sizes, situation=FB_BLOCKS),
         values("decode", 2, situation=FB_DECODE, t_q=1, causal=True), rules(3, causal=True),
         prop("tiles_only", 6, FLASH_TILES.check), device(2, causal=True),
     ),
@@ -517,6 +520,11 @@ FLASH = StepSpec(
         Mistake("flash_attention_backward.masked_after_exp", "P was masked after e^(S - lse): a hidden key's large "
                 "score makes it inf, and inf · 0 is NaN; fill S with -inf before the exponential",
                 _flash_variant(mask_after_exp=True)),
+        Mistake("flash_attention_backward.dv_shaped_like_k", "dv was made like k (zeros_like(k)), D wide: dv has v's "
+                "shape, torch.zeros_like(v), (…, Tk, Dv)",
+                raises=Raises(message=r"must match the size|size mismatch|broadcast",
+                              source=r"\b(d_?v|grad_v)\w*\s*=\s*torch\.(zeros|empty)_like\(\s*k\b"),
+                why="D = Dv in most models, so a copy of dk's line runs until the value width differs."),
         Mistake("flash_attention_backward.delta_sign", "dS = P ∘ (dP + D): subtract D, dS = P ∘ (dP - D)",
                 _flash_variant(delta_sign=1)),
         Mistake("flash_attention_backward.delta_from_the_tile", "D was summed over the tile's keys only (Σ P ∘ dP of "

@@ -278,9 +278,10 @@ SCORES = StepSpec(
 ABSORBED_NAMES = ("q_nope", "q_rope", "c_kv", "k_rope", "w_uk", "w_uv", "w_o")
 
 
-def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True, widths=None, padded=False):
+def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True, widths=None, padded=False, batched=False):
     """`widths` (a dict of h, dn, dr, dv, d, r) replaces the exercise's sizes; `padded`: the mask blocks the first two
-    keys too (left padding), so that it blocks some key even for one query."""
+    keys too (left padding), so that it blocks some key even for one query; `batched`: a (B, 1, Tq, Tk) mask, the
+    second sequence's first key blocked (its padding), as a batch's mask comes."""
     h, dn, dr, dv, d, r = (dict(h=H, dn=DN, dr=DR, dv=DV, d=D, r=R) | (widths or {})).values()
     q_nope, q_rope = gen.randn(B, h, tq, dn, dtype=dtype), gen.randn(B, h, tq, dr, dtype=dtype)
     c_kv, k_rope = gen.randn(B, tk, r, dtype=dtype), gen.randn(B, tk, dr, dtype=dtype)
@@ -289,6 +290,9 @@ def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True, widths=None, padded=Fal
     mask = bottom_right(tq, tk)
     if padded:
         mask[:, :2] = False
+    if batched:
+        mask = mask.expand(B, 1, tq, tk).clone()
+        mask[1:, :, :, 0] = False
     kwargs = {"mask": mask} if masked else {}
     return Call((q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o), kwargs, ABSORBED_NAMES)
 
@@ -349,6 +353,9 @@ ABSORBED_ONE = Mistake("absorbed_attention.one_query_mishandled", "right for sev
 ABSORBED_SIZES = Mistake("absorbed_attention.sizes_mishandled", "wrong for 4 queries and 11 keys: a size was taken "
                          "from the wrong tensor or fixed; Tq comes from the queries, Tk from c_kv and k_rope")
 
+ABSORBED_MASK_AXES = Mistake("absorbed_attention.batched_mask_mishandled", "right with a (Tq, Tk) mask, wrong "
+                             "with a (B, 1, Tq, Tk) one: the mask broadcasts against the scores as (B, H, Tq, Tk); "
+                             "keep that layout, heads at axis 1")
 ABSORBED_QUERIES = Mistake("absorbed_attention.queries_mishandled", "right for one query, wrong for several: the "
                            "query axis was lined up with another; a (Tq, Tk) mask broadcasts as is, and the heads stay "
                            "at axis 1")
@@ -430,7 +437,8 @@ ABSORBED = StepSpec(
     probes=(Probe({"tq": 1}, ABSORBED_QUERIES),),
     checks=(shape(1), values("values", 2, FLOATS), values("unmasked", 2, situation=ABSORBED_NO_MASK, masked=False),
             values("one_query", 2, situation=ABSORBED_ONE, tq=1, padded=True),
-            values("many_keys", 2, situation=ABSORBED_SIZES, tq=4, tk=11), prop("latent_only", 3, latent_only),
+            values("many_keys", 1, situation=ABSORBED_SIZES, tq=4, tk=11),
+            values("batched_mask", 1, situation=ABSORBED_MASK_AXES, batched=True), prop("latent_only", 3, latent_only),
             device(1)),
     mistakes=(
         Mistake("absorbed_attention.scaled_by_latent_width", "scaled by √kv_lora_rank (or √(kv_lora_rank + Dr)), the "
@@ -529,9 +537,10 @@ def bytes_inputs(gen, dtype, attention="mla", layers=60, heads=128, head_dim=128
 
 def _bytes(attention, layers, heads, head_dim, kv_heads, rank, rope, dtype, *, itemsize=None, unit=1, kv_factor=2,
            mla_per_head=False, mla_factor=1, rope_per_head=False, gqa_query_heads=False, gqa_group=False,
-           by_family=False, rope_once=False, one_layer=False):
+           by_family=False, rope_once=False, one_layer=False, rope_as_head_dim=False):
     """The count, from the formula; the keyword arguments make the named wrong counts."""
     item = itemsize or torch.empty((), dtype=dtype).element_size()
+    rope = head_dim if rope_as_head_dim else rope
     if by_family:  # 2 bytes for the half types, 4 for every other
         item = 2 if dtype in (torch.float16, torch.bfloat16) else 4
     cached_heads = heads if gqa_query_heads else heads // kv_heads if gqa_group else kv_heads
@@ -624,6 +633,9 @@ BYTES = StepSpec(
                 "torch.empty((), dtype=dtype).element_size()", raises=Raises(types=("TypeError",), message=r"finfo")),
         Mistake("cache_bytes_per_token.layers_left_out", "counted one layer's cache: every layer keeps its own, so "
                 "multiply by num_layers", _count(one_layer=True)),
+        Mistake("cache_bytes_per_token.rope_width_from_head_dim", "the RoPE key was counted head_dim wide: it is "
+                "qk_rope_head_dim wide, one per token, so MLA caches kv_lora_rank + qk_rope_head_dim per layer",
+                lambda *a: _bytes(*a, rope_as_head_dim=True) if a[0] == "mla" else None),
         Mistake("cache_bytes_per_token.fixed_itemsize", "assumed 2 bytes per element whatever the dtype: use "
                 "torch.empty((), dtype=dtype).element_size(), or dtype.itemsize", _count(itemsize=2)),
     ),

@@ -67,10 +67,37 @@ def decoded(q, k_cache, v_cache, block_tables, context_lens, *, reads=None, widt
     return out
 
 
+def _rescaled_inverted(q, k_cache, v_cache, block_tables, context_lens):
+    """paged_decode block by block with an online softmax whose rescale is inverted, alpha = e^(m_new - m_old): what
+    was summed under an older, smaller max is multiplied up instead of down (each sequence's first block is right)."""
+    out = torch.empty_like(q)
+    for b in range(q.shape[0]):
+        n = int(context_lens[b])
+        slots = [_slot(block_tables[b].tolist(), t) for t in range(n)]
+        k = torch.stack([k_cache[blk, s] for blk, s in slots]).transpose(0, 1).double()  # (H, n, Dh)
+        v = torch.stack([v_cache[blk, s] for blk, s in slots]).transpose(0, 1).double()
+        m = torch.full((q.shape[1],), -math.inf, dtype=torch.float64)
+        total, acc = torch.zeros_like(m), torch.zeros(q.shape[1], q.shape[2], dtype=torch.float64)
+        for start in range(0, n, k_cache.shape[1]):
+            s = (k[:, start:start + k_cache.shape[1]] @ q[b].double()[:, :, None])[..., 0] / math.sqrt(q.shape[2])
+            m_new = torch.maximum(m, s.amax(-1))
+            p = torch.exp(s - m_new[:, None])
+            alpha = torch.where(torch.isinf(m), 0.0, torch.exp(m_new - m))
+            total = total * alpha + p.sum(-1)
+            acc = acc * alpha[:, None] + (p[:, None] @ v[:, start:start + k_cache.shape[1]])[:, 0]
+            m = m_new
+        out[b] = (acc / total[:, None]).to(q.dtype)
+    return out
+
+
 def _decode_mistake(name, message, why="", **knobs):
     return Mistake(f"paged_decode.{name}", message, lambda *a: decoded(*a, **knobs), why=why)
 
 
+RESCALE_INVERTED = Mistake(
+    "paged_decode.rescale_inverted", "the online softmax rescaled by e^(m_new - m_old) when the max rose: what was "
+    "summed under the old max is multiplied by alpha = e^(m_old - m_new), at most 1", _rescaled_inverted,
+    why="Right while a sequence fits in one block, or its first block holds its largest score: alpha is then 1.")
 WHOLE_BLOCKS = _decode_mistake(
     "whole_blocks_read", "read every slot of the sequence's blocks: its last block is filled only up to "
     "context_lens[b]; read its first context_lens[b] tokens", reads=lambda table, n: [
@@ -256,9 +283,9 @@ DECODE = StepSpec(
         device(2),
     ),
     # first: an answer all NaN in a NaN check looks like several of the others', and only this one is right elsewhere
-    mistakes=(TIMES_NAN, WHOLE_BLOCKS, PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_STRIDE, POSITION_AS_SLOT,
-              CONTIGUOUS_RUN, BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED,
-              HEADS_RESHAPED, LENGTHS_NOT_BROADCAST),
+    mistakes=(TIMES_NAN, RESCALE_INVERTED, WHOLE_BLOCKS, PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_STRIDE,
+              POSITION_AS_SLOT, CONTIGUOUS_RUN, BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED,
+              DECODE_UNSCALED, HEADS_RESHAPED, LENGTHS_NOT_BROADCAST),
 )
 
 # -- varlen_attention ---------------------------------------------------------------------
@@ -319,6 +346,10 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, *, bug=None):
         return _heads_reshaped(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
     if bug == CAUSAL_IGNORED.id:
         causal = False
+    if bug == LAST_DROPPED.id:  # each sequence's last query and key left out: those rows 0, the others without it
+        kept_q, kept_k = pq < lq - 1, pk < lk - 1
+        out = _attend(q, k, v, (same & bottom_right if causal else same) & kept_q[:, None] & kept_k[None, :])
+        return out.masked_fill(~kept_q[:, None, None], 0.0).nan_to_num(0.0)
     return _attend(q, k, v, same & bottom_right if causal else same, unscaled=bug == VARLEN_UNSCALED.id,
                    heads_axis=bug == HEADS_AXIS.id)
 
@@ -382,6 +413,10 @@ TOP_LEFT = _varlen_mistake(
     "the bottom-right, tril(diagonal=Tk − Tq)",
     why="The queries are the sequence's last Tq tokens, as kv_cache's decode_mask: with Tq queries and Tk keys, "
         "query i sees keys 0 … Tk − Tq + i, as flash-attn aligns it.")
+LAST_DROPPED = _varlen_mistake(
+    "last_token_dropped", "each sequence's last query and key were left out (rows cu_seqlens[b] to "
+    "cu_seqlens[b + 1] - 1 taken as a slice's end): slice q[cu[b]:cu[b + 1]], the end excluded already",
+    why="A docstring's inclusive range 'rows cu[b] … cu[b + 1] − 1' is the slice cu[b]:cu[b + 1] in Python.")
 CAUSAL_IGNORED = _varlen_mistake("causal_ignored", "causal=True was ignored: mask each sequence's future keys")
 VARLEN_UNSCALED = _varlen_mistake("unscaled", "scores not scaled: divide q · kᵀ by √Dh")
 HEADS_RESHAPED = _varlen_mistake(
@@ -424,6 +459,6 @@ VARLEN = StepSpec(
         values("half", 2, (torch.float16,), situation=VARLEN_HALF, q_lens=CHUNK_Q, k_lens=CHUNK_K, causal=True),
         device(2, causal=True),
     ),
-    mistakes=(CU_AS_LENGTHS, KEYS_CUT_BY_Q, BOUNDARY_ROWS, CROSSES, GLOBAL_POSITIONS, TOP_LEFT, CAUSAL_IGNORED,
-              VARLEN_UNSCALED, HEADS_AXIS, HEADS_RESHAPED),
+    mistakes=(CU_AS_LENGTHS, KEYS_CUT_BY_Q, BOUNDARY_ROWS, CROSSES, GLOBAL_POSITIONS, TOP_LEFT, LAST_DROPPED,
+              CAUSAL_IGNORED, VARLEN_UNSCALED, HEADS_AXIS, HEADS_RESHAPED),
 )

@@ -61,8 +61,8 @@ def module_inputs(gen, dtype, bias=True):
     return Call((streams,), {}, X, init=(D, H), init_kwargs={"bias": bias}, state=state)
 
 
-def _proj(state, y, name):
-    return y @ state[f"{name}.weight"].T + state.get(f"{name}.bias", 0)
+def _proj(state, y, name, bias=True):
+    return y @ state[f"{name}.weight"].T + (state.get(f"{name}.bias", 0) if bias else 0)
 
 
 def served(state, streams, schedule=PREFILL_DECODE, *, refilled: bool = False, bug: str | None = None,
@@ -74,7 +74,7 @@ def served(state, streams, schedule=PREFILL_DECODE, *, refilled: bool = False, b
     them wrong); `merged_inner`: the heads merged back as (Dh, H), as the split inner undone."""
     split = (lambda y: y.view(-1, DH, H).transpose(1, 2)) if bug == HEADS_SPLIT_INNER.id else (
         lambda y: y.view(-1, H, DH))  # (N, H, Dh): heads outer, or the features read as (Dh, H)
-    heads = [tuple(split(_proj(state, x, n)) for n in ("w_q", "w_k", "w_v")) for x in streams]
+    heads = [tuple(split(_proj(state, x, n, bug != BIAS_DROPPED.id)) for n in ("w_q", "w_k", "w_v")) for x in streams]
     done, outputs = [0] * len(streams), []
     for call in schedule:
         ids = [i for i, t in call.items() if t]
@@ -129,6 +129,10 @@ def _mistake(name: str, message: str, why: str = "") -> Mistake:
                                                           for only in (None, "decode", "prefill")], why=why)
 
 
+BIAS_DROPPED = _mistake(
+    "bias_dropped", "right with bias=False, wrong with the default bias=True: the q, k and v projections' biases were "
+    "left out (a fused product of the weights alone); add each layer's bias", why="A fused projection "
+    "x @ cat([w_q.weight, w_k.weight, w_v.weight]).T needs the biases concatenated too.")
 NEW_KEYS_TWICE = _mistake(
     "new_keys_twice", "the new tokens' keys and values were added again after the ones gathered from the pool, which "
     "holds them already after the append: attend over the pool's keys only")
@@ -341,7 +345,7 @@ MODULE = StepSpec(
         prop("reads_pool", 2, _serve_check(refill=True), situation=POOL_NOT_READ),
         prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),
-    mistakes=(NOT_CAUSAL, NEW_KEYS_TWICE, NEW_ONLY, LENGTHS_BEFORE, KEYS_AT_QUERIES, NO_OUTPUT_PROJECTION,
+    mistakes=(NOT_CAUSAL, BIAS_DROPPED, NEW_KEYS_TWICE, NEW_ONLY, LENGTHS_BEFORE, KEYS_AT_QUERIES, NO_OUTPUT_PROJECTION,
               HEADS_SPLIT_INNER, HEADS_MERGED_INNER, TABLE_BEFORE_APPEND, NAN_READ, POOL_INTERNALS, VALUES_FROM_KEYS,
               TABLES_CUT, TABLES_MEMOISED),
 )

@@ -273,6 +273,12 @@ def softmax_backward(probs, grad_probs, dim=-1):
         scores = scores.masked_fill(mask, -math.inf)"""), "attention_backward", "attention_backward.mask_inverted"),
     # -- flash_attention_backward -----------------------------------------------------------------
     Variant("fab_nan_rows", flash(guard="    pass"), "flash_attention_backward", "flash_attention_backward.nan_rows"),
+    Variant("fab_dv_shaped_like_k", flash().replace(
+        "grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)",
+        "grad_q, grad_k = torch.zeros_like(q), torch.zeros_like(k)\n    grad_v = torch.zeros_like(k)  # dk's line, copied"),
+            "flash_attention_backward", "flash_attention_backward.dv_shaped_like_k"),
+    Variant("fab_exp_ratio", flash(probs="            probs = torch.exp(scores) / torch.exp(lse[..., i:i + block_q, None])"),
+            "flash_attention_backward", "flash_attention_backward.large_scores_mishandled"),
     Variant("fab_delta_sign", flash(
         grad_scores="            grad_scores = probs * (grad_probs + delta[..., i:i + block_q, None]) * scale"),
             "flash_attention_backward", "flash_attention_backward.delta_sign"),

@@ -194,6 +194,10 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
     return scores / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
 """, "mla_scores", "mla_scores.rope_key_not_shared"),
     # -- absorbed_attention -------------------------------------------------------------------
+    Variant("absorbed_mask_of_the_first_sequence", absorbed_with(
+        'scores = scores.masked_fill(~mask, float("-inf"))',
+        'scores = scores.masked_fill(~mask.reshape(-1, *mask.shape[-2:])[0], float("-inf"))  # (Tq, Tk) assumed'),
+            "absorbed_attention", "absorbed_attention.batched_mask_mishandled"),
     Variant("absorbed_scaled_by_latent_width", absorbed_with("math.sqrt(Dn + Dr)", "math.sqrt(q_latent.shape[-1])"),
             "absorbed_attention", "absorbed_attention.scaled_by_latent_width"),
     Variant("absorbed_scaled_by_nope", absorbed_with("math.sqrt(Dn + Dr)", "math.sqrt(Dn)"),
@@ -569,6 +573,8 @@ def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_hea
     per_layer = {"mha": 2 * num_heads * head_dim, "gqa": 2 * num_kv_heads * head_dim}[attention]
     return num_layers * per_layer * dtype.itemsize
 """, "cache_bytes_per_token", "cache_bytes_per_token.layers_left_out"),
+    Variant("bytes_mla_rope_head_dim_wide", bytes_with(mla="kv_lora_rank + head_dim"),
+            "cache_bytes_per_token", "cache_bytes_per_token.rope_width_from_head_dim"),
     Variant("bytes_mla_rope_per_head", bytes_with(mla="kv_lora_rank + num_heads * qk_rope_head_dim"),
             "cache_bytes_per_token", "cache_bytes_per_token.mla_rope_per_head"),
     Variant("scores_parts_misaligned", """

@@ -6,8 +6,21 @@ grader must find (the pool's in pool_variants.py). CORRECT: unusual but right wa
 must score 100.
 """
 
+import ast
+from pathlib import Path
+
 from tests.exercises.mha.variants import Variant
 from tests.exercises.paged_attention.pool_variants import POOL_BUGGY
+
+REFERENCE = (Path(__file__).resolve().parents[3] / "solutions" / "paged_attention.py").read_text()
+
+
+def changed(name: str, old: str, new: str) -> str:
+    """The reference's definition of `name` with `old` (there once) replaced by `new`."""
+    node = next(n for n in ast.parse(REFERENCE).body if getattr(n, "name", None) == name)
+    text = "\n".join(REFERENCE.splitlines()[node.lineno - 1:node.end_lineno]) + "\n"
+    assert text.count(old) == 1, old
+    return "\n\n" + text.replace(old, new)
 
 
 def decode_with(body: str) -> str:
@@ -117,7 +130,52 @@ BUGGY = [
                                                                          news[b])])
         lens = [n + starts[b + 1] - starts[b] for b, n in enumerate(lens)]
         cu_k = torch.tensor([0, *lens])"""), ATTEND), "PagedSelfAttention", "PagedSelfAttention.new_keys_twice"),
+    Variant("module_ragged_tables", changed("PagedSelfAttention", """\
+            tables = torch.full((N, width), -1, dtype=torch.int32, device=x.device)  # (B, max_blocks), −1 padded
+            for b, seq_id in enumerate(seq_ids):
+                table = cache.block_table(seq_id)
+                tables[b, :len(table)] = torch.tensor(table, dtype=torch.int32, device=x.device)""", """\
+            tables = torch.tensor([cache.block_table(s) for s in seq_ids], dtype=torch.int32, device=x.device)"""),
+            "PagedSelfAttention", "ragged_to_tensor"),
+    Variant("module_fused_qkv_without_bias", changed(
+        "PagedSelfAttention",
+        "q, k, v = (w(x).view(N, self.num_heads, self.head_dim) for w in (self.w_q, self.w_k, self.w_v))",
+        "fused = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight])  # the biases left out\n"
+        "        q, k, v = (x @ fused.T).view(N, 3, self.num_heads, self.head_dim).unbind(1)"),
+            "PagedSelfAttention", "PagedSelfAttention.bias_dropped"),
+    Variant("varlen_inclusive_end", changed("varlen_attention", """\
+    out = torch.empty_like(q)
+    scale = 1 / math.sqrt(q.shape[-1])
+    for b in range(len(cu_seqlens_q) - 1):
+        qs, qe = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
+        ks, ke = int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1])""", """\
+    out = torch.zeros_like(q)
+    scale = 1 / math.sqrt(q.shape[-1])
+    for b in range(len(cu_seqlens_q) - 1):
+        qs, qe = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1]) - 1  # "rows cu[b] ... cu[b + 1] - 1", as a slice
+        ks, ke = int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1]) - 1"""),
+            "varlen_attention", "varlen_attention.last_token_dropped"),
     # -- paged_decode -------------------------------------------------------------------------
+    Variant("decode_online_rescale_inverted", """
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+    B, H, Dh = q.shape
+    bs = k_cache.shape[1]
+    out = torch.empty_like(q)
+    for b in range(B):
+        n = int(context_lens[b])
+        m, total, acc = torch.full((H,), -math.inf), torch.zeros(H), torch.zeros(H, Dh)
+        for j in range(-(-n // bs)):  # a block at a time, with a running max and sum
+            block = int(block_tables[b, j])
+            k, v = k_cache[block, : min(bs, n - j * bs)], v_cache[block, : min(bs, n - j * bs)]  # (t, H, Dh)
+            s = torch.einsum("hd,thd->ht", q[b], k) / math.sqrt(Dh)
+            m_new = torch.maximum(m, s.amax(-1))
+            p = torch.exp(s - m_new[:, None])
+            alpha = torch.where(torch.isinf(m), 0.0, torch.exp(m_new - m))  # inverted: e^(m_old - m_new)
+            total, acc = total * alpha + p.sum(-1), acc * alpha[:, None] + torch.einsum("ht,thd->hd", p, v)
+            m = m_new
+        out[b] = acc / total[:, None]
+    return out
+""", "paged_decode", "paged_decode.rescale_inverted"),
     Variant("decode_whole_blocks_read", decode_with("""\
         k, v = k_cache[blocks].flatten(0, 1), v_cache[blocks].flatten(0, 1)  # every slot of its blocks"""),
             "paged_decode", "paged_decode.whole_blocks_read"),
