@@ -354,8 +354,8 @@ ABSORBED_SIZES = Mistake("absorbed_attention.sizes_mishandled", "wrong for 4 que
                          "from the wrong tensor or fixed; Tq comes from the queries, Tk from c_kv and k_rope")
 
 ABSORBED_MASK_AXES = Mistake("absorbed_attention.batched_mask_mishandled", "right with a (Tq, Tk) mask, wrong "
-                             "with a (B, 1, Tq, Tk) one: the mask broadcasts against the scores as (B, H, Tq, Tk); "
-                             "keep that layout, heads at axis 1")
+                             "with a (B, 1, Tq, Tk) one: keep the scores (B, H, Tq, Tk), which every such mask "
+                             "broadcasts against")
 ABSORBED_QUERIES = Mistake("absorbed_attention.queries_mishandled", "right for one query, wrong for several: the "
                            "query axis was lined up with another; a (Tq, Tk) mask broadcasts as is, and the heads stay "
                            "at axis 1")

@@ -668,8 +668,8 @@ def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None)
     for h in range(H):
         q_latent = q_nope[:, h] @ w_uk[h * Dn:(h + 1) * Dn]  # (B, Tq, R)
         s = (q_latent @ c_kv.mT + q_rope[:, h] @ k_rope.mT) / math.sqrt(Dn + q_rope.shape[-1])
-        if mask is not None:
-            s = s.masked_fill(~mask, float("-inf"))
+        if mask is not None:  # broadcastable to (B, H, Tq, Tk): head h's own
+            s = s.masked_fill(~torch.broadcast_to(mask, (s.shape[0], H, *s.shape[1:]))[:, h], float("-inf"))
         outs.append(torch.softmax(s, -1) @ c_kv @ w_uv[h * Dv:(h + 1) * Dv].T)  # (B, Tq, Dv)
     return torch.cat(outs, dim=-1) @ w_o.T
 """),
