@@ -80,6 +80,7 @@ class Session:
                 "minutes": self.minutes, "started": _iso(self.started)}
         if self.final:
             data["final"] = self.final
+            _keep_final(data)
         data["signature"] = _signature(data)
         tmp = self.folder / (SESSION_FILE + ".tmp")
         tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
@@ -103,6 +104,7 @@ def start(folder: Path, exercise: str, minutes: float, candidate: str, clock=tim
         if (saved["exercise"], saved["candidate"]) != (exercise, candidate):
             raise UsageError(f"{folder} holds {saved['candidate']}'s interview on {saved['exercise']}: give the same "
                              f"exercise and --candidate to resume it, or another folder for a new one.")
+        saved["final"] = _kept_final(saved) or saved["final"]  # a copy of the file from before time up says none
         if saved["final"]:  # over: no --minutes given now reopens it
             return Session(folder, exercises[exercise], candidate, saved["minutes"], saved["started"],
                            saved["final"]), True
@@ -224,10 +226,11 @@ def _mtime(path: Path) -> float | None:
 def _late(session: Session, now: float) -> str:
     """What a scorecard says when no command was watching the file at time up: when it was graded, and saved."""
     saved = _mtime(session.path)
-    when = "" if saved is None else (
-        f"; the file was last saved at {_when(saved)}, "
+    when = "" if saved is None else (  # a time the file's owner can set: said as the file's, not as a fact
+        f"; the file's modification time is {_when(saved)}, "
         + ("after time up: this score may count work done after time" if saved > session.deadline
-           else "before time up"))
+           else "before time up, which whoever can write the folder can set: this score may count work done after "
+                "time"))
     return (f"graded at {_when(now)}, {_since(now - session.deadline)} after time up (no interview command was "
             f"running at time up){when}")
 
@@ -464,7 +467,7 @@ def _load(folder: Path) -> dict | None:
             final = {"sha256": str(final["sha256"]), "scorecard": Scorecard.from_json(final["scorecard"]).to_json()}
         return {"exercise": str(data["exercise"]), "candidate": str(data["candidate"]),
                 "minutes": float(data["minutes"]), "started": _seconds(data["started"]), "final": final}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, MemoryError):
         raise UsageError(
             f"{path} is no interview session attn-grade can read: move it away, or give another folder."
         ) from None
@@ -474,6 +477,38 @@ def key_path() -> Path:
     """The interviewer's key for session files: in the account's state folder, never in an interview's."""
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "attn-grade" / "interview.key"
+
+
+def _final_path(exercise: str, candidate: str, started: float) -> Path:
+    """Where the interviewer's account keeps a session's final scorecard, beside the key: every version of the session
+    file is signed, so a copy made before time up, put back after it, would otherwise reopen the interview."""
+    session = json.dumps([exercise, candidate, started], ensure_ascii=True)
+    return key_path().parent / "finals" / f"{hashlib.sha256(session.encode()).hexdigest()}.json"
+
+
+def _keep_final(data: dict) -> None:
+    path = _final_path(data["exercise"], data["candidate"], _seconds(data["started"]))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data["final"]), encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as error:
+        raise UsageError(f"cannot keep the final scorecard in {path.parent} ({error.strerror}): make it writable, or "
+                         "set XDG_STATE_HOME to a folder of your own.") from None
+
+
+def _kept_final(saved: dict) -> dict | None:
+    """The final scorecard kept at time up, if the session reached it on this account (read as `_load` reads one)."""
+    path = _final_path(saved["exercise"], saved["candidate"], saved["started"])
+    try:
+        final = json.loads(path.read_text(encoding="utf-8"))
+        return {"sha256": str(final["sha256"]), "scorecard": Scorecard.from_json(final["scorecard"]).to_json()}
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, MemoryError):
+        raise UsageError(f"{path} is no final scorecard attn-grade can read: move it away to let the session "
+                         "file's own stand.") from None
 
 
 def _signature(data: dict) -> str:

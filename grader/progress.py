@@ -44,7 +44,7 @@ class Progress:
         path = Path(folder) / FILE_NAME
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError, MemoryError):  # JSON nested past the parser's depth is unreadable
             return None
         if not _well_formed(data):
             return None  # not ours, or broken: treated as no workspace, and never overwritten

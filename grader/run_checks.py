@@ -226,7 +226,9 @@ class _Plugin:
         source = read_source(self._candidate.path)
         forbidden = {step.id: step.forbidden for step in self.exercise.steps}
         allowed = {step.id: step.allowed for step in self.exercise.steps if step.allowed is not None}
-        return Context(self._candidate, self.seed, self._device, source, forbidden, self.outcomes, allowed=allowed)
+        self._context = Context(self._candidate, self.seed, self._device, source, forbidden, self.outcomes,
+                                allowed=allowed)
+        return self._context
 
     def pytest_collection_modifyitems(self, items) -> None:
         steps = {s.id for s in self.exercise.steps}
@@ -244,14 +246,32 @@ class _Plugin:
         """Whether an earlier grade's result for this check still holds; if so it is taken, and the check not run."""
         if keys is None or not isinstance(item, SpecItem):
             return False
-        # A composite's checks depend on the steps it is answered for too: whether each passed decides whether it
-        # runs as written or the grader answers it (Run.oracle in grader/engine/runner.py), even one it never names
+        # A composite's checks depend on the steps it is answered for too: their code, and whether each passed,
+        # which decides whether it runs as written or the grader answers it (Run.oracle in grader/engine/runner.py),
+        # even one it never names. Whether a step passed depends on its rules check too, on the whole file, and is
+        # known only once it ran: such a check is looked up when its turn comes (`pytest_runtest_protocol`).
         parts = [""] if _reads_whole_file(item.check) else [item.step.id, *item.step.answered]
         item.cache_key = (item.name, "\0".join(keys[part] for part in parts), self.seed, self._device)
+        if parts != [""] and item.step.answered and not item.check.end_to_end:
+            item.answered_from_cache = True
+            return False
+        return self._hit(item)
+
+    def _hit(self, item) -> bool:
         hit = self.cache.get(item.cache_key)
         if hit is not None:
             self.outcomes.append(hit)
         return hit is not None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        """A composite's check, taken from an earlier grade if its steps passed or failed as they did then."""
+        if getattr(item, "answered_from_cache", False):
+            passed = tuple(self._context.passed(name) for name in item.step.answered)
+            item.cache_key = (*item.cache_key, passed)
+            if self._hit(item):
+                return True  # done: not run
+        return None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_makereport(self, item, call):

@@ -3503,3 +3503,95 @@ def kernel(q_ptr, o_ptr, N: tl.constexpr):
     assert foreign_kernel_calls(kernel.format(body="f = tl.core.tensor.__init__.__globals__['f']")) == [
         "tl.core.tensor.__init__.__globals__", "tl.core.tensor.__init__"]
     assert foreign_kernel_calls(kernel.format(body="h = getattr(q, 'han' + 'dle')")) == ["getattr"]
+
+
+FOLDED_FLASH = '''
+    q = q.to(tl.float32)
+    cols = tl.arange(0, NB)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # (NB, BLOCK_N): every key
+    kv_mask = (cols[:, :, None] < t_k) & (dims[None, None, :] < d)
+    k = tl.load(k_ptr + b * stride_kb + h * stride_kh + cols[:, :, None] * stride_kt
+                + dims[None, None, :] * stride_kd, mask=kv_mask, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols[:, :, None] * stride_vt
+                + dims[None, None, :] * stride_vd, mask=kv_mask, other=0.0).to(tl.float32)
+    s = tl.sum(q[:, None, None, :] * k[None, :, :, :], axis=3) * scale  # (BLOCK_M, NB, BLOCK_N): the whole row
+    visible = cols[None, :, :] < t_k
+    if CAUSAL:
+        visible = visible & (cols[None, :, :] <= (t_k - t_q) + rows[:, None, None])
+    s = tl.where(visible, s, -float("inf"))
+    m = tl.max(tl.max(s, axis=2), axis=1)
+    shift = tl.where(m == -float("inf"), 0.0, m)
+    p = tl.exp(s - shift[:, None, None])
+    l = tl.sum(tl.sum(p, axis=2), axis=1)
+    acc = tl.sum(tl.sum(p[:, :, :, None] * v[None, :, :, :], axis=2), axis=1)
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    lse = m + tl.log(l)
+'''
+FOLDED_DECODE = '''
+    cols = tl.arange(0, NB)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # (NB, BLOCK_N): the whole cache row
+    mask = (cols[:, :, None] < n) & (dims[None, None, :] < d)
+    k = tl.load(k_ptr + b * stride_kb + h * stride_kh + cols[:, :, None] * stride_kt
+                + dims[None, None, :] * stride_kd, mask=mask, other=0.0).to(tl.float32)
+    v = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols[:, :, None] * stride_vt
+                + dims[None, None, :] * stride_vd, mask=mask, other=0.0).to(tl.float32)
+    s = tl.where(cols < n, tl.sum(k * q[None, None, :], axis=2) * scale, -float("inf"))
+    m = tl.max(tl.max(s, axis=1), axis=0)
+    shift = tl.where(m == -float("inf"), 0.0, m)
+    p = tl.exp(s - shift)
+    l = tl.sum(tl.sum(p, axis=1), axis=0)
+    acc = tl.sum(tl.sum(p[:, :, None] * v, axis=1), axis=0)
+    out = acc / tl.where(l > 0, l, 1.0)
+'''
+MANY_SHAPES = '''
+    for a in range(4):  # 256 distinct block shapes first: the record keeps 256
+        for c in range(4):
+            for e in range(4):
+                for f in range(4):
+                    tl.zeros((1 << a, 1 << c, 1 << e, 1 << f), dtype=tl.float32)
+'''
+
+
+def _triton_body(base: str, start: str, end: str, body: str) -> str:
+    """`base` with the lines from the one starting `start` to the one starting `end` (kept) replaced by `body`."""
+    lines = base.splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if line.strip().startswith(start))
+    last = next(i for i, line in enumerate(lines) if i > first and line.strip().startswith(end))
+    return "".join(lines[:first]) + body.lstrip("\n") + "".join(lines[last:])
+
+
+def test_a_kernel_that_holds_every_key_folded_into_blocks_of_block_n_holds_them_all(grade_source):
+    """Review 51's F1: a kernel that loaded every key at once as (Tk / block_n, block_n, D), no online softmax, made no
+    axis longer than a block and scored 100 (flash 55, decode 20), where the same kernel with its keys flat lost
+    `no_score_matrix` and `streamed`. Its largest block grows with the keys; a streaming one's does not. F1b: a decode
+    kernel that made 256 block shapes first, so that its whole-cache block went unrecorded, kept `streamed`."""
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    nb = "NB: tl.constexpr,"
+    folded = _triton_body(base, "m = tl.full((BLOCK_M,)", "tl.store(", FOLDED_FLASH)
+    folded = _triton_body(folded, "m = tl.max(tl.full((BLOCK_N,)", "tl.store(", FOLDED_DECODE)
+    for old, new in [("BLOCK_D: tl.constexpr,\n", f"BLOCK_D: tl.constexpr, {nb}\n"),
+                     ("BLOCK_D=max(16, triton.next_power_of_2(d)),",
+                      "BLOCK_D=max(16, triton.next_power_of_2(d)), NB=triton.next_power_of_2(triton.cdiv(t_k, block_n)),"),
+                     ("BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(d),", "BLOCK_N=block_n, BLOCK_D=triton."
+                      "next_power_of_2(d), NB=triton.next_power_of_2(triton.cdiv(k_cache.shape[2], block_n)),")]:
+        assert old in folded
+        folded = folded.replace(old, new)
+    assert folded.count(nb) == 2, "both kernels take NB"
+    result = grade_source("", base=folded, name="triton_attention.py")
+    assert set(lost(result)) == {"flash_attention", "decode_attention"}, explain(result)
+    assert "flash_attention.keys_not_streamed" in mistakes(result, "flash_attention"), explain(result)
+    assert "decode_attention.cache_not_streamed" in mistakes(result, "decode_attention"), explain(result)
+    checks = checks_of(result)
+    assert "grows with the keys" in checks["flash_attention_no_score_matrix"].message, explain(result)
+    assert "grows with the keys" in checks["decode_attention_streamed"].message, explain(result)
+
+    whole_row = base.replace("BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(d),",
+                             "BLOCK_N=triton.next_power_of_2(k_cache.shape[2]), BLOCK_D=triton.next_power_of_2(d),")
+    line = "    n = tl.load(len_ptr + b)  # this sequence's keys: the cache past them is unused\n"
+    assert whole_row.count(line) == 1
+    hidden = whole_row.replace(line, line + MANY_SHAPES.lstrip("\n"))
+    result = grade_source("", base=hidden, name="triton_attention.py")
+    assert lost(result) == {"decode_attention": 1}, explain(result)
+    assert "too many different shapes" in checks_of(result)["decode_attention_streamed"].message, explain(result)
+
+
+def checks_of(result) -> dict:
+    return {c.name: c for s in result.steps for c in s.checks}

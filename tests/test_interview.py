@@ -241,6 +241,15 @@ def test_a_damaged_final_scorecard_in_the_session_is_refused(tmp_path, clock):
         interview.start(folder, "mha", 5, "Ada", clock)
 
 
+def test_a_session_file_nested_past_the_parsers_depth_is_refused_in_a_line(tmp_path, clock):
+    """Review 51's F2: it raised RecursionError, exit 3."""
+    folder = tmp_path / "iv"
+    folder.mkdir()
+    (folder / interview.SESSION_FILE).write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(interview.UsageError, match="no interview session attn-grade can read"):
+        interview.start(folder, "mha", 5, "Ada", clock)
+
+
 def test_a_session_changed_by_hand_or_signed_by_another_account_is_refused(tmp_path, clock, monkeypatch):
     """Review 50's F5: the candidate wrote a final scorecard of 100/100 into the session file in their folder, and the
     interviewer's resume printed it, 29 minutes early. The session is signed with a key outside the folder."""
@@ -260,6 +269,26 @@ def test_a_session_changed_by_hand_or_signed_by_another_account_is_refused(tmp_p
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "another"))
     with pytest.raises(interview.UsageError, match="another account or machine"):
         interview.start(folder, "mha", 30, "Ada", clock)
+
+
+def test_a_session_file_from_before_time_up_put_back_after_it_keeps_the_final_scorecard(tmp_path, zygote, clock):
+    """Review 51's F3: every version of the session file is signed, so a copy made before time up, put back after it
+    with the answer written and the file's time set back, reopened the interview and replaced the final 0/100 with
+    100/100 "saved before time up". The final scorecard is kept beside the key too, and a file's time is its claim."""
+    folder = tmp_path / "iv"
+    interview.start(folder, "mha", 5, "Ada", clock)
+    before_time_up = (folder / interview.SESSION_FILE).read_bytes()
+    clock.now += 400  # past the end, no command running: the next one writes the final scorecard
+    md, _ = interview.run(folder, "mha", 5, "Ada", {"device": "cpu"}, clock=clock, read_key=script(), zygote=zygote)
+    final = md.read_text()
+    assert scorecard_line(final, "Final score") == "0/100"
+    assert "modification time is" in final and "whoever can write the folder can set" in final
+    (folder / interview.SESSION_FILE).write_bytes(before_time_up)
+    save(folder / "mha.py", REFERENCE)
+    os.utime(folder / "mha.py", (clock.now - 600, clock.now - 600))
+    md, _ = interview.run(folder, "mha", 5, "Ada", {"device": "cpu"}, clock=clock, read_key=script(), zygote=zygote)
+    again, after = split_after_time(md.read_text())
+    assert again == final and scorecard_line(after, "Score now") == "100/100 (final score: 0/100)"
 
 
 def test_the_countdown_shows_under_each_screen(tmp_path, zygote, clock, capsys):

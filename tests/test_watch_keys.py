@@ -116,3 +116,23 @@ def test_an_edit_inside_a_helper_that_code_run_at_import_calls_regrades_every_st
     at_import = WITH_A_HELPER + "\n\nROOT_OF_ONE = root_of(1.0)\n"
     edited = at_import.replace("return math.sqrt(head_dim)", "return head_dim ** 0.5")
     assert regraded(tmp_path, zygote, monkeypatch, at_import, edited) > REACHING_SCALE_SCORES
+
+
+def test_a_composite_runs_again_when_a_step_it_is_answered_for_passes_or_fails_otherwise(tmp_path, zygote,
+                                                                                        monkeypatch):
+    """Review 51: a composite's check runs with the grader's answer for each step that failed, the candidate's for
+    each that passed; a step's rules check reads the whole file, so an edit outside every step (a helper no step
+    calls, naming what hides calls) flips whether project and softmax pass without changing the composite's key."""
+    path = tmp_path / "mha.py"
+    hides = REFERENCE + "\n\ndef _helper():\n    return torch._C.DisableTorchFunction\n"
+    path.write_text(hides)
+    results = graded(monkeypatch)
+    watch(path, {"device": "cpu"}, read_key=script(lambda: save(path, REFERENCE)), zygote=zygote)
+    first, second = results
+    assert {s.id for s in first.steps if s.score < s.max_score} == {"project", "softmax", "MultiHeadAttention"}
+    assert second.full_marks
+    before = {c.name: c for s in first.steps for c in s.checks}  # a check taken from the cache is the same result
+    for s in second.steps:
+        for c in s.checks:
+            ran_again = c.name.endswith("rules") or s.id == "MultiHeadAttention" and not c.end_to_end
+            assert (c is not before[c.name]) == ran_again, c.name

@@ -114,6 +114,15 @@ def test_a_step_record_of_another_shape_is_started_afresh_when_a_grade_is_record
     assert progress.attempts("mha", "project") == 1
 
 
+def test_a_progress_file_nested_past_the_parsers_depth_is_no_workspace(tmp_path):
+    """Review 51's F2: a `.attn-grade.json` of JSON nested 200,000 deep beside a model answer made every grade exit 3
+    (RecursionError; a Gradescope upload could carry it). Nested 500 deep, it is read and saved."""
+    (tmp_path / FILE_NAME).write_text('{"version": 1, "exercises": {}, "x": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    assert Progress.find(tmp_path) is None
+    (tmp_path / FILE_NAME).write_text('{"version": 1, "exercises": {}, "x": ' + "[" * 500 + "]" * 500 + "}")
+    Progress.find(tmp_path).save()
+
+
 def test_markdown_report_gives_no_time_to_green_for_a_step_failing_now(buggy_grade, tmp_path):
     progress = Progress(tmp_path)
     progress.record_grade(buggy_grade)

@@ -295,7 +295,8 @@ MEM_BLOCK = 64  # block_m and block_n there: no block a kernel makes has more th
 
 def no_score_matrix(run):
     """No block the kernel makes (in the interpreter) holds more than a block_m × block_n tile with an axis longer than
-    a block or the head's width (review 50's F1 loaded every key at once); no tensor that the launcher's torch calls
+    a block or the head's width (review 50's F1 loaded every key at once), or more elements over twice the keys (review
+    51's F1 folded them into (Tk / block_n, block_n)); no tensor that the launcher's torch calls
     create holds as many elements as one batch·head's (Tq, Tk) scores
     (whole, or one per batch·head: the twenty-ninth review's f05; flat too: the twenty-seventh's f02), causal or not;
     and without a mask, where every score is needed, all the storages its tensors live in hold fewer bytes than the
@@ -303,35 +304,55 @@ def no_score_matrix(run):
     scores packed hold a fraction of it, the thirty-first's f03). The answers must be right too."""
     device = triton_device(run)
     scores, matrix = MEM_TQ * MEM_TK, 4 * B * H * MEM_TQ * MEM_TK
-    for causal in (True, False):
-        call = run.inputs(torch.float32, t_q=MEM_TQ, t_k=MEM_TK, d=MEM_D, causal=causal, block_m=MEM_BLOCK,
+    largest = {}  # keys -> the most elements a block held over them
+    for causal, t_k in ((True, MEM_TK), (False, MEM_TK), (False, MEM_TK // 2)):
+        call = run.inputs(torch.float32, t_q=MEM_TQ, t_k=t_k, d=MEM_D, causal=causal, block_m=MEM_BLOCK,
                           block_n=MEM_BLOCK)
         answer = run.answer(call, device=device, shapes=True)
         record = answer.shapes or {"created": [], "more": 0, "held": 0, "blocks": []}
         if record["more"]:
-            raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different shapes: "
-                              "too many to check what it materialises", SCORE_MATRIX)
-        where = f"with Tq={MEM_TQ}, Tk={MEM_TK}, D={MEM_D}{', causal' if causal else ''}"
+            raise CheckFailed(f"the call created tensors or blocks of more than {len(record['created'])} different "
+                              "shapes: too many to check what it materialises", SCORE_MATRIX)
+        where = f"with Tq={MEM_TQ}, Tk={t_k}, D={MEM_D}{', causal' if causal else ''}"
         for size in record["created"]:
             if math.prod(size) >= scores:
                 raise CheckFailed(f"{where}: the launcher created a tensor of shape {tuple(size)}, as many elements as "
                                   f"a batch·head's scores ({scores}) or more", SCORE_MATRIX,
                                   {"shape": list(size), "allowed": scores - 1})
-        for size in record.get("blocks", ()):  # the interpreter's blocks (compiled, none are seen)
-            if math.prod(size) > MEM_BLOCK * MEM_BLOCK and max(size, default=0) > max(MEM_BLOCK, MEM_D):
-                raise CheckFailed(f"{where}, block_m = block_n = {MEM_BLOCK}: the kernel made a block of shape "
-                                  f"{tuple(size)}, more than a {MEM_BLOCK} × {MEM_BLOCK} tile", KEYS_AT_ONCE,
-                                  {"block": list(size), "allowed": MEM_BLOCK * MEM_BLOCK})
-        if not causal and record.get("held", 0) >= matrix:
+        blocks = record.get("blocks", ())  # the interpreter's blocks (compiled, none are seen)
+        _no_block_past(blocks, where, KEYS_AT_ONCE, MEM_BLOCK * MEM_BLOCK, max(MEM_BLOCK, MEM_D),
+                       f"block_m = block_n = {MEM_BLOCK}", f"a {MEM_BLOCK} × {MEM_BLOCK} tile")
+        largest[t_k] = max(largest.get(t_k, 0), *(math.prod(size) for size in blocks), 0)
+        if not causal and t_k == MEM_TK and record.get("held", 0) >= matrix:
             raise CheckFailed(f"{where}: the launcher's tensors held {record['held']} bytes together, as many as the "
                               f"whole score matrix in float32 ({matrix}) or more", SCORE_MATRIX,
                               {"held": record["held"], "allowed": matrix - 1})
         run.expect_right(run.output(answer), call, device)
+    _blocks_keep_their_size(largest, f"with Tq={MEM_TQ}, D={MEM_D}, block_m = block_n = {MEM_BLOCK}", KEYS_AT_ONCE)
     untiled = run.ctx.untiled.get(run.step.id)  # every other call, judged where it was made (`launcher_tiles`)
     if untiled:
         sizes, where, size, why = untiled
         raise CheckFailed(f"with {where}: the launcher created a tensor of shape {size}, {why}: the scores belong in "
                           "the kernel's blocks, never in memory", SCORE_MATRIX, {"shape": list(size)})
+
+
+def _no_block_past(blocks, where: str, mistake: Mistake, elements: int, axis: int, sizes: str, tile: str) -> None:
+    """No block with more elements than a tile and an axis longer than a tile's (a broadcast of a tile against the
+    head's width, (block_m, block_n, D), has more elements but no longer axis)."""
+    for size in blocks:
+        if math.prod(size) > elements and max(size, default=0) > axis:
+            raise CheckFailed(f"{where}, {sizes}: the kernel made a block of shape {tuple(size)}, more than {tile}",
+                              mistake, {"block": list(size), "allowed": elements})
+
+
+def _blocks_keep_their_size(largest: dict, where: str, mistake: Mistake) -> None:
+    """A kernel that streams the keys makes the same blocks whatever their number: the largest block at twice the keys
+    is no larger, however the keys are folded into its axes."""
+    (few, fewer), (many, more) = sorted(largest.items())
+    if more != fewer:
+        raise CheckFailed(f"{where}: the kernel's largest block held {fewer} elements over {few} keys and {more} over "
+                          f"{many}: a block that grows with the keys holds them all at once", mistake,
+                          {"elements": {str(few): fewer, str(many): more}})
 
 
 class LauncherSizes(TileSizes):
@@ -528,23 +549,30 @@ DECODE_BLOCK = 16  # the block_n the streaming check asks for: keys 16 at a time
 
 def decode_streamed(run):
     """Over 128 keys in blocks of 16, no block the kernel makes (in the interpreter) has an axis longer than a block
-    or the head's width, padded, with more elements than a block of keys: the cache is streamed, never loaded whole
-    (review 50's F1). The answer must be right too."""
+    or the head's width, padded, with more elements than a block of keys, and over 64 keys its largest block is as
+    large: the cache is streamed, never loaded whole (reviews 50 and 51's F1). The answer must be right too."""
     device = triton_device(run)
-    call = run.inputs(torch.float32, lengths=(97, 128), t_max=128)
-    call = replace(call, kwargs={**call.kwargs, "block_n": DECODE_BLOCK})
-    answer = run.answer(call, device=device, shapes=True)
     width = 1 << (D - 1).bit_length()
-    for size in (answer.shapes or {}).get("blocks", ()):
-        if math.prod(size) > DECODE_BLOCK * width and max(size, default=0) > max(DECODE_BLOCK, width):
-            raise CheckFailed(f"over 128 keys with block_n={DECODE_BLOCK}: the kernel made a block of shape "
-                              f"{tuple(size)}, more than {DECODE_BLOCK} keys at once", DECODE_AT_ONCE,
-                              {"block": list(size), "allowed": DECODE_BLOCK * width})
-    run.expect_right(run.output(answer), call, device)
+    largest = {}
+    for t_max, lengths in ((128, (97, 128)), (64, (49, 64))):
+        call = run.inputs(torch.float32, lengths=lengths, t_max=t_max)
+        call = replace(call, kwargs={**call.kwargs, "block_n": DECODE_BLOCK})
+        answer = run.answer(call, device=device, shapes=True)
+        record = answer.shapes or {"more": 0, "blocks": []}
+        where = f"over {t_max} keys"
+        if record.get("more"):
+            raise CheckFailed(f"{where}: the kernel made blocks of too many different shapes to check what they hold",
+                              DECODE_AT_ONCE)
+        _no_block_past(record.get("blocks", ()), where, DECODE_AT_ONCE, DECODE_BLOCK * width,
+                       max(DECODE_BLOCK, width), f"block_n={DECODE_BLOCK}", f"{DECODE_BLOCK} keys at once")
+        largest[t_max] = max((math.prod(size) for size in record.get("blocks", ())), default=0)
+        run.expect_right(run.output(answer), call, device)
+    _blocks_keep_their_size(largest, f"with block_n={DECODE_BLOCK}", DECODE_AT_ONCE)
 
 
 DECODE_AT_ONCE = Mistake("decode_attention.cache_not_streamed", "the kernel loaded more than block_n keys at once "
-                         "(the whole cache row): loop over range(0, length, BLOCK_N) with a running max and sum")
+                         "(the whole cache row, or blocks of its own size): loop over range(0, length, block_n) with "
+                         "a running max and sum")
 DECODE_NO_KERNEL = Mistake("decode_attention.no_kernel", "the launcher computed attention without launching a "
                            "Triton kernel: do the work in decode_kernel, launched over a grid of B·H programs")
 DECODE_STRIDES = Mistake("decode_attention.strides_mishandled", STRIDES + "q, k_cache, v_cache and out each by its "
