@@ -6,6 +6,7 @@ worker before the grader pays for importing torch.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +106,11 @@ def course_order(course: Path = COURSE_DIR) -> list[str]:
 
 def load_course(course: Path = COURSE_DIR) -> dict[str, Exercise]:
     """Every exercise of the course, by name, in course order: each one's exercise.toml."""
+    return dict(_course(course))  # a dict of its own for each caller; the exercises are frozen
+
+
+@functools.cache  # the kit's own files, read once a process: a batch or watch asks at every grade
+def _course(course: Path) -> dict[str, Exercise]:
     exercises = {}
     for name in course_order(course):
         entry = tomllib.loads((course / name / "exercise.toml").read_text(encoding="utf-8"))

@@ -188,12 +188,25 @@ def _import_time(node: ast.AST) -> ast.AST | None:
     `x: torch.Tensor`, `nn.Module`). A decorator, a call or a walrus anywhere, or any statement in a class's
     body (`scale = 0.5`, `global X; X = 1`, `SETTINGS["scale"] = 0.5`), may change what another step sees
     without naming it, so it is in every step's key: a change there regrades the whole file."""
+    if not any(getattr(inner, "decorator_list", None) or not isinstance(inner, _PLAIN)
+               for inner in _outside_bodies(node)):
+        return None
     node = copy.deepcopy(node)
     for inner in ast.walk(node):
         if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
             inner.body = [ast.Expr(ast.Constant(...))]
-    runs = any(getattr(inner, "decorator_list", None) or not isinstance(inner, _PLAIN) for inner in ast.walk(node))
-    return node if runs else None
+    return node
+
+
+def _outside_bodies(node: ast.AST):
+    """Every node of `node` but what lies in its functions' bodies (what runs only when they are called)."""
+    todo = [node]
+    while todo:
+        inner = todo.pop()
+        yield inner
+        functions = isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef))
+        todo.extend(child for field, value in ast.iter_fields(inner) if not (functions and field == "body")
+                    for child in (value if isinstance(value, list) else [value]) if isinstance(child, ast.AST))
 
 
 # what a definition's import-time part may hold and still run nothing: its shape, names, literals, a docstring

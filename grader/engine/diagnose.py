@@ -133,6 +133,22 @@ EXPAND_AS_ANOTHER_SHAPE = Mistake(
     raises=Raises(message=r"expanded size of the tensor .* must match the existing size", line=r"expand_as\("),
     why="Written against a test where both widths happen to be equal, expand_as runs; with two widths it raises.",
 )
+CAT_WRONG_AXIS = Mistake(
+    "cat_wrong_axis",
+    "torch.cat joined pieces along one axis while they differ in another: join them along the axis they were cut "
+    "from (the tokens' axis, for sequences packed one after another)",
+    raises=Raises(message=r"Sizes of tensors must match except in dimension", line=r"\bcat\("),
+    why="Written against pieces of one size (sequences of one length), any axis joins them; pieces of two sizes "
+        "raise.",
+)
+BUFFER_OTHER_SHAPE = Mistake(
+    "buffer_other_shape",
+    "a preallocated buffer has another shape than what is written into it: allocate each buffer with the shape of "
+    "what it stores (its own width, not a neighbouring buffer's)",
+    raises=Raises(message=r"expanded size of the tensor .* must match the existing size",
+                  line=r"\[[^\]\n]*:\s*[^\]\s][^\]\n]*\]\s*=(?!=)"),
+    why="Written where two widths happen to be equal, the copy runs; with two widths it raises.",
+)
 RAGGED_TO_TENSOR = Mistake(
     "ragged_to_tensor",
     "torch.tensor() was given lists of different lengths, which makes no tensor: pad each to the longest first "
@@ -252,7 +268,8 @@ INPUT_CHANGED = Mistake(
 
 ERRORS = (OPEN_SLICE_WRITE, VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED, TENSOR_TRUTHINESS,
           DTYPE_MISMATCH, FLOAT_SHAPE, TRANSPOSE_ALL_AXES, RESHAPE_SIZES, DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK,
-          EXPAND_NON_SINGLETON, EXPAND_AS_ANOTHER_SHAPE, RAGGED_TO_TENSOR, LAYER_NAMES)
+          EXPAND_NON_SINGLETON, EXPAND_AS_ANOTHER_SHAPE, CAT_WRONG_AXIS, BUFFER_OTHER_SHAPE, RAGGED_TO_TENSOR,
+          LAYER_NAMES)
 FORMS = (MASK_NOT_BOOL, DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE,
          RESULT_ON_CPU)
 CATALOGUE = (*ERRORS, *FORMS, *GENERIC, *locate.GENERIC, PARAMETERS_NOT_LOADED, CONSTRUCTOR_DEFAULTS,

@@ -280,8 +280,9 @@ ABSORBED_NAMES = ("q_nope", "q_rope", "c_kv", "k_rope", "w_uk", "w_uv", "w_o")
 
 def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True, widths=None, padded=False, batched=False):
     """`widths` (a dict of h, dn, dr, dv, d, r) replaces the exercise's sizes; `padded`: the mask blocks the first two
-    keys too (left padding), so that it blocks some key even for one query; `batched`: a (B, 1, Tq, Tk) mask, the
-    second sequence's first key blocked (its padding), as a batch's mask comes."""
+    keys too (left padding), so that it blocks some key even for one query; `batched`: a (B, H, Tq, Tk) mask, the
+    second sequence's first key blocked (its padding), and every head but the first its second key too: a mask of
+    its own per sequence and head, as the contract allows (the fortieth blind set cut it to head 0)."""
     h, dn, dr, dv, d, r = (dict(h=H, dn=DN, dr=DR, dv=DV, d=D, r=R) | (widths or {})).values()
     q_nope, q_rope = gen.randn(B, h, tq, dn, dtype=dtype), gen.randn(B, h, tq, dr, dtype=dtype)
     c_kv, k_rope = gen.randn(B, tk, r, dtype=dtype), gen.randn(B, tk, dr, dtype=dtype)
@@ -291,8 +292,9 @@ def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True, widths=None, padded=Fal
     if padded:
         mask[:, :2] = False
     if batched:
-        mask = mask.expand(B, 1, tq, tk).clone()
+        mask = mask.expand(B, h, tq, tk).clone()
         mask[1:, :, :, 0] = False
+        mask[:, 1:, :, 1] = False
     kwargs = {"mask": mask} if masked else {}
     return Call((q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o), kwargs, ABSORBED_NAMES)
 
@@ -354,8 +356,8 @@ ABSORBED_SIZES = Mistake("absorbed_attention.sizes_mishandled", "wrong for 4 que
                          "from the wrong tensor or fixed; Tq comes from the queries, Tk from c_kv and k_rope")
 
 ABSORBED_MASK_AXES = Mistake("absorbed_attention.batched_mask_mishandled", "right with a (Tq, Tk) mask, wrong "
-                             "with a (B, 1, Tq, Tk) one: keep the scores (B, H, Tq, Tk), which every such mask "
-                             "broadcasts against")
+                             "with one per sequence and head, (B, H, Tq, Tk): apply the mask as given to scores kept "
+                             "(B, H, Tq, Tk)")
 ABSORBED_QUERIES = Mistake("absorbed_attention.queries_mishandled", "right for one query, wrong for several: the "
                            "query axis was lined up with another; a (Tq, Tk) mask broadcasts as is, and the heads stay "
                            "at axis 1")

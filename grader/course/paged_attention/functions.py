@@ -94,6 +94,24 @@ def _decode_mistake(name, message, why="", **knobs):
     return Mistake(f"paged_decode.{name}", message, lambda *a: decoded(*a, **knobs), why=why)
 
 
+def _max_over_heads(q, k_cache, v_cache, block_tables, context_lens):
+    """paged_decode with each key's scores shifted by their max over the heads, not each head's max over its keys:
+    e^(s − m) / Σ e^(s − m) with m different for every key is no softmax."""
+    out = torch.empty_like(q)
+    for b in range(q.shape[0]):
+        slots = [_slot(block_tables[b].tolist(), t) for t in range(int(context_lens[b]))]
+        k = torch.stack([k_cache[blk, s] for blk, s in slots]).transpose(0, 1).double()  # (H, n, Dh)
+        v = torch.stack([v_cache[blk, s] for blk, s in slots]).transpose(0, 1).double()
+        scores = (k @ q[b].double()[:, :, None])[..., 0] / math.sqrt(q.shape[2])  # (H, n)
+        e = torch.exp(scores - scores.amax(0, keepdim=True))
+        out[b] = ((e / e.sum(-1, keepdim=True))[:, None] @ v)[:, 0].to(q.dtype)
+    return out
+
+
+MAX_OVER_HEADS = Mistake(
+    "paged_decode.max_over_heads", "the softmax's max was taken over the heads, one per key, not over each head's "
+    "keys: subtract scores.amax(dim=-1, keepdim=True), the keys' axis", _max_over_heads,
+    why="Softmax is unchanged by one shift of a whole row; a shift that differs from key to key reweights them.")
 RESCALE_INVERTED = Mistake(
     "paged_decode.rescale_inverted", "the online softmax rescaled by e^(m_new - m_old) when the max rose: what was "
     "summed under the old max is multiplied by alpha = e^(m_old - m_new), at most 1", _rescaled_inverted,
@@ -283,9 +301,9 @@ DECODE = StepSpec(
         device(2),
     ),
     # first: an answer all NaN in a NaN check looks like several of the others', and only this one is right elsewhere
-    mistakes=(TIMES_NAN, RESCALE_INVERTED, WHOLE_BLOCKS, PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_STRIDE,
-              POSITION_AS_SLOT, CONTIGUOUS_RUN, BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED,
-              DECODE_UNSCALED, HEADS_RESHAPED, LENGTHS_NOT_BROADCAST),
+    mistakes=(TIMES_NAN, RESCALE_INVERTED, MAX_OVER_HEADS, WHOLE_BLOCKS, PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT,
+              BLOCK_STRIDE, POSITION_AS_SLOT, CONTIGUOUS_RUN, BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT,
+              PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED, HEADS_RESHAPED, LENGTHS_NOT_BROADCAST),
 )
 
 # -- varlen_attention ---------------------------------------------------------------------
@@ -293,7 +311,9 @@ DECODE = StepSpec(
 PACKED = (3, 5, 1, 4)  # a packed batch's lengths, queries and keys alike
 # New tokens after a cache, a prefill, one token after two. The prefill is longer than the other offsets' sum, so that
 # one offset for the whole batch (total_k − total_q = 4) still hides some of its keys: not the same as no mask.
-CHUNK_Q, CHUNK_K = (2, 9, 1), (4, 9, 3)
+# a chunk after a cache: fewer queries than keys, and one sequence with more keys than any has queries (keys padded to
+# the longest query fit in the fortieth blind set)
+CHUNK_Q, CHUNK_K = (2, 9, 1), (4, 12, 3)
 VARLEN_NAMES = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
 
 

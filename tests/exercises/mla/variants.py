@@ -198,6 +198,10 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
         'scores = scores.masked_fill(~mask, float("-inf"))',
         'scores = scores.masked_fill(~mask.reshape(-1, *mask.shape[-2:])[0], float("-inf"))  # (Tq, Tk) assumed'),
             "absorbed_attention", "absorbed_attention.batched_mask_mishandled"),
+    Variant("absorbed_mask_of_the_first_head", absorbed_with(  # the fortieth blind set's b04
+        'scores = scores.masked_fill(~mask, float("-inf"))',
+        'scores = scores.masked_fill(~(mask[:, :1] if mask.dim() == 4 else mask), float("-inf"))'),
+            "absorbed_attention", "absorbed_attention.batched_mask_mishandled"),
     Variant("absorbed_scaled_by_latent_width", absorbed_with("math.sqrt(Dn + Dr)", "math.sqrt(q_latent.shape[-1])"),
             "absorbed_attention", "absorbed_attention.scaled_by_latent_width"),
     Variant("absorbed_scaled_by_nope", absorbed_with("math.sqrt(Dn + Dr)", "math.sqrt(Dn)"),
@@ -336,6 +340,12 @@ class LatentCache(LatentCache):
         super().__init__(batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype, device)
         self.c_kv = torch.zeros(batch_size, max_len, kv_lora_rank, device=device)  # float32, whatever dtype says
 """, "LatentCache", "LatentCache.dtype_ignored"),
+    Variant("cache_rope_buffer_latent_wide", """
+class LatentCache(LatentCache):
+    def __init__(self, batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype=torch.float32, device=None):
+        super().__init__(batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype, device)
+        self.k_rope = torch.zeros(batch_size, max_len, kv_lora_rank, dtype=dtype, device=device)  # c_kv's line, copied
+""", "LatentCache", "buffer_other_shape"),  # the fortieth blind set's b06
     Variant("cache_rope_key_per_head_axis", """
 class LatentCache(LatentCache):
     def __init__(self, batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype=torch.float32, device=None):

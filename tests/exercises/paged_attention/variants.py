@@ -143,6 +143,20 @@ BUGGY = [
         "fused = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight])  # the biases left out\n"
         "        q, k, v = (x @ fused.T).view(N, 3, self.num_heads, self.head_dim).unbind(1)"),
             "PagedSelfAttention", "PagedSelfAttention.bias_dropped"),
+    # the fortieth blind set's b05 and b06
+    Variant("varlen_joined_on_heads", changed("varlen_attention", """\
+    out = torch.empty_like(q)
+    scale""", """\
+    outs = []
+    scale""").replace("out[qs:qe] = (torch.softmax(scores, dim=-1) @ vb).transpose(0, 1)",
+                      "outs.append((torch.softmax(scores, dim=-1) @ vb).transpose(0, 1))").replace(
+        "    return out", "    return torch.cat(outs, dim=1)"), "varlen_attention", "cat_wrong_axis"),
+    Variant("varlen_keys_padded_to_longest_query", changed("varlen_attention", """\
+        scores = qb @ kb.transpose(-2, -1) * scale  # (H, Tq, Dh) x (H, Dh, Tk) -> (H, Tq, Tk)""", """\
+        longest = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())  # max_seqlen_q where max_seqlen_k belongs
+        kb, vb = kb[:, :longest], vb[:, :longest]
+        scores = qb @ kb.transpose(-2, -1) * scale""").replace("tq, tk = qe - qs, ke - ks", "tq, tk = qe - qs, kb.shape[1]"),
+            "varlen_attention"),
     Variant("varlen_inclusive_end", changed("varlen_attention", """\
     out = torch.empty_like(q)
     scale = 1 / math.sqrt(q.shape[-1])
@@ -156,6 +170,11 @@ BUGGY = [
         ks, ke = int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1]) - 1"""),
             "varlen_attention", "varlen_attention.last_token_dropped"),
     # -- paged_decode -------------------------------------------------------------------------
+    Variant("decode_max_over_heads", changed(  # the fortieth blind set's b04
+        "paged_decode", "out[b] = torch.einsum(\"hn,nhd->hd\", torch.softmax(scores, dim=-1), v)",
+        "e = torch.exp(scores - scores.amax(dim=0, keepdim=True))  # the max over the heads\n"
+        "        out[b] = torch.einsum(\"hn,nhd->hd\", e / e.sum(dim=-1, keepdim=True), v)"),
+            "paged_decode", "paged_decode.max_over_heads"),
     Variant("decode_online_rescale_inverted", """
 def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
     B, H, Dh = q.shape
