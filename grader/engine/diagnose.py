@@ -133,6 +133,16 @@ EXPAND_AS_ANOTHER_SHAPE = Mistake(
     raises=Raises(message=r"expanded size of the tensor .* must match the existing size", line=r"expand_as\("),
     why="Written against a test where both widths happen to be equal, expand_as runs; with two widths it raises.",
 )
+EMPTY_SLICE = Mistake(
+    "empty_slice",
+    "a slice came out empty: a start below 0 counts from the end, and one past the end selects nothing; keep its "
+    "bounds within the axis (max(0, start))",
+    raises=Raises(message=r"size of tensor [ab] \(\d+\) must match the size of tensor [ab] \(0\)|"
+                          r"size of tensor [ab] \(0\) must match the size of tensor [ab] \(\d+\)"),
+    why="It then meets a tensor of the size it should have had. Written against sizes where the start never goes "
+        "below 0 (as many queries as keys), the slice is whole; with fewer queries than keys, the first blocks' starts "
+        "are negative.",
+)
 CAT_WRONG_AXIS = Mistake(
     "cat_wrong_axis",
     "torch.cat joined pieces along one axis while they differ in another: join them along the axis they were cut "
@@ -266,10 +276,10 @@ INPUT_CHANGED = Mistake(
     why="The caller's tensors and arrays are theirs, and may be read again; np.exp(x, out=x) writes into x too.",
 )
 
-ERRORS = (OPEN_SLICE_WRITE, VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED, TENSOR_TRUTHINESS,
-          DTYPE_MISMATCH, FLOAT_SHAPE, TRANSPOSE_ALL_AXES, RESHAPE_SIZES, DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK,
-          EXPAND_NON_SINGLETON, EXPAND_AS_ANOTHER_SHAPE, CAT_WRONG_AXIS, BUFFER_OTHER_SHAPE, RAGGED_TO_TENSOR,
-          LAYER_NAMES)
+ERRORS = (EMPTY_SLICE, OPEN_SLICE_WRITE, VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED,
+          TENSOR_TRUTHINESS, DTYPE_MISMATCH, FLOAT_SHAPE, TRANSPOSE_ALL_AXES, RESHAPE_SIZES, DOT_ON_BATCHED,
+          KEEPDIM_LOST, FIXED_RANK, EXPAND_NON_SINGLETON, EXPAND_AS_ANOTHER_SHAPE, CAT_WRONG_AXIS, BUFFER_OTHER_SHAPE,
+          RAGGED_TO_TENSOR, LAYER_NAMES)
 FORMS = (MASK_NOT_BOOL, DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE,
          RESULT_ON_CPU)
 CATALOGUE = (*ERRORS, *FORMS, *GENERIC, *locate.GENERIC, PARAMETERS_NOT_LOADED, CONSTRUCTOR_DEFAULTS,

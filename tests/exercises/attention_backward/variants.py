@@ -277,6 +277,13 @@ def softmax_backward(probs, grad_probs, dim=-1):
         "grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)",
         "grad_q, grad_k = torch.zeros_like(q), torch.zeros_like(k)\n    grad_v = torch.zeros_like(k)  # dk's line, copied"),
             "flash_attention_backward", "flash_attention_backward.dv_shaped_like_k"),
+    Variant("fab_query_start_unclamped", flash(mask="""\
+            if causal:
+                rows = torch.arange(offset + i, offset + min(i + block_q, t_q), device=q.device)[:, None]
+                cols = torch.arange(j, j + kb.shape[-2], device=q.device)[None, :]
+                scores = scores.masked_fill(cols > rows, -math.inf)""").replace(
+        "for i in range(0, t_q, block_q):", "for i in range(j - offset if causal else 0, t_q, block_q):"),
+            "flash_attention_backward", "empty_slice"),  # the fortieth blind set's b05: the first query to see key j
     Variant("fab_exp_ratio", flash(probs="            probs = torch.exp(scores) / torch.exp(lse[..., i:i + block_q, None])"),
             "flash_attention_backward", "flash_attention_backward.large_scores_mishandled"),
     Variant("fab_delta_sign", flash(
