@@ -22,6 +22,7 @@ written by hand, is refused, and so is one started under another account or on a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import html
@@ -80,11 +81,11 @@ class Session:
                 "minutes": self.minutes, "started": _iso(self.started)}
         if self.final:
             data["final"] = self.final
-            _keep_final(data)
+            _keep_final(self.folder, data)
         data["signature"] = _signature(data)
         tmp = self.folder / (SESSION_FILE + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, self.folder / SESSION_FILE)
+        _written(tmp, lambda: (tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8"),
+                               os.replace(tmp, self.folder / SESSION_FILE)))
 
 
 def start(folder: Path, exercise: str, minutes: float, candidate: str, clock=time.time) -> tuple[Session, bool]:
@@ -99,12 +100,21 @@ def start(folder: Path, exercise: str, minutes: float, candidate: str, clock=tim
         raise UsageError(f"--minutes: give the length of the interview in minutes, more than 0 (got {minutes}).")
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"{folder} is a file; give a folder for the interview (it is created if need be).")
-    saved = _load(folder)
+    kept = _kept(folder)
+    try:
+        saved = _load(folder)
+    except UsageError:
+        if kept is None:
+            raise
+        saved = None  # damaged after time up: the final scorecard kept beside the key stands
+    # A final scorecard kept for this folder stands over the session file's, or its absence: a copy of the file made
+    # before time up and put back says none, and so does a deleted one (while the candidate's file is there).
+    if kept and (kept["started"] == saved["started"] if saved else (folder / exercises[exercise].file).exists()):
+        saved = kept
     if saved:
         if (saved["exercise"], saved["candidate"]) != (exercise, candidate):
             raise UsageError(f"{folder} holds {saved['candidate']}'s interview on {saved['exercise']}: give the same "
                              f"exercise and --candidate to resume it, or another folder for a new one.")
-        saved["final"] = _kept_final(saved) or saved["final"]  # a copy of the file from before time up says none
         if saved["final"]:  # over: no --minutes given now reopens it
             return Session(folder, exercises[exercise], candidate, saved["minutes"], saved["started"],
                            saved["final"]), True
@@ -117,6 +127,8 @@ def start(folder: Path, exercise: str, minutes: float, candidate: str, clock=tim
         raise UsageError(f"{folder / exercises[exercise].file} already holds work and {folder} no interview: "
                          f"give a new folder for the interview.") from None
     session = Session(folder, exercises[exercise], candidate, minutes, float(int(clock())))
+    with contextlib.suppress(OSError):  # an earlier interview's, in a folder of this name since removed
+        _kept_path(folder).unlink(missing_ok=True)
     progress = Progress.find(folder)
     progress.restart(exercise)  # a folder drilled in before: nothing of that counts here
     progress.exercise(exercise)["started"] = _iso(session.started)
@@ -208,8 +220,17 @@ def after_time(session: Session, options: dict, clock=time.time, zygote: Zygote 
 
 def _write(session: Session, card: Scorecard) -> None:
     md, page = _paths(session)
-    md.write_text(card.markdown(), encoding="utf-8")
-    page.write_text(card.html(), encoding="utf-8")
+    _written(md, lambda: md.write_text(card.markdown(), encoding="utf-8"))
+    _written(page, lambda: page.write_text(card.html(), encoding="utf-8"))
+
+
+def _written(path: Path, write) -> None:
+    """`write()`, which writes `path`: what stands in its way (a folder of that name) is a usage error, in a line."""
+    try:
+        write()
+    except OSError as error:
+        raise UsageError(f"cannot write {path} ({error.strerror}): move away what is there and run the same command "
+                         "again; a final scorecard is kept and shown then.") from None
 
 
 def _paths(session: Session) -> tuple[Path, Path]:
@@ -462,15 +483,20 @@ def _load(folder: Path) -> dict | None:
             raise UsageError(f"{path} is no interview session attn-grade can read: it was changed outside attn-grade, "
                              f"or started under another account or machine (the key is {key_path()}); give another "
                              "folder for a new interview.")
-        final = data.get("final")
-        if final is not None:  # read whole now, so that a damaged one is refused here, in one line
-            final = {"sha256": str(final["sha256"]), "scorecard": Scorecard.from_json(final["scorecard"]).to_json()}
-        return {"exercise": str(data["exercise"]), "candidate": str(data["candidate"]),
-                "minutes": float(data["minutes"]), "started": _seconds(data["started"]), "final": final}
+        return _fields(data)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, MemoryError):
         raise UsageError(
             f"{path} is no interview session attn-grade can read: move it away, or give another folder."
         ) from None
+
+
+def _fields(data: dict) -> dict:
+    """A session's fields, read whole now, so that a damaged one is refused where it is read, in one line."""
+    final = data.get("final")
+    if final is not None:
+        final = {"sha256": str(final["sha256"]), "scorecard": Scorecard.from_json(final["scorecard"]).to_json()}
+    return {"exercise": str(data["exercise"]), "candidate": str(data["candidate"]), "minutes": float(data["minutes"]),
+            "started": _seconds(data["started"]), "final": final}
 
 
 def key_path() -> Path:
@@ -479,36 +505,39 @@ def key_path() -> Path:
     return Path(state) / "attn-grade" / "interview.key"
 
 
-def _final_path(exercise: str, candidate: str, started: float) -> Path:
-    """Where the interviewer's account keeps a session's final scorecard, beside the key: every version of the session
-    file is signed, so a copy made before time up, put back after it, would otherwise reopen the interview."""
-    session = json.dumps([exercise, candidate, started], ensure_ascii=True)
-    return key_path().parent / "finals" / f"{hashlib.sha256(session.encode()).hexdigest()}.json"
+def _kept_path(folder: Path) -> Path:
+    """Where the interviewer's account keeps the final scorecard of the interview in `folder`, beside the key: every
+    version of the session file is signed, and the candidate may delete it, so a copy made before time up, put back
+    after it, or none at all would otherwise reopen the interview."""
+    where = str(Path(folder).resolve())
+    return key_path().parent / "finals" / f"{hashlib.sha256(where.encode()).hexdigest()}.json"
 
 
-def _keep_final(data: dict) -> None:
-    path = _final_path(data["exercise"], data["candidate"], _seconds(data["started"]))
+def _keep_final(folder: Path, data: dict) -> None:
+    path = _kept_path(folder)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data["final"]), encoding="utf-8")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
         os.replace(tmp, path)
     except OSError as error:
         raise UsageError(f"cannot keep the final scorecard in {path.parent} ({error.strerror}): make it writable, or "
                          "set XDG_STATE_HOME to a folder of your own.") from None
 
 
-def _kept_final(saved: dict) -> dict | None:
-    """The final scorecard kept at time up, if the session reached it on this account (read as `_load` reads one)."""
-    path = _final_path(saved["exercise"], saved["candidate"], saved["started"])
+def _kept(folder: Path) -> dict | None:
+    """The session of the interview in `folder` as it was at time up, if one reached it on this account."""
+    path = _kept_path(folder)
     try:
-        final = json.loads(path.read_text(encoding="utf-8"))
-        return {"sha256": str(final["sha256"]), "scorecard": Scorecard.from_json(final["scorecard"]).to_json()}
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("final") is None:
+            raise ValueError("no final scorecard")
+        return _fields(data)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, MemoryError):
-        raise UsageError(f"{path} is no final scorecard attn-grade can read: move it away to let the session "
-                         "file's own stand.") from None
+        raise UsageError(f"{path} is no final scorecard attn-grade can read: move it away, and the session file in "
+                         f"{folder} stands alone.") from None
 
 
 def _signature(data: dict) -> str:

@@ -291,6 +291,24 @@ def test_a_session_file_from_before_time_up_put_back_after_it_keeps_the_final_sc
     assert again == final and scorecard_line(after, "Score now") == "100/100 (final score: 0/100)"
 
 
+def test_what_the_candidate_puts_in_the_way_of_the_final_scorecard_costs_it_nothing(tmp_path, zygote, clock):
+    """Review 52's F2: a folder named scorecard.md, or one in place of the session file, made time up exit 3 with a
+    traceback and no scorecard; a session file removed or replaced after time up reopened the interview with a fresh
+    clock. What cannot be written is a usage error in a line, and the final scorecard kept beside the key stands."""
+    folder = tmp_path / "iv"
+    interview.start(folder, "mha", 5, "Ada", clock)
+    (folder / "scorecard.md").mkdir()
+    clock.now += 400
+    with pytest.raises(interview.UsageError, match="cannot write .*scorecard.md.* run the same command again"):
+        interview.run(folder, "mha", 5, "Ada", {"device": "cpu"}, clock=clock, read_key=script(), zygote=zygote)
+    (folder / "scorecard.md").rmdir()
+    for damage in (lambda path: (path.unlink(), path.mkdir()), lambda path: os.rmdir(path), lambda path: None):
+        md, _ = interview.run(folder, "mha", 5, "Ada", {"device": "cpu"}, clock=clock, read_key=script(),
+                              zygote=zygote)
+        assert scorecard_line(md.read_text(), "Final score") == "0/100" and "## After time" in md.read_text()
+        damage(folder / interview.SESSION_FILE)
+
+
 def test_the_countdown_shows_under_each_screen(tmp_path, zygote, clock, capsys):
     folder = tmp_path / "iv"
     actions = [at(clock, 75, lambda: save(folder / "mha.py", REFERENCE)), at(clock, 200, lambda: None)]
