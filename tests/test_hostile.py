@@ -3541,6 +3541,60 @@ FOLDED_DECODE = '''
     acc = tl.sum(tl.sum(p[:, :, None] * v, axis=1), axis=0)
     out = acc / tl.where(l > 0, l, 1.0)
 '''
+GATHERED_FLASH = '''
+    q = q.to(tl.float32)
+    chunk = tl.arange(0, NB)
+    s_all = tl.full((BLOCK_M, NB, BLOCK_N), -float("inf"), dtype=tl.float32)  # the row of scores, a block at a time
+    for j in range(0, NB):
+        cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        kv_mask = (cols[:, None] < t_k) & (dims[None, :] < d)
+        k = tl.load(k_ptr + b * stride_kb + h * stride_kh + cols[:, None] * stride_kt + dims[None, :] * stride_kd,
+                    mask=kv_mask, other=0.0).to(tl.float32)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
+        visible = cols[None, :] < t_k
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= (t_k - t_q) + rows[:, None])
+        s = tl.where(visible, s, -float("inf"))
+        s_all = tl.where((chunk == j)[None, :, None], s[:, None, :], s_all)
+    m = tl.max(tl.max(s_all, axis=2), axis=1)
+    shift = tl.where(m == -float("inf"), 0.0, m)
+    p_all = tl.exp(s_all - shift[:, None, None])
+    l = tl.sum(tl.sum(p_all, axis=2), axis=1)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for j in range(0, NB):
+        cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        kv_mask = (cols[:, None] < t_k) & (dims[None, :] < d)
+        v = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols[:, None] * stride_vt + dims[None, :] * stride_vd,
+                    mask=kv_mask, other=0.0).to(tl.float32)
+        p = tl.sum(tl.where((chunk == j)[None, :, None], p_all, 0.0), axis=1)
+        acc += tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    lse = m + tl.log(l)
+'''
+GATHERED_DECODE = '''
+    chunk = tl.arange(0, NB)
+    s_all = tl.full((NB, BLOCK_N), -float("inf"), dtype=tl.float32)  # the whole cache row's scores, gathered
+    for j in range(0, NB):
+        cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (cols[:, None] < n) & (dims[None, :] < d)
+        k = tl.load(k_ptr + b * stride_kb + h * stride_kh + cols[:, None] * stride_kt + dims[None, :] * stride_kd,
+                    mask=mask, other=0.0).to(tl.float32)
+        s = tl.where(cols < n, tl.sum(k * q[None, :], axis=1) * scale, -float("inf"))
+        s_all = tl.where((chunk == j)[:, None], s[None, :], s_all)
+    m = tl.max(tl.max(s_all, axis=1), axis=0)
+    shift = tl.where(m == -float("inf"), 0.0, m)
+    p_all = tl.exp(s_all - shift)
+    l = tl.sum(tl.sum(p_all, axis=1), axis=0)
+    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for j in range(0, NB):
+        cols = j * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (cols[:, None] < n) & (dims[None, :] < d)
+        v = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols[:, None] * stride_vt + dims[None, :] * stride_vd,
+                    mask=mask, other=0.0).to(tl.float32)
+        p = tl.sum(tl.where((chunk == j)[:, None], p_all, 0.0), axis=0)
+        acc += tl.sum(p[:, None] * v, axis=0)
+    out = acc / tl.where(l > 0, l, 1.0)
+'''
 MANY_SHAPES = '''
     for a in range(4):  # 256 distinct block shapes first: the record keeps 256
         for c in range(4):
@@ -3558,31 +3612,45 @@ def _triton_body(base: str, start: str, end: str, body: str) -> str:
     return "".join(lines[:first]) + body.lstrip("\n") + "".join(lines[last:])
 
 
+def _kernels_with(flash: str, decode: str, blocks: str) -> str:
+    """The model answer with its two kernels' loops replaced by `flash` and `decode`, each given NB, a number of key
+    blocks that the launcher computes as `blocks` (from `keys`, the call's number of keys)."""
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    nb = "NB: tl.constexpr,"
+    body = _triton_body(base, "m = tl.full((BLOCK_M,)", "tl.store(", flash)
+    body = _triton_body(body, "m = tl.max(tl.full((BLOCK_N,)", "tl.store(", decode)
+    for old, new in [("BLOCK_D: tl.constexpr,\n", f"BLOCK_D: tl.constexpr, {nb}\n"),
+                     ("BLOCK_D=max(16, triton.next_power_of_2(d)),",
+                      "BLOCK_D=max(16, triton.next_power_of_2(d)), NB=" + blocks.format(keys="t_k") + ","),
+                     ("BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(d),", "BLOCK_N=block_n, BLOCK_D=triton."
+                      "next_power_of_2(d), NB=" + blocks.format(keys="k_cache.shape[2]") + ",")]:
+        assert old in body
+        body = body.replace(old, new)
+    assert body.count(nb) == 2, "both kernels take NB"
+    return body
+
+
 def test_a_kernel_that_holds_every_key_folded_into_blocks_of_block_n_holds_them_all(grade_source):
     """Review 51's F1: a kernel that loaded every key at once as (Tk / block_n, block_n, D), no online softmax, made no
     axis longer than a block and scored 100 (flash 55, decode 20), where the same kernel with its keys flat lost
-    `no_score_matrix` and `streamed`. Its largest block grows with the keys; a streaming one's does not. F1b: a decode
-    kernel that made 256 block shapes first, so that its whole-cache block went unrecorded, kept `streamed`."""
-    base = (ROOT / "solutions" / "triton_attention.py").read_text()
-    nb = "NB: tl.constexpr,"
-    folded = _triton_body(base, "m = tl.full((BLOCK_M,)", "tl.store(", FOLDED_FLASH)
-    folded = _triton_body(folded, "m = tl.max(tl.full((BLOCK_N,)", "tl.store(", FOLDED_DECODE)
-    for old, new in [("BLOCK_D: tl.constexpr,\n", f"BLOCK_D: tl.constexpr, {nb}\n"),
-                     ("BLOCK_D=max(16, triton.next_power_of_2(d)),",
-                      "BLOCK_D=max(16, triton.next_power_of_2(d)), NB=triton.next_power_of_2(triton.cdiv(t_k, block_n)),"),
-                     ("BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(d),", "BLOCK_N=block_n, BLOCK_D=triton."
-                      "next_power_of_2(d), NB=triton.next_power_of_2(triton.cdiv(k_cache.shape[2], block_n)),")]:
-        assert old in folded
-        folded = folded.replace(old, new)
-    assert folded.count(nb) == 2, "both kernels take NB"
-    result = grade_source("", base=folded, name="triton_attention.py")
-    assert set(lost(result)) == {"flash_attention", "decode_attention"}, explain(result)
-    assert "flash_attention.keys_not_streamed" in mistakes(result, "flash_attention"), explain(result)
-    assert "decode_attention.cache_not_streamed" in mistakes(result, "decode_attention"), explain(result)
-    checks = checks_of(result)
-    assert "grows with the keys" in checks["flash_attention_no_score_matrix"].message, explain(result)
-    assert "grows with the keys" in checks["decode_attention_streamed"].message, explain(result)
+    `no_score_matrix` and `streamed`. Review 52's F1: the same, folded into a block of a constant shape (512 keys,
+    masked), whose shape no longer followed the keys: 100. Each reads every key in one load, more than a block of
+    them. A kernel that loads a block of keys at a time but gathers the whole row of scores into one block makes a block
+    whose shape follows the number of keys. F1b: a decode kernel that made 256 block shapes first, so that its
+    whole-cache block went unrecorded, kept `streamed`."""
+    growing = "triton.next_power_of_2(triton.cdiv({keys}, block_n))"
+    for flash, decode, blocks, says in [(FOLDED_FLASH, FOLDED_DECODE, growing, "one load of the kernel read"),
+                                        (FOLDED_FLASH, FOLDED_DECODE, "512 // block_n", "one load of the kernel read"),
+                                        (GATHERED_FLASH, GATHERED_DECODE, growing, "whose shape follows the number")]:
+        result = grade_source("", base=_kernels_with(flash, decode, blocks), name="triton_attention.py")
+        assert set(lost(result)) == {"flash_attention", "decode_attention"}, explain(result)
+        assert "flash_attention.keys_not_streamed" in mistakes(result, "flash_attention"), explain(result)
+        assert "decode_attention.cache_not_streamed" in mistakes(result, "decode_attention"), explain(result)
+        checks = checks_of(result)
+        assert says in checks["flash_attention_no_score_matrix"].message, explain(result)
+        assert says in checks["decode_attention_streamed"].message, explain(result)
 
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
     whole_row = base.replace("BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(d),",
                              "BLOCK_N=triton.next_power_of_2(k_cache.shape[2]), BLOCK_D=triton.next_power_of_2(d),")
     line = "    n = tl.load(len_ptr + b)  # this sequence's keys: the cache past them is unused\n"

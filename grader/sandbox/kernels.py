@@ -15,7 +15,10 @@ the compiler takes; anything else (a function of the file's, under whatever deco
 thirty-sixth reviews) hides the record.
 
 Every block the interpreter makes is told to the record's shapes, when it keeps them (`made`): what a kernel holds
-in its registers at once, for the checks of its tiles (a kernel that loads every key at once: review 50's F1).
+in its registers at once, for the checks of its tiles (a kernel that loads every key at once: review 50's F1). So is
+what each load reads, as the most distinct elements of one launch tensor it took in (`read`): a block's shape says
+nothing of how many keys it folds (review 52's F1 held them all in a block of a constant shape, (block_m, 512 /
+block_n, block_n)), but a load of every key reads each of them, however it lays them out.
 
 Compiled kernels (CUDA) are not checked: what they touch, no Python sees. Python that reaches the interpreter's
 own loads (triton._C.libtriton) is refused by name (rules.TAMPERING).
@@ -39,6 +42,7 @@ KERNEL_BUILTINS = frozenset({"range", "min", "max", "len", "int", "float", "bool
                              "enumerate", "tuple", "list", "print"})
 # The interpreter's writes, each with the positions of its pointers and its mask (None: every lane)
 OPERATIONS = {"create_masked_store": (0, 2), "create_atomic_rmw": (1, 3), "create_atomic_cas": (0, None)}
+LOAD = "create_masked_load"  # the interpreter's every load (create_load's, an atomic's, a tensor descriptor's)
 
 
 def watch(torch, record):
@@ -48,7 +52,7 @@ def watch(torch, record):
     interpreter = sys.modules.get("triton.runtime.interpreter")
     builder = getattr(interpreter, "InterpreterBuilder", None)
     executor = getattr(interpreter, "GridExecutor", None)
-    if builder is None or executor is None or not all(name in vars(builder) for name in OPERATIONS):
+    if builder is None or executor is None or not all(name in vars(builder) for name in (*OPERATIONS, LOAD)):
         return None
     import numpy
 
@@ -179,6 +183,20 @@ def watch(torch, record):
                 return "a value it closes over"
         return ""
 
+    def read(original):
+        def operation(self, pointers, mask, *args, **kwargs):
+            shapes = record.shapes
+            if shapes is not None and spans:
+                addresses = numpy.asarray(pointers.data, dtype=numpy.uint64)
+                if mask is not None:
+                    addresses = addresses[numpy.broadcast_to(numpy.asarray(mask.data, dtype=bool), addresses.shape)]
+                for start, end in spans[-1]:
+                    inside = addresses[(addresses >= start) & (addresses < end)]
+                    if inside.size > shapes.loaded:  # distinct: a lane read twice takes in nothing more
+                        shapes.load(numpy.unique(inside).size)
+            return original(self, pointers, mask, *args, **kwargs)
+        return operation
+
     def launch(self, *args, **kwargs):
         reached = foreign(getattr(self, "fn", None), set())
         if reached:
@@ -206,6 +224,7 @@ def watch(torch, record):
         patches.append((handle, "__post_init__", made_before, made))
     patches += [(builder, name, vars(builder)[name], checked(vars(builder)[name], *at))
                 for name, at in OPERATIONS.items()]
+    patches.append((builder, LOAD, vars(builder)[LOAD], read(vars(builder)[LOAD])))
     for owner, name, _, patched in patches:
         setattr(owner, name, patched)
 

@@ -909,7 +909,8 @@ class Shapes:
     apart as well. Plain data, bounded: each distinct shape once, in the order first seen, at most MAX_SHAPES
     of them; `more` counts the distinct shapes left out:
     {"created": [[2, 2, 16, 24], [2, 2, 16], ...], "more": 0, "scores": [[2, 2, 16, 24]], "blocks": [[64, 16], ...]},
-    "blocks" the shapes of the blocks a kernel run by Triton's interpreter made (its tiles: kernels.py).
+    "blocks" the shapes of the blocks a kernel run by Triton's interpreter made (its tiles: kernels.py), and "loaded"
+    the most elements one of its loads read from one tensor (distinct addresses: what a block of any shape took in).
 
     The storages those tensors live in are counted once each, by address: "held", the bytes of them all. Each is
     watched through a weak reference as well (torch's own, to the storage itself, which every tensor, view and
@@ -928,6 +929,7 @@ class Shapes:
         self.seen = {}
         self.scores = {}
         self.blocks = {}  # the shapes of the blocks an interpreted Triton kernel made (what its tiles hold)
+        self.loaded = 0  # the most elements of one tensor one of its loads read
         self.more = 0
         self.storages = {}  # the address of each storage a tensor seen lives in: its bytes
         self.unsorted = 0  # the bytes of those seen past MAX_STORAGES
@@ -1052,6 +1054,10 @@ class Shapes:
             else:
                 self.blocks[key] = True
 
+    def load(self, elements: int) -> None:
+        """A load of an interpreted Triton kernel read `elements` distinct elements of one tensor (kernels.py)."""
+        self.loaded = max(self.loaded, int(elements))
+
     def _keep(self, key: tuple, scores: bool) -> None:
         for kept in (self.seen, self.scores) if scores else (self.seen,):
             if key in kept:
@@ -1064,7 +1070,7 @@ class Shapes:
     def data(self) -> dict:
         return {"created": [list(s) for s in self.seen], "more": self.more,
                 "scores": [list(s) for s in self.scores], "blocks": [list(s) for s in self.blocks],
-                "sequence": self.sequence.hexdigest(), "calls": self.calls,
+                "loaded": self.loaded, "sequence": self.sequence.hexdigest(), "calls": self.calls,
                 "held": sum(self.storages.values()) + self.unsorted, "alive": self.peak, "largest": self.largest}
 
     def release(self, torch) -> None:

@@ -295,8 +295,9 @@ MEM_BLOCK = 64  # block_m and block_n there: no block a kernel makes has more th
 
 def no_score_matrix(run):
     """No block the kernel makes (in the interpreter) holds more than a block_m × block_n tile with an axis longer than
-    a block or the head's width (review 50's F1 loaded every key at once), or more elements over twice the keys (review
-    51's F1 folded them into (Tk / block_n, block_n)); no tensor that the launcher's torch calls
+    a block or the head's width (review 50's F1 loaded every key at once), none of a shape that follows the number of
+    keys (review 51's F1 folded them into (Tk / block_n, block_n)), and no load reads more than a block of one tensor
+    (review 52's F1 folded them into a block of a constant shape); no tensor that the launcher's torch calls
     create holds as many elements as one batch·head's (Tq, Tk) scores
     (whole, or one per batch·head: the twenty-ninth review's f05; flat too: the twenty-seventh's f02), causal or not;
     and without a mask, where every score is needed, all the storages its tensors live in hold fewer bytes than the
@@ -304,7 +305,7 @@ def no_score_matrix(run):
     scores packed hold a fraction of it, the thirty-first's f03). The answers must be right too."""
     device = triton_device(run)
     scores, matrix = MEM_TQ * MEM_TK, 4 * B * H * MEM_TQ * MEM_TK
-    largest = {}  # keys -> the most elements a block held over them
+    made = {}  # keys -> the shapes of the blocks made over them, without a mask
     for causal, t_k in ((True, MEM_TK), (False, MEM_TK), (False, MEM_TK // 2)):
         call = run.inputs(torch.float32, t_q=MEM_TQ, t_k=t_k, d=MEM_D, causal=causal, block_m=MEM_BLOCK,
                           block_n=MEM_BLOCK)
@@ -322,13 +323,15 @@ def no_score_matrix(run):
         blocks = record.get("blocks", ())  # the interpreter's blocks (compiled, none are seen)
         _no_block_past(blocks, where, KEYS_AT_ONCE, MEM_BLOCK * MEM_BLOCK, max(MEM_BLOCK, MEM_D),
                        f"block_m = block_n = {MEM_BLOCK}", f"a {MEM_BLOCK} × {MEM_BLOCK} tile")
-        largest[t_k] = max(largest.get(t_k, 0), *(math.prod(size) for size in blocks), 0)
+        _no_load_past(record.get("loaded", 0), where, KEYS_AT_ONCE, MEM_BLOCK * MEM_D, f"block_n = {MEM_BLOCK}")
+        if not causal:
+            made[t_k] = set(blocks)
         if not causal and t_k == MEM_TK and record.get("held", 0) >= matrix:
             raise CheckFailed(f"{where}: the launcher's tensors held {record['held']} bytes together, as many as the "
                               f"whole score matrix in float32 ({matrix}) or more", SCORE_MATRIX,
                               {"held": record["held"], "allowed": matrix - 1})
         run.expect_right(run.output(answer), call, device)
-    _blocks_keep_their_size(largest, f"with Tq={MEM_TQ}, D={MEM_D}, block_m = block_n = {MEM_BLOCK}", KEYS_AT_ONCE)
+    _blocks_keep_their_shapes(made, f"with Tq={MEM_TQ}, D={MEM_D}, block_m = block_n = {MEM_BLOCK}", KEYS_AT_ONCE)
     untiled = run.ctx.untiled.get(run.step.id)  # every other call, judged where it was made (`launcher_tiles`)
     if untiled:
         sizes, where, size, why = untiled
@@ -345,14 +348,25 @@ def _no_block_past(blocks, where: str, mistake: Mistake, elements: int, axis: in
                               mistake, {"block": list(size), "allowed": elements})
 
 
-def _blocks_keep_their_size(largest: dict, where: str, mistake: Mistake) -> None:
-    """A kernel that streams the keys makes the same blocks whatever their number: the largest block at twice the keys
-    is no larger, however the keys are folded into its axes."""
-    (few, fewer), (many, more) = sorted(largest.items())
-    if more != fewer:
-        raise CheckFailed(f"{where}: the kernel's largest block held {fewer} elements over {few} keys and {more} over "
-                          f"{many}: a block that grows with the keys holds them all at once", mistake,
-                          {"elements": {str(few): fewer, str(many): more}})
+def _no_load_past(loaded: int, where: str, mistake: Mistake, elements: int, sizes: str) -> None:
+    """No load reads more of one tensor than a block of its rows: a kernel that folds every key into a block of a
+    constant shape (the fifty-second review's F1) still reads them all in one load."""
+    if loaded > elements:
+        raise CheckFailed(f"{where}, {sizes}: one load of the kernel read {loaded} elements of one tensor, more than a "
+                          f"block of {elements}: it took in more than block_n keys at once", mistake,
+                          {"loaded": loaded, "allowed": elements})
+
+
+def _blocks_keep_their_shapes(made: dict, where: str, mistake: Mistake) -> None:
+    """A kernel that streams the keys makes blocks of the same shapes whatever their number (a block's shape is a
+    constant of the kernel): one that it makes over twice the keys and not over half, or the reverse, follows their
+    number, however the keys are folded into its axes or gathered into it a block at a time."""
+    (few, fewer), (many, more) = sorted(made.items())
+    if fewer != more:
+        odd = sorted(fewer ^ more, key=math.prod, reverse=True)[0]
+        side = f"over {many} keys and not over {few}" if odd in more else f"over {few} keys and not over {many}"
+        raise CheckFailed(f"{where}: the kernel made a block of shape {odd} {side}: a block whose shape follows the "
+                          "number of keys holds them all at once", mistake, {"block": list(odd)})
 
 
 class LauncherSizes(TileSizes):
@@ -549,11 +563,12 @@ DECODE_BLOCK = 16  # the block_n the streaming check asks for: keys 16 at a time
 
 def decode_streamed(run):
     """Over 128 keys in blocks of 16, no block the kernel makes (in the interpreter) has an axis longer than a block
-    or the head's width, padded, with more elements than a block of keys, and over 64 keys its largest block is as
-    large: the cache is streamed, never loaded whole (reviews 50 and 51's F1). The answer must be right too."""
+    or the head's width, padded, with more elements than a block of keys, over 64 keys it makes blocks of the same
+    shapes, and no load reads more than a block of keys: the cache is streamed, never loaded whole (reviews 50, 51 and
+    52's F1). The answer must be right too."""
     device = triton_device(run)
     width = 1 << (D - 1).bit_length()
-    largest = {}
+    made = {}
     for t_max, lengths in ((128, (97, 128)), (64, (49, 64))):
         call = run.inputs(torch.float32, lengths=lengths, t_max=t_max)
         call = replace(call, kwargs={**call.kwargs, "block_n": DECODE_BLOCK})
@@ -565,9 +580,10 @@ def decode_streamed(run):
                               DECODE_AT_ONCE)
         _no_block_past(record.get("blocks", ()), where, DECODE_AT_ONCE, DECODE_BLOCK * width,
                        max(DECODE_BLOCK, width), f"block_n={DECODE_BLOCK}", f"{DECODE_BLOCK} keys at once")
-        largest[t_max] = max((math.prod(size) for size in record.get("blocks", ())), default=0)
+        _no_load_past(record.get("loaded", 0), where, DECODE_AT_ONCE, DECODE_BLOCK * width, f"block_n={DECODE_BLOCK}")
+        made[t_max] = set(record.get("blocks", ()))
         run.expect_right(run.output(answer), call, device)
-    _blocks_keep_their_size(largest, f"with block_n={DECODE_BLOCK}", DECODE_AT_ONCE)
+    _blocks_keep_their_shapes(made, f"with block_n={DECODE_BLOCK}", DECODE_AT_ONCE)
 
 
 DECODE_AT_ONCE = Mistake("decode_attention.cache_not_streamed", "the kernel loaded more than block_n keys at once "
