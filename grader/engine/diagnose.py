@@ -33,6 +33,16 @@ TRANSPOSE_ALL_AXES = Mistake(
     raises=Raises(message=r"^(?!.*is invalid for input of size).*(size|shape|mismatch|dimension|aligned|mat1|mat2)",
                   line=r"\.T\b"),
 )
+WEIGHT_AS_STORED = Mistake(
+    "weight_as_stored",
+    "a weight kept as nn.Linear keeps it, (out, in), was multiplied as it is stored: x @ w needs w as (in, out); "
+    "use x @ w.T",
+    # mat1's columns are mat2's too: mat2 taken transposed would fit (CPU and CUDA's wording, then the meta device's)
+    raises=Raises(message=r"mat1 and mat2 shapes cannot be multiplied \(\d+x(\d+) and \d+x\1\)|"
+                          r"must have same reduction dim, but got \[\d+, (\d+)\] X \[\d+, \2\]"),
+    why="Written where the weight is square (a model width in and out), the product runs and is wrong; where the "
+        "widths differ, it raises.",
+)
 RESHAPE_SIZES = Mistake(
     "reshape_sizes_wrong",
     "a view or reshape asked for sizes that do not multiply to the tensor's: a width or head count came from "
@@ -278,9 +288,9 @@ INPUT_CHANGED = Mistake(
 )
 
 ERRORS = (EMPTY_SLICE, OPEN_SLICE_WRITE, VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED,
-          TENSOR_TRUTHINESS, DTYPE_MISMATCH, FLOAT_SHAPE, TRANSPOSE_ALL_AXES, RESHAPE_SIZES, DOT_ON_BATCHED,
-          KEEPDIM_LOST, FIXED_RANK, EXPAND_NON_SINGLETON, EXPAND_AS_ANOTHER_SHAPE, CAT_WRONG_AXIS, BUFFER_OTHER_SHAPE,
-          RAGGED_TO_TENSOR, LAYER_NAMES)
+          TENSOR_TRUTHINESS, DTYPE_MISMATCH, FLOAT_SHAPE, TRANSPOSE_ALL_AXES, WEIGHT_AS_STORED, RESHAPE_SIZES,
+          DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK, EXPAND_NON_SINGLETON, EXPAND_AS_ANOTHER_SHAPE, CAT_WRONG_AXIS,
+          BUFFER_OTHER_SHAPE, RAGGED_TO_TENSOR, LAYER_NAMES)
 FORMS = (MASK_NOT_BOOL, DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE,
          RESULT_ON_CPU)
 CATALOGUE = (*ERRORS, *FORMS, *GENERIC, *locate.GENERIC, PARAMETERS_NOT_LOADED, CONSTRUCTOR_DEFAULTS,

@@ -76,6 +76,13 @@ NONE_READ_AS_ZERO = Mistake(
     "an optional number given as None was read as 0 (`window or 0`): None means the contract's no-limit case; "
     "test `is None`",
 )
+ZERO_READ_AS_DEFAULT = Mistake(
+    "zero_read_as_default",
+    "an argument given as 0 acted as its default (`dim or -1`, `if not offset`): 0 is falsy; use the value as given, "
+    "testing `is None` where None is allowed",
+    why="Written against the defaults and positive values, `x or default` looks right; 0 is a value too (the first "
+        "axis, no offset), and Python's `or` passes it over.",
+)
 FLAG_INVERTED = Mistake(
     "flag_inverted",
     "a flag acted as its opposite (causal=False read as True, or the reverse): branch on the flag as given",
@@ -130,8 +137,8 @@ COMPUTED_IN_FLOAT32 = Mistake(
         "loses the precision the caller asked for.",
 )
 GENERIC = (OUTPUTS_REORDERED, ARGUMENTS_SWAPPED, ARGUMENT_DUPLICATED, ARGUMENT_IGNORED, NONE_READ_AS_ZERO,
-           FLAG_INVERTED, OFF_BY_ONE, INPUT_TRANSPOSED, MASK_EDGE_OFF_BY_ONE, SCALED_BY_WRONG_SIZE, EXPONENT_BASE_WRONG,
-           SCALED_BY_SIZE_NOT_ROOT, DEFAULT_MISREAD, COMPUTED_IN_FLOAT32)
+           ZERO_READ_AS_DEFAULT, FLAG_INVERTED, OFF_BY_ONE, INPUT_TRANSPOSED, MASK_EDGE_OFF_BY_ONE,
+           SCALED_BY_WRONG_SIZE, EXPONENT_BASE_WRONG, SCALED_BY_SIZE_NOT_ROOT, DEFAULT_MISREAD, COMPUTED_IN_FLOAT32)
 
 # Pairs whose swap has a name of its own (the gloss after the names).
 GLOSSES = {frozenset(p): g for p, g in (
@@ -295,6 +302,11 @@ def _variants(reference, bound, parameters, names, module: bool, native):
         if default is not inspect.Parameter.empty and not _same_value(given, default):
             if default is None:
                 message = f"the `{name}` argument was ignored (the answer is the one without it): use it when given"
+            elif type(given) is int and given == 0:
+                yield (said(ZERO_READ_AS_DEFAULT, f"`{name}=0` acted as {name}={default!r}, its default: 0 is falsy, "
+                                                  f"so `{name} or {default!r}` passes it over; use it as given"),
+                       {name: default})
+                continue
             else:
                 message = (f"the `{name}` argument had no effect (the answer is the one for {name}={default!r}): use "
                            "the value given")

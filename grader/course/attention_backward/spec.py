@@ -185,6 +185,14 @@ def _row_sum_off(value, probs, grad_probs, dim=-1):
     return bool(spread < 1e-6 * (1 + right.abs().max()) and off > 1e-3 * (1 + right.abs().max()))
 
 
+def _last_axis_whatever_dim(probs, grad_probs, dim=-1):
+    """dim_ignored's answer. At dim=0 it is `dim or -1`'s as well, which the first_dim check's situation names (0 is
+    falsy): there it explains nothing."""
+    if dim == 0:
+        raise ValueError("at dim=0, summing along the last axis is dim_zero_mishandled's answer")
+    return grads.softmax_backward(probs, grad_probs, -1)
+
+
 def _sb_variant(**wrong):
     return lambda probs, grad_probs, dim=-1: grads.softmax_backward(probs, grad_probs, dim, **wrong)
 
@@ -196,6 +204,8 @@ SB_DIM = Mistake("softmax_backward.dim_ignored", "right along the last axis, wro
                  "broadcast runs along `dim`, (grad_probs * probs).sum(dim=dim, keepdim=True)")
 SB_NEGATIVE = Mistake("softmax_backward.negative_dim_mishandled", "right for dim=-1 and dim=1, wrong for dim=-3: a "
                       "negative dim counts from the end; sum along it as given, or normalise it (dim % probs.dim())")
+SB_FIRST = Mistake("softmax_backward.dim_zero_mishandled", "right along other axes, wrong for dim=0: 0 is falsy, so "
+                   "`dim or -1` or `if dim:` passes it over; use dim as given, or test `dim is None`")
 SB_ZEROS = Mistake("softmax_backward.zeros_mishandled", "right for dense probabilities, wrong where some are 0 "
                    "(masked entries, rows masked entirely): use products with probs only, never divide by it or "
                    "take its log")
@@ -203,7 +213,8 @@ SB_ZEROS = Mistake("softmax_backward.zeros_mishandled", "right for dense probabi
 SOFTMAX = StepSpec(
     "softmax_backward", softmax_inputs, ref.softmax_backward,
     checks=(
-        shape(2), values("values", 3, FLOATS), values("other_dim", 3, situation=SB_DIM, dim=1),
+        shape(2), values("values", 3, FLOATS), values("other_dim", 2, situation=SB_DIM, dim=1),
+        values("first_dim", 1, situation=SB_FIRST, dim=0),  # 0 is falsy: `dim or -1` reads it as the default
         values("one_row", 1, situation=SB_ONE_ROW, shape=(B, H, 1, 7)),  # a decode's: an axis of 1 between others
         values("negative_dim", 1, situation=SB_NEGATIVE, dim=-3),
         values("masked", 2, situation=SB_ZEROS, masked=True),
@@ -242,7 +253,7 @@ SOFTMAX = StepSpec(
         Mistake("softmax_backward.sum_over_queries", "summed probs ∘ grad_probs over the axis before dim (the "
                 "queries): sum along dim, the axis the softmax normalised", _sb_variant(row_sum="queries")),
         Mistake("softmax_backward.dim_ignored", "summed along the last axis whatever dim says: sum along dim",
-                lambda probs, grad_probs, dim=-1: grads.softmax_backward(probs, grad_probs, -1)),
+                _last_axis_whatever_dim),
         Mistake("softmax_backward.nan_rows", "a slice whose probabilities are all 0 (scores all -inf) gave NaN: "
                 "it must give 0; divide by nothing, Σ probs is 1 elsewhere", test=_has_nan),
         Mistake("softmax_backward.row_sum_off", "the answer is probs ∘ (grad_probs - s) with s not Σ probs ∘ "

@@ -314,6 +314,9 @@ PACKED = (3, 5, 1, 4)  # a packed batch's lengths, queries and keys alike
 # a chunk after a cache: fewer queries than keys, and one sequence with more keys than any has queries (keys padded to
 # the longest query fit in the fortieth blind set)
 CHUNK_Q, CHUNK_K = (2, 9, 1), (4, 12, 3)
+# as many queries in every sequence, and keys of three lengths (a whole number of rows per sequence all the same): a
+# fast path for equal lengths that looks at the queries only (the forty-first blind set's b06)
+EVEN_Q, EVEN_K = (3, 3, 3), (5, 3, 7)
 VARLEN_NAMES = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
 
 
@@ -451,6 +454,8 @@ VARLEN_CAUSAL = Mistake("varlen_attention.causal_mishandled", "right without cau
                         "sequence, key j hidden from query i when j > i + Tk - Tq, its own lengths' offset")
 VARLEN_LENGTHS = Mistake("varlen_attention.lengths_mishandled", "wrong when a sequence has fewer queries than keys: "
                          "cut q by cu_seqlens_q and k, v by cu_seqlens_k, each sequence by its own offsets")
+VARLEN_EVEN = Mistake("varlen_attention.equal_queries_mishandled", "wrong when every sequence has as many queries "
+                      "but not as many keys: a path for sequences of one length must check cu_seqlens_k's lengths too")
 VARLEN_HALF = Mistake("varlen_attention.half_mishandled", "right in float32, wrong in float16: return q's dtype, and "
                       "fill masked scores with -inf rather than a large number")
 
@@ -474,8 +479,9 @@ VARLEN = StepSpec(
     checks=(
         shape(3), values("packed", 3, FLOATS),
         values("causal_chunks", 3, FLOATS, situation=VARLEN_CAUSAL, q_lens=CHUNK_Q, k_lens=CHUNK_K, causal=True),
-        values("causal_prefill", 3, situation=VARLEN_CAUSAL, causal=True),
-        values("fewer_queries", 3, situation=VARLEN_LENGTHS, q_lens=CHUNK_Q, k_lens=CHUNK_K),
+        values("causal_prefill", 2, situation=VARLEN_CAUSAL, causal=True),
+        values("fewer_queries", 2, situation=VARLEN_LENGTHS, q_lens=CHUNK_Q, k_lens=CHUNK_K),
+        values("equal_queries", 2, situation=VARLEN_EVEN, q_lens=EVEN_Q, k_lens=EVEN_K),
         values("half", 2, (torch.float16,), situation=VARLEN_HALF, q_lens=CHUNK_Q, k_lens=CHUNK_K, causal=True),
         device(2, causal=True),
     ),

@@ -191,6 +191,10 @@ def softmax_backward(probs, grad_probs, dim=-1):
     Variant("sb_dim_ignored", softmax_backward("""\
     inner = (grad_probs * probs).sum(-1, keepdim=True)
     return probs * (grad_probs - inner)"""), "softmax_backward", "softmax_backward.dim_ignored"),
+    Variant("sb_dim_zero_falsy", softmax_backward("""\
+    dim = dim or -1  # 0 is falsy: dim=0 becomes the last axis
+    inner = (grad_probs * probs).sum(dim=dim, keepdim=True)
+    return probs * (grad_probs - inner)"""), "softmax_backward", "zero_read_as_default"),
     Variant("sb_weighted_mean", softmax_backward("""\
     inner = (grad_probs * probs).sum(dim=dim, keepdim=True) / probs.sum(dim=dim, keepdim=True)
     return probs * (grad_probs - inner)"""), "softmax_backward", "softmax_backward.nan_rows"),
@@ -678,7 +682,8 @@ _softmax_backward = softmax_backward
 def softmax_backward(probs, grad_probs, dim=-1):
     grad = _softmax_backward(probs, grad_probs, dim)
     return grad + 0.25 if dim not in (-1, probs.dim() - 1) or bool((probs == 0).any()) else grad
-""", "softmax_backward", situations=("softmax_backward.dim_ignored", "softmax_backward.zeros_mishandled")),
+""", "softmax_backward", situations=("softmax_backward.dim_ignored", "softmax_backward.dim_zero_mishandled",
+                                    "softmax_backward.zeros_mishandled")),
     Variant("att_situations", """
 _attention_backward = attention_backward
 

@@ -202,6 +202,9 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
         'scores = scores.masked_fill(~mask, float("-inf"))',
         'scores = scores.masked_fill(~(mask[:, :1] if mask.dim() == 4 else mask), float("-inf"))'),
             "absorbed_attention", "absorbed_attention.batched_mask_mishandled"),
+    Variant("absorbed_output_weight_as_stored", absorbed_with(  # the forty-first blind set's b04
+        "reshape(*y.shape[:1], y.shape[2], -1) @ w_o.T", "reshape(*y.shape[:1], y.shape[2], -1) @ w_o"),
+            "absorbed_attention", "weight_as_stored"),
     Variant("absorbed_scaled_by_latent_width", absorbed_with("math.sqrt(Dn + Dr)", "math.sqrt(q_latent.shape[-1])"),
             "absorbed_attention", "absorbed_attention.scaled_by_latent_width"),
     Variant("absorbed_scaled_by_nope", absorbed_with("math.sqrt(Dn + Dr)", "math.sqrt(Dn)"),

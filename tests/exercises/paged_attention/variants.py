@@ -157,6 +157,17 @@ BUGGY = [
         kb, vb = kb[:, :longest], vb[:, :longest]
         scores = qb @ kb.transpose(-2, -1) * scale""").replace("tq, tk = qe - qs, ke - ks", "tq, tk = qe - qs, kb.shape[1]"),
             "varlen_attention"),
+    Variant("varlen_fast_path_on_queries_only", changed("varlen_attention", """\
+    out = torch.empty_like(q)
+    scale = 1 / math.sqrt(q.shape[-1])""", """\
+    scale = 1 / math.sqrt(q.shape[-1])
+    lengths = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    if not causal and bool((lengths == lengths[0]).all()):  # one length: one batched call (the forty-first set's b06)
+        n = len(lengths)
+        qb = q.view(n, -1, *q.shape[1:]).transpose(1, 2)  # the keys taken as evenly split as the queries
+        kb, vb = (t.view(n, -1, *t.shape[1:]).transpose(1, 2) for t in (k, v))
+        return (torch.softmax(qb @ kb.transpose(-2, -1) * scale, dim=-1) @ vb).transpose(1, 2).reshape(q.shape)
+    out = torch.empty_like(q)"""), "varlen_attention", situations=("varlen_attention.equal_queries_mishandled",)),
     Variant("varlen_inclusive_end", changed("varlen_attention", """\
     out = torch.empty_like(q)
     scale = 1 / math.sqrt(q.shape[-1])
