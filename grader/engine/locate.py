@@ -1,9 +1,14 @@
-"""Where a wrong answer is wrong, when no mistake explains what it is: the part of a tuple answer that is off,
-or a simpler case the candidate gets right.
+"""Where a wrong answer is wrong, when no mistake explains what it is: entries never written or masked unasked, the
+part of a tuple answer that is off, or a simpler case the candidate gets right.
 
 The last diagnosis of a failed check, after the step's own mistakes, the general ones and the search
-(grader/engine/search.py), and before a check's situation (spec.Check.situation, which asks that the
-step's plain case passed):
+(grader/engine/search.py); the first two before a check's situation (spec.Check.situation, which asks that the
+step's plain case passed), the others after it:
+
+  unwritten  an answer right but for a run of slices at one end of an axis, all 0: a loop one short
+             (range(n - 1) over the sequences, heads or blocks) into an output made of zeros;
+  unasked    scores right but for -inf (or a large negative) on every later key: a causal mask where the
+             call asked for none;
 
   parts    a tuple answer whose parts are some right, some wrong: "dk is wrong while dq and dv are
            right" (a step may say it in its own words: StepSpec.parts, by the parts that are right);
@@ -24,7 +29,85 @@ PARTS_WRONG = Mistake(
     why="The parts that are right clear what they share (the inputs, the scores, the softmax); look at what only "
         "the wrong ones do.",
 )
-GENERIC = (PARTS_WRONG,)
+SLICES_UNWRITTEN = Mistake(
+    "slices_unwritten",
+    "entries at one end of an axis were never written (left 0), the rest right: a loop stopped one short "
+    "(range(n - 1)) or started late; cover every index",
+    why="A loop over sequences, heads or blocks whose bound is one off writes all but one of them; an output made "
+        "with zeros keeps 0 there.",
+)
+CAUSAL_UNASKED = Mistake(
+    "causal_unasked",
+    "a causal mask was applied where none was asked: every later key's score is -inf; mask only what the caller's "
+    "mask (or causal=True) blocks",
+    why="Decoding and training code masks the future by habit; a step given no mask sees every key.",
+)
+GENERIC = (SLICES_UNWRITTEN, CAUSAL_UNASKED, PARTS_WRONG)
+BLOCKED = -1e4  # a score this low (or -inf) is one a mask set
+
+
+def unwritten(run, value, call):
+    """SLICES_UNWRITTEN: a tensor answer equal to the reference but for a run of slices at one end of an axis, every
+    one of them all 0 (and not all 0 in the reference)."""
+    got, want, native = _tensors(run, value, call)
+    if got is None or got.dim() == 0:
+        return None
+    import torch
+
+    for axis in range(got.dim()):
+        n = got.shape[axis]
+        if n < 2:
+            continue
+        zero = (got == 0).movedim(axis, 0).reshape(n, -1).all(1).tolist()
+        blank = (want == 0).movedim(axis, 0).reshape(n, -1).all(1).tolist()
+        for end in ("last", "first"):
+            order = list(range(n)) if end == "first" else list(range(n - 1, -1, -1))
+            run_of = next((i for i, index in enumerate(order) if not zero[index]), n)
+            missed = order[:run_of]
+            if not missed or run_of == n or all(blank[i] for i in missed):
+                continue
+            index = torch.tensor(sorted(missed))
+            patched = got.index_copy(axis, index, want.index_select(axis, index).to(got.dtype))
+            if _close(patched, want, native, call):
+                return Mistake(SLICES_UNWRITTEN.id, f"the {end} {len(missed)} of {n} entries along axis {axis} were "
+                                                    "never written (left 0) while the rest is right: a loop stopped "
+                                                    "one short, or started late; cover every index",
+                               why=SLICES_UNWRITTEN.why)
+    return None
+
+
+def unasked(run, value, call):
+    """CAUSAL_UNASKED: scores equal to the reference but blocked (-inf, or below BLOCKED) on exactly the keys a causal
+    mask hides, top-left or bottom-right, where the reference blocks none."""
+    got, want, native = _tensors(run, value, call)
+    if got is None or got.dim() < 2 or got.shape[-2] < 2 or not bool(want.isfinite().all()):
+        return None
+    import torch
+
+    blocked = got.isnan().logical_not() & (got <= BLOCKED)
+    t_q, t_k = got.shape[-2:]
+    for offset in dict.fromkeys((t_k - t_q, 0)):
+        later = torch.ones(t_q, t_k, dtype=torch.bool, device=got.device).triu(offset + 1)
+        if not later.any() or not bool((blocked == later).all()):
+            continue
+        if _close(torch.where(later, want.to(got.dtype), got), want, native, call):
+            return CAUSAL_UNASKED
+    return None
+
+
+def _tensors(run, value, call):
+    """(value, the exact reference, the native one) when the answer and the reference are tensors of one shape."""
+    import torch
+
+    if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        return None, None, None
+    try:
+        native, exact = run.reference(call, exact=False), run.reference(call)
+    except Exception:
+        return None, None, None
+    if not isinstance(exact, torch.Tensor) or exact.shape != value.shape or not isinstance(native, torch.Tensor):
+        return None, None, None
+    return value, exact.to(value.device), native
 
 
 def parts(run, value, call):

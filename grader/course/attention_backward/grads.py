@@ -49,8 +49,11 @@ def probabilities(q, k, mask=None, *, lse=None, fill=-INF, use_mask=True, softma
     """P = softmax(q kᵀ / √D, masked), or e^(S − lse) from a given lse. mask_added: the bool mask added to the
     scores (+1 where allowed), as an additive mask would be. mask_after_softmax: the softmax of every score, the
     blocked probabilities then zeroed (each row sums to less than 1). shift: what a hand-written softmax subtracts
-    before exp, "row" (each row's own max, as torch.softmax does), "all" (the whole tensor's) or "none"."""
+    before exp, "row" (each row's own max, as torch.softmax does), "all" (the whole tensor's), "none", or
+    "before_mask" (each row's max over every key, blocked ones too, taken before the mask)."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if shift == "before_mask":
+        scores = scores - scores.amax(softmax_dim, keepdim=True)
     if mask is not None and mask_after_softmax:
         return torch.softmax(scores, softmax_dim).masked_fill(~mask, 0.0)
     if mask is not None and mask_added:
@@ -60,7 +63,7 @@ def probabilities(q, k, mask=None, *, lse=None, fill=-INF, use_mask=True, softma
     if lse is not None:  # a row with no key: lse -inf becomes +inf, so e^(S - lse) = 0
         return torch.exp(scores - lse.masked_fill(lse == -INF, INF)[..., None])
     if shift != "row":
-        exps = torch.exp(scores - scores.amax() if shift == "all" else scores)
+        exps = torch.exp(scores - scores.amax() if shift == "all" else scores)  # "before_mask": shifted already
         return (exps / exps.sum(softmax_dim, keepdim=True)).nan_to_num(0.0)
     return torch.softmax(scores, softmax_dim).nan_to_num(0.0)
 

@@ -269,7 +269,9 @@ PEAK = 110.0  # the first query's scores this far above the others: their e^(s -
 
 
 def attention_inputs(gen, dtype, t_q=TQ, t_k=TK, mask=None, lead=(B, H), peaked=False):
-    """`lead`: the leading dims ((B, H) by default; the contract takes any). `peaked`: every key's first coordinate
+    """`lead`: the leading dims ((B, H) by default; the contract takes any). mask="blocked_high": the last three keys
+    blocked for every query, and their scores PEAK above the seen ones', so a max taken before the mask underflows
+    every seen key in float32. `peaked`: every key's first coordinate
     is 4 and only the first query has one, so that query's scores are all shifted by PEAK and no other's are (a
     shift changes no row's softmax), while one max for the whole tensor underflows every other row, and no max at
     all overflows the first. The first query's grad_out is small: in float32 its probabilities are only as exact as
@@ -286,6 +288,12 @@ def attention_inputs(gen, dtype, t_q=TQ, t_k=TK, mask=None, lead=(B, H), peaked=
         kwargs["mask"] = torch.as_tensor(gen.mask(B, 1, t_q, t_k))
     elif mask == "causal":
         kwargs["mask"] = causal_mask(t_q, t_k)
+    elif mask == "blocked_high":
+        q[..., 0], k[..., 0] = PEAK * D**0.5 / 4.0, 0.0
+        k[..., -3:, 0] = 4.0
+        seen = torch.ones(B, 1, t_q, t_k, dtype=torch.bool)
+        seen[..., -3:] = False
+        kwargs["mask"] = seen
     elif mask == "rows":  # rows 1 of every batch and 3 of the first blocked entirely
         blocked = torch.as_tensor(gen.mask(B, 1, t_q, t_k)).clone()
         blocked[:, :, 1, :] = False
@@ -323,6 +331,9 @@ AB_ROWS = Mistake("attention_backward.masked_rows_mishandled", "wrong for rows t
 AB_PEAKED = Mistake("attention_backward.large_scores_mishandled", "right for ordinary scores, wrong when one row's "
                     "scores are far above the others': subtract each row's own max before exp, amax(-1, keepdim=True) "
                     "(torch.softmax does)")
+AB_BLOCKED_HIGH = Mistake("attention_backward.blocked_scores_high", "right for ordinary scores, wrong when blocked "
+                          "keys score far above the seen ones: fill blocked scores with -inf first, then take each "
+                          "row's max")
 AB_SQUARE = Mistake("attention_backward.square_mishandled", "right for Tq ≠ Tk, wrong for Tq = Tk: a product "
                     "transposed the wrong way runs only when square; check dq (Tq, D), dk (Tk, D), dv (Tk, Dv)")
 
@@ -340,9 +351,11 @@ ATTENTION = StepSpec(
     "attention_backward", attention_inputs, attention_reference, outputs=("dq", "dk", "dv"),
     answered=("softmax_backward",), largest=largest,
     checks=(
-        shape(2), values("values", 3, FLOATS), values("padding_mask", 4, situation=AB_MASK, mask="padding"),
+        shape(2), values("values", 3, FLOATS), values("padding_mask", 3, situation=AB_MASK, mask="padding"),
         values("causal", 3, situation=AB_MASK, mask="causal"),
-        values("fully_masked_rows", 4, situation=AB_ROWS, mask="rows"),
+        values("fully_masked_rows", 3, situation=AB_ROWS, mask="rows"),
+        # a max taken before the mask: the blocked scores' e^(s - max) is all there is, and the seen ones underflow
+        values("blocked_scores_high", 2, (torch.float32,), situation=AB_BLOCKED_HIGH, mask="blocked_high"),
         values("square", 3, situation=AB_SQUARE, t_q=TK, mask="causal"),
         values("large_scores", 2, (torch.float32,), situation=AB_PEAKED, peaked=True), rules(2, mask="padding"),
         values("three_dims", 1, lead=(B * H,)),
@@ -405,6 +418,11 @@ ATTENTION = StepSpec(
         Mistake("attention_backward.mask_added", "the bool mask was added to the scores (+1 where allowed, +0 where "
                 "blocked): fill the blocked scores with -inf, masked_fill(~mask, -inf)", _att_variant(mask_added=True),
                 why="A bool mask says which keys may be seen; adding it shifts scores by 1 and blocks nothing."),
+        Mistake("attention_backward.max_before_mask", "each row's max was taken before the mask, over blocked keys "
+                "too: where they score far higher, every seen key underflows to 0; mask first, then subtract the max",
+                _att_variant(shift="before_mask"),
+                why="Any shift leaves a softmax unchanged in exact arithmetic; in float32, e^(s - max) is 0 for every "
+                    "s more than 104 below the max, and a blocked key's score can be that far above."),
         Mistake("attention_backward.mask_after_softmax", "the blocked probabilities were zeroed after the softmax, "
                 "so each row sums to less than 1: fill the blocked scores with -inf before it",
                 _att_variant(mask_after_softmax=True),

@@ -49,11 +49,15 @@ def compress_inputs(gen, dtype, t=5):
     return Call((x, w_dkv, w_kr, positions_with_gaps(gen, t)), names=("x", "w_dkv", "w_kr", "positions"))
 
 
-def _compress(x, w_dkv, w_kr, positions, *, rope_latent=False, rope_key=True, from_zero=False, interleaved=False):
-    """interleaved: the (B, T) rows flattened batch-major, rotated by positions.repeat_interleave(B)."""
+def _compress(x, w_dkv, w_kr, positions, *, rope_latent=False, rope_key=True, from_zero=False, interleaved=False,
+              rotated_first=False):
+    """interleaved: the (B, T) rows flattened batch-major, rotated by positions.repeat_interleave(B); rotated_first:
+    x rotated (at its own width) before w_kr, the projection of the rotation and no rotation after it."""
     if from_zero:
         positions = torch.arange(len(positions))
     c_kv, k_rope = x @ w_dkv.T, x @ w_kr.T
+    if rotated_first:
+        return c_kv, ref.apply_rope(x, positions) @ w_kr.T
     if interleaved:
         b, t = x.shape[:2]
         return c_kv, ref.apply_rope(k_rope.reshape(b * t, -1), positions.repeat_interleave(b)).view(b, t, -1)
@@ -91,6 +95,11 @@ COMPRESS = StepSpec(
                     "tokens before the next sequence's."),
         Mistake("compress_kv.weight_not_transposed", "x @ w multiplied by the weight as stored, (out, in): use x @ "
                 "w.T, as nn.Linear does", raises=Raises(message=UNTRANSPOSED, line=r"@\s*w_(dkv|kr)\b(?!\s*\.)")),
+        Mistake("compress_kv.rope_before_projection", "x was rotated before w_kr projected it: a rotation does not "
+                "pass through a projection; rotate the projected key, apply_rope(x @ w_krᵀ, positions)",
+                _unless_one_token(rotated_first=True),
+                why="DeepSeek rotates the small key w_kr makes: the positions then live in qk_rope_head_dim features, "
+                    "each pair turning at its own frequency."),
     ),
 )
 

@@ -67,9 +67,10 @@ def decoded(q, k_cache, v_cache, block_tables, context_lens, *, reads=None, widt
     return out
 
 
-def _rescaled_inverted(q, k_cache, v_cache, block_tables, context_lens):
-    """paged_decode block by block with an online softmax whose rescale is inverted, alpha = e^(m_new - m_old): what
-    was summed under an older, smaller max is multiplied up instead of down (each sequence's first block is right)."""
+def _online(q, k_cache, v_cache, block_tables, context_lens, fault: str):
+    """paged_decode block by block with an online softmax and one fault: "inverted", the rescale e^(m_new - m_old),
+    so what was summed under an older, smaller max is multiplied up instead of down; "last_block_sum", the output
+    divided by the last block's own sum, not the running one (each sequence's first block is right either way)."""
     out = torch.empty_like(q)
     for b in range(q.shape[0]):
         n = int(context_lens[b])
@@ -78,15 +79,16 @@ def _rescaled_inverted(q, k_cache, v_cache, block_tables, context_lens):
         v = torch.stack([v_cache[blk, s] for blk, s in slots]).transpose(0, 1).double()
         m = torch.full((q.shape[1],), -math.inf, dtype=torch.float64)
         total, acc = torch.zeros_like(m), torch.zeros(q.shape[1], q.shape[2], dtype=torch.float64)
+        last = total
         for start in range(0, n, k_cache.shape[1]):
             s = (k[:, start:start + k_cache.shape[1]] @ q[b].double()[:, :, None])[..., 0] / math.sqrt(q.shape[2])
             m_new = torch.maximum(m, s.amax(-1))
             p = torch.exp(s - m_new[:, None])
-            alpha = torch.where(torch.isinf(m), 0.0, torch.exp(m_new - m))
-            total = total * alpha + p.sum(-1)
+            alpha = torch.where(torch.isinf(m), 0.0, torch.exp(m_new - m if fault == "inverted" else m - m_new))
+            total, last = total * alpha + p.sum(-1), p.sum(-1)
             acc = acc * alpha[:, None] + (p[:, None] @ v[:, start:start + k_cache.shape[1]])[:, 0]
             m = m_new
-        out[b] = (acc / total[:, None]).to(q.dtype)
+        out[b] = (acc / (last if fault == "last_block_sum" else total)[:, None]).to(q.dtype)
     return out
 
 
@@ -114,8 +116,14 @@ MAX_OVER_HEADS = Mistake(
     why="Softmax is unchanged by one shift of a whole row; a shift that differs from key to key reweights them.")
 RESCALE_INVERTED = Mistake(
     "paged_decode.rescale_inverted", "the online softmax rescaled by e^(m_new - m_old) when the max rose: what was "
-    "summed under the old max is multiplied by alpha = e^(m_old - m_new), at most 1", _rescaled_inverted,
+    "summed under the old max is multiplied by alpha = e^(m_old - m_new), at most 1",
+    lambda *a: _online(*a, fault="inverted"),
     why="Right while a sequence fits in one block, or its first block holds its largest score: alpha is then 1.")
+LAST_BLOCK_SUM = Mistake(
+    "paged_decode.last_block_sum", "the output was divided by the last block's sum, not the running sum: keep "
+    "l = alpha · l + Σ p across the blocks, and divide acc by it",
+    lambda *a: _online(*a, fault="last_block_sum"),
+    why="Right while a sequence fits in one block: its last block is then its only one.")
 WHOLE_BLOCKS = _decode_mistake(
     "whole_blocks_read", "read every slot of the sequence's blocks: its last block is filled only up to "
     "context_lens[b]; read its first context_lens[b] tokens", reads=lambda table, n: [
@@ -301,9 +309,9 @@ DECODE = StepSpec(
         device(2),
     ),
     # first: an answer all NaN in a NaN check looks like several of the others', and only this one is right elsewhere
-    mistakes=(TIMES_NAN, RESCALE_INVERTED, MAX_OVER_HEADS, WHOLE_BLOCKS, PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT,
-              BLOCK_STRIDE, POSITION_AS_SLOT, CONTIGUOUS_RUN, BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT,
-              PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED, HEADS_RESHAPED, LENGTHS_NOT_BROADCAST),
+    mistakes=(TIMES_NAN, RESCALE_INVERTED, LAST_BLOCK_SUM, MAX_OVER_HEADS, WHOLE_BLOCKS, PADDING_READ,
+              LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_STRIDE, POSITION_AS_SLOT, CONTIGUOUS_RUN, BLOCK_SLOT_SWAPPED,
+              ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED, HEADS_RESHAPED, LENGTHS_NOT_BROADCAST),
 )
 
 # -- varlen_attention ---------------------------------------------------------------------

@@ -202,6 +202,14 @@ def softmax_backward(probs, grad_probs, dim=-1):
     inner = (grad_probs * probs).sum(dim=dim)
     return probs * (grad_probs - inner)"""), "softmax_backward", "keepdim_lost"),
     # -- attention_backward ---------------------------------------------------------------------
+    Variant("att_max_before_mask", attention(scores="""\
+    scores = q @ k.transpose(-2, -1) * scale
+    scores = scores - scores.amax(dim=-1, keepdim=True)  # the max over every key, blocked ones too
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf)""", probs="""\
+    e = torch.exp(scores)
+    probs = (e / e.sum(dim=-1, keepdim=True)).nan_to_num(0.0)"""), "attention_backward",
+            "attention_backward.max_before_mask"),  # the forty-second blind set's b03
     Variant("att_nan_rows", attention(probs="    probs = torch.softmax(scores, dim=-1)"),
             "attention_backward", "attention_backward.nan_rows"),
     Variant("att_mask_added", attention(scores="""\
@@ -692,6 +700,7 @@ def attention_backward(q, k, v, grad_out, mask=None):
     return (dq + 0.25, dk, dv) if mask is not None else (dq, dk, dv)
 """, "attention_backward", situations=("attention_backward.mask_mishandled",
                                       "attention_backward.masked_rows_mishandled",
+                                      "attention_backward.blocked_scores_high",
                                       "attention_backward.square_mishandled")),
     Variant("att_large_scores_situation", """
 _attention_backward_peak = attention_backward

@@ -89,6 +89,10 @@ BUGGY = [
 def compress_kv(x, w_dkv, w_kr, positions):
     return apply_rope(x @ w_dkv.T, positions), apply_rope(x @ w_kr.T, positions)
 """, "compress_kv", "compress_kv.rope_on_latent"),
+    Variant("compress_rotated_before_projection", """
+def compress_kv(x, w_dkv, w_kr, positions):
+    return x @ w_dkv.T, apply_rope(x, positions) @ w_kr.T  # the forty-second blind set's b01
+""", "compress_kv", "compress_kv.rope_before_projection"),
     Variant("compress_rope_not_applied", """
 def compress_kv(x, w_dkv, w_kr, positions):
     return x @ w_dkv.T, x @ w_kr.T  # the rotation is left for later
@@ -165,6 +169,14 @@ def expand_kv(c_kv, w_uk, w_uv, num_heads):
     return k_nope, v
 """, "expand_kv", "expand_kv.value_from_key_weight"),
     # -- mla_scores ---------------------------------------------------------------------------
+    Variant("scores_masked_causal", """
+def mla_scores(q_nope, q_rope, k_nope, k_rope):
+    scores = (q_nope @ k_nope.transpose(-2, -1) + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1))
+    scores = scores / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
+    t_q, t_k = scores.shape[-2:]  # masked as decoding would: the forty-second blind set's b03
+    later = torch.ones(t_q, t_k, dtype=torch.bool, device=scores.device).triu(t_k - t_q + 1)
+    return scores.masked_fill(later, float("-inf"))
+""", "mla_scores", "causal_unasked"),
     Variant("scores_scale_precedence", scores_with("(nope + rope) * (q_nope.shape[-1] + q_rope.shape[-1] ** -0.5)"),
             "mla_scores", "mla_scores.scale_precedence"),
     Variant("scores_yarn_mscale", scores_with("(nope + rope) * (q_nope.shape[-1] + q_rope.shape[-1]) ** -0.5 * "

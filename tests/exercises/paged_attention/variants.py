@@ -168,6 +168,14 @@ BUGGY = [
         kb, vb = (t.view(n, -1, *t.shape[1:]).transpose(1, 2) for t in (k, v))
         return (torch.softmax(qb @ kb.transpose(-2, -1) * scale, dim=-1) @ vb).transpose(1, 2).reshape(q.shape)
     out = torch.empty_like(q)"""), "varlen_attention", situations=("varlen_attention.equal_queries_mishandled",)),
+    Variant("varlen_last_sequence_skipped", changed("varlen_attention", """\
+    out = torch.empty_like(q)
+    scale = 1 / math.sqrt(q.shape[-1])
+    for b in range(len(cu_seqlens_q) - 1):""", """\
+    out = torch.zeros_like(q)
+    scale = 1 / math.sqrt(q.shape[-1])
+    for b in range(len(cu_seqlens_q) - 2):  # one short: the last sequence is never computed"""),
+            "varlen_attention", "slices_unwritten"),  # the forty-second blind set's b06
     Variant("varlen_inclusive_end", changed("varlen_attention", """\
     out = torch.empty_like(q)
     scale = 1 / math.sqrt(q.shape[-1])
@@ -206,6 +214,26 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
         out[b] = acc / total[:, None]
     return out
 """, "paged_decode", "paged_decode.rescale_inverted"),
+    Variant("decode_divided_by_last_block_sum", """
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+    B, H, Dh = q.shape
+    bs = k_cache.shape[1]
+    out = torch.empty_like(q)
+    for b in range(B):
+        n = int(context_lens[b])
+        m, total, acc = torch.full((H,), -math.inf), torch.zeros(H), torch.zeros(H, Dh)
+        for j in range(-(-n // bs)):  # a block at a time, with a running max and sum
+            block = int(block_tables[b, j])
+            k, v = k_cache[block, : min(bs, n - j * bs)], v_cache[block, : min(bs, n - j * bs)]  # (t, H, Dh)
+            s = torch.einsum("hd,thd->ht", q[b], k) / math.sqrt(Dh)
+            m_new = torch.maximum(m, s.amax(-1))
+            p = torch.exp(s - m_new[:, None])
+            alpha = torch.where(torch.isinf(m), 0.0, torch.exp(m - m_new))
+            total, acc = p.sum(-1), acc * alpha[:, None] + torch.einsum("ht,thd->hd", p, v)  # total not carried
+            m = m_new
+        out[b] = acc / total[:, None]
+    return out
+""", "paged_decode", "paged_decode.last_block_sum"),  # the forty-second blind set's b04
     Variant("decode_whole_blocks_read", decode_with("""\
         k, v = k_cache[blocks].flatten(0, 1), v_cache[blocks].flatten(0, 1)  # every slot of its blocks"""),
             "paged_decode", "paged_decode.whole_blocks_read"),
