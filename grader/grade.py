@@ -51,11 +51,12 @@ def grade(
     path = Path(path)
     found = find_exercise(path, exercise)
     check_requirements(found)
+    data = source.file_bytes(path)  # a regular file of bounded size, or a usage error
     if path.suffix == notebook.SUFFIX:  # the Python its code cells make is what runs
         source.decoded(notebook.read(path).source.encode("utf-8"), path.name)
     else:
-        source.read(path)
-    about = {"seed": seed, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "graded_at": now()}
+        source.decoded(data, path.name)
+    about = {"seed": seed, "sha256": hashlib.sha256(data).hexdigest(), "graded_at": now()}
     warm = found.device_checks and device != "cpu"
     stand_ins = found.folder / "stand_ins.py"
     candidate = Candidate(path, timeout, memory_limit_mb, file_timeout, warm_device=warm, zygote=zygote,

@@ -44,7 +44,7 @@ from grader.html import CSS as PICTURE_CSS
 from grader.html import grid_of
 from grader.html import pictures as draw_pictures
 from grader.pool import Zygote
-from grader.progress import Progress
+from grader.progress import Progress, replace_file
 from grader.report import _groups, markdown_text
 from grader.score import Grade, StepResult
 from grader.watch import KEYS, NOT_WRITTEN, Watcher, keys_and_zygote, loss
@@ -83,9 +83,8 @@ class Session:
             data["final"] = self.final
             _keep_final(self.folder, data)
         data["signature"] = _signature(data)
-        tmp = self.folder / (SESSION_FILE + ".tmp")
-        _written(tmp, lambda: (tmp.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8"),
-                               os.replace(tmp, self.folder / SESSION_FILE)))
+        path = self.folder / SESSION_FILE
+        _written(path, lambda: replace_file(path, json.dumps(data, indent=2) + "\n"))
 
 
 def start(folder: Path, exercise: str, minutes: float, candidate: str, clock=time.time) -> tuple[Session, bool]:
@@ -220,8 +219,8 @@ def after_time(session: Session, options: dict, clock=time.time, zygote: Zygote 
 
 def _write(session: Session, card: Scorecard) -> None:
     md, page = _paths(session)
-    _written(md, lambda: md.write_text(card.markdown(), encoding="utf-8"))
-    _written(page, lambda: page.write_text(card.html(), encoding="utf-8"))
+    _written(md, lambda: replace_file(md, card.markdown()))
+    _written(page, lambda: replace_file(page, card.html()))
 
 
 def _written(path: Path, write) -> None:
@@ -517,9 +516,7 @@ def _keep_final(folder: Path, data: dict) -> None:
     path = _kept_path(folder)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data), encoding="utf-8")
-        os.replace(tmp, path)
+        replace_file(path, json.dumps(data))
     except OSError as error:
         raise UsageError(f"cannot keep the final scorecard in {path.parent} ({error.strerror}): make it writable, or "
                          "set XDG_STATE_HOME to a folder of your own.") from None

@@ -29,8 +29,10 @@ from pathlib import Path
 
 from attn_grade import DEFINITIONS, kept
 from grader.exercise import UsageError
+from grader.source import UNPARSEABLE
 
 SUFFIX = ".ipynb"
+PENDING = 200  # the most lines of one logical line followed to its end, for the escapes at the start of the next
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,9 @@ def _without_escapes(lines: list[str]) -> list[str]:
             line = line[: len(line) - len(code)] + "pass"
         out.append(line)
         pending.append(line)
-        if _complete(pending):
+        # a logical line of more than PENDING lines is taken as ended: each test tokenises the whole of it, so a cell
+        # that never closes a bracket cost time growing with the square of its lines (review 53's F4)
+        if len(pending) > PENDING or _complete(pending):
             pending = []
     return out
 
@@ -113,7 +117,7 @@ def _complete(lines: list[str]) -> bool:
 def _parsed(lines: list[str]) -> ast.Module | None:
     try:
         return ast.parse("\n".join(lines))
-    except (SyntaxError, ValueError):
+    except UNPARSEABLE:  # ten thousand minus signs, or nesting past the parser's depth, too (review 53's F1)
         return None
 
 

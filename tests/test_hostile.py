@@ -3663,3 +3663,71 @@ def test_a_kernel_that_holds_every_key_folded_into_blocks_of_block_n_holds_them_
 
 def checks_of(result) -> dict:
     return {c.name: c for s in result.steps for c in s.checks}
+
+
+HELPER = """
+
+def _same(scores):
+    return scores  # the file's own Python: a kernel may not run it
+
+
+"""
+
+
+def test_a_kernel_given_python_through_an_argument_or_a_default_keeps_no_record(grade_source):
+    """Review 53's F0: a kernel reached the file's Python through one of its parameters, which no check of its globals
+    sees: a list the grid function filled with the file's functions (which then did the attention in NumPy on the
+    blocks' arrays), a default of a constexpr parameter, a list that kept every tile of scores: 100 each, 45 fair. An
+    argument or default that is not plain data hides the record, and every check that reads it fails."""
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    line = '        s = tl.where(visible, s, -float("inf"))\n'
+    signature = "CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,\n):"
+    launch = "BLOCK_D=max(16, triton.next_power_of_2(d)),"
+    assert base.count(line) == 1 and base.count(signature) == 1 and base.count(launch) == 1
+    called = base.replace(line, line + "        s = HELPERS[0](s)\n").replace("\n@triton.jit\ndef flash_forward_kernel",
+                                                                       HELPER + "@triton.jit\ndef flash_forward_kernel")
+    by_argument = called.replace(signature, signature.replace(",\n):", ", HELPERS: tl.constexpr,\n):")).replace(
+        launch, launch + " HELPERS=[_same],")
+    by_default = called.replace(signature, signature.replace(",\n):", ", HELPERS: tl.constexpr = (_same,),\n):"))
+    for source in (by_argument, by_default):
+        result = grade_source("", base=source, name="triton_attention.py")
+        assert "flash_attention" in lost(result), explain(result)
+        assert set(lost(result)) <= {"flash_attention"}, explain(result)
+        assert any("not a tensor, a number or a constant" in c.message for c in checks_of(result).values()), \
+            explain(result)
+
+
+def test_a_file_the_grader_cannot_read_in_bounded_time_is_a_usage_error(tmp_path, zygote):
+    """Review 53's F2 and F5: a decorator of 600 attributes made the rules' recursive readers of the tree exit 3 (and
+    watch's and interview's step keys), and a file of 3 MB held the grader's own process at 1.9 GB for 15 minutes:
+    code nested more than source.MAX_DEPTH levels, or larger than source.MAX_BYTES, is refused in a line (exit 2)."""
+    from grader import source
+    from grader.exercise import UsageError
+    from grader.grade import grade
+
+    deep = tmp_path / "mha.py"
+    deep.write_text("import torch\n\n@torch" + ".nn" * 600 + "\ndef project(x, w, b=None):\n    return x\n")
+    with pytest.raises(UsageError, match="nests its code .* levels deep"):
+        grade(deep, zygote=zygote, device="cpu")
+    large = tmp_path / "self_attention.py"
+    large.write_text(REFERENCE + "\n# " + "x" * source.MAX_BYTES + "\n")
+    with pytest.raises(UsageError, match="KiB of code"):
+        grade(large, "mha", zygote=zygote, device="cpu")
+
+
+def test_what_the_grader_reads_of_a_file_grows_no_faster_than_the_file(grade_source):
+    """Review 53's F3 and F6: kv_cache's chunked checks matched a pattern over the class's whole source, backtracking
+    over 256 KB of `.append(` in a comment (315 s, and a correct step lost its points to the file's time), and the
+    rules found a step's helpers by searching every text for every name (3,000 chained helpers: 120 s). Both now read
+    what they read once: the correct steps keep their points under the file's time."""
+    from grader.engine.rules import _with_helpers
+
+    chain = "".join(f"def h{i}(x):\n    return h{i + 1}(x)\n\n" for i in range(3000)) + "def h3000(x):\n    return x\n"
+    assert _with_helpers(chain, "def step(x):\n    return h0(x)\n").count("def h") == 3001
+    base = (ROOT / "solutions" / "kv_cache.py").read_text()
+    line = "        return self.w_o(y.transpose(1, 2).reshape(B, T, D))  # merge the heads: (B, T, H·Dh)\n"
+    assert base.count(line) == 1
+    wrong = ("        # " + ".append(" * 25000 + "\n        out = self.w_o(y.transpose(1, 2).reshape(B, T, D))\n"
+             "        return out + 0.125 if cache is not None and past_len > 0 else out  # wrong after a prefill\n")
+    result = grade_source("", base=base.replace(line, wrong), name="kv_cache.py", file_timeout=30)
+    assert len(lost(result)) == 1 and "kv_cache_bytes" not in lost(result), explain(result)

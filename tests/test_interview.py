@@ -309,6 +309,46 @@ def test_what_the_candidate_puts_in_the_way_of_the_final_scorecard_costs_it_noth
         damage(folder / interview.SESSION_FILE)
 
 
+def test_links_the_candidate_puts_in_the_folder_are_replaced_never_written_through(tmp_path, zygote, clock):
+    """Review 53's F7: a link at scorecard.md (or at the progress file's temporary name) to a file outside the folder,
+    the interviewer's key among them, was written through at time up: the key became the scorecard, and the next
+    interview was refused. Every file the kit writes there is made anew and moved into place."""
+    folder = tmp_path / "iv"
+    interview.start(folder, "mha", 5, "Ada", clock)
+    key = interview.key_path()
+    before = key.read_bytes()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    (folder / "scorecard.md").symlink_to(key)
+    (folder / "scorecard.html").symlink_to(victim)
+    (folder / ".attn-grade.tmp").symlink_to(victim)  # the name the progress file was once written through
+    clock.now += 400
+    md, _ = interview.run(folder, "mha", 5, "Ada", {"device": "cpu"}, clock=clock, read_key=script(), zygote=zygote)
+    assert key.read_bytes() == before and victim.read_text() == "mine"
+    assert not md.is_symlink() and scorecard_line(md.read_text(), "Final score") == "0/100"
+
+
+def test_a_pipe_or_a_device_in_place_of_the_file_is_no_save(tmp_path, zygote, clock):
+    """Review 53's F8: a FIFO put in place of the candidate's file during a live interview hung the watcher (it read
+    the pipe to see whether the file changed) past time up, and a link to /dev/zero filled the grader's memory (exit
+    3): only a regular file is read, at most so far, and what stands in its place is no save."""
+    from grader.watch import Watcher
+
+    folder = tmp_path / "iv"
+    interview.start(folder, "mha", 5, "Ada", clock)
+    watcher = Watcher(folder / "mha.py", {"device": "cpu"}, zygote)
+    assert watcher.saved()
+    (folder / "mha.py").unlink()
+    os.mkfifo(folder / "mha.py")
+    assert not watcher.saved()  # at once: a pipe with no writer is not waited on
+    (folder / "mha.py").unlink()
+    (folder / "mha.py").symlink_to("/dev/zero")
+    assert not watcher.saved()
+    clock.now += 400
+    with pytest.raises(interview.UsageError, match="not a (regular )?file"):
+        interview.run(folder, "mha", 5, "Ada", {"device": "cpu"}, clock=clock, read_key=script(), zygote=zygote)
+
+
 def test_the_countdown_shows_under_each_screen(tmp_path, zygote, clock, capsys):
     folder = tmp_path / "iv"
     actions = [at(clock, 75, lambda: save(folder / "mha.py", REFERENCE)), at(clock, 200, lambda: None)]

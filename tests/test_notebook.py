@@ -143,3 +143,25 @@ def test_a_notebook_graded_as_a_file_leaves_out_what_its_check_leaves_out(tmp_pa
     assert "display" not in read.source and "attn_grade" not in read.source and "shape =" not in read.source
     assert "x = torch.randn(1, 4, 8)" in read.source and len(read.cells) == len(read.source.splitlines())
     assert grade(path, "mha", zygote=zygote, device="cpu").full_marks
+
+
+def test_a_cell_the_parser_cannot_hold_is_a_cell_that_does_not_parse(tmp_path, zygote):
+    """Review 53's F1: a cell of ten thousand minus signs (the parser's MemoryError), or a sum nested past its
+    depth (RecursionError), made the grade of a notebook exit 3. It is a cell that does not parse: scored 0 like
+    any such file, and a grade of the rest is not attempted."""
+    for cell in ("x = " + "-" * 10000 + "1", "x = " + "(" * 300 + "1" + ")" * 300):
+        path = write_notebook(tmp_path / "attempt.ipynb", [("code", REFERENCE), ("code", cell)])
+        result = grade(path, "mha", zygote=zygote, device="cpu")
+        assert result.score == 0, explain(result)
+
+
+def test_a_cell_that_never_closes_its_bracket_is_read_in_bounded_time(tmp_path, zygote):
+    """Review 53's F4: each line of a logical line still open was tested by tokenising every line of it again, so a
+    cell of thousands of lines inside one bracket cost time growing with their square (55 KB, 132 s of the file's
+    20): a logical line is followed for notebook.PENDING lines at most, and the rest of the notebook keeps its
+    points."""
+    opened = "x = [\n" + "    1,\n" * 8000 + "]\n"
+    path = write_notebook(tmp_path / "attempt.ipynb", [("code", REFERENCE), ("code", opened)])
+    assert len(notebook._without_escapes(opened.splitlines())) == 8002
+    result = grade(path, "mha", zygote=zygote, device="cpu", file_timeout=20)
+    assert result.full_marks, explain(result)

@@ -12,7 +12,10 @@ reads garbage that the value checks catch, and name.
 An interpreted kernel's body is Python too: at each launch, every global its code loads must be Triton's own (a
 module as Triton's package imported it, an object of one of its classes), another kernel, a constant or a builtin
 the compiler takes; anything else (a function of the file's, under whatever decorator's name: the thirty-fifth and
-thirty-sixth reviews) hides the record.
+thirty-sixth reviews) hides the record. So does an argument, or a default of the kernel's, that is not plain data (a
+tensor, a number, a string, a Triton dtype or constant of those, a tuple of them): a list the grid function fills
+with the file's functions, or one that keeps every tile of scores, reaches the kernel's body as a parameter (the
+fifty-third review's F0), which the compiler would refuse as well.
 
 Every block the interpreter makes is told to the record's shapes, when it keeps them (`made`): what a kernel holds
 in its registers at once, for the checks of its tiles (a kernel that loads every key at once: review 50's F1). So is
@@ -36,6 +39,8 @@ OUTSIDE = ("a Triton kernel stored outside its launch's tensors (a pointer made 
 CHANGED = "Triton's interpreter was changed while the call ran: what its kernels touched, no record sees"
 FOREIGN = ("a Triton kernel reaches {name}, which is not Triton's: interpreted, a kernel's body runs as Python, "
            "and what it does there no record sees")
+UNPLAIN = ("a Triton kernel was given an argument (or has a default) of type {kind}, not a tensor, a number or a "
+           "constant: interpreted, a kernel's body runs it as Python, and what it does there no record sees")
 # What a kernel may load as a global besides Triton's own (the compiler takes these as constants); a copy of
 # rules.KERNEL_BUILTINS, for this module is loaded by path, apart from the grader
 KERNEL_BUILTINS = frozenset({"range", "min", "max", "len", "int", "float", "bool", "abs", "isinstance", "zip",
@@ -197,10 +202,43 @@ def watch(torch, record):
             return original(self, pointers, mask, *args, **kwargs)
         return operation
 
+    function_defaults = types.FunctionType.__dict__["__defaults__"].__get__
+    function_kwdefaults = types.FunctionType.__dict__["__kwdefaults__"].__get__
+    tensor_kinds = (torch.Tensor, torch.nn.Parameter)
+
+    def plain(value, depth=0) -> bool:
+        """What a launch may hand a kernel: nothing mutable, nothing of the file's (checked by exact type)."""
+        kind = type(value)
+        if value is None or kind in (bool, int, float, str) or kind in tensor_kinds:
+            return True
+        if descriptor is not None and kind is descriptor:
+            return plain(value.base, depth + 1)
+        if kind is tuple and depth < 4:
+            return all(plain(item, depth + 1) for item in value)
+        if constexpr is not None and kind is constexpr:
+            return plain(value.value, depth + 1)
+        owner = sys.modules.get(getattr(kind, "__module__", "") or "")  # one of Triton's own types (tl.float16)
+        return (dtype is not None and isinstance(value, dtype) and owner is not None and triton_module(owner)
+                and getattr(owner, kind.__name__, None) is kind)
+
+    def unplain(fn, args, kwargs) -> str:
+        """The type of the first argument, or default of the kernel's, that is not plain data ('' if none)."""
+        defaults = ()
+        if type(fn) is types.FunctionType:
+            defaults = (*(function_defaults(fn) or ()), *dict.values(function_kwdefaults(fn) or {}))
+        for value in (*args, *dict.values(kwargs), *defaults):
+            if not plain(value):
+                return type(value).__name__
+        return ""
+
     def launch(self, *args, **kwargs):
-        reached = foreign(getattr(self, "fn", None), set())
+        fn = getattr(self, "fn", None)
+        reached = foreign(fn, set())
         if reached:
             record.hide(FOREIGN.format(name=reached))
+        kind = unplain(fn, args, kwargs)
+        if kind:
+            record.hide(UNPLAIN.format(kind=kind))
         found = []
         given((args, kwargs), found)
         spans.append(found)
