@@ -9,6 +9,8 @@ step's plain case passed), the others after it:
              (range(n - 1) over the sequences, heads or blocks) into an output made of zeros;
   unasked    scores right but for -inf (or a large negative) on every later key: a causal mask where the
              call asked for none;
+  scaled     an answer that is the right one times one constant (1/H: a mean over the heads where a sum
+             belongs), said with the size of the inputs the constant is, if any;
 
   parts    a tuple answer whose parts are some right, some wrong: "dk is wrong while dq and dv are
            right" (a step may say it in its own words: StepSpec.parts, by the parts that are right);
@@ -42,7 +44,14 @@ CAUSAL_UNASKED = Mistake(
     "mask (or causal=True) blocks",
     why="Decoding and training code masks the future by habit; a step given no mask sees every key.",
 )
-GENERIC = (SLICES_UNWRITTEN, CAUSAL_UNASKED, PARTS_WRONG)
+ANSWER_SCALED = Mistake(
+    "answer_scaled",
+    "the answer is the right one times one constant: a factor is off (a mean where a sum belongs, a scale twice or "
+    "not at all); find what multiplies it",
+    why="Every entry off by the same factor clears the shapes, the order and the masking: only a multiplication, a "
+        "division, or a mean, is left.",
+)
+GENERIC = (SLICES_UNWRITTEN, CAUSAL_UNASKED, ANSWER_SCALED, PARTS_WRONG)
 BLOCKED = -1e4  # a score this low (or -inf) is one a mask set
 
 
@@ -93,6 +102,25 @@ def unasked(run, value, call):
         if _close(torch.where(later, want.to(got.dtype), got), want, native, call):
             return CAUSAL_UNASKED
     return None
+
+
+def scaled(run, value, call):
+    """ANSWER_SCALED: a tensor answer equal to c times the reference, for one constant c other than 1."""
+    got, want, native = _tensors(run, value, call)
+    if got is None or not bool(got.isfinite().all()) or not bool(want.isfinite().all()):
+        return None
+    g, w = got.double().flatten(), want.double().flatten()
+    norm = float((w * w).sum())
+    factor = float((g * w).sum()) / norm if norm > 0 else 0.0
+    if abs(factor) < 1e-6 or abs(factor - 1) < 1e-3 or not _close(got, want * factor, native, call):
+        return None
+    sizes = sorted({n for x in call.args if hasattr(x, "shape") for n in x.shape if n > 1})
+    named = next((f" (1/{n}: a mean over an axis of {n} where a sum belongs, or a division by it)" for n in sizes
+                  if abs(factor * n - 1) < 1e-3), "")
+    named = named or next((f" ({n}: a sum over an axis of {n} where a mean belongs, or a product by it)"
+                           for n in sizes if abs(factor - n) < 1e-3 * n), "")
+    return Mistake(ANSWER_SCALED.id, f"the answer is the right one times {factor:.4g}{named}: find the factor that "
+                                     "multiplies it", why=ANSWER_SCALED.why)
 
 
 def _tensors(run, value, call):

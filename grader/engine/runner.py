@@ -504,8 +504,8 @@ class Run:
     def generic(self, value, call: Call, native, device: str):
         """The mistake no list of the step's names: a tuple's parts reordered, the answer's form, then the search
         (grader/engine/search.py) over the wrong answers the step's reference gives with its arguments changed, then
-        entries never written or masked unasked, then where it is wrong (the check's situation, a part of the answer,
-        a simpler case: grader/engine/locate.py)."""
+        entries never written or masked unasked, then where it is wrong (the check's situation, the whole answer
+        scaled, a part of the answer, a simpler case: grader/engine/locate.py)."""
         mistake = search.outputs_reordered(self, value, call)
         if mistake is None:
             mistake = diagnose.form(value, native, self.spec.backend, device)
@@ -518,7 +518,8 @@ class Run:
         if mistake is None and device != "meta":  # where it is wrong: the case this check adds, a part, a probe
             if self.situated():
                 return self.check.situation
-            mistake = locate.parts(self, value, call) or (None if self.plain_passed() else locate.probed(self))
+            mistake = (locate.scaled(self, value, call) or locate.parts(self, value, call)
+                       or (None if self.plain_passed() else locate.probed(self)))
         return mistake
 
     def plain_passed(self) -> bool:

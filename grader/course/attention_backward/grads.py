@@ -160,7 +160,8 @@ def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, 
 
 def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal_shift=0, rescale_sum=True,
                   scale="d", top_left=False, last_block=True, normalise=True, lse_base_two=False, local_keys=False,
-                  running_max=True, block_q=32, last_query_block=True, skip_from_first_row=False, padded_keys=False):
+                  running_max=True, block_q=32, last_query_block=True, skip_from_first_row=False, padded_keys=False,
+                  max_kept=True):
     """(out, lse) by the online softmax over key blocks, in float64; the keyword arguments after * make the named
     wrong variants (causal_shift=-1: the diagonal key masked too; scale: "d" (1/√D, right), "v" (1/√Dv), "none",
     "twice" (1/D); last_block=False: the last, shorter key block dropped; normalise=False: acc not divided by l;
@@ -168,7 +169,8 @@ def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal
     0 to block_k - 1; running_max=False: the max is the tile's own, not the larger of it and the running one;
     last_query_block=False: the queries past the last whole block of block_q never computed, out 0 and lse -inf;
     skip_from_first_row: causal, a query block stops at the first key block past its first row's last key;
-    padded_keys: k and v padded with zeros to whole blocks, the padding masked only by the causal mask).
+    padded_keys: k and v padded with zeros to whole blocks, the padding masked only by the causal mask; max_kept=False:
+    the running max never stored, so it stays -inf and each key block starts the sums afresh).
     A row with no key: out 0, lse -inf."""
     q64, k64, v64 = q.double(), k.double(), v.double()
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -193,7 +195,7 @@ def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal
         alpha, p = torch.exp(m - shift), torch.exp(scores - shift[..., None])
         total = (alpha if rescale_sum else 1.0) * total + p.sum(-1)
         acc = (alpha[..., None] if rescale_acc else 1.0) * acc + p @ v64[..., j:j + block_k, :]
-        m = m_new
+        m = m_new if max_kept else m
     out = acc / torch.where(total > 0, total, 1.0)[..., None] if normalise else acc
     lse = m + torch.log(total)
     if not last_query_block:

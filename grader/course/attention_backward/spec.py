@@ -914,6 +914,11 @@ FUNCTION = StepSpec(
                 "the running sum l when the running max rose: l = alpha * l + rowsum(p), alpha = e^(m - m_new)",
                 _forward_variant(rescale_sum=False),
                 why="l must sum e^(s - m) under the current max; its old terms keep the old max's scale."),
+        Mistake("FlashAttentionFunction.forward_max_not_kept", "the forward's running max was never stored (m stays "
+                "-inf), so each key block starts the sums afresh and only the last counts: set m = m_new every block",
+                _forward_variant(max_kept=False),
+                why="A new name bound inside the loop (m_blk = m_new), or a copy updated in place of the running "
+                    "tensor, leaves m as it began."),
         Mistake("FlashAttentionFunction.forward_query_tail_dropped", "the forward skipped the last, shorter block "
                 "of queries: loop over range(0, Tq, block_q) and cut each block at Tq",
                 _query_tail_dropped),

@@ -38,6 +38,13 @@ from .latent import CACHE, DN, DR, DV, FLOATS, MODULE, B, D, H, R, bottom_right
 # -- compress_kv --------------------------------------------------------------------------
 
 
+def rotated_again(k_rope: torch.Tensor) -> torch.Tensor:
+    """The shared key rotated once more, by 0 … Tk − 1: what a step does that takes the k_rope it is given (rotated
+    already, by compress_kv) for an unrotated one."""
+    return ref.apply_rope(k_rope, torch.arange(k_rope.shape[1], device=k_rope.device))
+
+
+
 def positions_with_gaps(gen, t: int) -> torch.Tensor:
     """t sorted distinct positions in 1 … 40, never 0, 1, 2, …: code that ignores them is caught."""
     return (torch.randperm(40, generator=gen.rng)[:t] + 1).sort().values
@@ -266,6 +273,9 @@ SCORES = StepSpec(
         Mistake("mla_scores.rope_part_dropped", "the RoPE part is missing: add q_rope @ k_ropeᵀ, the shared key "
                 "broadcast over the heads", lambda *a: [_scores(*a, rope=False), _scores(*a, rope=False, width=DN)],
                 why="Without it the scores carry no position at all."),
+        Mistake("mla_scores.key_rotated_again", "k_rope was rotated again: it comes rotated by compress_kv, at its "
+                "tokens' positions; use it as given",
+                lambda q_n, q_r, k_n, k_r: _scores(q_n, q_r, k_n, rotated_again(k_r))),
         Mistake("mla_scores.rope_key_heads_interleaved", "the shared key was repeated with repeat_interleave over "
                 "the tokens and viewed (B, H, Tk, Dr), so head h reads other tokens' keys: broadcast it, "
                 "k_rope.unsqueeze(1)",
@@ -493,6 +503,9 @@ ABSORBED = StepSpec(
         Mistake("absorbed_attention.rope_part_dropped", "the scores lack the RoPE part: add q_rope @ k_ropeᵀ (the "
                 "shared key, broadcast over the heads) to the absorbed part before scaling",
                 lambda *a, **k: [_absorbed(*a, **k, rope=False, width=w) for w in (None, DN, R)]),
+        Mistake("absorbed_attention.key_rotated_again", "k_rope was rotated again: the cache holds it rotated by "
+                "compress_kv, at its tokens' positions; use it as given",
+                lambda q_n, q_r, c, k_r, *a, **k: _absorbed(q_n, q_r, c, rotated_again(k_r), *a, **k)),
         Mistake("absorbed_attention.mask_ignored", "the mask was not applied (or skipped for one query: decode may be "
                 "masked too, padding): fill the scores with -inf where it is False, whenever it is given",
                 _absorbed_variant(mask_ignored=True)),
@@ -548,14 +561,14 @@ def bytes_inputs(gen, dtype, attention="mla", layers=60, heads=128, head_dim=128
 
 def _bytes(attention, layers, heads, head_dim, kv_heads, rank, rope, dtype, *, itemsize=None, unit=1, kv_factor=2,
            mla_per_head=False, mla_factor=1, rope_per_head=False, gqa_query_heads=False, gqa_group=False,
-           by_family=False, rope_once=False, one_layer=False, rope_as_head_dim=False):
+           by_family=False, rope_once=False, one_layer=False, rope_as_head_dim=False, mha_kv_heads=False):
     """The count, from the formula; the keyword arguments make the named wrong counts."""
     item = itemsize or torch.empty((), dtype=dtype).element_size()
     rope = head_dim if rope_as_head_dim else rope
     if by_family:  # 2 bytes for the half types, 4 for every other
         item = 2 if dtype in (torch.float16, torch.bfloat16) else 4
     cached_heads = heads if gqa_query_heads else heads // kv_heads if gqa_group else kv_heads
-    per_layer = {"mha": kv_factor * heads * head_dim,
+    per_layer = {"mha": kv_factor * (kv_heads if mha_kv_heads else heads) * head_dim,
                  "gqa": kv_factor * cached_heads * head_dim,
                  "mla": mla_factor * (heads if mla_per_head else 1) * (rank + (heads if rope_per_head else 1) * rope)}
     if rope_once and attention == "mla":  # L·R + Dr: the product taken before the sum
@@ -633,6 +646,10 @@ BYTES = StepSpec(
                 "its cache holds num_kv_heads heads, 2·L·num_kv_heads·head_dim", _count(gqa_group=True)),
         Mistake("cache_bytes_per_token.gqa_query_heads", "GQA counted with the query heads: its cache holds "
                 "num_kv_heads heads, 2·L·num_kv_heads·head_dim", _count(gqa_query_heads=True)),
+        Mistake("cache_bytes_per_token.mha_kv_heads", "MHA counted with num_kv_heads: MHA caches a key and a value for "
+                "every head, 2·L·num_heads·head_dim", _count(mha_kv_heads=True),
+                why="One branch for MHA and GQA reads num_kv_heads for both; MHA is GQA with num_kv_heads = num_heads, "
+                    "whatever num_kv_heads the call passes."),
         Mistake("cache_bytes_per_token.no_factor_two", "counted the keys only for MHA or GQA: the cache holds keys and "
                 "values, a factor 2", _count(kv_factor=1)),
         Mistake("cache_bytes_per_token.in_bits", "counted bits (itemsize · 8): the answer is in bytes", _count(unit=8)),

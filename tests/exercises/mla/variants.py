@@ -169,6 +169,12 @@ def expand_kv(c_kv, w_uk, w_uv, num_heads):
     return k_nope, v
 """, "expand_kv", "expand_kv.value_from_key_weight"),
     # -- mla_scores ---------------------------------------------------------------------------
+    Variant("scores_key_rotated_again", """
+def mla_scores(q_nope, q_rope, k_nope, k_rope):
+    k_rope = apply_rope(k_rope, torch.arange(k_rope.shape[1]))  # taken for unrotated: rotated twice
+    scores = q_nope @ k_nope.transpose(-2, -1) + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)
+    return scores / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
+""", "mla_scores", "mla_scores.key_rotated_again"),
     Variant("scores_masked_causal", """
 def mla_scores(q_nope, q_rope, k_nope, k_rope):
     scores = (q_nope @ k_nope.transpose(-2, -1) + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1))
@@ -214,6 +220,14 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
         'scores = scores.masked_fill(~mask, float("-inf"))',
         'scores = scores.masked_fill(~(mask[:, :1] if mask.dim() == 4 else mask), float("-inf"))'),
             "absorbed_attention", "absorbed_attention.batched_mask_mishandled"),
+    Variant("absorbed_key_rotated_again", absorbed_with(  # the forty-third blind set's b03
+        "scores = q_latent @ latents.transpose(-2, -1) + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)",
+        "k_rope = apply_rope(k_rope, torch.arange(k_rope.shape[1]))  # taken for unrotated\n"
+        "    scores = q_latent @ latents.transpose(-2, -1) + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)"),
+            "absorbed_attention", "absorbed_attention.key_rotated_again"),
+    Variant("absorbed_heads_averaged", absorbed_with(  # the forty-third blind set's b04
+        "reshape(*y.shape[:1], y.shape[2], -1) @ w_o.T", "reshape(*y.shape[:1], y.shape[2], -1) @ w_o.T / H"),
+            "absorbed_attention", "answer_scaled"),
     Variant("absorbed_output_weight_as_stored", absorbed_with(  # the forty-first blind set's b04
         "reshape(*y.shape[:1], y.shape[2], -1) @ w_o.T", "reshape(*y.shape[:1], y.shape[2], -1) @ w_o"),
             "absorbed_attention", "weight_as_stored"),
@@ -623,6 +637,8 @@ def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_hea
             "cache_bytes_per_token", "cache_bytes_per_token.gqa_query_heads"),
     Variant("bytes_gqa_group_size", bytes_with(gqa="2 * (num_heads // num_kv_heads) * head_dim"),
             "cache_bytes_per_token", "cache_bytes_per_token.gqa_group_size"),
+    Variant("bytes_mha_with_kv_heads", bytes_with(mha="2 * num_kv_heads * head_dim"),  # the forty-third set's b08
+            "cache_bytes_per_token", "cache_bytes_per_token.mha_kv_heads"),
     Variant("bytes_no_factor_two", bytes_with(mha="num_heads * head_dim", gqa="num_kv_heads * head_dim"),
             "cache_bytes_per_token", "cache_bytes_per_token.no_factor_two"),
     Variant("bytes_in_bits", bytes_with(item="torch.finfo(dtype).bits"),
