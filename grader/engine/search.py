@@ -276,7 +276,8 @@ def _identical(a, b) -> bool:
     a, b = (as_tensor(x) if isinstance(x, np.ndarray) else x for x in (a, b))
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         same_form = a.shape == b.shape and a.dtype == b.dtype and not a.is_meta
-        return same_form and torch.equal(a.nan_to_num(), b.nan_to_num())
+        # an answer all NaN or inf (an overflow) says nothing by staying so when an argument changes
+        return same_form and bool(a.isfinite().any()) and torch.equal(a.nan_to_num(), b.nan_to_num())
     return False
 
 

@@ -319,6 +319,13 @@ def attention_reference(q, k, v, grad_out, mask=None):
     return autograd(q, k, v, grad_out, mask)[1:]
 
 
+def _causal_when_unmasked(q, k, v, grad_out, mask=None):
+    """The gradients with a bottom-right causal mask where no mask was given (none for a mask given)."""
+    if mask is not None:
+        raise ValueError("a mask was given: this mistake is of calls without one")
+    return grads.plain(q, k, v, grad_out, causal_mask(q.shape[-2], k.shape[-2]))
+
+
 def _att_variant(**wrong):
     return lambda q, k, v, grad_out, mask=None: grads.plain(q, k, v, grad_out, mask, **wrong)
 
@@ -364,6 +371,9 @@ ATTENTION = StepSpec(
         device(2, mask="causal"),
     ),
     mistakes=(
+        Mistake("attention_backward.causal_unasked", "with mask=None a causal mask was applied: no mask means every "
+                "key is seen; mask only what a given mask blocks", _causal_when_unmasked,
+                why="A backward written for a decoder masks the future by habit; this contract gives the mask."),
         Mistake("attention_backward.nan_rows", "a row the mask blocks entirely gave NaN: its probabilities are 0, so "
                 "its gradients are 0 (softmax(...).nan_to_num(0), or torch.where)", test=_has_nan,
                 why="The softmax of a row of -inf is 0 / 0."),
@@ -548,6 +558,11 @@ FLASH = StepSpec(
     mistakes=(
         Mistake("flash_attention_backward.nan_rows", "a row with no key to see (lse = -inf) gave NaN: e^(S - lse) "
                 "is e^(-inf + inf) there; make such rows' P 0 (lse → +inf, or torch.where)", test=_nan_in_keyless_rows),
+        Mistake("flash_attention_backward.lse_base_mixed", "P was recomputed as 2^(S·log2(e) − lse) with lse in "
+                "natural log: convert it too, 2^((S − lse)·log2(e)), or use e^(S − lse)",
+                lambda q, k, v, out, lse, *a, **kw: flash_reference(q, k, v, out, lse * math.log(2), *a, **kw),
+                why="Triton's kernels use exp2 with S and lse both in bits; with lse left in nats P is off by "
+                    "e^(lse·(ln 2 − 1)), a factor per row."),
         Mistake("flash_attention_backward.masked_after_exp", "P was masked after e^(S - lse): a hidden key's large "
                 "score makes it inf, and inf · 0 is NaN; fill S with -inf before the exponential",
                 _flash_variant(mask_after_exp=True)),

@@ -297,13 +297,16 @@ SCORES = StepSpec(
 ABSORBED_NAMES = ("q_nope", "q_rope", "c_kv", "k_rope", "w_uk", "w_uv", "w_o")
 
 
-def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True, widths=None, padded=False, batched=False):
-    """`widths` (a dict of h, dn, dr, dv, d, r) replaces the exercise's sizes; `padded`: the mask blocks the first two
+def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True, widths=None, padded=False, batched=False, loud=False):
+    """`loud`: the RoPE queries 200 times larger, so that scores reach hundreds and e^s overflows float32 unless the
+    row's max is subtracted first. `widths` (a dict of h, dn, dr, dv, d, r) replaces the exercise's sizes; `padded`: the
+    mask blocks the first two
     keys too (left padding), so that it blocks some key even for one query; `batched`: a (B, H, Tq, Tk) mask, the
     second sequence's first key blocked (its padding), and every head but the first its second key too: a mask of
     its own per sequence and head, as the contract allows (the fortieth blind set cut it to head 0)."""
     h, dn, dr, dv, d, r = (dict(h=H, dn=DN, dr=DR, dv=DV, d=D, r=R) | (widths or {})).values()
-    q_nope, q_rope = gen.randn(B, h, tq, dn, dtype=dtype), gen.randn(B, h, tq, dr, dtype=dtype)
+    q_nope = gen.randn(B, h, tq, dn, dtype=dtype)
+    q_rope = gen.randn(B, h, tq, dr, dtype=dtype, scale=200.0 if loud else 1.0)
     c_kv, k_rope = gen.randn(B, tk, r, dtype=dtype), gen.randn(B, tk, dr, dtype=dtype)
     w_uk, w_uv = gen.randn(h * dn, r, dtype=dtype, scale=r**-0.5), gen.randn(h * dv, r, dtype=dtype, scale=r**-0.5)
     w_o = gen.randn(d, h * dv, dtype=dtype, scale=(h * dv) ** -0.5)
@@ -369,6 +372,9 @@ def _cut_wrong(weight: str):
 
 ABSORBED_NO_MASK = Mistake("absorbed_attention.no_mask_mishandled", "right with a mask, wrong without one: "
                            "mask=None means every key is seen; apply the mask only when it is given")
+ABSORBED_LARGE = Mistake("absorbed_attention.large_scores_mishandled", "right for small scores, wrong for scores "
+                         "in the hundreds: subtract each row's max before exp (torch.softmax does), so e^s never "
+                         "overflows")
 ABSORBED_ONE = Mistake("absorbed_attention.one_query_mishandled", "right for several queries, wrong for one: keep the "
                        "query axis of size 1 (no squeeze) through the folded query, the softmax and the output")
 ABSORBED_SIZES = Mistake("absorbed_attention.sizes_mishandled", "wrong for 4 queries and 11 keys: a size was taken "
@@ -457,7 +463,8 @@ ABSORBED = StepSpec(
     "absorbed_attention", absorbed_inputs, ref.absorbed_attention,
     probes=(Probe({"tq": 1}, ABSORBED_QUERIES),),
     checks=(shape(1), values("values", 2, FLOATS), values("unmasked", 2, situation=ABSORBED_NO_MASK, masked=False),
-            values("one_query", 2, situation=ABSORBED_ONE, tq=1, padded=True),
+            values("one_query", 1, situation=ABSORBED_ONE, tq=1, padded=True),
+            values("large_scores", 1, (torch.float32,), situation=ABSORBED_LARGE, loud=True),
             values("many_keys", 1, situation=ABSORBED_SIZES, tq=4, tk=11),
             values("batched_mask", 1, situation=ABSORBED_MASK_AXES, batched=True), prop("latent_only", 3, latent_only),
             device(1)),

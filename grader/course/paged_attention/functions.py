@@ -96,6 +96,19 @@ def _decode_mistake(name, message, why="", **knobs):
     return Mistake(f"paged_decode.{name}", message, lambda *a: decoded(*a, **knobs), why=why)
 
 
+def _softmax_over_heads(q, k_cache, v_cache, block_tables, context_lens):
+    """paged_decode with the softmax of the (H, n) scores taken over the heads, dim=0: each key's weights sum to 1 over
+    the heads, not each head's over its keys."""
+    out = torch.empty_like(q)
+    for b in range(q.shape[0]):
+        slots = [_slot(block_tables[b].tolist(), t) for t in range(int(context_lens[b]))]
+        k = torch.stack([k_cache[blk, s] for blk, s in slots]).transpose(0, 1).double()  # (H, n, Dh)
+        v = torch.stack([v_cache[blk, s] for blk, s in slots]).transpose(0, 1).double()
+        scores = (k @ q[b].double()[:, :, None])[..., 0] / math.sqrt(q.shape[2])  # (H, n)
+        out[b] = (torch.softmax(scores, 0)[:, None] @ v)[:, 0].to(q.dtype)
+    return out
+
+
 def _max_over_heads(q, k_cache, v_cache, block_tables, context_lens):
     """paged_decode with each key's scores shifted by their max over the heads, not each head's max over its keys:
     e^(s − m) / Σ e^(s − m) with m different for every key is no softmax."""
@@ -114,6 +127,9 @@ MAX_OVER_HEADS = Mistake(
     "paged_decode.max_over_heads", "the softmax's max was taken over the heads, one per key, not over each head's "
     "keys: subtract scores.amax(dim=-1, keepdim=True), the keys' axis", _max_over_heads,
     why="Softmax is unchanged by one shift of a whole row; a shift that differs from key to key reweights them.")
+SOFTMAX_OVER_HEADS = Mistake(
+    "paged_decode.softmax_over_heads", "the softmax ran over the heads (dim=0 of the (H, n) scores): each head's "
+    "weights over its keys sum to 1, softmax(scores, dim=-1)", _softmax_over_heads)
 RESCALE_INVERTED = Mistake(
     "paged_decode.rescale_inverted", "the online softmax rescaled by e^(m_new - m_old) when the max rose: what was "
     "summed under the old max is multiplied by alpha = e^(m_old - m_new), at most 1",
@@ -309,9 +325,10 @@ DECODE = StepSpec(
         device(2),
     ),
     # first: an answer all NaN in a NaN check looks like several of the others', and only this one is right elsewhere
-    mistakes=(TIMES_NAN, RESCALE_INVERTED, LAST_BLOCK_SUM, MAX_OVER_HEADS, WHOLE_BLOCKS, PADDING_READ,
-              LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_STRIDE, POSITION_AS_SLOT, CONTIGUOUS_RUN, BLOCK_SLOT_SWAPPED,
-              ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED, HEADS_RESHAPED, LENGTHS_NOT_BROADCAST),
+    mistakes=(TIMES_NAN, RESCALE_INVERTED, LAST_BLOCK_SUM, SOFTMAX_OVER_HEADS, MAX_OVER_HEADS, WHOLE_BLOCKS,
+              PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_STRIDE, POSITION_AS_SLOT, CONTIGUOUS_RUN,
+              BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED, HEADS_RESHAPED,
+              LENGTHS_NOT_BROADCAST),
 )
 
 # -- varlen_attention ---------------------------------------------------------------------

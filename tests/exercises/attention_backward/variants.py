@@ -202,6 +202,11 @@ def softmax_backward(probs, grad_probs, dim=-1):
     inner = (grad_probs * probs).sum(dim=dim)
     return probs * (grad_probs - inner)"""), "softmax_backward", "keepdim_lost"),
     # -- attention_backward ---------------------------------------------------------------------
+    Variant("att_causal_when_unmasked", attention(scores="""\
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is None:  # a decoder's habit: the forty-fourth blind set's b03
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril(k.shape[-2] - q.shape[-2])
+    scores = scores.masked_fill(~mask, -math.inf)"""), "attention_backward", "attention_backward.causal_unasked"),
     Variant("att_max_before_mask", attention(scores="""\
     scores = q @ k.transpose(-2, -1) * scale
     scores = scores - scores.amax(dim=-1, keepdim=True)  # the max over every key, blocked ones too
@@ -435,6 +440,9 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
         "qb @ k[..., j:j + bk_, :]", "qb @ k_p[..., j:j + bk_, :]").replace("p @ v[..., j:j + bk_, :]",
                                                                             "p @ v_p[..., j:j + bk_, :]"),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_padding_weighted"),
+    Variant("flash_lse_base_mixed", flash(  # the forty-fourth blind set's b04
+        probs="            probs = torch.exp2(scores * 1.4426950408889634 - lse[..., i:i + block_q, None])"),
+            "flash_attention_backward", "flash_attention_backward.lse_base_mixed"),
     Variant("fn_forward_max_not_kept", function().replace("                m = m_new\n",
                                                           "                m_blk = m_new  # never stored in m\n"),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_max_not_kept"),  # the forty-third set's b08

@@ -225,6 +225,9 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
         "k_rope = apply_rope(k_rope, torch.arange(k_rope.shape[1]))  # taken for unrotated\n"
         "    scores = q_latent @ latents.transpose(-2, -1) + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)"),
             "absorbed_attention", "absorbed_attention.key_rotated_again"),
+    Variant("absorbed_softmax_unshifted", absorbed_with(  # the forty-fourth blind set's b04
+        "torch.softmax(scores, dim=-1) @ latents", "(scores.exp() / scores.exp().sum(dim=-1, keepdim=True)) @ latents"),
+            "absorbed_attention", situations=("absorbed_attention.large_scores_mishandled",)),
     Variant("absorbed_heads_averaged", absorbed_with(  # the forty-third blind set's b04
         "reshape(*y.shape[:1], y.shape[2], -1) @ w_o.T", "reshape(*y.shape[:1], y.shape[2], -1) @ w_o.T / H"),
             "absorbed_attention", "answer_scaled"),

@@ -194,6 +194,10 @@ BUGGY = [
         "e = torch.exp(scores - scores.amax(dim=0, keepdim=True))  # the max over the heads\n"
         "        out[b] = torch.einsum(\"hn,nhd->hd\", e / e.sum(dim=-1, keepdim=True), v)"),
             "paged_decode", "paged_decode.max_over_heads"),
+    Variant("decode_softmax_over_heads", changed(  # the forty-fourth blind set's b03
+        "paged_decode", "out[b] = torch.einsum(\"hn,nhd->hd\", torch.softmax(scores, dim=-1), v)",
+        "out[b] = torch.einsum(\"hn,nhd->hd\", torch.softmax(scores, dim=0), v)"),
+            "paged_decode", "paged_decode.softmax_over_heads"),
     Variant("decode_online_rescale_inverted", """
 def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
     B, H, Dh = q.shape
