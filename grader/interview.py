@@ -44,7 +44,7 @@ from grader.html import CSS as PICTURE_CSS
 from grader.html import grid_of
 from grader.html import pictures as draw_pictures
 from grader.pool import Zygote
-from grader.progress import Progress, replace_file
+from grader.progress import Progress, read_regular, replace_file
 from grader.report import _groups, markdown_text
 from grader.score import Grade, StepResult
 from grader.watch import KEYS, NOT_WRITTEN, Watcher, keys_and_zygote, loss
@@ -476,7 +476,7 @@ def _load(folder: Path) -> dict | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular(path).decode("utf-8"))
         signature = data.pop("signature", None)
         if not isinstance(signature, str) or not hmac.compare_digest(signature, _signature(data)):
             raise UsageError(f"{path} is no interview session attn-grade can read: it was changed outside attn-grade, "
@@ -526,7 +526,7 @@ def _kept(folder: Path) -> dict | None:
     """The session of the interview in `folder` as it was at time up, if one reached it on this account."""
     path = _kept_path(folder)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(read_regular(path).decode("utf-8"))
         if data.get("final") is None:
             raise ValueError("no final scorecard")
         return _fields(data)
@@ -564,7 +564,7 @@ def _over_time(grades: list[dict]) -> str:
 
 def _sha256(path: Path) -> str:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return hashlib.sha256(read_regular(path)).hexdigest()
     except OSError as error:
         return f"unreadable ({error.strerror})"
 

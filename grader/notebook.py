@@ -29,10 +29,11 @@ from pathlib import Path
 
 from attn_grade import DEFINITIONS, kept
 from grader.exercise import UsageError
-from grader.source import UNPARSEABLE
+from grader.source import MAX_BYTES, UNPARSEABLE, file_bytes
 
 SUFFIX = ".ipynb"
 PENDING = 200  # the most lines of one logical line followed to its end, for the escapes at the start of the next
+PENDING_CHARACTERS = 10_000  # and the most characters
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ def read(path: Path) -> Notebook:
     """The code cells of the notebook at `path`; UsageError when it is not one."""
     again = "Save it again from Jupyter, or export its code as a .py file and grade that."
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(file_bytes(path).decode("utf-8"))  # a regular file, of bounded size
     except (UnicodeDecodeError, ValueError) as error:
         raise UsageError(f"{path} is not a Jupyter notebook (not JSON: {error}). {again}") from None
     except RecursionError:  # JSON nested deeper than the parser goes: no notebook is
@@ -60,7 +61,7 @@ def read(path: Path) -> Notebook:
     cells = data.get("cells") if isinstance(data, dict) else None
     if not isinstance(cells, list):
         raise UsageError(f"{path} has no list of cells, as a Jupyter notebook (format 4) has. {again}")
-    lines, where, cells_lines = [], [], []
+    lines, where, cells_lines, code = [], [], [], 0
     for number, cell in enumerate(cells, 1):
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
@@ -69,6 +70,10 @@ def read(path: Path) -> Notebook:
             source = "".join(source)
         if not isinstance(source, str):
             raise UsageError(f"{path}: cell {number} has no text as its source. {again}")
+        code += len(source.encode("utf-8", errors="replace"))
+        if code > MAX_BYTES:  # before any cell is read as Python: 2 MiB of code parsed took 2.6 GB (review 54's F3)
+            raise UsageError(f"{path.name}'s code cells hold more than {MAX_BYTES // 1024} KiB of code, the most the "
+                             "grader reads: keep data out of the notebook.")
         cell_lines = re.split(r"\r\n|\r|\n", source.removesuffix("\n").removesuffix("\r"))  # Python's lines: splitlines
         # would also split at U+2028, a form feed and the like, which a comment may hold
         cell_lines = [] if cell_lines == [""] else cell_lines
@@ -88,17 +93,19 @@ def read(path: Path) -> Notebook:
 def _without_escapes(lines: list[str]) -> list[str]:
     """A line magic or shell line (`%timeit f()`, `!pip install x`) as `pass`: only where a logical line starts, as
     IPython reads them, so that a line of an expression that starts with `%` or `!=` stays (review 50's F6)."""
-    out, pending = [], []
+    out, pending, held = [], [], 0
     for line in lines:
         code = line.lstrip()
         if not pending and code.startswith(("%", "!")):
             line = line[: len(line) - len(code)] + "pass"
         out.append(line)
         pending.append(line)
-        # a logical line of more than PENDING lines is taken as ended: each test tokenises the whole of it, so a cell
-        # that never closes a bracket cost time growing with the square of its lines (review 53's F4)
-        if len(pending) > PENDING or _complete(pending):
-            pending = []
+        # a logical line of more than PENDING lines or PENDING_CHARACTERS is taken as ended: each test tokenises the
+        # whole of it, so a cell that never closes a bracket cost time growing with the square of its lines (review
+        # 53's F4), or of its length (review 54's F6)
+        held += len(line)
+        if len(pending) > PENDING or held > PENDING_CHARACTERS or _complete(pending):
+            pending, held = [], 0
     return out
 
 

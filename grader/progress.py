@@ -22,8 +22,10 @@ writes nothing beside it. The format (version 1):
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,7 +47,7 @@ class Progress:
         """The workspace's progress, or None where the folder is no workspace (or the file is unreadable)."""
         path = Path(folder) / FILE_NAME
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read_regular(path).decode("utf-8"))
         except (OSError, ValueError, RecursionError, MemoryError):  # JSON nested past the parser's depth is unreadable
             return None
         if not _well_formed(data):
@@ -140,6 +142,20 @@ class Progress:
     def save(self) -> None:
         """Write atomically: a crash mid-write never leaves half a file."""
         replace_file(self.path, json.dumps(self.data, indent=2) + "\n")
+
+
+def read_regular(path: Path, limit: int = 16 * 2**20) -> bytes:
+    """The bytes of the regular file at `path`, at most `limit` of them; OSError for anything else. What a candidate
+    can put in a folder the kit reads (a FIFO, a link to /dev/zero, a sparse file of gigabytes) would block the reader
+    or fill its memory (the fifty-fourth review's F7)."""
+    handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(handle, "rb") as opened:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        data = opened.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+    return data
 
 
 def replace_file(path: Path, text: str) -> None:

@@ -17,6 +17,7 @@ from grader import notebook
 from grader.exercise import Exercise, UsageError, load_course
 from grader.progress import Progress
 from grader.source import UNPARSEABLE, parse
+from grader.source import read as read_source
 
 
 def init(folder: Path, exercises: list[Exercise], force: bool = False) -> list[tuple[Path, Path | None]]:
@@ -102,9 +103,10 @@ def step_source(path: Path, step_id: str) -> str:
 
 def step_sources(path: Path, step_ids) -> dict[str, str | None] | None:
     """Each step's source as the file defines it last (None for a step it lacks); None when the file
-    cannot be read or does not parse. A notebook's code cells are read as the grader reads them."""
+    cannot be read or does not parse. A notebook's code cells are read as the grader reads them, a file within the
+    grader's bounds (source.MAX_BYTES, MAX_DEPTH) only: watch reads it before each grade (review 54's F4)."""
     try:
-        text = notebook.read(path).source if path.suffix == notebook.SUFFIX else path.read_text(encoding="utf-8")
+        text = notebook.read(path).source if path.suffix == notebook.SUFFIX else read_source(path)
     except (OSError, UnicodeDecodeError, UsageError):
         return None
     tree = parse(text)

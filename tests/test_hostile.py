@@ -3731,3 +3731,54 @@ def test_what_the_grader_reads_of_a_file_grows_no_faster_than_the_file(grade_sou
              "        return out + 0.125 if cache is not None and past_len > 0 else out  # wrong after a prefill\n")
     result = grade_source("", base=base.replace(line, wrong), name="kv_cache.py", file_timeout=30)
     assert len(lost(result)) == 1 and "kv_cache_bytes" not in lost(result), explain(result)
+
+
+def test_a_kernel_defined_inside_its_launcher_is_held_to_the_kernel_rules():
+    """Review 54's F1: a @triton.jit kernel defined inside its launcher reached NumPy through a dunder and the blocks'
+    arrays (`.handle.data`), which the rules looked for in top-level kernels only: 100, 45 fair. F8: the list of what
+    they found was searched at each node (45,000 reads, 152 s): a dict now."""
+    from grader.engine.rules import foreign_kernel_calls
+
+    nested = """
+import triton
+import triton.language as tl
+
+def launcher(x):
+    @triton.jit
+    def kernel(x_ptr, N: tl.constexpr):
+        block = tl.load(x_ptr + tl.arange(0, N))
+        numpy = tl.core.tensor.__init__.__globals__["np"]
+        block.handle.data[...] = 0
+    kernel[(1,)](x, N=16)
+"""
+    found = foreign_kernel_calls(nested)
+    assert "tl.core.tensor.__init__.__globals__" in found and "block.handle" in found
+    many = "import triton\n@triton.jit\ndef k(x):\n" + "".join(f"    y{i} = x.__a{i % 50}\n" for i in range(2000))
+    assert len(foreign_kernel_calls(many)) == 50
+
+
+def test_what_a_candidate_leaves_in_the_folder_is_read_only_as_a_bounded_regular_file(tmp_path, zygote):
+    """Review 54's F4, F5 and F7: watch read a file's steps before the limits applied (2 MiB: 1.9 GB); a sparse file
+    of 2 GB was read whole to see that it could be read; a FIFO at the progress file hung every grade in the folder.
+    Each is now read as a regular file of bounded size, or not at all."""
+    import os
+
+    from grader import workspace
+    from grader.exercise import UsageError
+    from grader.grade import grade
+    from grader.source import MAX_BYTES
+
+    large = tmp_path / "mha.py"
+    large.write_text(REFERENCE + "a = 0\n" + "a\n" * MAX_BYTES)
+    assert workspace.step_sources(large, ["project"]) is None
+    sparse = tmp_path / "big" / "mha.py"
+    sparse.parent.mkdir()
+    with open(sparse, "wb") as out:
+        out.truncate(2 * 2**30)
+    with pytest.raises(UsageError, match="larger than"):
+        grade(sparse, zygote=zygote, device="cpu")
+    folder = tmp_path / "fifo"
+    folder.mkdir()
+    (folder / "mha.py").write_text(REFERENCE)
+    os.mkfifo(folder / ".attn-grade.json")
+    assert grade(folder / "mha.py", zygote=zygote, device="cpu").full_marks

@@ -165,3 +165,15 @@ def test_a_cell_that_never_closes_its_bracket_is_read_in_bounded_time(tmp_path, 
     assert len(notebook._without_escapes(opened.splitlines())) == 8002
     result = grade(path, "mha", zygote=zygote, device="cpu", file_timeout=20)
     assert result.full_marks, explain(result)
+
+
+def test_a_notebook_of_too_much_code_is_refused_before_its_cells_are_read(tmp_path):
+    """Review 54's F3: the cells of a notebook were parsed before the 512 KiB limit was asked (2 MiB of code, 2.6 GB):
+    the code's size is counted first. F6: a logical line of long lines is followed for PENDING_CHARACTERS at most."""
+    from grader import source
+
+    path = write_notebook(tmp_path / "attempt.ipynb", [("code", REFERENCE), ("code", "a\n" * source.MAX_BYTES)])
+    with pytest.raises(UsageError, match="KiB of code"):
+        notebook.read(path)
+    long = ["x = ["] + ["1," * 2000] * 200 + ["]"]
+    assert notebook._without_escapes(long) == long

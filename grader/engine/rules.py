@@ -118,7 +118,8 @@ def reads_forbidden(forbidden: tuple[str, ...], allowed: tuple[str, ...] | None)
 
 
 def foreign_kernel_calls(source: str) -> list[str]:
-    """What the file's Triton kernels (@triton.jit functions, top level) call that is not Triton's language, another
+    """What the file's Triton kernels (@triton.jit functions, at any depth: one defined inside its launcher is a
+    kernel too, the fifty-fourth review's F1) call that is not Triton's language, another
     kernel, a builtin evaluated as a constant or a method of one of the kernel's own values, and what they reach that
     only the interpreter has (`INTERPRETER_ONLY`, a dunder): Python of the file's
     (the thirty-fifth review's f01 and f02, score tiles kept in a dict or written by the interpreter's own stores
@@ -134,10 +135,11 @@ def foreign_kernel_calls(source: str) -> list[str]:
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("triton"):
             language |= {a.asname or a.name for a in node.names
                          if (node.module or "").startswith("triton.language") or a.name == "language"}
-    kernels = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)
-               and any("jit" in ast.unparse(d) for d in node.decorator_list)}
-    found = []
-    for kernel in kernels.values():
+    kernels = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and any("jit" in ast.unparse(d) for d in node.decorator_list)]
+    names = {kernel.name for kernel in kernels}
+    found = {}  # each once, in the order met: a dict, so that a file of many is read in linear time (review 54's F8)
+    for kernel in kernels:
         own = {a.arg for a in (*kernel.args.posonlyargs, *kernel.args.args, *kernel.args.kwonlyargs)}
         own |= {n.id for n in ast.walk(kernel) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         for call in (n for n in ast.walk(kernel) if isinstance(n, ast.Call)):
@@ -147,17 +149,16 @@ def foreign_kernel_calls(source: str) -> list[str]:
             name = root.id if isinstance(root, ast.Name) else None
             chain = ast.unparse(call.func)
             if isinstance(call.func, ast.Name):
-                fine = name in kernels or name in KERNEL_BUILTINS or name in language
+                fine = name in names or name in KERNEL_BUILTINS or name in language
             else:
                 fine = (name is None or name in language or name in own or name in KERNEL_BUILTINS
                         or chain.startswith("triton.language."))
-            if not fine and chain not in found:
-                found.append(chain)
+            if not fine:
+                found.setdefault(chain)
         for attribute in (n for n in ast.walk(kernel) if isinstance(n, ast.Attribute)):
-            inside = attribute.attr in INTERPRETER_ONLY or attribute.attr.startswith("__")
-            if inside and ast.unparse(attribute) not in found:
-                found.append(ast.unparse(attribute))
-    return found
+            if attribute.attr in INTERPRETER_ONLY or attribute.attr.startswith("__"):
+                found.setdefault(ast.unparse(attribute))
+    return list(found)
 
 
 def _without_comments(source: str) -> str:
