@@ -75,7 +75,7 @@ def unwritten(run, value, call):
             missed = order[:run_of]
             if not missed or run_of == n or all(blank[i] for i in missed):
                 continue
-            index = torch.tensor(sorted(missed))
+            index = torch.tensor(sorted(missed), device=got.device)
             patched = got.index_copy(axis, index, want.index_select(axis, index).to(got.dtype))
             if _close(patched, want, native, call):
                 return Mistake(SLICES_UNWRITTEN.id, f"the {end} {len(missed)} of {n} entries along axis {axis} were "
