@@ -96,31 +96,31 @@ def _decode_mistake(name, message, why="", **knobs):
     return Mistake(f"paged_decode.{name}", message, lambda *a: decoded(*a, **knobs), why=why)
 
 
-def _softmax_over_heads(q, k_cache, v_cache, block_tables, context_lens):
-    """paged_decode with the softmax of the (H, n) scores taken over the heads, dim=0: each key's weights sum to 1 over
-    the heads, not each head's over its keys."""
+def _weighted(q, k_cache, v_cache, block_tables, context_lens, weights):
+    """paged_decode with each sequence's (H, n) scores turned into weights by `weights`, not a softmax over each
+    head's keys: the mistakes made across the heads."""
     out = torch.empty_like(q)
     for b in range(q.shape[0]):
         slots = [_slot(block_tables[b].tolist(), t) for t in range(int(context_lens[b]))]
         k = torch.stack([k_cache[blk, s] for blk, s in slots]).transpose(0, 1).double()  # (H, n, Dh)
         v = torch.stack([v_cache[blk, s] for blk, s in slots]).transpose(0, 1).double()
         scores = (k @ q[b].double()[:, :, None])[..., 0] / math.sqrt(q.shape[2])  # (H, n)
-        out[b] = (torch.softmax(scores, 0)[:, None] @ v)[:, 0].to(q.dtype)
+        out[b] = (weights(scores)[:, None] @ v)[:, 0].to(q.dtype)
     return out
 
 
-def _max_over_heads(q, k_cache, v_cache, block_tables, context_lens):
-    """paged_decode with each key's scores shifted by their max over the heads, not each head's max over its keys:
-    e^(s − m) / Σ e^(s − m) with m different for every key is no softmax."""
-    out = torch.empty_like(q)
-    for b in range(q.shape[0]):
-        slots = [_slot(block_tables[b].tolist(), t) for t in range(int(context_lens[b]))]
-        k = torch.stack([k_cache[blk, s] for blk, s in slots]).transpose(0, 1).double()  # (H, n, Dh)
-        v = torch.stack([v_cache[blk, s] for blk, s in slots]).transpose(0, 1).double()
-        scores = (k @ q[b].double()[:, :, None])[..., 0] / math.sqrt(q.shape[2])  # (H, n)
+def _softmax_over_heads(*args):
+    """Each key's weights sum to 1 over the heads (softmax along dim=0), not each head's over its keys."""
+    return _weighted(*args, lambda scores: torch.softmax(scores, 0))
+
+
+def _max_over_heads(*args):
+    """Each key's scores shifted by their max over the heads, not each head's max over its keys: e^(s − m) / Σ e^(s −
+    m) with m different for every key is no softmax."""
+    def weights(scores):
         e = torch.exp(scores - scores.amax(0, keepdim=True))
-        out[b] = ((e / e.sum(-1, keepdim=True))[:, None] @ v)[:, 0].to(q.dtype)
-    return out
+        return e / e.sum(-1, keepdim=True)
+    return _weighted(*args, weights)
 
 
 MAX_OVER_HEADS = Mistake(
