@@ -34,16 +34,16 @@ def shape_record(record) -> dict | None:
         raise Malformed("a malformed record of calls")
     if type(held) is not int or held < 0:
         raise Malformed("a malformed record of the bytes held")
-    loaded = record.get("loaded")
-    if type(loaded) is not int or loaded < 0:
-        raise Malformed("a malformed record of what a kernel's loads read")
+    loaded, blocks_alive = record.get("loaded"), record.get("blocks_alive")
+    if type(loaded) is not int or loaded < 0 or type(blocks_alive) is not int or blocks_alive < 0:
+        raise Malformed("a malformed record of what a kernel's loads read and its blocks held")
     alive, largest = record.get("alive"), record.get("largest")
     if not (type(alive) is int and alive >= 0 and isinstance(largest, list) and len(largest) <= MAX_SIZES
             and all(isinstance(p, list) and len(p) == 2 and all(type(n) is int and n > 0 for n in p) for p in largest)
             and sum(size * count for size, count in largest) <= alive):
         raise Malformed("a malformed record of the bytes alive at once")
     return {"created": [tuple(s) for s in lists[0]], "more": more, "scores": [tuple(s) for s in lists[1]],
-            "blocks": [tuple(s) for s in lists[2]], "loaded": loaded,
+            "blocks": [tuple(s) for s in lists[2]], "loaded": loaded, "blocks_alive": blocks_alive,
             "sequence": sequence, "calls": calls, "held": held, "alive": alive, "largest": [tuple(p) for p in largest]}
 
 

@@ -3595,6 +3595,188 @@ GATHERED_DECODE = '''
         acc += tl.sum(p[:, None] * v, axis=0)
     out = acc / tl.where(l > 0, l, 1.0)
 '''
+LISTED_FLASH = '''
+    offset = t_k - t_q
+    end = t_k
+    if CAUSAL:
+        end = tl.minimum(t_k, offset + (block + 1) * BLOCK_M)
+    tiles = []  # every tile of scores, kept: a plain two-pass softmax
+    for start in range(0, end, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        kv_mask = (cols[:, None] < t_k) & (dims[None, :] < d)
+        k = tl.load(k_ptr + b * stride_kb + h * stride_kh + cols[:, None] * stride_kt + dims[None, :] * stride_kd,
+                    mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols[:, None] * stride_vt + dims[None, :] * stride_vd,
+                    mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        visible = cols[None, :] < t_k
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= offset + rows[:, None])
+        tiles.append((tl.where(visible, s, -float("inf")), v))
+    m = tl.full((BLOCK_M,), -float("inf"), dtype=tl.float32)
+    for pair in tiles:
+        m = tl.maximum(m, tl.max(pair[0], axis=1))
+    shift = tl.where(m == -float("inf"), 0.0, m)
+    l = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    for pair in tiles:
+        p = tl.exp(pair[0] - shift[:, None])
+        l = l + tl.sum(p, axis=1)
+        acc = acc + tl.dot(p.to(pair[1].dtype), pair[1], input_precision="ieee")
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    lse = m + tl.log(l)
+'''
+LISTED_DECODE = '''
+    scores = []  # every block of scores, kept: a plain two-pass softmax
+    for start in range(0, n, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = (cols[:, None] < n) & (dims[None, :] < d)
+        k = tl.load(k_ptr + b * stride_kb + h * stride_kh + cols[:, None] * stride_kt + dims[None, :] * stride_kd,
+                    mask=mask, other=0.0).to(tl.float32)
+        scores.append(tl.where(cols < n, tl.sum(k * q[None, :], axis=1) * scale, -float("inf")))
+    m = tl.max(tl.full((BLOCK_N,), -float("inf"), dtype=tl.float32), axis=0)
+    for s in scores:
+        m = tl.maximum(m, tl.max(s, axis=0))
+    shift = tl.where(m == -float("inf"), 0.0, m)
+    l = tl.sum(tl.zeros((BLOCK_N,), dtype=tl.float32), axis=0)
+    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    start = 0
+    for s in scores:
+        cols = start + tl.arange(0, BLOCK_N)
+        mask = (cols[:, None] < n) & (dims[None, :] < d)
+        v = tl.load(v_ptr + b * stride_vb + h * stride_vh + cols[:, None] * stride_vt + dims[None, :] * stride_vd,
+                    mask=mask, other=0.0).to(tl.float32)
+        p = tl.exp(s - shift)
+        l = l + tl.sum(p, axis=0)
+        acc = acc + tl.sum(p[:, None] * v, axis=0)
+        start += BLOCK_N
+    out = acc / tl.where(l > 0, l, 1.0)
+'''
+ATOMIC_FLASH = '''
+@triton.jit
+def flash_forward_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+    stride_qb, stride_qh, stride_qt, stride_qd,
+    stride_kb, stride_kh, stride_kt, stride_kd,
+    stride_vb, stride_vh, stride_vt, stride_vd,
+    stride_ob, stride_oh, stride_ot, stride_od,
+    stride_lb, stride_lh, stride_lt,
+    n_heads, t_q, t_k, d, scale,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # No key loop, no online softmax: every key is read at once by an atomic add of 0 (a read the worker's load
+    # count does not see), folded into a block of a constant shape (NB, BLOCK_N, BLOCK_D), NB = 512 // BLOCK_N.
+    NB: tl.constexpr = 512 // BLOCK_N
+    block = tl.program_id(0)
+    bh = tl.program_id(1)
+    b, h = bh // n_heads, bh % n_heads
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    q_mask = (rows[:, None] < t_q) & (dims[None, :] < d)
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + rows[:, None] * stride_qt + dims[None, :] * stride_qd,
+                mask=q_mask, other=0.0).to(tl.float32)
+    keys = tl.arange(0, NB)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # (NB, BLOCK_N) key positions
+    kv_mask = (keys[:, :, None] < t_k) & (dims[None, None, :] < d)
+    kp = k_ptr + b * stride_kb + h * stride_kh + keys[:, :, None] * stride_kt + dims[None, None, :] * stride_kd
+    vp = v_ptr + b * stride_vb + h * stride_vh + keys[:, :, None] * stride_vt + dims[None, None, :] * stride_vd
+    zero = tl.zeros((NB, BLOCK_N, BLOCK_D), dtype=k_ptr.dtype.element_ty)
+    if k_ptr.dtype.element_ty == tl.bfloat16:  # no atomics of bfloat16 (checked compiled only, never at these sizes)
+        k = tl.load(kp, mask=kv_mask, other=0.0).to(tl.float32)
+        v = tl.load(vp, mask=kv_mask, other=0.0).to(tl.float32)
+    else:
+        k = tl.atomic_add(kp, zero, mask=kv_mask).to(tl.float32)
+        v = tl.atomic_add(vp, zero, mask=kv_mask).to(tl.float32)
+    k = tl.where(kv_mask, k, 0.0)
+    v = tl.where(kv_mask, v, 0.0)
+    s = tl.sum(q[:, None, None, :] * k[None, :, :, :], axis=3) * scale  # (BLOCK_M, NB, BLOCK_N): every score
+    visible = keys[None, :, :] < t_k
+    if CAUSAL:
+        visible = visible & (keys[None, :, :] <= (t_k - t_q) + rows[:, None, None])
+    s = tl.where(visible, s, -float("inf"))
+    m = tl.max(tl.max(s, axis=2), axis=1)
+    shift = tl.where(m == -float("inf"), 0.0, m)
+    p = tl.exp(s - shift[:, None, None])
+    l = tl.sum(tl.sum(p, axis=2), axis=1)
+    acc = tl.sum(tl.sum(p[:, :, :, None] * v[None, :, :, :], axis=2), axis=1)
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    lse = m + tl.log(l)
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + rows[:, None] * stride_ot + dims[None, :] * stride_od,
+             out.to(o_ptr.dtype.element_ty), mask=q_mask)
+    tl.store(lse_ptr + b * stride_lb + h * stride_lh + rows * stride_lt, lse, mask=rows < t_q)
+'''
+SPLIT_FLASH = '''
+@triton.jit
+def _part(p0, p1, p2, p3, g, off):
+    return tl.where(g == 0, p0 + off, tl.where(g == 1, p1 + off, tl.where(g == 2, p2 + off, p3 + off)))
+
+
+@triton.jit
+def flash_forward_kernel(
+    q_ptr, k0, k1, k2, k3, v0, v1, v2, v3, o_ptr, lse_ptr,
+    stride_qb, stride_qh, stride_qt, stride_qd,
+    stride_ob, stride_oh, stride_ot, stride_od,
+    stride_lb, stride_lh, stride_lt,
+    n_heads, t_q, t_k, d, quarter, scale,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    # No key loop, no online softmax: every key read by one plain load, its pointers spread over four storages (a
+    # quarter of the keys each, contiguous (B, H, quarter, D) copies), so no storage gives more than a block
+    NB: tl.constexpr = 512 // BLOCK_N
+    block = tl.program_id(0)
+    bh = tl.program_id(1)
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    b, h = bh // n_heads, bh % n_heads
+    q_mask = (rows[:, None] < t_q) & (dims[None, :] < d)
+    q = tl.load(q_ptr + b * stride_qb + h * stride_qh + rows[:, None] * stride_qt + dims[None, :] * stride_qd,
+                mask=q_mask, other=0.0).to(tl.float32)
+    keys = tl.arange(0, NB)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]  # (NB, BLOCK_N)
+    kv_mask = (keys[:, :, None] < t_k) & (dims[None, None, :] < d)
+    g = keys // quarter
+    part_len = tl.minimum(quarter, t_k - g * quarter)  # the last quarter may be shorter
+    off = (bh * part_len + (keys - g * quarter))[:, :, None] * d + dims[None, None, :]
+    k = tl.load(_part(k0, k1, k2, k3, g[:, :, None], off), mask=kv_mask, other=0.0).to(tl.float32)
+    v = tl.load(_part(v0, v1, v2, v3, g[:, :, None], off), mask=kv_mask, other=0.0).to(tl.float32)
+    s = tl.sum(q[:, None, None, :] * k[None, :, :, :], axis=3) * scale
+    visible = keys[None, :, :] < t_k
+    if CAUSAL:
+        visible = visible & (keys[None, :, :] <= (t_k - t_q) + rows[:, None, None])
+    s = tl.where(visible, s, -float("inf"))
+    m = tl.max(tl.max(s, axis=2), axis=1)
+    shift = tl.where(m == -float("inf"), 0.0, m)
+    p = tl.exp(s - shift[:, None, None])
+    l = tl.sum(tl.sum(p, axis=2), axis=1)
+    acc = tl.sum(tl.sum(p[:, :, :, None] * v[None, :, :, :], axis=2), axis=1)
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    lse = m + tl.log(l)
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + rows[:, None] * stride_ot + dims[None, :] * stride_od,
+             out.to(o_ptr.dtype.element_ty), mask=q_mask)
+    tl.store(lse_ptr + b * stride_lb + h * stride_lh + rows * stride_lt, lse, mask=rows < t_q)
+
+
+def _quarters(x, quarter):
+    """Four contiguous copies of a quarter of the keys each (x itself where a quarter is empty: never read)."""
+    t = x.shape[2]
+    return [x.narrow(2, g * quarter, min(quarter, t - g * quarter)).contiguous().clone()
+            if g * quarter < t else x for g in range(4)]
+
+
+def flash_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, block_m: int = 16, block_n: int = 16
+) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, heads, t_q, d = q.shape
+    t_k = k.shape[2]
+    quarter = -(-t_k // 4)
+    out = torch.empty((batch, heads, t_q, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads, t_q), dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(t_q, block_m), batch * heads)
+    flash_forward_kernel[grid](
+        q, *_quarters(k, quarter), *_quarters(v, quarter), out, lse, *q.stride(), *out.stride(), *lse.stride(),
+        heads, t_q, t_k, d, quarter, 1.0 / math.sqrt(d),
+        CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
+    )
+    return out, lse
+'''
 MANY_SHAPES = '''
     for a in range(4):  # 256 distinct block shapes first: the record keeps 256
         for c in range(4):
@@ -3782,3 +3964,35 @@ def test_what_a_candidate_leaves_in_the_folder_is_read_only_as_a_bounded_regular
     (folder / "mha.py").write_text(REFERENCE)
     os.mkfifo(folder / ".attn-grade.json")
     assert grade(folder / "mha.py", zygote=zygote, device="cpu").full_marks
+
+
+def test_a_kernel_that_keeps_every_tile_in_a_list_of_its_own_holds_them_all(grade_source):
+    """Review 54's F2: a kernel that kept each tile of scores in a Python list made in its own body, then took a plain
+    two-pass softmax over them, made only blocks of a tile's shape and loaded a block at a time: 100 (fair: flash 51,
+    decode 19). The interpreter's blocks alive at once are counted (`blocks_alive`): the list holds more of them over
+    more keys, where the model answer holds as many."""
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    listed = _triton_body(base, "offset = t_k - t_q", "tl.store(", LISTED_FLASH)
+    listed = _triton_body(listed, "m = tl.max(tl.full((BLOCK_N,)", "tl.store(", LISTED_DECODE)
+    result = grade_source("", base=listed, name="triton_attention.py")
+    checks = checks_of(result)
+    assert {name for name, c in checks.items() if c.outcome == "failed"} == {
+        "flash_attention_no_score_matrix", "decode_attention_streamed"}, explain(result)
+    for check, mistake in [("flash_attention_no_score_matrix", "flash_attention.keys_not_streamed"),
+                           ("decode_attention_streamed", "decode_attention.cache_not_streamed")]:
+        assert checks[check].mistake_id == mistake, explain(result)
+        assert "bytes more at once" in checks[check].message, explain(result)
+
+
+def test_a_kernel_that_reads_every_key_by_atomics_or_across_storages_reads_them_all(grade_source):
+    """Review 55: a kernel that read every key in one operation and took a plain softmax scored 100 where the same with
+    one plain load scores 84. F1 read them with `tl.atomic_add(ptr, 0)`, whose old values no load count saw; F2 split
+    K and V into four storages of a quarter of the keys each, one load reading all four, each within a block. An
+    atomic's old values are read too, and one load's elements count together over the launch's tensors."""
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    for override in (ATOMIC_FLASH, SPLIT_FLASH):
+        result = grade_source(override, base=base, name="triton_attention.py")
+        assert set(lost(result)) == {"flash_attention"}, explain(result)
+        check = checks_of(result)["flash_attention_no_score_matrix"]
+        assert check.mistake_id == "flash_attention.keys_not_streamed", explain(result)
+        assert "one load of the kernel read 4096 elements" in check.message, explain(result)

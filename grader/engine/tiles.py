@@ -138,7 +138,8 @@ class TileSizes:
                 + (", causal" if causal else ""))
 
 
-EMPTY = {"created": [], "more": 0, "scores": [], "blocks": [], "loaded": 0, "held": 0, "alive": 0, "largest": []}
+EMPTY = {"created": [], "more": 0, "scores": [], "blocks": [], "loaded": 0, "blocks_alive": 0, "held": 0, "alive": 0,
+         "largest": []}
 # Sizes at which the scores a call keeps alive show as growth: a block much taller than a head is wide, so a strip
 # of a query block against every key (or of a key block against every query), in pieces, grows with Tk (Tq) far
 # faster than a copy of an input does (2 numbers per key), or partial outputs kept one per key block do

@@ -21,7 +21,10 @@ Every block the interpreter makes is told to the record's shapes, when it keeps 
 in its registers at once, for the checks of its tiles (a kernel that loads every key at once: review 50's F1). So is
 what each load reads, as the most distinct elements of one launch tensor it took in (`read`): a block's shape says
 nothing of how many keys it folds (review 52's F1 held them all in a block of a constant shape, (block_m, 512 /
-block_n, block_n)), but a load of every key reads each of them, however it lays them out.
+block_n, block_n)), but a load of every key reads each of them, however it lays them out (an atomic's old values
+are read too; and one load's elements count together over every tensor of the launch). And so is how many bytes
+its blocks hold at once (`Shapes.hold`): a kernel that keeps each tile of scores in a list of its own (review 54's
+F2) holds more of them over more keys, where one with an online softmax holds as many.
 
 Compiled kernels (CUDA) are not checked: what they touch, no Python sees. Python that reaches the interpreter's
 own loads (triton._C.libtriton) is refused by name (rules.TAMPERING).
@@ -45,8 +48,10 @@ UNPLAIN = ("a Triton kernel was given an argument (or has a default) of type {ki
 # rules.KERNEL_BUILTINS, for this module is loaded by path, apart from the grader
 KERNEL_BUILTINS = frozenset({"range", "min", "max", "len", "int", "float", "bool", "abs", "isinstance", "zip",
                              "enumerate", "tuple", "list", "print"})
-# The interpreter's writes, each with the positions of its pointers and its mask (None: every lane)
-OPERATIONS = {"create_masked_store": (0, 2), "create_atomic_rmw": (1, 3), "create_atomic_cas": (0, None)}
+# The interpreter's writes, each with the positions of its pointers and its mask (None: every lane), and whether it
+# reads as well (an atomic answers the old values)
+OPERATIONS = {"create_masked_store": (0, 2, False), "create_atomic_rmw": (1, 3, True),
+              "create_atomic_cas": (0, None, True)}
 LOAD = "create_masked_load"  # the interpreter's every load (create_load's, an atomic's, a tensor descriptor's)
 
 
@@ -85,7 +90,19 @@ def watch(torch, record):
             start = storage_pointer(storage)
             found.append((start, start + storage_bytes(storage)))
 
-    def checked(original, pointers_at, mask_at):
+    def took_in(addresses) -> None:
+        """Tell the record's shapes how many distinct elements of the launch's tensors one operation read, all of
+        them together (K split into four storages, each a quarter of the keys, is still every key: review 55's F2)."""
+        shapes = record.shapes
+        if shapes is None or not spans or not addresses.size:
+            return
+        inside = numpy.zeros(addresses.shape, dtype=bool)
+        for start, end in spans[-1]:
+            inside |= (addresses >= start) & (addresses < end)
+        if int(inside.sum()) > shapes.loaded:  # distinct: a lane read twice takes in nothing more
+            shapes.load(numpy.unique(addresses[inside]).size)
+
+    def checked(original, pointers_at, mask_at, reads):
         def operation(self, *args, **kwargs):
             pointers = args[pointers_at]
             width = max(1, pointers.get_element_ty().primitive_bitwidth // 8)
@@ -99,6 +116,8 @@ def watch(torch, record):
                     inside |= (addresses >= start) & (addresses + numpy.uint64(width) <= end)
                 if not inside.all():
                     record.hide(OUTSIDE)
+            if reads:  # an atomic answers what was there: a read as well (review 55's F1 read every key so)
+                took_in(addresses)
             return original(self, *args, **kwargs)
         return operation
 
@@ -190,15 +209,11 @@ def watch(torch, record):
 
     def read(original):
         def operation(self, pointers, mask, *args, **kwargs):
-            shapes = record.shapes
-            if shapes is not None and spans:
+            if record.shapes is not None and spans:
                 addresses = numpy.asarray(pointers.data, dtype=numpy.uint64)
                 if mask is not None:
                     addresses = addresses[numpy.broadcast_to(numpy.asarray(mask.data, dtype=bool), addresses.shape)]
-                for start, end in spans[-1]:
-                    inside = addresses[(addresses >= start) & (addresses < end)]
-                    if inside.size > shapes.loaded:  # distinct: a lane read twice takes in nothing more
-                        shapes.load(numpy.unique(inside).size)
+                took_in(addresses)
             return original(self, pointers, mask, *args, **kwargs)
         return operation
 
@@ -256,6 +271,8 @@ def watch(torch, record):
         shapes = record.shapes
         if shapes is not None:
             shapes.block(getattr(self.data, "shape", ()))
+            if spans:  # inside a launch: what the kernel holds at once
+                shapes.hold(self.data)
 
     patches = [(executor, "__call__", run, launch)]
     if made_before is not None:

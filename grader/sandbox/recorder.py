@@ -16,6 +16,7 @@ import math
 import os
 import sys
 import types
+import weakref
 from operator import is_
 
 MAX_SHAPES = 256  # distinct shapes one request records
@@ -909,8 +910,10 @@ class Shapes:
     apart as well. Plain data, bounded: each distinct shape once, in the order first seen, at most MAX_SHAPES
     of them; `more` counts the distinct shapes left out:
     {"created": [[2, 2, 16, 24], [2, 2, 16], ...], "more": 0, "scores": [[2, 2, 16, 24]], "blocks": [[64, 16], ...]},
-    "blocks" the shapes of the blocks a kernel run by Triton's interpreter made (its tiles: kernels.py), and "loaded"
-    the most elements one of its loads read from one tensor (distinct addresses: what a block of any shape took in).
+    "blocks" the shapes of the blocks a kernel run by Triton's interpreter made (its tiles: kernels.py), "loaded"
+    the most elements one of its loads read from one tensor (distinct addresses: what a block of any shape took in),
+    and "blocks_alive" the most bytes its blocks held at once (each watched through a weak reference from when it is
+    made until it is freed: tiles of the same shape kept in a list, the fifty-fourth review's F2, add up).
 
     The storages those tensors live in are counted once each, by address: "held", the bytes of them all. Each is
     watched through a weak reference as well (torch's own, to the storage itself, which every tensor, view and
@@ -930,6 +933,9 @@ class Shapes:
         self.scores = {}
         self.blocks = {}  # the shapes of the blocks an interpreted Triton kernel made (what its tiles hold)
         self.loaded = 0  # the most elements of one tensor one of its loads read
+        self.held_blocks = {}  # the weak reference to each interpreted block alive, by its id: its bytes
+        self.blocks_live = 0  # the bytes of those alive now
+        self.blocks_alive = 0  # the most of them alive at once
         self.more = 0
         self.storages = {}  # the address of each storage a tensor seen lives in: its bytes
         self.unsorted = 0  # the bytes of those seen past MAX_STORAGES
@@ -1054,6 +1060,23 @@ class Shapes:
             else:
                 self.blocks[key] = True
 
+    def hold(self, data) -> None:
+        """A block an interpreted kernel made (its array, kernels.py): counted alive until it is freed."""
+        try:
+            size = int(data.nbytes)
+            weak = WEAK_REFERENCE(data, self._freed)
+        except BaseException:  # a NumPy scalar: no weak reference, a few bytes
+            return
+        self.held_blocks[id(weak)] = (weak, size)
+        self.blocks_live += size
+        if self.blocks_live > self.blocks_alive:
+            self.blocks_alive = self.blocks_live
+
+    def _freed(self, weak) -> None:
+        found = self.held_blocks.pop(id(weak), None)
+        if found is not None:
+            self.blocks_live -= found[1]
+
     def load(self, elements: int) -> None:
         """A load of an interpreted Triton kernel read `elements` distinct elements of one tensor (kernels.py)."""
         self.loaded = max(self.loaded, int(elements))
@@ -1070,7 +1093,8 @@ class Shapes:
     def data(self) -> dict:
         return {"created": [list(s) for s in self.seen], "more": self.more,
                 "scores": [list(s) for s in self.scores], "blocks": [list(s) for s in self.blocks],
-                "loaded": self.loaded, "sequence": self.sequence.hexdigest(), "calls": self.calls,
+                "loaded": self.loaded, "blocks_alive": self.blocks_alive, "sequence": self.sequence.hexdigest(),
+                "calls": self.calls,
                 "held": sum(self.storages.values()) + self.unsorted, "alive": self.peak, "largest": self.largest}
 
     def release(self, torch) -> None:
@@ -1079,6 +1103,7 @@ class Shapes:
         for weak, _ in self.alive.values():
             free(weak)
         self.alive = {}
+        self.held_blocks = {}  # a weak reference dropped calls back no more
 
 
 _READERS: list = []  # torch's C getters Shapes reads a tensor through, bound once
@@ -1153,6 +1178,7 @@ def _shape(readers, t) -> tuple:
 
 
 BLAKE2B = hashlib.blake2b
+WEAK_REFERENCE = weakref.ref  # bound in the zygote, before any candidate's code
 # plain data as bytes, in C: version 2 writes no back-references, so equal values give equal bytes whichever objects
 # hold them; it refuses anything but exact builtin types, which is all `_answered` gives
 MARSHAL = marshal.dumps

@@ -297,7 +297,8 @@ def no_score_matrix(run):
     """No block the kernel makes (in the interpreter) holds more than a block_m × block_n tile with an axis longer than
     a block or the head's width (review 50's F1 loaded every key at once), none of a shape that follows the number of
     keys (review 51's F1 folded them into (Tk / block_n, block_n)), and no load reads more than a block of one tensor
-    (review 52's F1 folded them into a block of a constant shape); no tensor that the launcher's torch calls
+    (review 52's F1 folded them into a block of a constant shape), and its blocks hold no more at once over more keys
+    (review 54's F2 kept every tile in a list); no tensor that the launcher's torch calls
     create holds as many elements as one batch·head's (Tq, Tk) scores
     (whole, or one per batch·head: the twenty-ninth review's f05; flat too: the twenty-seventh's f02), causal or not;
     and without a mask, where every score is needed, all the storages its tensors live in hold fewer bytes than the
@@ -305,7 +306,7 @@ def no_score_matrix(run):
     scores packed hold a fraction of it, the thirty-first's f03). The answers must be right too."""
     device = triton_device(run)
     scores, matrix = MEM_TQ * MEM_TK, 4 * B * H * MEM_TQ * MEM_TK
-    made = {}  # keys -> the shapes of the blocks made over them, without a mask
+    made, alive = {}, {}  # keys -> the shapes of the blocks made over them, and the most bytes held, without a mask
     for causal, t_k in ((True, MEM_TK), (False, MEM_TK), (False, MEM_TK // 2)):
         call = run.inputs(torch.float32, t_q=MEM_TQ, t_k=t_k, d=MEM_D, causal=causal, block_m=MEM_BLOCK,
                           block_n=MEM_BLOCK)
@@ -325,13 +326,14 @@ def no_score_matrix(run):
                        f"block_m = block_n = {MEM_BLOCK}", f"a {MEM_BLOCK} × {MEM_BLOCK} tile")
         _no_load_past(record.get("loaded", 0), where, KEYS_AT_ONCE, MEM_BLOCK * MEM_D, f"block_n = {MEM_BLOCK}")
         if not causal:
-            made[t_k] = set(blocks)
+            made[t_k], alive[t_k] = set(blocks), record.get("blocks_alive", 0)
         if not causal and t_k == MEM_TK and record.get("held", 0) >= matrix:
             raise CheckFailed(f"{where}: the launcher's tensors held {record['held']} bytes together, as many as the "
                               f"whole score matrix in float32 ({matrix}) or more", SCORE_MATRIX,
                               {"held": record["held"], "allowed": matrix - 1})
         run.expect_right(run.output(answer), call, device)
     _blocks_keep_their_shapes(made, f"with Tq={MEM_TQ}, D={MEM_D}, block_m = block_n = {MEM_BLOCK}", KEYS_AT_ONCE)
+    _blocks_hold_alike(alive, f"with Tq={MEM_TQ}, D={MEM_D}, block_m = block_n = {MEM_BLOCK}", KEYS_AT_ONCE, MEM_BLOCK)
     untiled = run.ctx.untiled.get(run.step.id)  # every other call, judged where it was made (`launcher_tiles`)
     if untiled:
         sizes, where, size, why = untiled
@@ -352,8 +354,8 @@ def _no_load_past(loaded: int, where: str, mistake: Mistake, elements: int, size
     """No load reads more of one tensor than a block of its rows: a kernel that folds every key into a block of a
     constant shape (the fifty-second review's F1) still reads them all in one load."""
     if loaded > elements:
-        raise CheckFailed(f"{where}, {sizes}: one load of the kernel read {loaded} elements of one tensor, more than a "
-                          f"block of {elements}: it took in more than block_n keys at once", mistake,
+        raise CheckFailed(f"{where}, {sizes}: one load of the kernel read {loaded} elements of its tensors, more than "
+                          f"a block of {elements}: it took in more than block_n keys at once", mistake,
                           {"loaded": loaded, "allowed": elements})
 
 
@@ -367,6 +369,18 @@ def _blocks_keep_their_shapes(made: dict, where: str, mistake: Mistake) -> None:
         side = f"over {many} keys and not over {few}" if odd in more else f"over {few} keys and not over {many}"
         raise CheckFailed(f"{where}: the kernel made a block of shape {odd} {side}: a block whose shape follows the "
                           "number of keys holds them all at once", mistake, {"block": list(odd)})
+
+
+def _blocks_hold_alike(alive: dict, where: str, mistake: Mistake, rows: int) -> None:
+    """A kernel that streams the keys holds as many blocks at once whatever their number (the interpreter's blocks,
+    each alive from when it is made until it is freed); one that keeps each tile of scores (in a list of its own, for a
+    plain two-pass softmax: the fifty-fourth review's F2) holds more over more keys. A byte more per score of the keys
+    added, `rows` of them per key, is more than a running max and sum keep."""
+    (few, fewer), (many, more) = sorted(alive.items())
+    if more - fewer >= rows * (many - few):
+        raise CheckFailed(f"{where}: the kernel's blocks held {more - fewer} bytes more at once over {many} keys than "
+                          f"over {few}: tiles of scores kept together (in a list, say); hold one tile at a time, with "
+                          "a running max and sum", mistake, {"grew": more - fewer, "allowed": rows * (many - few) - 1})
 
 
 class LauncherSizes(TileSizes):
@@ -564,11 +578,11 @@ DECODE_BLOCK = 16  # the block_n the streaming check asks for: keys 16 at a time
 def decode_streamed(run):
     """Over 128 keys in blocks of 16, no block the kernel makes (in the interpreter) has an axis longer than a block
     or the head's width, padded, with more elements than a block of keys, over 64 keys it makes blocks of the same
-    shapes, and no load reads more than a block of keys: the cache is streamed, never loaded whole (reviews 50, 51 and
-    52's F1). The answer must be right too."""
+    shapes and holds no more at once, and no load reads more than a block of keys: the cache is streamed, never loaded
+    whole (reviews 50, 51 and 52's F1, 54's F2). The answer must be right too."""
     device = triton_device(run)
     width = 1 << (D - 1).bit_length()
-    made = {}
+    made, alive = {}, {}
     for t_max, lengths in ((128, (97, 128)), (64, (49, 64))):
         call = run.inputs(torch.float32, lengths=lengths, t_max=t_max)
         call = replace(call, kwargs={**call.kwargs, "block_n": DECODE_BLOCK})
@@ -581,9 +595,10 @@ def decode_streamed(run):
         _no_block_past(record.get("blocks", ()), where, DECODE_AT_ONCE, DECODE_BLOCK * width,
                        max(DECODE_BLOCK, width), f"block_n={DECODE_BLOCK}", f"{DECODE_BLOCK} keys at once")
         _no_load_past(record.get("loaded", 0), where, DECODE_AT_ONCE, DECODE_BLOCK * width, f"block_n={DECODE_BLOCK}")
-        made[t_max] = set(record.get("blocks", ()))
+        made[t_max], alive[t_max] = set(record.get("blocks", ())), record.get("blocks_alive", 0)
         run.expect_right(run.output(answer), call, device)
     _blocks_keep_their_shapes(made, f"with block_n={DECODE_BLOCK}", DECODE_AT_ONCE)
+    _blocks_hold_alike(alive, f"with block_n={DECODE_BLOCK}", DECODE_AT_ONCE, 1)
 
 
 DECODE_AT_ONCE = Mistake("decode_attention.cache_not_streamed", "the kernel loaded more than block_n keys at once "
