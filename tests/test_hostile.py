@@ -3984,6 +3984,40 @@ def test_a_kernel_that_keeps_every_tile_in_a_list_of_its_own_holds_them_all(grad
         assert "bytes more at once" in checks[check].message, explain(result)
 
 
+# Review 56's F1: each kept tile passed through a reversed cumsum of [tile, 0] (which is [tile, 0]): the interpreter
+# flips the result into a new array in place of the one its handle was made with
+FLIPPED = [("tiles.append((tl.where(visible, s, -float(\"inf\")), v))",
+            "t = tl.where(visible, s, -float(\"inf\"))\n        tiles.append((tl.cumsum(tl.join(t, tl.zeros_like(t)), "
+            "axis=2, reverse=True), tl.cumsum(tl.join(v, tl.zeros_like(v)), axis=2, reverse=True)))"),
+           ("tl.max(pair[0], axis=1)", "tl.max(tl.split(pair[0])[0], axis=1)"),
+           ("tl.exp(pair[0] - shift[:, None])", "tl.exp(tl.split(pair[0])[0] - shift[:, None])"),
+           ("p.to(pair[1].dtype), pair[1],", "p.to(v_ptr.dtype.element_ty), tl.split(pair[1])[0],"),
+           ("scores.append(tl.where(cols < n, tl.sum(k * q[None, :], axis=1) * scale, -float(\"inf\")))",
+            "t = tl.where(cols < n, tl.sum(k * q[None, :], axis=1) * scale, -float(\"inf\"))\n        "
+            "scores.append(tl.cumsum(tl.join(t, tl.zeros_like(t)), axis=1, reverse=True))"),
+           ("tl.max(s, axis=0))", "tl.max(tl.split(s)[0], axis=0))"),
+           ("p = tl.exp(s - shift)", "p = tl.exp(tl.split(s)[0] - shift)")]
+
+
+def test_a_kernel_whose_kept_tiles_get_new_arrays_in_place_still_holds_them(grade_source):
+    """Review 56's F1: the blocks alive were watched through their arrays, and a reversed scan gives a block's handle a
+    new array in place (the old one freed): every kept tile counted 0 bytes, 100 where 83 is fair. The handle is
+    watched now."""
+    base = (ROOT / "solutions" / "triton_attention.py").read_text()
+    flash, decode = LISTED_FLASH, LISTED_DECODE
+    for old, new in FLIPPED:
+        assert (old in flash) != (old in decode), old
+        flash, decode = flash.replace(old, new), decode.replace(old, new)
+    flipped = _triton_body(base, "offset = t_k - t_q", "tl.store(", flash)
+    flipped = _triton_body(flipped, "m = tl.max(tl.full((BLOCK_N,)", "tl.store(", decode)
+    result = grade_source("", base=flipped, name="triton_attention.py")
+    checks = checks_of(result)
+    assert {name for name, c in checks.items() if c.outcome == "failed"} == {
+        "flash_attention_no_score_matrix", "decode_attention_streamed"}, explain(result)
+    assert all("bytes more at once" in checks[name].message
+               for name in ("flash_attention_no_score_matrix", "decode_attention_streamed")), explain(result)
+
+
 def test_a_kernel_that_reads_every_key_by_atomics_or_across_storages_reads_them_all(grade_source):
     """Review 55: a kernel that read every key in one operation and took a plain softmax scored 100 where the same with
     one plain load scores 84. F1 read them with `tl.atomic_add(ptr, 0)`, whose old values no load count saw; F2 split

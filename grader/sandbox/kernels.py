@@ -272,7 +272,7 @@ def watch(torch, record):
         if shapes is not None:
             shapes.block(getattr(self.data, "shape", ()))
             if spans:  # inside a launch: what the kernel holds at once
-                shapes.hold(self.data)
+                shapes.hold(self, int(getattr(self.data, "nbytes", 0)))
 
     patches = [(executor, "__call__", run, launch)]
     if made_before is not None:

@@ -912,8 +912,8 @@ class Shapes:
     {"created": [[2, 2, 16, 24], [2, 2, 16], ...], "more": 0, "scores": [[2, 2, 16, 24]], "blocks": [[64, 16], ...]},
     "blocks" the shapes of the blocks a kernel run by Triton's interpreter made (its tiles: kernels.py), "loaded"
     the most elements one of its loads read from one tensor (distinct addresses: what a block of any shape took in),
-    and "blocks_alive" the most bytes its blocks held at once (each watched through a weak reference from when it is
-    made until it is freed: tiles of the same shape kept in a list, the fifty-fourth review's F2, add up).
+    and "blocks_alive" the most bytes its blocks held at once (each handle watched through a weak reference from when it
+    is made until it is freed: tiles of the same shape kept in a list, the fifty-fourth review's F2, add up).
 
     The storages those tensors live in are counted once each, by address: "held", the bytes of them all. Each is
     watched through a weak reference as well (torch's own, to the storage itself, which every tensor, view and
@@ -1060,12 +1060,13 @@ class Shapes:
             else:
                 self.blocks[key] = True
 
-    def hold(self, data) -> None:
-        """A block an interpreted kernel made (its array, kernels.py): counted alive until it is freed."""
+    def hold(self, block, size: int) -> None:
+        """A block an interpreted kernel made (its handle, of `size` bytes: kernels.py), counted alive until the
+        handle is freed. The handle, not its array: the interpreter gives a handle a new array in place (a reversed
+        scan's flip, the fifty-sixth review's F1), and the one it replaced is freed while the block lives on."""
         try:
-            size = int(data.nbytes)
-            weak = WEAK_REFERENCE(data, self._freed)
-        except BaseException:  # a NumPy scalar: no weak reference, a few bytes
+            weak = WEAK_REFERENCE(block, self._freed)
+        except BaseException:  # nothing to watch: not counted
             return
         self.held_blocks[id(weak)] = (weak, size)
         self.blocks_live += size
