@@ -259,7 +259,7 @@ class Candidate:
         value = self._checked(module_result, answer.value, **expected)
         return Answer(value, answer.called, answer.shapes, answer.changed_in_place)
 
-    def script(self, name: str, actions: list[dict], device: str = "cpu", answers=None) -> Answer:
+    def script(self, name: str, actions: list[dict], device: str = "cpu", answers=None, shapes: bool = False) -> Answer:
         """Run `actions` in order in the worker (grader/sandbox/worker.py, `_script`): build the candidate's objects,
         or the exercise's stand-ins, call their methods, read their attributes, fill a cache's unused slots.
 
@@ -268,11 +268,13 @@ class Candidate:
         that raised, the CandidateError that says what it raised. Any other exception ends the
         script: it is raised here as a CandidateError whose `action` says which action raised and
         whose `results` are those before it.
-        `answers` as in `invoke`.
+        `answers` and `shapes` (of what the whole script's recorded calls created) as in `invoke`.
         """
         if len(actions) > MAX_SCRIPT_ACTIONS:
             raise ValueError(f"a script of {len(actions)} actions: at most {MAX_SCRIPT_ACTIONS}")
         header = {"op": "script", "name": name, "device": device, "answered": list(answers.names) if answers else []}
+        if shapes:
+            header["shapes"] = True
         answer = self._request(header, name, (), {}, {"actions": actions}, answers)
         results, raised, stopped = self._checked(script_result, answer.value, actions=actions)
         failures = {i: self._script_failure(e, actions[i]) for i, e in raised.items()}
@@ -281,7 +283,7 @@ class Candidate:
             error = failures[stopped]
             error.action, error.results = stopped, results[:stopped]
             raise self._remember(name, error)
-        return Answer(results, answer.called)
+        return Answer(results, answer.called, answer.shapes)
 
     def _checked(self, validate, value, **expected):
         """`validate(value, **expected)`: the answer as the check may use it, every field checked against what the

@@ -41,6 +41,7 @@ class Oracle:
         self.names = tuple(references)
         self.asked: dict[int, tuple] = {}  # the questions a backward pass may come back to
         self.questions = 0
+        self.counts: dict[str, int] = {}  # the questions answered, by step: which steps the composite reached
         self.elements = 0
 
     def reply(self, frame: dict, blobs: list, out: list) -> dict:
@@ -89,6 +90,7 @@ class Oracle:
             called = describe(args, kwargs, tuple(self.signatures[name].parameters))
             return {"ok": False, "error": f"it was called with {called}: {type(exc).__name__}: {exc}"[:400]}
         self.questions += 1
+        self.counts[name] = self.counts.get(name, 0) + 1
         self.elements += size + sum(t.numel() for t in leaves(value if isinstance(value, tuple) else (value,), {}))
         if self.elements > MAX_CALL_ELEMENTS:
             return {"ok": False, "error": "too many questions in one call"}

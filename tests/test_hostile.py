@@ -4030,3 +4030,27 @@ def test_a_kernel_that_reads_every_key_by_atomics_or_across_storages_reads_them_
         check = checks_of(result)["flash_attention_no_score_matrix"]
         assert check.mistake_id == "flash_attention.keys_not_streamed", explain(result)
         assert "one load of the kernel read 4096 elements" in check.message, explain(result)
+
+
+# kv_cache_bytes's eight calls at the default seed before the drawn sizes followed the file's text (review 57's F1)
+LEARNED_COUNTS = {
+    (1, 32, 32, 128, 8192, "torch.bfloat16"): 4294967296, (1, 32, 8, 128, 8192, "torch.bfloat16"): 1073741824,
+    (2, 3, 1, 16, 7, "torch.int8"): 1344, (4, 2, 3, 64, 100, "torch.float32"): 1228800,
+    (3, 27, 5, 160, 5189, "torch.int8"): 672494400, (4, 18, 15, 80, 4853, "torch.float32"): 3354393600,
+    (7, 11, 11, 16, 1479, "torch.bfloat16"): 80173632, (7, 16, 16, 256, 307, "torch.bfloat16"): 563347456,
+}
+
+
+def test_a_table_of_byte_counts_learned_from_earlier_grades_misses_the_sizes_drawn_for_this_file(grade_source):
+    """Review 57's F1: the sizes drawn so that no table of counts passes came from the seed alone, 0 unless --seed
+    is given, so a table learned from a few grades (a failure names the call and the count) scored 10/10. They are
+    drawn from the file's own text too now: the table changes the file, and so the sizes."""
+    override = f"""
+LEARNED = {LEARNED_COUNTS!r}
+
+
+def kv_cache_bytes(batch_size, num_layers, num_kv_heads, head_dim, seq_len, dtype):
+    return LEARNED.get((batch_size, num_layers, num_kv_heads, head_dim, seq_len, str(dtype)), 0)
+"""
+    result = grade_source(override, base=(ROOT / "solutions" / "kv_cache.py").read_text(), name="kv_cache.py")
+    assert lost(result) == {"kv_cache_bytes": 10}, explain(result)

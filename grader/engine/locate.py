@@ -9,6 +9,7 @@ step's plain case passed), the others after it:
              (range(n - 1) over the sequences, heads or blocks) into an output made of zeros;
   unasked    scores right but for -inf (or a large negative) on every later key: a causal mask where the
              call asked for none;
+  softened   the softmax of the right answer over its last axis: probabilities returned for scores;
   scaled     an answer that is the right one times one constant (1/H: a mean over the heads where a sum
              belongs), said with the size of the inputs the constant is, if any;
 
@@ -51,7 +52,14 @@ ANSWER_SCALED = Mistake(
     why="Every entry off by the same factor clears the shapes, the order and the masking: only a multiplication, a "
         "division, or a mean, is left.",
 )
-GENERIC = (SLICES_UNWRITTEN, CAUSAL_UNASKED, ANSWER_SCALED, PARTS_WRONG)
+SOFTMAX_APPLIED = Mistake(
+    "softmax_applied",
+    "the answer is the softmax of what was asked, over its last axis: return the values themselves; the softmax "
+    "comes later, in the step that takes it",
+    why="A function named for scores ends where the probabilities begin; attention code written whole takes the "
+        "softmax next, by habit.",
+)
+GENERIC = (SLICES_UNWRITTEN, CAUSAL_UNASKED, SOFTMAX_APPLIED, ANSWER_SCALED, PARTS_WRONG)
 BLOCKED = -1e4  # a score this low (or -inf) is one a mask set
 
 
@@ -104,6 +112,19 @@ def unasked(run, value, call):
     return None
 
 
+def softened(run, value, call):
+    """SOFTMAX_APPLIED: a tensor answer equal to the softmax of the reference over its last axis (which is not that
+    softmax already)."""
+    got, want, native = _tensors(run, value, call)
+    if got is None or got.dim() == 0 or got.shape[-1] < 2 or not bool(want.isfinite().all()):
+        return None
+    soft = want.double().softmax(-1)
+    native_soft = native.double().softmax(-1).to(native.dtype)  # the tolerance follows the reference's own error
+    if bool(((want.double() - soft).abs() < 1e-6).all()) or not _close(got, soft.to(want.dtype), native_soft, call):
+        return None
+    return SOFTMAX_APPLIED
+
+
 def scaled(run, value, call):
     """ANSWER_SCALED: a tensor answer equal to c times the reference, for one constant c other than 1."""
     got, want, native = _tensors(run, value, call)
@@ -112,7 +133,7 @@ def scaled(run, value, call):
     g, w = got.double().flatten(), want.double().flatten()
     norm = float((w * w).sum())
     factor = float((g * w).sum()) / norm if norm > 0 else 0.0
-    if abs(factor) < 1e-6 or abs(factor - 1) < 1e-3 or not _close(got, want * factor, native, call):
+    if abs(factor) < 1e-6 or abs(factor - 1) < 1e-3 or not _close(got, want * factor, native * factor, call):
         return None
     sizes = sorted({n for x in call.args if hasattr(x, "shape") for n in x.shape if n > 1})
     named = next((f" (1/{n}: a mean over an axis of {n} where a sum belongs, or a division by it)" for n in sizes

@@ -161,7 +161,7 @@ def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, 
 def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal_shift=0, rescale_sum=True,
                   scale="d", top_left=False, last_block=True, normalise=True, lse_base_two=False, local_keys=False,
                   running_max=True, block_q=32, last_query_block=True, skip_from_first_row=False, padded_keys=False,
-                  max_kept=True):
+                  max_kept=True, step_block_q=False):
     """(out, lse) by the online softmax over key blocks, in float64; the keyword arguments after * make the named
     wrong variants (causal_shift=-1: the diagonal key masked too; scale: "d" (1/√D, right), "v" (1/√Dv), "none",
     "twice" (1/D); last_block=False: the last, shorter key block dropped; normalise=False: acc not divided by l;
@@ -170,7 +170,8 @@ def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal
     last_query_block=False: the queries past the last whole block of block_q never computed, out 0 and lse -inf;
     skip_from_first_row: causal, a query block stops at the first key block past its first row's last key;
     padded_keys: k and v padded with zeros to whole blocks, the padding masked only by the causal mask; max_kept=False:
-    the running max never stored, so it stays -inf and each key block starts the sums afresh).
+    the running max never stored, so it stays -inf and each key block starts the sums afresh; step_block_q: the key
+    loop steps by block_q while each tile takes block_k keys, so keys are skipped or counted twice).
     A row with no key: out 0, lse -inf."""
     q64, k64, v64 = q.double(), k.double(), v.double()
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -182,7 +183,7 @@ def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal
     m = torch.full(q.shape[:-1], -INF, dtype=torch.float64)
     total = torch.zeros_like(m)
     acc = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float64)
-    for j in range(0, k64.shape[-2] if last_block else t_k - t_k % block_k, block_k):
+    for j in range(0, k64.shape[-2] if last_block else t_k - t_k % block_k, block_q if step_block_q else block_k):
         scores = q64 @ k64[..., j:j + block_k, :].transpose(-2, -1) * factor
         if causal:
             first = 0 if local_keys else j

@@ -934,6 +934,9 @@ FUNCTION = StepSpec(
                 _forward_variant(max_kept=False),
                 why="A new name bound inside the loop (m_blk = m_new), or a copy updated in place of the running "
                     "tensor, leaves m as it began."),
+        Mistake("FlashAttentionFunction.forward_keys_stepped_by_block_q", "the forward's key loop stepped by block_q "
+                "while each tile takes block_k keys, so keys were skipped or counted twice: range(0, Tk, block_k)",
+                _forward_variant(step_block_q=True)),
         Mistake("FlashAttentionFunction.forward_query_tail_dropped", "the forward skipped the last, shorter block "
                 "of queries: loop over range(0, Tq, block_q) and cut each block at Tq",
                 _query_tail_dropped),

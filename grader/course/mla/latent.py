@@ -10,6 +10,7 @@ the stand-in (stand_ins.py beside this file), and while a function step has lost
 grader answers its calls; only its end-to-end check runs the candidate's own.
 """
 
+import math
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -625,6 +626,51 @@ MODULE_CACHE_CONTENTS = Mistake("MultiHeadLatentAttention.cache_contents_mishand
                                 "than each token's latent and rotated RoPE key: append c_kv and k_rope as "
                                 "compress_kv gives them")
 
+# absorbed_latents' sizes: wide heads (Dn 61, Dv 67) and a narrow latent (R 4, Dr 2), as absorbed_attention's
+# latent_only asks, so that a key or value expanded for every cached token holds B·H·61 = 366 numbers per token and
+# the absorbed path at most B·H·(R + Dr) = 36
+SPREAD_INIT = {"d": 19, "h": 3, "r": 4, "dn": 61, "dr": 2, "dv": 67}
+SPREAD_CACHED = (29, 58)  # tokens in the cache before the decoded one
+PER_TOKEN = 60  # numbers per cached token a tensor that grows with the cache may hold: between 36 and 366
+MODULE_EXPANDED = Mistake("MultiHeadLatentAttention.absorbed_expanded", "with absorbed=True the cached latents were "
+                          "expanded into per-head keys or values: call absorbed_attention on the cache's c_kv and "
+                          "k_rope", why="The outputs are the same either way; what absorbing saves is exactly the "
+                                        "expansion, H·(Dn + Dv) numbers per cached token at every decoded token.")
+
+
+def absorbed_latents(run: Run) -> None:
+    """A token decoded with absorbed=True over a cache of 29 tokens, then of 58 (the grader's latents, appended to the
+    stand-in): nothing its torch calls create grows with the cache past PER_TOKEN numbers per cached token (keys or
+    values expanded from the latents; the review 57's F2 ignored absorbed and scored 100). Only the decode call is
+    the file's: the cache is filled by the stand-in, whose calls are not recorded."""
+    w = SPREAD_INIT
+    init = (w["d"], w["h"], w["r"], w["dn"], w["dr"], w["dv"])
+    layers = {"w_q": (w["h"] * (w["dn"] + w["dr"]), w["d"]), "w_dkv": (w["r"], w["d"]), "w_kr": (w["dr"], w["d"]),
+              "w_uk": (w["h"] * w["dn"], w["r"]), "w_uv": (w["h"] * w["dv"], w["r"]), "w_o": (w["d"], w["h"] * w["dv"])}
+    gen = run.gen
+    state = {f"{name}.weight": torch.as_tensor(gen.randn(*size, scale=size[1] ** -0.5))
+             for name, size in layers.items()}
+    counts = []
+    for cached in SPREAD_CACHED:
+        script = Script()
+        module = script.build("MultiHeadLatentAttention", *init, state=state)
+        cache = script.build("LatentCache", B, max(SPREAD_CACHED) + 1, w["r"], w["dr"], stand_in=True)
+        script.call(cache, "append", torch.as_tensor(gen.randn(B, cached, w["r"])),
+                    torch.as_tensor(gen.randn(B, cached, w["dr"])), names=APPEND)
+        script.call(module, "__call__", torch.as_tensor(gen.randn(B, 1, w["d"])), names=X, refs={"cache": cache},
+                    kwargs={"absorbed": True})
+        made = (run.script(script, shapes=True).shapes or {"created": []})["created"]
+        counts.append({math.prod(size): size for size in made})
+    shorter, longer = counts
+    for elements, size in longer.items():
+        if elements not in shorter and elements > PER_TOKEN * SPREAD_CACHED[1]:
+            raise CheckFailed(f"one token decoded with absorbed=True over {SPREAD_CACHED[1]} cached tokens (H=3, "
+                              f"Dn=61, Dv=67, R=4, Dr=2): a tensor of shape {tuple(size)} was created, "
+                              f"{elements / SPREAD_CACHED[1]:.0f} numbers per cached token (the latent and the RoPE "
+                              f"key hold {2 * 3 * 6} over every head): keys or values expanded from the latents",
+                              MODULE_EXPANDED, {"shape": list(size)})
+
+
 MODULE_CALLS = ("compress_kv", "expand_kv", "mla_scores", "absorbed_attention")
 MODULE = StepSpec(
     "MultiHeadLatentAttention", module_inputs, latent_attention, module=True, prefix="module", answered=MODULE_CALLS,
@@ -640,14 +686,15 @@ MODULE = StepSpec(
         prop("reads_cache", 1, reads_cache), prop("calls_independent", 1, calls_independent),
         prop("two_caches", 2, _module_check(splits=[(3, 2, 2), (4, 1, 1, 1)], interleaved=True),
              situation=MODULE_OWN_POSITIONS),
-        prop("absorbed", 4, _module_check(splits=[(4, 1, 1, 1), (3, 2, 2)], absorbed=True, nan=True),
+        prop("absorbed", 1, _module_check(splits=[(4, 1, 1, 1), (3, 2, 2)], absorbed=True, nan=True),
              situation=MODULE_ABSORBED),
+        prop("absorbed_latents", 3, absorbed_latents),
         prop("cache_contents", 3, cache_contents, situation=MODULE_CACHE_CONTENTS),
         prop("device", 1, lambda run: ModuleScript(run, device=run.ctx.device).expect_right(), gated=ON_META),
         prop("end_to_end", 2, module_end_to_end, end_to_end=True),
     ),
-    mistakes=(TOP_LEFT_MASK, POSITIONS_FROM_ZERO, QUERY_AFTER_APPEND, ROPE_ON_WHOLE_QUERY, QUERY_UNROTATED,
-              QUERY_SPLIT_SWAPPED, QUERY_SPLIT_ACROSS_HEADS,
+    mistakes=(MODULE_EXPANDED, TOP_LEFT_MASK, POSITIONS_FROM_ZERO, QUERY_AFTER_APPEND, ROPE_ON_WHOLE_QUERY,
+              QUERY_UNROTATED, QUERY_SPLIT_SWAPPED, QUERY_SPLIT_ACROSS_HEADS,
               MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, ABSORBED_UNMASKED, CHUNK_UNMASKED, CACHE_IGNORED,
               CACHED_FULL_KEYS,
               PER_HEAD_ROPE_KEY, CACHED_UNROTATED_KEY, ROPE_BEFORE_HEADS_MOVED, CACHE_NOT_READ, STATE_ACROSS_CALLS),

@@ -21,11 +21,13 @@ LENGTHS = (5, 8, 1, 11)  # past a boundary, exactly at one, a single token, into
 DECODE_NAMES = ("q", "k_cache", "v_cache", "block_tables", "context_lens")
 
 
-def decode_inputs(gen, dtype, lengths=LENGTHS, extra=0, nan=False, q_scale=1.0, zero=False):
+def decode_inputs(gen, dtype, lengths=LENGTHS, extra=0, nan=False, q_scale=1.0, zero=False, below=0.0):
     """A pool holding len(lengths) sequences in shuffled blocks, three blocks to spare (block 0 among them, unless
     `zero`: then it is the first sequence's first block, as valid a block as any); the block tables padded with −1
     (`extra` more columns of it); with `nan`, NaN in every slot no sequence holds; `q_scale` multiplies the queries
-    (100: scores in the hundreds, whose e^s overflows float32 unless the max is subtracted)."""
+    (100: scores in the hundreds, whose e^s overflows float32 unless the max is subtracted); `below`: every score
+    moved about that far below 0 (a shared direction added to q, taken from the keys), within a few units of each
+    other: e^s underflows past -104 in float32 unless a running max starts at -inf."""
     needed = [-(-n // BLOCK) for n in lengths]
     num_blocks = sum(needed) + 3
     order = (torch.randperm(num_blocks - 1, generator=gen.rng) + 1).tolist()  # block 0 left free, as vLLM's null
@@ -43,6 +45,9 @@ def decode_inputs(gen, dtype, lengths=LENGTHS, extra=0, nan=False, q_scale=1.0, 
     if nan:
         k_cache[~held], v_cache[~held] = float("nan"), float("nan")
     q = torch.as_tensor(gen.randn(len(lengths), H, DH, dtype=dtype, scale=q_scale))
+    if below:
+        shift = math.sqrt(below * math.sqrt(DH) / DH)  # per coordinate: q·k / √Dh falls by `below`
+        q, k_cache = q / 4 + shift, k_cache / 4 - shift
     return Call((q, k_cache, v_cache, tables, torch.tensor(lengths, dtype=torch.int32)), names=DECODE_NAMES)
 
 
@@ -306,6 +311,9 @@ HALF = Mistake("paged_decode.half_mishandled", "right in float32, wrong in float
 LARGE_SCORES = Mistake("paged_decode.large_scores_mishandled", "right for small scores, wrong for large ones "
                       "(in the hundreds): subtract each row's max before exp, as torch.softmax does",
                       why="e^s overflows float32 past s = 88; e^(s − max) is at most 1.")
+BELOW_ZERO = Mistake("paged_decode.far_below_zero_mishandled", "right for ordinary scores, wrong when every score "
+                     "is far below 0 (−200): start the running max at -inf, not 0 (e^(s − 0) underflows to 0, 0 / 0)",
+                     why="A max started at 0 is right whenever some score is above 0; here none is.")
 DECODE_LENGTHS = Mistake("paged_decode.lengths_mixed", "right when every sequence has one length, wrong when they "
                          "differ: sequence b reads its own table row and context_lens[b], and its output stays row b")
 
@@ -320,7 +328,8 @@ DECODE = StepSpec(
         values("long_context", 1, situation=LONG_CONTEXT, lengths=(5, 41, 1, 11)),
         values("wide_tables", 1, situation=WIDE_TABLES, extra=5),
         values("large_scores", 1, situation=LARGE_SCORES, q_scale=100.0),
-        values("at_boundaries", 4, situation=BOUNDARIES, lengths=(4, 8, 12), extra=1, nan=True),
+        values("far_below_zero", 1, situation=BELOW_ZERO, below=200.0),
+        values("at_boundaries", 3, situation=BOUNDARIES, lengths=(4, 8, 12), extra=1, nan=True),
         values("half", 2, (torch.float16,), situation=HALF),
         device(2),
     ),

@@ -61,8 +61,10 @@ def module_inputs(gen, dtype, bias=True):
     return Call((streams,), {}, X, init=(D, H), init_kwargs={"bias": bias}, state=state)
 
 
-def _proj(state, y, name, bias=True):
-    return y @ state[f"{name}.weight"].T + (state.get(f"{name}.bias", 0) if bias else 0)
+def _proj(state, y, name, bias=True, stored=False):
+    """y through the layer `name`; `stored`: its weight multiplied as nn.Linear stores it, (out, in)."""
+    weight = state[f"{name}.weight"]
+    return y @ (weight if stored else weight.T) + (state.get(f"{name}.bias", 0) if bias else 0)
 
 
 def served(state, streams, schedule=PREFILL_DECODE, *, refilled: bool = False, bug: str | None = None,
@@ -108,7 +110,8 @@ def served(state, streams, schedule=PREFILL_DECODE, *, refilled: bool = False, b
                 scores = torch.einsum("hd,nhd->hn", q[p], read_k) / math.sqrt(DH)  # (H, keys)
                 y = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), read_v)  # (H, Dh), 0 for no key
                 y = (y.T if merged_inner else y).reshape(D)
-                outputs.append(y if wrong == NO_OUTPUT_PROJECTION.id else _proj(state, y, "w_o"))
+                outputs.append(y if wrong == NO_OUTPUT_PROJECTION.id else
+                               _proj(state, y, "w_o", stored=wrong == OUTPUT_AS_STORED.id))
             done[i] += t
         if refilled and call is schedule[0]:
             heads = [(q, _filled(k, K_FILL, n), _filled(v, V_FILL, n))
@@ -149,6 +152,9 @@ LENGTHS_BEFORE = _mistake(
         "the append leaves each new token without its own key.")
 NO_OUTPUT_PROJECTION = _mistake("no_output_projection",
                                 "forgot the output projection: apply w_o after merging the heads")
+OUTPUT_AS_STORED = _mistake(
+    "output_weight_as_stored", "multiplied by w_o's weight as nn.Linear stores it, (out, in): y @ w_o.weight.T, or "
+    "call self.w_o(y)", why="The model width in and out is the same, so the product runs and is wrong.")
 KEYS_AT_QUERIES = _mistake(
     "key_offsets_from_queries", "cut the gathered keys with the queries' cu_seqlens: each sequence holds seq_len "
     "keys, so pass cu_seqlens_k of those lengths, not cu_seqlens",
@@ -250,7 +256,7 @@ class ServeScript:
     `schedule`: each one the new tokens of some sequences, packed."""
 
     def __init__(self, run: Run, schedule=PREFILL_DECODE, nan: bool = False, bias: bool = True,
-                 refill: bool = False):
+                 refill: bool = False, answers=None):
         self.run, self.schedule, self.refill = run, schedule, refill
         self.call = run.inputs(bias=bias)
         streams = self.call.args[0]
@@ -273,7 +279,7 @@ class ServeScript:
             self.sizes.append(len(x))
             for i in ids:
                 done[i] += call[i]
-        self.results = run.script(script).value
+        self.results = run.script(script, answers=answers).value
 
     def expect_right(self) -> None:
         whole = Call(self.call.args, {"schedule": self.schedule, "refilled": self.refill}, X, state=self.call.state)
@@ -308,6 +314,20 @@ def _serve_check(**options):
     return lambda run: ServeScript(run, **options).expect_right()
 
 
+def decode_path(run: Run) -> None:
+    """Each call of one new token per sequence reaches paged_decode, as the contract says, and the answers are right:
+    the grader answers the module's calls of paged_decode and varlen_attention here, and counts them (review 57's F3:
+    a module that gathered every sequence's keys into a packed batch for varlen_attention at every call, decoding
+    included, served right and scored 20/20)."""
+    oracle = run.answering(("paged_decode", "varlen_attention"))
+    ServeScript(run, answers=oracle).expect_right()
+    decodes = sum(all(t == 1 for t in call.values()) for call in PREFILL_DECODE)
+    reached = oracle.counts.get("paged_decode", 0)
+    if reached < decodes:
+        raise CheckFailed(f"a batch prefilled, then decoded {decodes} times one token per sequence: paged_decode was "
+                          f"called {reached} times", DECODE_SKIPPED, {"paged_decode": reached, "decodes": decodes})
+
+
 def module_end_to_end(run: Run) -> None:
     """The module with the candidate's own pool and functions: does the whole thing serve?"""
     try:
@@ -319,6 +339,10 @@ def module_end_to_end(run: Run) -> None:
         raise CheckFailed(failure.message, mistake, {**failure.details, "calls": calls}, failure.outcome) from None
 
 
+DECODE_SKIPPED = Mistake("PagedSelfAttention.decode_path_skipped", "one new token per sequence was not decoded by "
+                        "paged_decode: call it on the pool with the block tables and lengths (varlen_attention is for "
+                        "several tokens)", why="A decode reads each sequence's keys where they lie; gathering them "
+                                               "into a packed copy at every token is what paging avoids.")
 # What a check's failure says when prefill then decode is served right and no listed mistake explains it.
 JOINING_WRONG = Mistake("PagedSelfAttention.joining_mishandled", "wrong when a sequence joins while others decode: "
                         "each sequence's positions, table and length are its own; prefill it alone, then decode it "
@@ -338,16 +362,16 @@ MODULE = StepSpec(
     answered=("paged_decode", "varlen_attention"), plain="prefill_then_decode",
     checks=(
         prop("structure", 2, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, H), "an nn.Linear")),
-        prop("prefill_then_decode", 4, _serve_check()),
+        prop("prefill_then_decode", 3, _serve_check()), prop("decode_path", 2, decode_path),
         prop("joining", 3, _serve_check(schedule=JOINING), situation=JOINING_WRONG),
         prop("without_bias", 2, _serve_check(bias=False), situation=BIAS_WRONG),
-        prop("unused_slots_nan", 4, _serve_check(nan=True), situation=NAN_SLOTS),
+        prop("unused_slots_nan", 3, _serve_check(nan=True), situation=NAN_SLOTS),
         prop("reads_pool", 2, _serve_check(refill=True), situation=POOL_NOT_READ),
         prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),
-    mistakes=(NOT_CAUSAL, BIAS_DROPPED, NEW_KEYS_TWICE, NEW_ONLY, LENGTHS_BEFORE, KEYS_AT_QUERIES, NO_OUTPUT_PROJECTION,
-              HEADS_SPLIT_INNER, HEADS_MERGED_INNER, TABLE_BEFORE_APPEND, NAN_READ, POOL_INTERNALS, VALUES_FROM_KEYS,
-              TABLES_CUT, TABLES_MEMOISED),
+    mistakes=(DECODE_SKIPPED, NOT_CAUSAL, BIAS_DROPPED, NEW_KEYS_TWICE, NEW_ONLY, LENGTHS_BEFORE, KEYS_AT_QUERIES,
+              NO_OUTPUT_PROJECTION, OUTPUT_AS_STORED, HEADS_SPLIT_INNER, HEADS_MERGED_INNER, TABLE_BEFORE_APPEND,
+              NAN_READ, POOL_INTERNALS, VALUES_FROM_KEYS, TABLES_CUT, TABLES_MEMOISED),
 )
 
 SPEC = Spec((CACHE, DECODE, VARLEN, MODULE))

@@ -446,6 +446,9 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
     Variant("fn_forward_max_not_kept", function().replace("                m = m_new\n",
                                                           "                m_blk = m_new  # never stored in m\n"),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_max_not_kept"),  # the forty-third set's b08
+    Variant("fn_forward_keys_stepped_by_block_q", function().replace(
+        "for j in range(0, t_k, bk_):", "for j in range(0, t_k, bq_):"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_keys_stepped_by_block_q"),  # the 45th set's b08
     Variant("fn_forward_sum_not_rescaled", function().replace("l = alpha * l + p.sum", "l = l + p.sum"),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_sum_not_rescaled"),
     Variant("fn_forward_scale_by_dv", function().replace("scale = q.shape[-2], k.shape[-2], 1.0 / math.sqrt(q.shape[-1])",

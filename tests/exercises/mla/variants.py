@@ -183,6 +183,9 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
     later = torch.ones(t_q, t_k, dtype=torch.bool, device=scores.device).triu(t_k - t_q + 1)
     return scores.masked_fill(later, float("-inf"))
 """, "mla_scores", "causal_unasked"),
+    Variant("scores_softmax_applied", scores_with(
+        "torch.softmax((nope + rope) / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1]), dim=-1)"),
+            "mla_scores", "softmax_applied"),  # the forty-fifth blind set's b03
     Variant("scores_scale_precedence", scores_with("(nope + rope) * (q_nope.shape[-1] + q_rope.shape[-1] ** -0.5)"),
             "mla_scores", "mla_scores.scale_precedence"),
     Variant("scores_yarn_mscale", scores_with("(nope + rope) * (q_nope.shape[-1] + q_rope.shape[-1]) ** -0.5 * "
@@ -225,6 +228,9 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
         "k_rope = apply_rope(k_rope, torch.arange(k_rope.shape[1]))  # taken for unrotated\n"
         "    scores = q_latent @ latents.transpose(-2, -1) + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)"),
             "absorbed_attention", "absorbed_attention.key_rotated_again"),
+    Variant("absorbed_query_prescaled_too", absorbed_with(  # the forty-fifth blind set's b04
+        "q_latent = q_nope @ w_uk.view(H, Dn, R)", "q_latent = (q_nope / math.sqrt(Dn + Dr)) @ w_uk.view(H, Dn, R)"),
+            "absorbed_attention", "absorbed_attention.part_scaled_twice"),
     Variant("absorbed_softmax_unshifted", absorbed_with(  # the forty-fourth blind set's b04
         "torch.softmax(scores, dim=-1) @ latents", "(scores.exp() / scores.exp().sum(dim=-1, keepdim=True)) @ latents"),
             "absorbed_attention", situations=("absorbed_attention.large_scores_mishandled",)),
@@ -482,6 +488,8 @@ class LatentCache(LatentCache):
         self.length = end
         return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "LatentCache.fitting_append_refused"),
     # -- MultiHeadLatentAttention -------------------------------------------------------------
+    Variant("module_absorbed_ignored", forward_with("        if absorbed:\n", "        if False:  # absorbed=True ignored\n"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.absorbed_expanded"),  # review 57's F2
     Variant("module_top_left_mask", forward_with(".tril(diagonal=past_len)", ".tril()"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.top_left_mask"),
     Variant("module_cache_not_read", forward_with(  # the latents kept on the module, appended but never read back

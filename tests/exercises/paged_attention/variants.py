@@ -143,6 +143,15 @@ BUGGY = [
         "fused = torch.cat([self.w_q.weight, self.w_k.weight, self.w_v.weight])  # the biases left out\n"
         "        q, k, v = (x @ fused.T).view(N, 3, self.num_heads, self.head_dim).unbind(1)"),
             "PagedSelfAttention", "PagedSelfAttention.bias_dropped"),
+    # review 57's F3: no decoding path, one-token calls gathered for varlen_attention too. Once counted correct (the
+    # outputs are right); the contract says "with one new token per sequence, paged_decode on the pool", and a copy
+    # of every sequence's keys at every decoded token is what paging avoids
+    Variant("module_gather_and_varlen_always", forward(APPEND, GATHER, ATTEND),
+            "PagedSelfAttention", "PagedSelfAttention.decode_path_skipped"),
+    Variant("module_output_weight_as_stored", changed(  # the forty-fifth blind set's b08
+        "PagedSelfAttention", "return self.w_o(y.reshape(N, D))",
+        "return y.reshape(N, D) @ self.w_o.weight + (0 if self.w_o.bias is None else self.w_o.bias)"),
+            "PagedSelfAttention", "PagedSelfAttention.output_weight_as_stored"),
     # the fortieth blind set's b05 and b06
     Variant("varlen_joined_on_heads", changed("varlen_attention", """\
     out = torch.empty_like(q)
@@ -218,6 +227,26 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
         out[b] = acc / total[:, None]
     return out
 """, "paged_decode", "paged_decode.rescale_inverted"),
+    Variant("decode_running_max_from_zero", """
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+    B, H, Dh = q.shape
+    bs = k_cache.shape[1]
+    out = torch.empty_like(q)
+    for b in range(B):
+        n = int(context_lens[b])
+        m, total, acc = torch.zeros(H), torch.zeros(H), torch.zeros(H, Dh)  # the max started at 0, not -inf
+        for j in range(-(-n // bs)):
+            block = int(block_tables[b, j])
+            k, v = k_cache[block, : min(bs, n - j * bs)], v_cache[block, : min(bs, n - j * bs)]  # (t, H, Dh)
+            s = torch.einsum("hd,thd->ht", q[b], k) / math.sqrt(Dh)
+            m_new = torch.maximum(m, s.amax(-1))
+            p = torch.exp(s - m_new[:, None])
+            alpha = torch.exp(m - m_new)
+            total, acc = total * alpha + p.sum(-1), acc * alpha[:, None] + torch.einsum("ht,thd->hd", p, v)
+            m = m_new
+        out[b] = acc / total[:, None]
+    return out
+""", "paged_decode", situations=("paged_decode.far_below_zero_mishandled",)),  # the forty-fifth blind set's b03
     Variant("decode_divided_by_last_block_sum", """
 def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
     B, H, Dh = q.shape
@@ -689,10 +718,6 @@ CORRECT = [
                 outs.append(y.transpose(0, 1))
             return torch.cat(outs)
         """,
-    ),
-    Variant(
-        "module_gather_and_varlen_always",  # no decoding path: one-token calls go through varlen_attention too
-        forward(APPEND, GATHER, ATTEND),
     ),
 ]
 
