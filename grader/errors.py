@@ -25,6 +25,10 @@ class CandidateError(Exception):
         self.results: list = []  # in a script, the results of the actions before it
 
 
+# What torch's own NotImplementedError says where the meta device cannot run an op (not a stub's "not implemented")
+TORCH_META = ("meta tensor", "register_meta", "'Meta' backend", "data-dependent")
+
+
 def raised(error, memory_limit_mb: int, where: Callable[[int], str]) -> CandidateError:
     """The CandidateError for an exception the candidate's code raised in the worker.
 
@@ -35,8 +39,8 @@ def raised(error, memory_limit_mb: int, where: Callable[[int], str]) -> Candidat
     message = printable(error.get("message")) or "raised an exception"
     line = error.get("line") if type(error.get("line")) is int else None
     kind = {"NotImplementedError": "not_implemented", "MemoryError": "memory"}.get(name, "raised")
-    if kind == "not_implemented" and "meta tensor" in message:  # torch's own, for an op the meta device lacks
-        kind = "raised"
+    if kind == "not_implemented" and any(s in message for s in TORCH_META):  # torch's own: the meta device lacks
+        kind = "raised"  # the op, or cannot give its shape without data (a bool mask's index, torch.nonzero)
     if kind == "not_implemented":
         message = "not implemented yet" + (f" (NotImplementedError at line {line})" if line else "")
     if kind == "memory":

@@ -4054,3 +4054,29 @@ def kv_cache_bytes(batch_size, num_layers, num_kv_heads, head_dim, seq_len, dtyp
 """
     result = grade_source(override, base=(ROOT / "solutions" / "kv_cache.py").read_text(), name="kv_cache.py")
     assert lost(result) == {"kv_cache_bytes": 10}, explain(result)
+
+
+FLOOD = "    for i in range(1, 300):  # 299 shapes first, past the 256 the record lists\n        torch.empty(i)\n"
+
+
+def test_a_flood_of_shapes_hides_nothing_from_the_checks_that_read_them(grade_source):
+    """Review 58's F1-F3: the record lists 256 shapes and counts the rest; three checks read the list and not the
+    count, so 299 shapes made first hid keys expanded from the latents (mla's module with absorbed=True, and
+    absorbed_attention with one query) and a numerical gradient (attention_backward): 100 where 97 and 70 are fair.
+    A call that makes more shapes than the list holds now fails those checks, here even around the model answer."""
+    cases = [
+        ("attention_backward", "_model = attention_backward\n\n\ndef attention_backward(*args, **kwargs):\n" + FLOOD
+         + "    return _model(*args, **kwargs)\n", "attention_backward", "attention_backward_values"),
+        ("mla", "_model = absorbed_attention\n\n\ndef absorbed_attention(q_nope, *args, **kwargs):\n"
+         "    if q_nope.shape[-2] == 1:\n    " + FLOOD.replace("\n        ", "\n            ")
+         + "    return _model(q_nope, *args, **kwargs)\n", "absorbed_attention", "absorbed_attention_latent_only"),
+        ("mla", "_forward = MultiHeadLatentAttention.forward\n\n\ndef _flooded(self, x, cache=None, absorbed=False):\n"
+         "    if absorbed and cache is not None:\n    " + FLOOD.replace("\n        ", "\n            ")
+         + "    return _forward(self, x, cache, absorbed)\n\n\nMultiHeadLatentAttention.forward = _flooded\n",
+         "MultiHeadLatentAttention", "module_absorbed_latents"),
+    ]
+    for exercise, override, step, check in cases:
+        result = grade_source(override, base=(ROOT / "solutions" / f"{exercise}.py").read_text(), name=f"{exercise}.py")
+        assert step in lost(result), explain(result)
+        failed = [c for name, c in checks_of(result).items() if name.startswith(check)]
+        assert failed and all("different shapes" in c.message for c in failed if c.outcome == "failed"), explain(result)

@@ -630,7 +630,7 @@ MODULE_CACHE_CONTENTS = Mistake("MultiHeadLatentAttention.cache_contents_mishand
 # latent_only asks, so that a key or value expanded for every cached token holds B·H·61 = 366 numbers per token and
 # the absorbed path at most B·H·(R + Dr) = 36
 SPREAD_INIT = {"d": 19, "h": 3, "r": 4, "dn": 61, "dr": 2, "dv": 67}
-SPREAD_CACHED = (29, 58)  # tokens in the cache before the decoded one
+SPREAD_CACHED = (29, 58)  # tokens in the cache before the decoded one: 59 with it, a prime no width shares
 PER_TOKEN = 60  # numbers per cached token a tensor that grows with the cache may hold: between 36 and 366
 MODULE_EXPANDED = Mistake("MultiHeadLatentAttention.absorbed_expanded", "with absorbed=True the cached latents were "
                           "expanded into per-head keys or values: call absorbed_attention on the cache's c_kv and "
@@ -659,9 +659,23 @@ def absorbed_latents(run: Run) -> None:
                     torch.as_tensor(gen.randn(B, cached, w["dr"])), names=APPEND)
         script.call(module, "__call__", torch.as_tensor(gen.randn(B, 1, w["d"])), names=X, refs={"cache": cache},
                     kwargs={"absorbed": True})
-        made = (run.script(script, shapes=True).shapes or {"created": []})["created"]
-        counts.append({math.prod(size): size for size in made})
+        record = run.script(script, shapes=True).shapes or {"created": [], "more": 0}
+        if record.get("more"):  # review 58's F1 made 299 shapes first, to push the expanded keys off the list
+            raise CheckFailed(f"one token decoded with absorbed=True over {cached} cached tokens: the calls created "
+                              f"tensors of more than {len(record['created'])} different shapes, too many to check "
+                              "what they expand", MODULE_EXPANDED)
+        counts.append({math.prod(size): size for size in record["created"]})
     shorter, longer = counts
+    # Over 59 keys (a prime no width shares) a key or value of every token for each head holds 59 · 61 (or 67, or the
+    # model width 19 through w_o) numbers times a whole number, however it is laid out or padded with tensors of the
+    # same sizes at both lengths (review 58's F1b); nothing of the absorbed path does
+    total = SPREAD_CACHED[1] + 1
+    for elements, size in longer.items():
+        if any(elements % (total * w[width]) == 0 for width in ("dn", "dv", "d")):
+            raise CheckFailed(f"one token decoded with absorbed=True over {SPREAD_CACHED[1]} cached tokens (H=3, "
+                              f"Dn=61, Dv=67, R=4, Dr=2): a tensor of shape {tuple(size)} was created, a per-head key "
+                              "or value of every token: keys or values expanded from the latents", MODULE_EXPANDED,
+                              {"shape": list(size)})
     for elements, size in longer.items():
         if elements not in shorter and elements > PER_TOKEN * SPREAD_CACHED[1]:
             raise CheckFailed(f"one token decoded with absorbed=True over {SPREAD_CACHED[1]} cached tokens (H=3, "

@@ -119,6 +119,11 @@ def _softmax_over_heads(*args):
     return _weighted(*args, lambda scores: torch.softmax(scores, 0))
 
 
+def _summed_over_heads(*args):
+    """Every head's weights from the scores summed over the heads (an einsum that drops h: 'bhd,bnhd->bn')."""
+    return _weighted(*args, lambda scores: torch.softmax(scores.sum(0, keepdim=True), -1).expand_as(scores))
+
+
 def _max_over_heads(*args):
     """Each key's scores shifted by their max over the heads, not each head's max over its keys: e^(s − m) / Σ e^(s −
     m) with m different for every key is no softmax."""
@@ -132,6 +137,10 @@ MAX_OVER_HEADS = Mistake(
     "paged_decode.max_over_heads", "the softmax's max was taken over the heads, one per key, not over each head's "
     "keys: subtract scores.amax(dim=-1, keepdim=True), the keys' axis", _max_over_heads,
     why="Softmax is unchanged by one shift of a whole row; a shift that differs from key to key reweights them.")
+SUMMED_OVER_HEADS = Mistake(
+    "paged_decode.scores_summed_over_heads", "the scores were summed over the heads, so every head weights its keys "
+    "alike: each head scores with its own query, einsum('hd,nhd->hn', q[b], k)", _summed_over_heads,
+    why="An einsum whose output drops h ('bhd,bnhd->bn') sums over it.")
 SOFTMAX_OVER_HEADS = Mistake(
     "paged_decode.softmax_over_heads", "the softmax ran over the heads (dim=0 of the (H, n) scores): each head's "
     "weights over its keys sum to 1, softmax(scores, dim=-1)", _softmax_over_heads)
@@ -250,6 +259,9 @@ LENGTHS_NOT_BROADCAST = Mistake(
                   line=r"arange\(.*[<>]=?\s*context_lens(\.(long|int)\(\)|\.to\([^)]*\))?\s*(#.*)?\)?$"),
     why="Every sequence has its own length, so the mask is (B, max_len): one row of positions, one column of lengths.")
 DECODE_UNSCALED = _decode_mistake("unscaled", "scores not scaled: divide q · k by √Dh", width=1)
+DECODE_SCALE_PRECEDENCE = _decode_mistake(
+    "scale_precedence", "scaled by Dh ** -1/2, which Python reads as (Dh ** -1) / 2, 1/(2·Dh): write Dh ** -0.5, or "
+    "divide by math.sqrt(Dh)", width=4 * DH * DH)
 def _padded_heads_reshaped(q, k_cache, v_cache, block_tables, context_lens):
     """Every table row gathered whole, (B, max_blocks · block_size, H, Dh) viewed as (B, H, L, Dh), and the
     positions past context_lens of that view masked."""
@@ -334,7 +346,8 @@ DECODE = StepSpec(
         device(2),
     ),
     # first: an answer all NaN in a NaN check looks like several of the others', and only this one is right elsewhere
-    mistakes=(TIMES_NAN, RESCALE_INVERTED, LAST_BLOCK_SUM, SOFTMAX_OVER_HEADS, MAX_OVER_HEADS, WHOLE_BLOCKS,
+    mistakes=(TIMES_NAN, RESCALE_INVERTED, LAST_BLOCK_SUM, SOFTMAX_OVER_HEADS, MAX_OVER_HEADS, SUMMED_OVER_HEADS,
+              DECODE_SCALE_PRECEDENCE, WHOLE_BLOCKS,
               PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_STRIDE, POSITION_AS_SLOT, CONTIGUOUS_RUN,
               BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED, HEADS_RESHAPED,
               LENGTHS_NOT_BROADCAST),

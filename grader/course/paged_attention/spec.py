@@ -314,18 +314,34 @@ def _serve_check(**options):
     return lambda run: ServeScript(run, **options).expect_right()
 
 
+DECODE_SHIFT = 3.0  # what the grader adds to every answer of paged_decode in decode_path
+
+
 def decode_path(run: Run) -> None:
-    """Each call of one new token per sequence reaches paged_decode, as the contract says, and the answers are right:
-    the grader answers the module's calls of paged_decode and varlen_attention here, and counts them (review 57's F3:
-    a module that gathered every sequence's keys into a packed batch for varlen_attention at every call, decoding
-    included, served right and scored 20/20)."""
+    """Each call of one new token per sequence is decoded by paged_decode, as the contract says: the grader answers
+    the module's calls of paged_decode and varlen_attention here, counts them, and moves every answer of paged_decode
+    by DECODE_SHIFT, which the decoded tokens' outputs must follow (review 57's F3 gathered every sequence's keys for
+    varlen_attention at every call, decoding included, and served right: 20/20; review 58's F4 called paged_decode as
+    well, and threw its answer away)."""
     oracle = run.answering(("paged_decode", "varlen_attention"))
-    ServeScript(run, answers=oracle).expect_right()
+    oracle.shifts["paged_decode"] = DECODE_SHIFT
+    served = ServeScript(run, answers=oracle)
     decodes = sum(all(t == 1 for t in call.values()) for call in PREFILL_DECODE)
     reached = oracle.counts.get("paged_decode", 0)
+    where = f"a batch prefilled, then decoded {decodes} times one token per sequence"
     if reached < decodes:
-        raise CheckFailed(f"a batch prefilled, then decoded {decodes} times one token per sequence: paged_decode was "
-                          f"called {reached} times", DECODE_SKIPPED, {"paged_decode": reached, "decodes": decodes})
+        raise CheckFailed(f"{where}: paged_decode was called {reached} times", DECODE_SKIPPED,
+                          {"paged_decode": reached, "decodes": decodes})
+    right = run.reference(Call(served.call.args, {"schedule": PREFILL_DECODE}, X, state=served.call.state))
+    start = 0
+    for call, index, n in zip(PREFILL_DECODE, served.outputs, served.sizes, strict=True):
+        got = served.results[index]
+        if all(t == 1 for t in call.values()) and isinstance(got, torch.Tensor) and got.shape == (n, D):
+            if torch.allclose(got.double(), right[start:start + n].double(), atol=1e-3, rtol=1e-3):
+                raise CheckFailed(f"{where}: with paged_decode's answers moved by {DECODE_SHIFT}, the decoded tokens' "
+                                  "outputs stayed as they were: paged_decode was called, and its answer not used",
+                                  DECODE_SKIPPED)
+        start += n
 
 
 def module_end_to_end(run: Run) -> None:

@@ -148,6 +148,11 @@ BUGGY = [
     # of every sequence's keys at every decoded token is what paging avoids
     Variant("module_gather_and_varlen_always", forward(APPEND, GATHER, ATTEND),
             "PagedSelfAttention", "PagedSelfAttention.decode_path_skipped"),
+    Variant("module_decode_answer_thrown_away", changed(  # review 58's F4: paged_decode called, its answer not used
+        "PagedSelfAttention", "y = paged_decode(q, cache.k_cache, cache.v_cache, tables, context)  # (B, H, Dh)\n"
+        "        else:", "paged_decode(q, cache.k_cache, cache.v_cache, tables, context)  # its answer thrown away\n"
+        "        if True:"),
+            "PagedSelfAttention", "PagedSelfAttention.decode_path_skipped"),
     Variant("module_output_weight_as_stored", changed(  # the forty-fifth blind set's b08
         "PagedSelfAttention", "return self.w_o(y.reshape(N, D))",
         "return y.reshape(N, D) @ self.w_o.weight + (0 if self.w_o.bias is None else self.w_o.bias)"),
@@ -227,6 +232,16 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
         out[b] = acc / total[:, None]
     return out
 """, "paged_decode", "paged_decode.rescale_inverted"),
+    Variant("decode_scores_summed_over_heads", changed(  # the forty-sixth blind set's b03
+        "paged_decode", """\
+        scores = torch.einsum("hd,nhd->hn", q[b], k) / math.sqrt(Dh)  # (H, Dh) x (n, H, Dh) -> (H, n)
+        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v)""", """\
+        scores = torch.einsum("hd,nhd->n", q[b], k) / math.sqrt(Dh)  # h summed away
+        out[b] = torch.einsum("n,nhd->hd", torch.softmax(scores, dim=-1), v)"""),
+            "paged_decode", "paged_decode.scores_summed_over_heads"),
+    Variant("decode_scale_precedence", changed(  # the forty-sixth blind set's b04
+        "paged_decode", "/ math.sqrt(Dh)  # (H, Dh)", "* Dh ** -1/2  # (H, Dh)"),
+            "paged_decode", "paged_decode.scale_precedence"),
     Variant("decode_running_max_from_zero", """
 def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
     B, H, Dh = q.shape
@@ -625,6 +640,26 @@ class PagedSelfAttention(PagedSelfAttention):
 ]
 
 CORRECT = [
+    Variant("varlen_padded_and_picked_by_a_bool_mask", """
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
+    # padded to the batch inside, a key mask per sequence, the real rows picked back by a bool mask: the meta device
+    # cannot give that index's shape without data, and says so (the forty-sixth blind set's c03)
+    dev = q.device
+    cq, ck = cu_seqlens_q.long().to(dev), cu_seqlens_k.long().to(dev)
+    lq, lk = cq[1:] - cq[:-1], ck[1:] - ck[:-1]
+    iq, ik = torch.arange(q.shape[0], device=dev), torch.arange(k.shape[0], device=dev)
+    q_ok, k_ok = iq[None, :] < lq[:, None], ik[None, :] < lk[:, None]
+    q_idx = torch.where(q_ok, cq[:-1, None] + iq[None, :], torch.zeros_like(q_ok, dtype=torch.long))
+    k_idx = torch.where(k_ok, ck[:-1, None] + ik[None, :], torch.zeros_like(k_ok, dtype=torch.long))
+    work = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    qp, kp, vp = q.to(work)[q_idx], k.to(work)[k_idx], v.to(work)[k_idx]
+    s = torch.einsum("bihd,bjhd->bhij", qp, kp) / math.sqrt(q.shape[-1])
+    ok = k_ok[:, None, None, :]
+    if causal:
+        ok = ok & (ik[None, None, :] <= iq[None, :, None] + (lk - lq)[:, None, None])[:, None]
+    p = torch.softmax(s.masked_fill(~ok, float("-inf")), dim=-1).nan_to_num(0.0)
+    return torch.einsum("bhij,bjhd->bihd", p, vp)[q_ok].to(q.dtype)
+"""),
     Variant(
         "pool_fifo_free_list_token_loop_tensor_tables",  # a deque handed out from the front, tokens written one by
         # one, tables kept and returned as tensors, the free list refilled at the front
