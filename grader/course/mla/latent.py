@@ -702,7 +702,7 @@ MODULE = StepSpec(
              situation=MODULE_OWN_POSITIONS),
         prop("absorbed", 1, _module_check(splits=[(4, 1, 1, 1), (3, 2, 2)], absorbed=True, nan=True),
              situation=MODULE_ABSORBED),
-        prop("absorbed_latents", 3, absorbed_latents),
+        prop("absorbed_latents", 3, absorbed_latents, gated=ALWAYS),  # what it creates, not what it answers
         prop("cache_contents", 3, cache_contents, situation=MODULE_CACHE_CONTENTS),
         prop("device", 1, lambda run: ModuleScript(run, device=run.ctx.device).expect_right(), gated=ON_META),
         prop("end_to_end", 2, module_end_to_end, end_to_end=True),

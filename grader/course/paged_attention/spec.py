@@ -19,6 +19,7 @@ import math
 import torch
 
 from grader.engine import (
+    ALWAYS,
     Call,
     CheckFailed,
     Mistake,
@@ -378,7 +379,7 @@ MODULE = StepSpec(
     answered=("paged_decode", "varlen_attention"), plain="prefill_then_decode",
     checks=(
         prop("structure", 2, linear_layers(("w_q", "w_k", "w_v", "w_o"), (D, H), "an nn.Linear")),
-        prop("prefill_then_decode", 3, _serve_check()), prop("decode_path", 2, decode_path),
+        prop("prefill_then_decode", 3, _serve_check()), prop("decode_path", 2, decode_path, gated=ALWAYS),
         prop("joining", 3, _serve_check(schedule=JOINING), situation=JOINING_WRONG),
         prop("without_bias", 2, _serve_check(bias=False), situation=BIAS_WRONG),
         prop("unused_slots_nan", 3, _serve_check(nan=True), situation=NAN_SLOTS),
