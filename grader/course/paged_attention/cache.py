@@ -166,6 +166,18 @@ def _logical(record: PoolScript, *_) -> bool:
     return False
 
 
+def _values_are_keys(record: PoolScript, *_) -> bool:
+    """Every sequence's values, read through its table, are the keys appended to it (v_cache written from k)."""
+    found = False
+    for s in record.seen():
+        for seq_id, keys in s.keys.items():
+            got = _gathered(s.v_cache, _table(s.tables.get(seq_id)), len(keys))
+            if got is None or got.shape != keys.shape or not torch.allclose(got.double(), keys.double()):
+                return False
+            found = found or not torch.allclose(keys.double(), s.values[seq_id].double())
+    return found
+
+
 def _wrapped(record: PoolScript, *_) -> bool:
     """An append that crossed a block boundary wrote all its tokens into one block, at slot t % block_size: its first
     token's (the later ones wrapped round onto that block's start) or the table's newest (the earlier ones
@@ -532,6 +544,9 @@ CROSSES_BLOCK = Mistake(
     "PagedKVCache.append_written_as_one_slice", "wrote an append's T tokens as one slice of one block: past its end "
     "they belong in the next block; write token by token, or by (block, slot) index tensors",
     raises=Raises(message=r"shape mismatch|must match the size|expanded size|broadcast"))
+VALUES_ARE_KEYS = Mistake(
+    "PagedKVCache.values_written_from_keys", "the values' pool holds the keys: append writes v into v_cache, "
+    "v_cache[blocks, slots] = v (a copied line kept its k)", test=_values_are_keys)
 WRAPPED = Mistake(
     "PagedKVCache.append_wrapped_in_one_block", "an append crossing a block boundary wrote every token into one "
     "block (its first token's, or the newest): look each token's block up, table[t // block_size]",
@@ -614,8 +629,8 @@ CACHE = StepSpec(
         prop("unchanged_after_refusal", 3, unchanged_after_refusal), prop("free", 2, free_returns_blocks),
         prop("device", 2, pool_on_device, gated=ON_META),
     ),
-    mistakes=(GROWN_BY_CAT, STORAGE_REPLACED, EXTRA_BLOCK, LAST_BLOCK_MISSING, CROSSES_BLOCK, LOGICAL_WRITTEN,
-              WRAPPED, SLOTS_FROM_APPEND, TOKENS_MOVED, SLOTS_COUNTED, OUT_OF_BLOCKS_NOT_REFUSED,
+    mistakes=(VALUES_ARE_KEYS, GROWN_BY_CAT, STORAGE_REPLACED, EXTRA_BLOCK, LAST_BLOCK_MISSING, CROSSES_BLOCK,
+              LOGICAL_WRITTEN, WRAPPED, SLOTS_FROM_APPEND, TOKENS_MOVED, SLOTS_COUNTED, OUT_OF_BLOCKS_NOT_REFUSED,
               CHANGED_BEFORE_RAISING, EXACT_FIT_REFUSED, ROOM_IGNORED, FREE_KEEPS_BLOCKS, FREE_KEEPS_SEQUENCE,
               DTYPE_IGNORED, TABLE_SORTED, EVERY_BLOCK_TAKEN, DEFAULT_DTYPE),
 )
