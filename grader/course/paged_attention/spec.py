@@ -78,6 +78,9 @@ def served(state, streams, schedule=PREFILL_DECODE, *, refilled: bool = False, b
     split = (lambda y: y.view(-1, DH, H).transpose(1, 2)) if bug == HEADS_SPLIT_INNER.id else (
         lambda y: y.view(-1, H, DH))  # (N, H, Dh): heads outer, or the features read as (Dh, H)
     heads = [tuple(split(_proj(state, x, n, bug != BIAS_DROPPED.id)) for n in ("w_q", "w_k", "w_v")) for x in streams]
+    if bug == QKV_PER_HEAD.id:  # one fused projection, [q | k | v], read as (N, H, 3, Dh): each head's thirds
+        heads = [tuple(torch.cat([_proj(state, x, n) for n in ("w_q", "w_k", "w_v")], -1).view(-1, H, 3, DH).unbind(2))
+                 for x in streams]
     done, outputs = [0] * len(streams), []
     for call in schedule:
         ids = [i for i, t in call.items() if t]
@@ -153,6 +156,9 @@ LENGTHS_BEFORE = _mistake(
         "the append leaves each new token without its own key.")
 NO_OUTPUT_PROJECTION = _mistake("no_output_projection",
                                 "forgot the output projection: apply w_o after merging the heads")
+QKV_PER_HEAD = _mistake(
+    "fused_qkv_split_per_head", "a fused [q | k | v] projection, (N, 3·D), was split as view(N, H, 3, Dh): its "
+    "thirds are q, k and v whole; view(N, 3, H, Dh), or split(D, dim=-1) first")
 OUTPUT_AS_STORED = _mistake(
     "output_weight_as_stored", "multiplied by w_o's weight as nn.Linear stores it, (out, in): y @ w_o.weight.T, or "
     "call self.w_o(y)", why="The model width in and out is the same, so the product runs and is wrong.")
@@ -387,8 +393,8 @@ MODULE = StepSpec(
         prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),
     mistakes=(DECODE_SKIPPED, NOT_CAUSAL, BIAS_DROPPED, NEW_KEYS_TWICE, NEW_ONLY, LENGTHS_BEFORE, KEYS_AT_QUERIES,
-              NO_OUTPUT_PROJECTION, OUTPUT_AS_STORED, HEADS_SPLIT_INNER, HEADS_MERGED_INNER, TABLE_BEFORE_APPEND,
-              NAN_READ, POOL_INTERNALS, VALUES_FROM_KEYS, TABLES_CUT, TABLES_MEMOISED),
+              NO_OUTPUT_PROJECTION, OUTPUT_AS_STORED, QKV_PER_HEAD, HEADS_SPLIT_INNER, HEADS_MERGED_INNER,
+              TABLE_BEFORE_APPEND, NAN_READ, POOL_INTERNALS, VALUES_FROM_KEYS, TABLES_CUT, TABLES_MEMOISED),
 )
 
 SPEC = Spec((CACHE, DECODE, VARLEN, MODULE))

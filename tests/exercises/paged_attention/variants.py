@@ -148,6 +148,12 @@ BUGGY = [
     # of every sequence's keys at every decoded token is what paging avoids
     Variant("module_gather_and_varlen_always", forward(APPEND, GATHER, ATTEND),
             "PagedSelfAttention", "PagedSelfAttention.decode_path_skipped"),
+    Variant("module_fused_qkv_split_per_head", changed(  # the forty-sixth blind set's b08
+        "PagedSelfAttention",
+        "q, k, v = (w(x).view(N, self.num_heads, self.head_dim) for w in (self.w_q, self.w_k, self.w_v))",
+        "fused = torch.cat([w(x) for w in (self.w_q, self.w_k, self.w_v)], -1)  # (N, 3·D)\n"
+        "        q, k, v = fused.view(N, self.num_heads, 3, self.head_dim).unbind(2)"),
+            "PagedSelfAttention", "PagedSelfAttention.fused_qkv_split_per_head"),
     Variant("module_decode_answer_thrown_away", changed(  # review 58's F4: paged_decode called, its answer not used
         "PagedSelfAttention", "y = paged_decode(q, cache.k_cache, cache.v_cache, tables, context)  # (B, H, Dh)\n"
         "        else:", "paged_decode(q, cache.k_cache, cache.v_cache, tables, context)  # its answer thrown away\n"
