@@ -42,7 +42,8 @@ class Oracle:
         self.asked: dict[int, tuple] = {}  # the questions a backward pass may come back to
         self.questions = 0
         self.counts: dict[str, int] = {}  # the questions answered, by step: which steps the composite reached
-        self.shifts: dict[str, float] = {}  # a step's answers moved by this much: does the composite use them?
+        self.scales: dict[str, float] = {}  # a step's answers multiplied by this: does the composite use them?
+        self.kept: dict[str, list] = {}  # the questions asked of the steps named here, (args, kwargs) each
         self.elements = 0
 
     def reply(self, frame: dict, blobs: list, out: list) -> dict:
@@ -87,8 +88,10 @@ class Oracle:
                 return {"ok": False, "error": "too many questions in one call"}
             args, kwargs = tuple(bound.args), dict(bound.kwargs)
             value = self.references[name](*args, **kwargs)
-            if name in self.shifts:
-                value = value + self.shifts[name]
+            if name in self.scales:
+                value = value * self.scales[name]
+            if name in self.kept:
+                self.kept[name].append((args, kwargs))
         except Exception as exc:  # the composite called the step with inputs outside its contract
             called = describe(args, kwargs, tuple(self.signatures[name].parameters))
             return {"ok": False, "error": f"it was called with {called}: {type(exc).__name__}: {exc}"[:400]}

@@ -641,8 +641,9 @@ MODULE_EXPANDED = Mistake("MultiHeadLatentAttention.absorbed_expanded", "with ab
 def absorbed_latents(run: Run) -> None:
     """A token decoded with absorbed=True over a cache of 29 tokens, then of 58 (the grader's latents, appended to the
     stand-in): nothing its torch calls create grows with the cache past PER_TOKEN numbers per cached token (keys or
-    values expanded from the latents; the review 57's F2 ignored absorbed and scored 100). Only the decode call is
-    the file's: the cache is filled by the stand-in, whose calls are not recorded."""
+    values expanded from the latents; the review 57's F2 ignored absorbed and scored 100), its calls are as many at
+    both lengths (no loop over the cache in pieces). Only the decode call is the file's: the cache is filled by the
+    stand-in, whose calls are not recorded. What leaves torch (NumPy) it does not see: Known limits."""
     w = SPREAD_INIT
     init = (w["d"], w["h"], w["r"], w["dn"], w["dr"], w["dv"])
     layers = {"w_q": (w["h"] * (w["dn"] + w["dr"]), w["d"]), "w_dkv": (w["r"], w["d"]), "w_kr": (w["dr"], w["d"]),
@@ -650,7 +651,7 @@ def absorbed_latents(run: Run) -> None:
     gen = run.gen
     state = {f"{name}.weight": torch.as_tensor(gen.randn(*size, scale=size[1] ** -0.5))
              for name, size in layers.items()}
-    counts = []
+    counts, calls = [], []
     for cached in SPREAD_CACHED:
         script = Script()
         module = script.build("MultiHeadLatentAttention", *init, state=state)
@@ -665,6 +666,12 @@ def absorbed_latents(run: Run) -> None:
                               f"tensors of more than {len(record['created'])} different shapes, too many to check "
                               "what they expand", MODULE_EXPANDED)
         counts.append({math.prod(size): size for size in record["created"]})
+        calls.append(record.get("calls", 0))
+    if calls[1] > calls[0]:  # a loop over the cached tokens, a few at a time (review 59's F1: four at a time)
+        raise CheckFailed(f"one token decoded with absorbed=True over {SPREAD_CACHED[0]} cached tokens made {calls[0]} "
+                          f"torch calls, over {SPREAD_CACHED[1]} {calls[1]}: it works through the cache in pieces; the "
+                          "absorbed path reads c_kv and k_rope whole, as many calls for any length", MODULE_EXPANDED,
+                          {"calls": calls})
     shorter, longer = counts
     # Over 59 keys (a prime no width shares) a key or value of every token for each head holds 59 · 61 (or 67, or the
     # model width 19 through w_o) numbers times a whole number, however it is laid out or padded with tensors of the

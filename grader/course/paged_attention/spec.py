@@ -157,8 +157,8 @@ LENGTHS_BEFORE = _mistake(
 NO_OUTPUT_PROJECTION = _mistake("no_output_projection",
                                 "forgot the output projection: apply w_o after merging the heads")
 QKV_PER_HEAD = _mistake(
-    "fused_qkv_split_per_head", "a fused [q | k | v] projection, (N, 3·D), was split as view(N, H, 3, Dh): its "
-    "thirds are q, k and v whole; view(N, 3, H, Dh), or split(D, dim=-1) first")
+    "fused_qkv_split_per_head", "a fused [q | k | v] projection was viewed as (N, H, 3, Dh): view it as (N, 3, H, "
+    "Dh), or split(D, dim=-1) first", why="Its thirds are q, k and v whole, each head's features inside each.")
 OUTPUT_AS_STORED = _mistake(
     "output_weight_as_stored", "multiplied by w_o's weight as nn.Linear stores it, (out, in): y @ w_o.weight.T, or "
     "call self.w_o(y)", why="The model width in and out is the same, so the product runs and is wrong.")
@@ -321,34 +321,50 @@ def _serve_check(**options):
     return lambda run: ServeScript(run, **options).expect_right()
 
 
-DECODE_SHIFT = 3.0  # what the grader adds to every answer of paged_decode in decode_path
+DECODE_SCALE = 2.0  # what the grader multiplies every answer of paged_decode by in decode_path
 
 
 def decode_path(run: Run) -> None:
-    """Each call of one new token per sequence is decoded by paged_decode, as the contract says: the grader answers
-    the module's calls of paged_decode and varlen_attention here, counts them, and moves every answer of paged_decode
-    by DECODE_SHIFT, which the decoded tokens' outputs must follow (review 57's F3 gathered every sequence's keys for
-    varlen_attention at every call, decoding included, and served right: 20/20; review 58's F4 called paged_decode as
-    well, and threw its answer away)."""
+    """Each call of one new token per sequence is decoded by paged_decode on the pool, as the contract says: the
+    grader answers the module's calls of paged_decode and varlen_attention here, keeps what paged_decode was asked
+    (the pool itself, each sequence's length after the append), and doubles its answers, which the decoded tokens'
+    outputs must follow exactly: w_o(2·y). Review 57's F3 gathered every sequence's keys for varlen_attention at every
+    call, decoding included (20/20); review 58's F4 called paged_decode too and threw its answer away; review 59's F2
+    added the answer of a call on a pool of its own, one zero key and value."""
     oracle = run.answering(("paged_decode", "varlen_attention"))
-    oracle.shifts["paged_decode"] = DECODE_SHIFT
+    oracle.scales["paged_decode"], oracle.kept["paged_decode"] = DECODE_SCALE, []
     served = ServeScript(run, answers=oracle)
-    decodes = sum(all(t == 1 for t in call.values()) for call in PREFILL_DECODE)
+    right = run.reference(Call(served.call.args, {"schedule": PREFILL_DECODE}, X, state=served.call.state)).double()
+    bias = served.call.state.get("w_o.bias", torch.zeros(D)).double()
+    where = "a batch prefilled, then decoded twice one token per sequence"
     reached = oracle.counts.get("paged_decode", 0)
-    where = f"a batch prefilled, then decoded {decodes} times one token per sequence"
-    if reached < decodes:
+    if reached < 2:
         raise CheckFailed(f"{where}: paged_decode was called {reached} times", DECODE_SKIPPED,
-                          {"paged_decode": reached, "decodes": decodes})
-    right = run.reference(Call(served.call.args, {"schedule": PREFILL_DECODE}, X, state=served.call.state))
-    start = 0
+                          {"paged_decode": reached})
+    start, lengths, done = 0, [], [0] * len(STREAMS)
     for call, index, n in zip(PREFILL_DECODE, served.outputs, served.sizes, strict=True):
-        got = served.results[index]
-        if all(t == 1 for t in call.values()) and isinstance(got, torch.Tensor) and got.shape == (n, D):
-            if torch.allclose(got.double(), right[start:start + n].double(), atol=1e-3, rtol=1e-3):
-                raise CheckFailed(f"{where}: with paged_decode's answers moved by {DECODE_SHIFT}, the decoded tokens' "
-                                  "outputs stayed as they were: paged_decode was called, and its answer not used",
-                                  DECODE_SKIPPED)
+        got, want = served.results[index], right[start:start + n]
+        for i, t in call.items():
+            done[i] += t
+        if not (isinstance(got, torch.Tensor) and got.shape == (n, D)):
+            return  # a wrong answer: the other checks say so (and this one, gated, earns nothing beside it)
+        if not all(t == 1 for t in call.values()):
+            if not torch.allclose(got.double(), want, atol=1e-3, rtol=1e-3):
+                return  # wrong where it prefills: judged by the other checks
+        else:
+            lengths.append(tuple(done[i] for i in call))
+            if not torch.allclose(got.double(), DECODE_SCALE * want - (DECODE_SCALE - 1) * bias, atol=1e-3, rtol=1e-3):
+                kept = torch.allclose(got.double(), want, atol=1e-3, rtol=1e-3)
+                raise CheckFailed(f"{where}: with paged_decode's answers doubled, the decoded tokens' outputs "
+                                  + ("stayed as they were: its answer was not used" if kept else
+                                     "were not w_o of them: they are not paged_decode's answers"), DECODE_SKIPPED)
         start += n
+    asked = [tuple(int(n) for n in kwargs.get("context_lens", args[4] if len(args) > 4 else ()))
+             for args, kwargs in oracle.kept["paged_decode"]]
+    pools = {tuple(args[1].shape) if len(args) > 1 else () for args, _ in oracle.kept["paged_decode"]}
+    if not set(lengths) <= set(asked) or pools - {(POOL_BLOCKS, BLOCK, H, DH)}:
+        raise CheckFailed(f"{where}: paged_decode was asked of {sorted(pools)} pools with lengths {asked}, not of the "
+                          f"pool with each sequence's lengths, {lengths}", DECODE_SKIPPED)
 
 
 def module_end_to_end(run: Run) -> None:

@@ -490,6 +490,18 @@ class LatentCache(LatentCache):
     # -- MultiHeadLatentAttention -------------------------------------------------------------
     Variant("module_absorbed_ignored", forward_with("        if absorbed:\n", "        if False:  # absorbed=True ignored\n"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.absorbed_expanded"),  # review 57's F2
+    Variant("module_absorbed_expanded_in_chunks", forward_with(  # review 59's F1: four cached tokens at a time
+        """            return absorbed_attention(q_nope, q_rope, c_kv, k_rope, self.w_uk.weight, self.w_uv.weight,
+                                      self.w_o.weight, mask)""",
+        """            parts = []
+            for s in range(0, c_kv.shape[1], 4):
+                k_part, v_part = expand_kv(c_kv[:, s:s + 4], self.w_uk.weight, self.w_uv.weight, H)
+                parts.append((mla_scores(q_nope, q_rope, k_part, k_rope[:, s:s + 4]), v_part))
+            scores = torch.cat([p for p, _ in parts], -1).masked_fill(~mask, float("-inf"))
+            weights = torch.softmax(scores, dim=-1)
+            y = sum(weights[..., s * 4:s * 4 + v.shape[2]] @ v for s, (_, v) in enumerate(parts))
+            return self.w_o(y.transpose(1, 2).reshape(B, T, H * self.v_dim))"""),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.absorbed_expanded"),
     Variant("module_top_left_mask", forward_with(".tril(diagonal=past_len)", ".tril()"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.top_left_mask"),
     Variant("module_cache_not_read", forward_with(  # the latents kept on the module, appended but never read back

@@ -159,6 +159,16 @@ BUGGY = [
         "        else:", "paged_decode(q, cache.k_cache, cache.v_cache, tables, context)  # its answer thrown away\n"
         "        if True:"),
             "PagedSelfAttention", "PagedSelfAttention.decode_path_skipped"),
+    # review 59's F2: varlen_attention always, plus the answer of paged_decode on a pool of its own, which is 0
+    Variant("module_decode_answer_of_a_pool_of_its_own", changed("PagedSelfAttention",
+              "y = paged_decode(q, cache.k_cache, cache.v_cache, tables, context)  # (B, H, Dh)\n        else:",
+              "z = torch.zeros(1, 1, self.num_heads, self.head_dim)  # one zero key and value: the answer is 0\n"
+              "            dummy = paged_decode(q, z, z, torch.zeros(N, 1, dtype=torch.int32), "
+              "torch.ones(N, dtype=torch.int32))\n        if True:").replace(
+        "y = varlen_attention(q, k_all, v_all, cu_seqlens, cu_k, causal=True)  # (N, H, Dh)",
+        "y = varlen_attention(q, k_all, v_all, cu_seqlens, cu_k, causal=True)\n"
+        "            y = y + (dummy if N == len(seq_ids) else 0)"),
+            "PagedSelfAttention", "PagedSelfAttention.decode_path_skipped"),
     Variant("module_output_weight_as_stored", changed(  # the forty-fifth blind set's b08
         "PagedSelfAttention", "return self.w_o(y.reshape(N, D))",
         "return y.reshape(N, D) @ self.w_o.weight + (0 if self.w_o.bias is None else self.w_o.bias)"),
