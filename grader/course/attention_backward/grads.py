@@ -13,14 +13,14 @@ INF = math.inf
 
 
 def softmax_backward(probs, grad_probs, dim=-1, *, row_sum="p_dp", sign=-1, outer_p=True, normalise=False,
-                     probs_on_first=False, diagonal_only=False, log_softmax=False):
+                     probs_on_first=False, diagonal_only=False, log_softmax=False, probs_twice=False):
     """probs ∘ (grad_probs − Σ_dim probs ∘ grad_probs); the knobs after * make the named wrong variants.
 
     row_sum: "p_dp" (right), "dp" (Σ grad_probs, without probs), "mean" (averaged, not summed), "all" (over every
     axis), "none" (nothing subtracted), "queries" (over the axis before `dim`'s, the query axis of attention).
     probs_on_first: probs multiplies grad_probs only, probs ∘ grad_probs − Σ probs ∘ grad_probs. diagonal_only: the
     Jacobian's diagonal alone, probs ∘ (1 − probs) ∘ grad_probs. log_softmax: the gradient through a log-softmax,
-    grad_probs − probs ∘ Σ grad_probs.
+    grad_probs − probs ∘ Σ grad_probs. probs_twice: probs ∘ (probs ∘ grad_probs − Σ probs ∘ grad_probs).
     """
     if diagonal_only:
         return probs * (1 - probs) * grad_probs
@@ -41,6 +41,8 @@ def softmax_backward(probs, grad_probs, dim=-1, *, row_sum="p_dp", sign=-1, oute
         inner = inner / probs.sum(axis, keepdim=True)
     if probs_on_first:
         return probs * grad_probs + sign * inner
+    if probs_twice:
+        return probs * (product + sign * inner)
     return (probs if outer_p else 1.0) * (grad_probs + sign * inner)
 
 

@@ -236,6 +236,8 @@ SOFTMAX = StepSpec(
                 "is weighted by probs too, probs ∘ (grad_probs - Σ probs ∘ grad_probs)",
                 _sb_variant(probs_on_first=True),
                 why="-p pᵀ g gives each entry p_i times the row's sum, not the sum alone."),
+        Mistake("softmax_backward.probs_twice", "probs multiplied in twice, probs ∘ (probs ∘ grad_probs − Σ probs ∘ "
+                "grad_probs): inside the parentheses it is grad_probs alone", _sb_variant(probs_twice=True)),
         Mistake("softmax_backward.diagonal_only", "returned probs ∘ (1 - probs) ∘ grad_probs, the Jacobian's diagonal "
                 "alone: each probability depends on every score of its slice, probs ∘ (grad_probs - Σ probs ∘ "
                 "grad_probs)", _sb_variant(diagonal_only=True),

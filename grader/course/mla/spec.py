@@ -200,6 +200,12 @@ def _scores(q_nope, q_rope, k_nope, k_rope, *, width=None, rope_scaled=True, nop
     return (nope + part) / scale if rope_scaled else nope / scale + part
 
 
+def _rope_summed_over_heads(q_nope, q_rope, k_nope, k_rope):
+    """Every head's RoPE part the sum of all heads' (an einsum that drops h), the no-position part its own."""
+    rope = (q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)).sum(1, keepdim=True)
+    return _scores(q_nope, q_rope, k_nope, k_rope, rope=False) + rope / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
+
+
 def _parts_misaligned(q_nope, q_rope, k_nope, k_rope):
     """The scores of one product over [nope, rope] queries and [rope, nope] keys, and the other way round."""
     k_rope = k_rope.unsqueeze(1).expand(*k_nope.shape[:-1], k_rope.shape[-1])  # (B, H, Tk, Dr)
@@ -256,6 +262,9 @@ SCORES = StepSpec(
                 "or the heads: k_rope.size(1) is Tk): scale by √(q_nope.shape[-1] + q_rope.shape[-1])",
                 _scaled_by_a_size,
                 why="k_rope (B, Tk, Dr) has no head axis, so its axis 1 is the keys, not the width."),
+        Mistake("mla_scores.rope_part_summed_over_heads", "the RoPE part was summed over the heads: each head dots "
+                "its own q_rope with the shared key, q_rope @ k_ropeᵀ per head", _rope_summed_over_heads,
+                why="An einsum whose output drops h ('bhqr,bkr->bqk') sums over it."),
         Mistake("mla_scores.scale_precedence", "the power or root bound tighter than the sum: Dn + Dr ** -0.5 is "
                 "Dn + 1/√Dr; write (Dn + Dr) ** -0.5", lambda qn, qr, *a: [
                     _scores(qn, qr, *a, width=1) * (qn.shape[-1] + qr.shape[-1] ** -0.5),
@@ -496,6 +505,9 @@ ABSORBED = StepSpec(
                     "outweighs the other by √(Dn + Dr)."),
         Mistake("absorbed_attention.nope_part_unscaled", "only the RoPE part was scaled, nope + rope / √(Dn + Dr): "
                 "divide the sum of both parts", _absorbed_variant(scaled="rope")),
+        Mistake("absorbed_attention.scaled_by_a_size", "the scale's width was read from an axis that is no width "
+                "(k_rope.shape[1] is Tk): scale by √(q_nope.shape[-1] + q_rope.shape[-1])",
+                lambda qn, qr, c, kr, *a, **k: _absorbed(qn, qr, c, kr, *a, **k, width=qn.shape[-1] + kr.shape[1])),
         Mistake("absorbed_attention.part_scaled_twice", "one part of the scores was scaled twice (its query "
                 "pre-scaled, then the sum scaled): scale once, (q_latent c_kvᵀ + q_rope k_ropeᵀ) / √(Dn + Dr)",
                 lambda *a, **k: [_absorbed(*a, **k, scaled=twice) for twice in ("nope_twice", "rope_twice")]),

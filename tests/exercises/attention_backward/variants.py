@@ -168,6 +168,8 @@ def softmax_backward(probs, grad_probs, dim=-1):
     return probs * (grad_probs - inner.unsqueeze(dim % probs.dim()))"""), "softmax_backward", "softmax_backward.row_sum_off"),
     Variant("sb_no_row_sum", softmax_backward("    return probs * grad_probs"),
             "softmax_backward", "softmax_backward.no_row_sum"),
+    Variant("sb_probs_twice", softmax_backward(RIGHT_INNER + "\n    return probs * (probs * grad_probs - inner)"),
+            "softmax_backward", "softmax_backward.probs_twice"),  # the forty-seventh blind set's b01
     Variant("sb_sum_not_weighted", softmax_backward(RIGHT_INNER + "\n    return probs * grad_probs - inner"),
             "softmax_backward", "softmax_backward.sum_not_weighted"),
     Variant("sb_log_softmax_gradient", softmax_backward(

@@ -193,6 +193,11 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
             "mla_scores", "mla_scores.scaled_by_a_constant"),
     Variant("scores_scaled_by_nope", scores_with("(nope + rope) / math.sqrt(q_nope.shape[-1])"),
             "mla_scores", "mla_scores.scaled_by_nope"),
+    Variant("scores_rope_summed_over_heads", """
+def mla_scores(q_nope, q_rope, k_nope, k_rope):
+    rope = torch.einsum("bhqr,bkr->bqk", q_rope, k_rope).unsqueeze(1)  # h dropped: summed over the heads
+    return (q_nope @ k_nope.transpose(-2, -1) + rope) / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
+""", "mla_scores", "mla_scores.rope_part_summed_over_heads"),  # the forty-seventh blind set's b03
     Variant("scores_scaled_by_a_size", scores_with("(nope + rope) / math.sqrt(q_nope.shape[-1] + k_rope.size(1))"),
             "mla_scores", "mla_scores.scaled_by_a_size"),
     Variant("scores_unscaled", scores_with("nope + rope"), "mla_scores", "mla_scores.unscaled"),
@@ -228,6 +233,9 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
         "k_rope = apply_rope(k_rope, torch.arange(k_rope.shape[1]))  # taken for unrotated\n"
         "    scores = q_latent @ latents.transpose(-2, -1) + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)"),
             "absorbed_attention", "absorbed_attention.key_rotated_again"),
+    Variant("absorbed_scaled_by_a_size", absorbed_with(  # the forty-seventh blind set's b04
+        "scores = scores / math.sqrt(Dn + Dr)", "scores = scores / math.sqrt(Dn + k_rope.shape[1])"),
+            "absorbed_attention", "absorbed_attention.scaled_by_a_size"),
     Variant("absorbed_query_prescaled_too", absorbed_with(  # the forty-fifth blind set's b04
         "q_latent = q_nope @ w_uk.view(H, Dn, R)", "q_latent = (q_nope / math.sqrt(Dn + Dr)) @ w_uk.view(H, Dn, R)"),
             "absorbed_attention", "absorbed_attention.part_scaled_twice"),
