@@ -3652,6 +3652,23 @@ LISTED_DECODE = '''
         start += BLOCK_N
     out = acc / tl.where(l > 0, l, 1.0)
 '''
+# The end of a kernel that holds every key's score at once: a plain softmax over them, then the stores
+WHOLE_ROW_SOFTMAX = '''
+    visible = keys[None, :, :] < t_k
+    if CAUSAL:
+        visible = visible & (keys[None, :, :] <= (t_k - t_q) + rows[:, None, None])
+    s = tl.where(visible, s, -float("inf"))
+    m = tl.max(tl.max(s, axis=2), axis=1)
+    shift = tl.where(m == -float("inf"), 0.0, m)
+    p = tl.exp(s - shift[:, None, None])
+    l = tl.sum(tl.sum(p, axis=2), axis=1)
+    acc = tl.sum(tl.sum(p[:, :, :, None] * v[None, :, :, :], axis=2), axis=1)
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    lse = m + tl.log(l)
+    tl.store(o_ptr + b * stride_ob + h * stride_oh + rows[:, None] * stride_ot + dims[None, :] * stride_od,
+             out.to(o_ptr.dtype.element_ty), mask=q_mask)
+    tl.store(lse_ptr + b * stride_lb + h * stride_lh + rows * stride_lt, lse, mask=rows < t_q)
+'''
 ATOMIC_FLASH = '''
 @triton.jit
 def flash_forward_kernel(
@@ -3689,21 +3706,7 @@ def flash_forward_kernel(
     k = tl.where(kv_mask, k, 0.0)
     v = tl.where(kv_mask, v, 0.0)
     s = tl.sum(q[:, None, None, :] * k[None, :, :, :], axis=3) * scale  # (BLOCK_M, NB, BLOCK_N): every score
-    visible = keys[None, :, :] < t_k
-    if CAUSAL:
-        visible = visible & (keys[None, :, :] <= (t_k - t_q) + rows[:, None, None])
-    s = tl.where(visible, s, -float("inf"))
-    m = tl.max(tl.max(s, axis=2), axis=1)
-    shift = tl.where(m == -float("inf"), 0.0, m)
-    p = tl.exp(s - shift[:, None, None])
-    l = tl.sum(tl.sum(p, axis=2), axis=1)
-    acc = tl.sum(tl.sum(p[:, :, :, None] * v[None, :, :, :], axis=2), axis=1)
-    out = acc / tl.where(l > 0, l, 1.0)[:, None]
-    lse = m + tl.log(l)
-    tl.store(o_ptr + b * stride_ob + h * stride_oh + rows[:, None] * stride_ot + dims[None, :] * stride_od,
-             out.to(o_ptr.dtype.element_ty), mask=q_mask)
-    tl.store(lse_ptr + b * stride_lb + h * stride_lh + rows * stride_lt, lse, mask=rows < t_q)
-'''
+''' + WHOLE_ROW_SOFTMAX + ''''''
 SPLIT_FLASH = '''
 @triton.jit
 def _part(p0, p1, p2, p3, g, off):
@@ -3738,21 +3741,7 @@ def flash_forward_kernel(
     k = tl.load(_part(k0, k1, k2, k3, g[:, :, None], off), mask=kv_mask, other=0.0).to(tl.float32)
     v = tl.load(_part(v0, v1, v2, v3, g[:, :, None], off), mask=kv_mask, other=0.0).to(tl.float32)
     s = tl.sum(q[:, None, None, :] * k[None, :, :, :], axis=3) * scale
-    visible = keys[None, :, :] < t_k
-    if CAUSAL:
-        visible = visible & (keys[None, :, :] <= (t_k - t_q) + rows[:, None, None])
-    s = tl.where(visible, s, -float("inf"))
-    m = tl.max(tl.max(s, axis=2), axis=1)
-    shift = tl.where(m == -float("inf"), 0.0, m)
-    p = tl.exp(s - shift[:, None, None])
-    l = tl.sum(tl.sum(p, axis=2), axis=1)
-    acc = tl.sum(tl.sum(p[:, :, :, None] * v[None, :, :, :], axis=2), axis=1)
-    out = acc / tl.where(l > 0, l, 1.0)[:, None]
-    lse = m + tl.log(l)
-    tl.store(o_ptr + b * stride_ob + h * stride_oh + rows[:, None] * stride_ot + dims[None, :] * stride_od,
-             out.to(o_ptr.dtype.element_ty), mask=q_mask)
-    tl.store(lse_ptr + b * stride_lb + h * stride_lh + rows * stride_lt, lse, mask=rows < t_q)
-
+''' + WHOLE_ROW_SOFTMAX + '''
 
 def _quarters(x, quarter):
     """Four contiguous copies of a quarter of the keys each (x itself where a quarter is empty: never read)."""

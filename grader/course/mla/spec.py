@@ -33,7 +33,7 @@ from grader.engine import (
 )
 from solutions import mla as ref
 
-from .latent import CACHE, DN, DR, DV, FLOATS, MODULE, B, D, H, R, bottom_right
+from .latent import CACHE, DN, DR, DV, FLOATS, MODULE, PER_TOKEN, SPREAD_INIT, B, D, H, R, bottom_right
 
 # -- compress_kv --------------------------------------------------------------------------
 
@@ -423,8 +423,7 @@ def _per_head_per_key(size) -> bool:
 # key or value expanded holds B·H·61 = 366 numbers per cached token, and the absorbed path at most B·H·(R + Dr) = 36
 # (the latent and the RoPE key broadcast over the heads)
 SPREAD_TK = (29, 58)
-SPREAD_WIDTHS = {"h": 3, "dn": 61, "dr": 2, "dv": 67, "d": 19, "r": 4}
-PER_TOKEN = 60  # numbers per cached token a tensor that grows with Tk may hold: between 36 and 366
+SPREAD_WIDTHS = SPREAD_INIT  # and PER_TOKEN, the numbers per cached token a tensor that grows with Tk may hold
 
 
 def _listed(record) -> list:
