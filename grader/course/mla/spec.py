@@ -72,6 +72,14 @@ def _compress(x, w_dkv, w_kr, positions, *, rope_latent=False, rope_key=True, fr
             ref.apply_rope(k_rope, positions) if rope_key else k_rope)
 
 
+def fused_split_reversed(x, w_dkv, w_kr, positions):
+    """x @ [w_dkv; w_kr]ᵀ split as [qk_rope_head_dim, kv_lora_rank]: the RoPE key taken from the latent's first
+    features, the latent from the rest of it and the unrotated key."""
+    fused = x @ torch.cat([w_dkv, w_kr]).T
+    rope_width = w_kr.shape[0]
+    return fused[..., rope_width:], ref.apply_rope(fused[..., :rope_width], positions)
+
+
 def _unless_one_token(**knobs):
     """A mistake's answer, but none for a single token: at position p alone, rotating by 0 (positions ignored) and
     not rotating at all give the same numbers, so that check names neither."""
@@ -102,6 +110,11 @@ COMPRESS = StepSpec(
                     "tokens before the next sequence's."),
         Mistake("compress_kv.weight_not_transposed", "x @ w multiplied by the weight as stored, (out, in): use x @ "
                 "w.T, as nn.Linear does", raises=Raises(message=UNTRANSPOSED, line=r"@\s*w_(dkv|kr)\b(?!\s*\.)")),
+        Mistake("compress_kv.fused_split_reversed", "one projection by [w_dkv; w_kr] was split in the other "
+                "order: its first kv_lora_rank features are c_kv, the last qk_rope_head_dim the key to rotate",
+                fused_split_reversed,
+                why="Fusing the two weights into one matmul is what DeepSeek's code does (wkv_a); the split must "
+                    "follow the order they were stacked in."),
         Mistake("compress_kv.rope_before_projection", "x was rotated before w_kr projected it: a rotation does not "
                 "pass through a projection; rotate the projected key, apply_rope(x @ w_krᵀ, positions)",
                 _unless_one_token(rotated_first=True),

@@ -371,9 +371,12 @@ def _cu(lengths) -> torch.Tensor:
     return torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
 
 
-def varlen_inputs(gen, dtype, q_lens=PACKED, k_lens=None, causal=False):
+def varlen_inputs(gen, dtype, q_lens=PACKED, k_lens=None, causal=False, first_scale=1.0):
+    """A packed batch; `first_scale` multiplies the first sequence's queries (100: its scores in the hundreds, the
+    others' a few units, so that one max for the whole batch underflows every other sequence's e^s to 0)."""
     k_lens = k_lens or q_lens
     q = torch.as_tensor(gen.randn(sum(q_lens), H, DH, dtype=dtype))
+    q[:q_lens[0]] *= first_scale
     k, v = (torch.as_tensor(gen.randn(sum(k_lens), H, DH, dtype=dtype)) for _ in range(2))
     return Call((q, k, v, _cu(q_lens), _cu(k_lens)), {"causal": causal}, names=VARLEN_NAMES)
 
@@ -420,19 +423,29 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, *, bug=None):
         kept_q, kept_k = pq < lq - 1, pk < lk - 1
         out = _attend(q, k, v, (same & bottom_right if causal else same) & kept_q[:, None] & kept_k[None, :])
         return out.masked_fill(~kept_q[:, None, None], 0.0).nan_to_num(0.0)
-    return _attend(q, k, v, same & bottom_right if causal else same, unscaled=bug == VARLEN_UNSCALED.id,
-                   heads_axis=bug == HEADS_AXIS.id)
+    mask = same & bottom_right if causal else same
+    if bug == MAX_OVER_BATCH.id:  # one max per head or for the whole tensor, of the scores masked or not
+        return [_attend(q, k, v, mask, shift=(dims, masked)) for dims in ((-2, -1), (0, -2, -1))
+                for masked in (True, False)]
+    return _attend(q, k, v, mask, unscaled=bug == VARLEN_UNSCALED.id, heads_axis=bug == HEADS_AXIS.id)
 
 
-def _attend(q, k, v, mask, unscaled=False, heads_axis=False):
+def _attend(q, k, v, mask, unscaled=False, heads_axis=False, shift=None):
     """Attention over (total, H, Dh) tensors with a (total_q, total_k) mask; with heads_axis, over the heads of each
-    token instead (q[s:e] @ k[s:e].mT on (T, H, Dh), for a sequence with as many queries as keys)."""
+    token instead (q[s:e] @ k[s:e].mT on (T, H, Dh), for a sequence with as many queries as keys); `shift`, the
+    axes one max is taken over before e^s and whether it is the masked scores' (each row's own, when None)."""
     if heads_axis:
         scores = q @ k.transpose(-2, -1) / math.sqrt(DH)  # (T, H, H): needs total_q = total_k
         return torch.softmax(scores, -1) @ v
     qh, kh, vh = (x.transpose(0, 1) for x in (q, k, v))  # (H, total, Dh)
     scores = (qh @ kh.transpose(-2, -1)) / (1 if unscaled else math.sqrt(DH))  # (H, total_q, total_k)
-    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+    masked = scores.masked_fill(~mask, float("-inf"))
+    if shift is not None:
+        dims, of_masked = shift
+        e = (masked - (masked if of_masked else scores).amax(dim=dims, keepdim=True)).exp()
+        weights = e / e.sum(-1, keepdim=True)  # 0 / 0 where every e^s underflowed
+    else:
+        weights = torch.softmax(masked, -1)
     return (weights @ vh).transpose(0, 1)  # (total_q, H, Dh)
 
 
@@ -493,6 +506,11 @@ HEADS_RESHAPED = _varlen_mistake(
     "heads_reshaped", "each sequence's (T, H, Dh) rows were reshaped to (H, T, Dh), not transposed: "
     "x.transpose(0, 1), and back with transpose(0, 1)",
     why="A reshape keeps the memory's order: it deals one token's heads out as if they were tokens of one head.")
+MAX_OVER_BATCH = _varlen_mistake(
+    "max_over_batch", "one max for the whole packed batch was subtracted before e^s, so sequences far below it "
+    "underflow to 0 / 0: subtract each row's own, amax(-1, keepdim=True)",
+    why="Any shift of a row leaves its softmax unchanged in exact arithmetic; in float32 e^-104 is 0, and packed "
+        "sequences are unrelated, their scores as far apart as their contents.")
 HEADS_AXIS = _varlen_mistake(
     "heads_axis", "attended across the heads of each token (q @ k.mT on (T, H, Dh) is (T, H, H)): move the heads "
     "first, (H, T, Dh)", why="Then q @ k.mT is (H, Tq, Tk): every query against every key, head by head.")
@@ -506,6 +524,9 @@ VARLEN_EVEN = Mistake("varlen_attention.equal_queries_mishandled", "wrong when e
 VARLEN_HALF = Mistake("varlen_attention.half_mishandled", "right in float32, wrong in float16: return q's dtype, and "
                       "fill masked scores with -inf rather than a large number")
 
+VARLEN_APART = Mistake("varlen_attention.sequences_far_apart_mishandled", "right while every sequence's scores are "
+                       "alike, wrong when one's are in the hundreds: take each row's own max before e^s, or "
+                       "torch.softmax over the keys")
 VARLEN_ONE = Mistake("varlen_attention.sequences_mixed", "right for one packed sequence, wrong for several: sequence "
                      "b's queries, keys and values start at its own cu_seqlens offsets, and attend only each other")
 
@@ -526,12 +547,13 @@ VARLEN = StepSpec(
     checks=(
         shape(3), values("packed", 3, FLOATS),
         values("causal_chunks", 3, FLOATS, situation=VARLEN_CAUSAL, q_lens=CHUNK_Q, k_lens=CHUNK_K, causal=True),
-        values("causal_prefill", 2, situation=VARLEN_CAUSAL, causal=True),
+        values("causal_prefill", 1, situation=VARLEN_CAUSAL, causal=True),
+        values("sequences_far_apart", 1, situation=VARLEN_APART, first_scale=100.0),
         values("fewer_queries", 2, situation=VARLEN_LENGTHS, q_lens=CHUNK_Q, k_lens=CHUNK_K),
         values("equal_queries", 2, situation=VARLEN_EVEN, q_lens=EVEN_Q, k_lens=EVEN_K),
         values("half", 2, (torch.float16,), situation=VARLEN_HALF, q_lens=CHUNK_Q, k_lens=CHUNK_K, causal=True),
         device(2, causal=True),
     ),
     mistakes=(CU_AS_LENGTHS, KEYS_CUT_BY_Q, BOUNDARY_ROWS, CROSSES, GLOBAL_POSITIONS, TOP_LEFT, LAST_DROPPED,
-              CAUSAL_IGNORED, VARLEN_UNSCALED, HEADS_AXIS, HEADS_RESHAPED),
+              CAUSAL_IGNORED, VARLEN_UNSCALED, HEADS_AXIS, HEADS_RESHAPED, MAX_OVER_BATCH),
 )

@@ -89,6 +89,12 @@ BUGGY = [
 def compress_kv(x, w_dkv, w_kr, positions):
     return apply_rope(x @ w_dkv.T, positions), apply_rope(x @ w_kr.T, positions)
 """, "compress_kv", "compress_kv.rope_on_latent"),
+    Variant("compress_fused_split_reversed", """
+def compress_kv(x, w_dkv, w_kr, positions):
+    fused = x @ torch.cat([w_dkv, w_kr]).T  # one matmul, (B, T, kv_lora_rank + qk_rope_head_dim)
+    k_pe, c_kv = fused.split([w_kr.shape[0], w_dkv.shape[0]], dim=-1)
+    return c_kv, apply_rope(k_pe, positions)
+""", "compress_kv", "compress_kv.fused_split_reversed"),  # the forty-seventh blind set's mla b01
     Variant("compress_rotated_before_projection", """
 def compress_kv(x, w_dkv, w_kr, positions):
     return x @ w_dkv.T, apply_rope(x, positions) @ w_kr.T  # the forty-second blind set's b01
