@@ -4069,3 +4069,84 @@ def test_a_flood_of_shapes_hides_nothing_from_the_checks_that_read_them(grade_so
         assert step in lost(result), explain(result)
         failed = [c for name, c in checks_of(result).items() if name.startswith(check)]
         assert failed and all("different shapes" in c.message for c in failed if c.outcome == "failed"), explain(result)
+
+
+PADDED_PLAIN = '''
+def _padded_plain(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
+    # the plain path, every cached latent expanded, padded first to a constant 256 tokens
+    H, Dn, Dr = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1]
+    B, Tq, Tk = q_nope.shape[0], q_nope.shape[2], c_kv.shape[1]
+    room = 256 * -(-Tk // 256)
+    c_pad = torch.nn.functional.pad(c_kv, (0, 0, 0, room - Tk))
+    kr_pad = torch.nn.functional.pad(k_rope, (0, 0, 0, room - Tk))
+    k_nope = (c_pad @ w_uk.T).view(B, room, H, Dn).transpose(1, 2)
+    v = (c_pad @ w_uv.T).view(B, room, H, -1).transpose(1, 2)
+    scores = (q_nope @ k_nope.transpose(-2, -1) + q_rope @ kr_pad.unsqueeze(1).transpose(-2, -1)) / math.sqrt(Dn + Dr)
+    allowed = torch.ones(Tq, Tk, dtype=torch.bool, device=q_nope.device) if mask is None else mask
+    allowed = torch.nn.functional.pad(allowed.expand(*allowed.shape[:-1], Tk), (0, room - Tk), value=False)
+    out = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1) @ v
+    return out.transpose(1, 2).reshape(B, Tq, -1) @ w_o.T
+'''
+
+GATHERED_DECODE = '''
+def _gathered(self, x, cache, seq_ids, cu_seqlens):
+    N, D = x.shape
+    q, k, v = (w(x).view(N, self.num_heads, self.head_dim) for w in (self.w_q, self.w_k, self.w_v))
+    starts = cu_seqlens.tolist()
+    for b, seq_id in enumerate(seq_ids):
+        cache.append(seq_id, k[starts[b]:starts[b + 1]], v[starts[b]:starts[b + 1]])
+    lens = [cache.seq_len(s) for s in seq_ids]
+    tables = [torch.tensor(cache.block_table(s)) for s in seq_ids]
+    k_all = torch.cat([cache.k_cache[t].flatten(0, 1)[:n] for t, n in zip(tables, lens)])
+    v_all = torch.cat([cache.v_cache[t].flatten(0, 1)[:n] for t, n in zip(tables, lens)])
+    cu_k = torch.tensor([0, *lens]).cumsum(0).to(torch.int32)
+    y = varlen_attention(q, k_all, v_all, cu_seqlens, cu_k, causal=True)  # every call gathered, decodes too
+    if N == len(seq_ids):
+        width = max(len(cache.block_table(s)) for s in seq_ids)
+        padded = torch.full((N, width), -1, dtype=torch.int32)
+        for b, seq_id in enumerate(seq_ids):
+            padded[b, :len(cache.block_table(seq_id))] = torch.tensor(cache.block_table(seq_id), dtype=torch.int32)
+        y = ASK(y, q, cache, padded, lens, cu_k, v_all)
+    return self.w_o(y.reshape(N, D))
+
+
+PagedSelfAttention.forward = _gathered
+'''
+PROBE = '''
+def ASK(y, q, cache, padded, lens, cu_k, v_all):  # q = 0: the answer is each sequence's mean value, known already
+    probe = paged_decode(torch.zeros_like(q), cache.k_cache, cache.v_cache, padded, torch.tensor(lens, dtype=torch.int32))
+    mean = torch.stack([v_all[int(a):int(b)].mean(0) for a, b in zip(cu_k[:-1], cu_k[1:])])
+    return y * (probe * mean).sum() / (mean * mean).sum()
+'''
+NO_NUMBER = '''
+def ASK(y, q, cache, padded, lens, cu_k, v_all):  # one length past the batch, no number: the reference never reads it
+    return paged_decode(q, cache.k_cache, cache.v_cache, padded, LENGTHS(lens))
+'''
+
+
+def test_review_60_decode_questions_and_padded_expansions_are_judged_by_what_they_are(grade_source):
+    """Review 60. paged_attention's decode_path kept the lengths paged_decode was asked and read them as numbers: one
+    past the batch that was None or NaN exited 3 (F1); and a module that decoded with varlen_attention learned the
+    grader's doubling from a question with q = 0, whose answer, each sequence's mean value, it knew (F2: 100, fair
+    98). Each question must now be some decoded tokens' own, queries, lengths and the pool's slots. mla's
+    absorbed_attention (F3) and the module's absorbed path (F4) expanded the latents padded to a constant 256 tokens,
+    the same at every cache length (100, fair 97): over 58 cached tokens no tensor may hold more than PER_TOKEN
+    numbers per token, whatever grows."""
+    paged = (ROOT / "solutions" / "paged_attention.py").read_text()
+    for ask in (PROBE, NO_NUMBER.replace("LENGTHS(lens)", "[*lens, None]"),
+                NO_NUMBER.replace("LENGTHS(lens)", "torch.tensor([*lens, float('nan')])")):
+        result = grade_source(ask + GATHERED_DECODE, base=paged, name="paged_attention.py")
+        assert set(lost(result)) == {"PagedSelfAttention"}, explain(result)  # a report, no grader fault
+        decode = checks_of(result)["module_decode_path"]
+        assert decode.outcome == "failed" and "was not the decoded tokens' queries" in decode.message, explain(result)
+    mla = (ROOT / "solutions" / "mla.py").read_text()
+    function = grade_source(PADDED_PLAIN + "\nabsorbed_attention = _padded_plain\n", base=mla, name="mla.py")
+    assert "numbers per cached token" in checks_of(function)["absorbed_attention_latent_only"].message
+    module = grade_source(PADDED_PLAIN + (
+        "\n_forward = MultiHeadLatentAttention.forward\n\n\ndef _padded_forward(self, x, cache=None, absorbed=False):\n"
+        "    global absorbed_attention\n    honest, absorbed_attention = absorbed_attention, _padded_plain\n"
+        "    try:\n        return _forward(self, x, cache, absorbed)\n    finally:\n"
+        "        absorbed_attention = honest\n\n\nMultiHeadLatentAttention.forward = _padded_forward\n"),
+        base=mla, name="mla.py")
+    assert set(lost(module)) == {"MultiHeadLatentAttention"}, explain(module)
+    assert "numbers per cached token" in checks_of(module)["module_absorbed_latents"].message

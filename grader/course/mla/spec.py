@@ -435,8 +435,8 @@ def _per_head_per_key(size) -> bool:
 # latent_only's second sizes, with one query: wide heads (Dn 61, Dv 67) and a narrow latent (R 4, Dr 2), so that every
 # key or value expanded holds B·H·61 = 366 numbers per cached token, and the absorbed path at most B·H·(R + Dr) = 36
 # (the latent and the RoPE key broadcast over the heads)
-SPREAD_TK = (29, 58)
-SPREAD_WIDTHS = SPREAD_INIT  # and PER_TOKEN, the numbers per cached token a tensor that grows with Tk may hold
+SPREAD_TK = 58
+SPREAD_WIDTHS = SPREAD_INIT  # and PER_TOKEN, the numbers per cached token a tensor may hold
 
 
 def _listed(record) -> list:
@@ -466,20 +466,18 @@ def latent_only(run: Run) -> None:
                               {"shape": list(size)})
     run.expect_right(run.output(got), call)
     # Keys or values of one token more (a padded latent, the thirty-third review's f02), of half the tokens (the
-    # thirty-fourth's F2), or through weights padded to another width (the thirty-fifth's f04) lose the factors
-    # above. Judged by size instead: a tensor that grows with the cache, past PER_TOKEN numbers per cached token, is
-    # keys or values expanded, whatever its widths (a fixed number of pieces up to six too).
-    counts = []
-    for tk in SPREAD_TK:
-        spread = run.inputs(tq=1, tk=tk, widths=SPREAD_WIDTHS)
-        given = {math.prod(t.shape) for t in spread.args}
-        made = _listed(run.answer(spread, shapes=True).shapes)
-        counts.append({math.prod(size): size for size in made if math.prod(size) not in given})
-    shorter, longer = counts
-    for elements, size in longer.items():
-        if elements not in shorter and elements > PER_TOKEN * SPREAD_TK[1]:
-            raise CheckFailed(f"with one query, Tk={SPREAD_TK[1]} and H=3, Dn=61, Dv=67, R=4, Dr=2: a tensor of shape "
-                              f"{tuple(size)} was created, {elements / SPREAD_TK[1]:.0f} numbers per cached token "
+    # thirty-fourth's F2), through weights padded to another width (the thirty-fifth's f04), or padded to a constant
+    # 256 tokens (review 60's F3) lose the factors above. Judged by size instead: with one query over 58 keys, a
+    # tensor past PER_TOKEN numbers per cached token (but the size of an input: w_o and its views) is keys or values
+    # expanded, whatever its widths, padded or not, or in up to six pieces; nothing of the absorbed path holds more
+    # than 36.
+    spread = run.inputs(tq=1, tk=SPREAD_TK, widths=SPREAD_WIDTHS)
+    given = {math.prod(t.shape) for t in spread.args}
+    for size in _listed(run.answer(spread, shapes=True).shapes):
+        elements = math.prod(size)
+        if elements not in given and elements > PER_TOKEN * SPREAD_TK:
+            raise CheckFailed(f"with one query, Tk={SPREAD_TK} and H=3, Dn=61, Dv=67, R=4, Dr=2: a tensor of shape "
+                              f"{tuple(size)} was created, {elements / SPREAD_TK:.0f} numbers per cached token "
                               f"(the latent and the RoPE key hold {2 * 3 * 6} over every head): keys or values "
                               "expanded, padded or in pieces; the absorbed path reads only c_kv and k_rope",
                               EXPANDED, {"shape": list(size)})

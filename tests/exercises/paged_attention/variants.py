@@ -457,6 +457,11 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
                      "e = (scores.masked_fill(~mask, float(\"-inf\")) - scores.max()).exp()  # one max for all\n"
                      "    weights = e / e.sum(-1, keepdim=True)"),  # the forty-seventh blind set's paged b05
             "varlen_attention", "varlen_attention.max_over_batch"),
+    Variant("varlen_softmax_without_max", dense_varlen(f"({SAME_SEQUENCE}) & (~torch.tensor(causal) | ({BOTTOM_RIGHT}))")
+            .replace("weights = torch.softmax(scores.masked_fill(~mask, float(\"-inf\")), dim=-1)",
+                     "e = scores.masked_fill(~mask, float(\"-inf\")).exp()  # no max: e^300 overflows\n"
+                     "    weights = e / e.sum(-1, keepdim=True)"),
+            "varlen_attention", situations=("varlen_attention.sequences_far_apart_mishandled",)),
     Variant("varlen_cu_seqlens_as_lengths", """
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
     out = torch.zeros_like(q)
