@@ -167,6 +167,19 @@ def softmax_inputs(gen, dtype, dim=-1, masked=False, shape=SB_SHAPE):
     return Call((probs.to(dtype), grad_probs.to(dtype)), kwargs, ("probs", "grad_probs"))
 
 
+def _real_rows_zeroed(value, probs, grad_probs, dim=-1):
+    """The answer is the reference's on some slices along dim and 0 on others, among them slices whose
+    probabilities are not all 0: a test for 'a real distribution' (Σ probs == 1, exactly) that rounding fails."""
+    value, probs, grad_probs = (torch.as_tensor(x).double() for x in (value, probs, grad_probs))
+    if value.shape != probs.shape:
+        return False
+    right = probs * (grad_probs - (probs * grad_probs).sum(dim, keepdim=True))
+    zero, kept = (value == 0).all(dim, keepdim=True), torch.isclose(value, right, rtol=1e-4, atol=1e-6).all(
+        dim, keepdim=True)
+    real = (probs != 0).any(dim, keepdim=True) & ~torch.isclose(right, torch.zeros_like(right)).all(dim, keepdim=True)
+    return bool((zero | kept).all() and (zero & real).any())
+
+
 def _row_sum_off(value, probs, grad_probs, dim=-1):
     """probs ∘ (grad_probs - s) with s one number per slice along dim, not Σ probs ∘ grad_probs (a term counted twice
     or left out, a sum over part of the slice): what the answer implies for s, where probs is not 0, is constant along
@@ -258,6 +271,9 @@ SOFTMAX = StepSpec(
                 _last_axis_whatever_dim),
         Mistake("softmax_backward.nan_rows", "a slice whose probabilities are all 0 (scores all -inf) gave NaN: "
                 "it must give 0; divide by nothing, Σ probs is 1 elsewhere", test=_has_nan),
+        Mistake("softmax_backward.real_rows_zeroed", "slices that are real distributions got 0: a test such as "
+                "probs.sum(dim) == 1 fails by rounding; the formula gives 0 by itself where probs is all 0",
+                test=_real_rows_zeroed),
         Mistake("softmax_backward.row_sum_off", "the answer is probs ∘ (grad_probs - s) with s not Σ probs ∘ "
                 "grad_probs: a term counted twice or left out; sum every entry along dim once", test=_row_sum_off,
                 why="A loop that starts its sum at the first term and then adds every term counts the first twice."),

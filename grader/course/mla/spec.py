@@ -73,11 +73,14 @@ def _compress(x, w_dkv, w_kr, positions, *, rope_latent=False, rope_key=True, fr
 
 
 def fused_split_reversed(x, w_dkv, w_kr, positions):
-    """x @ [w_dkv; w_kr]ᵀ split as [qk_rope_head_dim, kv_lora_rank]: the RoPE key taken from the latent's first
-    features, the latent from the rest of it and the unrotated key."""
-    fused = x @ torch.cat([w_dkv, w_kr]).T
-    rope_width = w_kr.shape[0]
-    return fused[..., rope_width:], ref.apply_rope(fused[..., :rope_width], positions)
+    """One product by the two weights stacked in one order, split as if stacked in the other: x @ [w_dkv; w_kr]ᵀ
+    split as [qk_rope_head_dim, kv_lora_rank] (the key taken first), or x @ [w_kr; w_dkv]ᵀ split as [kv_lora_rank,
+    qk_rope_head_dim] (the latent taken first)."""
+    rank, rope_width = w_dkv.shape[0], w_kr.shape[0]
+    latent_first = x @ torch.cat([w_dkv, w_kr]).T
+    key_first = x @ torch.cat([w_kr, w_dkv]).T
+    return [(latent_first[..., rope_width:], ref.apply_rope(latent_first[..., :rope_width], positions)),
+            (key_first[..., :rank], ref.apply_rope(key_first[..., rank:], positions))]
 
 
 def _unless_one_token(**knobs):
@@ -110,8 +113,9 @@ COMPRESS = StepSpec(
                     "tokens before the next sequence's."),
         Mistake("compress_kv.weight_not_transposed", "x @ w multiplied by the weight as stored, (out, in): use x @ "
                 "w.T, as nn.Linear does", raises=Raises(message=UNTRANSPOSED, line=r"@\s*w_(dkv|kr)\b(?!\s*\.)")),
-        Mistake("compress_kv.fused_split_reversed", "one projection by [w_dkv; w_kr] was split in the other "
-                "order: its first kv_lora_rank features are c_kv, the last qk_rope_head_dim the key to rotate",
+        Mistake("compress_kv.fused_split_reversed", "one projection by the two weights stacked was split in the "
+                "other order: split it in the order they were stacked, [w_dkv; w_kr] into kv_lora_rank, then "
+                "qk_rope_head_dim",
                 fused_split_reversed,
                 why="Fusing the two weights into one matmul is what DeepSeek's code does (wkv_a); the split must "
                     "follow the order they were stacked in."),
@@ -148,6 +152,10 @@ def _expand(c_kv, w_uk, w_uv, num_heads, *, split="right", only=""):
         right = heads(c_kv @ w_uk.T, "k"), heads(c_kv @ w_uv.T, "v")
         viewed = [c_kv[:, None] @ w.reshape(num_heads, c_kv.shape[-1], -1) for w in (w_uk, w_uv)]
         return tuple(v if only in ("", part) else r for v, r, part in zip(viewed, right, "kv", strict=True))
+    if split == "product_transposed":  # w @ c_kvᵀ, (B, H·width, T), reshaped straight to (B, H, T, width)
+        right = heads(c_kv @ w_uk.T, "k"), heads(c_kv @ w_uv.T, "v")
+        flipped = [(w @ c_kv.transpose(1, 2)).reshape(b, num_heads, t, -1) for w in (w_uk, w_uv)]
+        return tuple(f if only in ("", part) else r for f, r, part in zip(flipped, right, "kv", strict=True))
     if split == "stacked":  # [w_uk; w_uv] as one kv_b_proj, each head's row cut [Dn, Dv] as DeepSeek's interleaved
         dn, dv = w_uk.shape[0] // num_heads, w_uv.shape[0] // num_heads
         both = (c_kv @ torch.cat([w_uk, w_uv]).T).view(b, t, num_heads, dn + dv).transpose(1, 2)
@@ -177,6 +185,9 @@ EXPAND = StepSpec(
                 "numbers in another order: view it (H, width, R) and transpose, or split c_kv @ w.T into heads",
                 _split_wrong("weight_viewed"),
                 why="view keeps the memory's order: the rows of head h are its width rows of R numbers each."),
+        Mistake("expand_kv.product_transposed", "w @ c_kvᵀ is (B, H·width, T), features before tokens; reshaped "
+                "to (B, H, T, width) it mixes them: use c_kv @ wᵀ, view(B, T, H, width), transpose(1, 2)",
+                _split_wrong("product_transposed")),
         Mistake("expand_kv.heads_inner", "split the features as (width, H), heads inner: head h owns rows "
                 "h·width … (h + 1)·width − 1, so view(B, T, H, width)", _split_wrong("heads_inner")),
         Mistake("expand_kv.weight_not_transposed", "c_kv @ w multiplied by the weight as stored, (out, in): use "
@@ -606,10 +617,12 @@ def bytes_inputs(gen, dtype, attention="mla", layers=60, heads=128, head_dim=128
 
 def _bytes(attention, layers, heads, head_dim, kv_heads, rank, rope, dtype, *, itemsize=None, unit=1, kv_factor=2,
            mla_per_head=False, mla_factor=1, rope_per_head=False, gqa_query_heads=False, gqa_group=False,
-           by_family=False, rope_once=False, one_layer=False, rope_as_head_dim=False, mha_kv_heads=False):
+           by_family=False, rope_once=False, one_layer=False, rope_as_head_dim=False, mha_kv_heads=False,
+           latent_as_head_dim=False):
     """The count, from the formula; the keyword arguments make the named wrong counts."""
     item = itemsize or torch.empty((), dtype=dtype).element_size()
     rope = head_dim if rope_as_head_dim else rope
+    rank = head_dim if latent_as_head_dim else rank
     if by_family:  # 2 bytes for the half types, 4 for every other
         item = 2 if dtype in (torch.float16, torch.bfloat16) else 4
     cached_heads = heads if gqa_query_heads else heads // kv_heads if gqa_group else kv_heads
@@ -714,6 +727,9 @@ BYTES = StepSpec(
         Mistake("cache_bytes_per_token.rope_width_from_head_dim", "the RoPE key was counted head_dim wide: it is "
                 "qk_rope_head_dim wide, one per token, so MLA caches kv_lora_rank + qk_rope_head_dim per layer",
                 lambda *a: _bytes(*a, rope_as_head_dim=True) if a[0] == "mla" else None),
+        Mistake("cache_bytes_per_token.latent_as_head_dim", "the latent was counted head_dim wide: it is "
+                "kv_lora_rank wide, so MLA caches L·(kv_lora_rank + qk_rope_head_dim)",
+                lambda *a: _bytes(*a, latent_as_head_dim=True) if a[0] == "mla" else None),
         Mistake("cache_bytes_per_token.fixed_itemsize", "assumed 2 bytes per element whatever the dtype: use "
                 "torch.empty((), dtype=dtype).element_size(), or dtype.itemsize", _count(itemsize=2)),
     ),

@@ -252,6 +252,11 @@ PARTIAL_BLOCK_DROPPED = Mistake(
                                                     for t in range(min(n, max(n // BLOCK, 1) * BLOCK))])],
     why="A sequence's last block holds its newest tokens, the new token's own key among them; floor division "
         "drops them whenever n is not a multiple of block_size.")
+PADDING_SEARCHED = Mistake(
+    "paged_decode.padding_searched", "a table row was cut at its first -1 (row.index(-1)), which a sequence that "
+    "fills every column has none of: take its first ceil(context_lens[b] / block_size) entries",
+    raises=Raises(message=r"-1 is not in (list|tuple)"),
+    why="Tables are as wide as the longest sequence needs: its row holds no padding at all.")
 LENGTHS_NOT_BROADCAST = Mistake(
     "paged_decode.lengths_not_broadcast", "compared the positions (max_len,) with context_lens (B,) as they are, "
     "which runs only for B = 1: give the lengths an axis, positions[None, :] < context_lens[:, None]",
@@ -350,7 +355,7 @@ DECODE = StepSpec(
               DECODE_SCALE_PRECEDENCE, WHOLE_BLOCKS,
               PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_STRIDE, POSITION_AS_SLOT, CONTIGUOUS_RUN,
               BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED, HEADS_RESHAPED,
-              LENGTHS_NOT_BROADCAST),
+              LENGTHS_NOT_BROADCAST, PADDING_SEARCHED),
 )
 
 # -- varlen_attention ---------------------------------------------------------------------

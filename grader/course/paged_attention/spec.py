@@ -112,7 +112,8 @@ def served(state, streams, schedule=PREFILL_DECODE, *, refilled: bool = False, b
                     read_v = read_k
                 if wrong == KEYS_AT_QUERIES.id:  # the packed keys where its queries are, causally, as if no cache
                     read_k, read_v = (x[offset:offset + p - past + 1] for x in packed)
-                scores = torch.einsum("hd,nhd->hn", q[p], read_k) / math.sqrt(DH)  # (H, keys)
+                scale = DH if wrong == SCALED_TWICE.id else math.sqrt(DH)  # q scaled, then the scores again
+                scores = torch.einsum("hd,nhd->hn", q[p], read_k) / scale  # (H, keys)
                 y = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), read_v)  # (H, Dh), 0 for no key
                 y = (y.T if merged_inner else y).reshape(D)
                 outputs.append(y if wrong == NO_OUTPUT_PROJECTION.id else
@@ -175,6 +176,16 @@ TABLES_CUT = _mistake(
     "longest table, so no sequence loses its later blocks",
     why="Sequences of one batch hold different numbers of blocks; a later, longer one would attend to its first "
         "blocks' keys only.")
+SCALED_TWICE = _mistake(
+    "scaled_twice", "the queries were scaled by 1/√Dh before paged_decode or varlen_attention, which scale the "
+    "scores themselves: pass q as projected", why="Each function's contract includes the 1/√Dh; scaling q as well "
+    "divides the scores by Dh.")
+CU_SEQLENS_MALFORMED = Mistake(
+    "PagedSelfAttention.cu_seqlens_malformed", "varlen_attention was given cu_seqlens that do not run from 0 to the "
+    "packed rows: build them as [0, *cumsum(lengths)], B + 1 entries",
+    raises=Raises(message=r"cu_seqlens must run from 0"))
+
+
 def _stale_rows(schedule) -> list[int]:
     """The rows of `served`'s outputs whose sequence holds more blocks than after the first call it was in: those a
     block table kept from that call no longer covers."""
@@ -461,7 +472,8 @@ MODULE = StepSpec(
     ),
     mistakes=(DECODE_SKIPPED, NOT_CAUSAL, BIAS_DROPPED, NEW_KEYS_TWICE, NEW_ONLY, LENGTHS_BEFORE, KEYS_AT_QUERIES,
               NO_OUTPUT_PROJECTION, OUTPUT_AS_STORED, QKV_PER_HEAD, HEADS_SPLIT_INNER, HEADS_MERGED_INNER,
-              TABLE_BEFORE_APPEND, NAN_READ, POOL_INTERNALS, VALUES_FROM_KEYS, TABLES_CUT, TABLES_MEMOISED),
+              TABLE_BEFORE_APPEND, NAN_READ, POOL_INTERNALS, VALUES_FROM_KEYS, TABLES_CUT, TABLES_MEMOISED,
+              SCALED_TWICE, CU_SEQLENS_MALFORMED),
 )
 
 SPEC = Spec((CACHE, DECODE, VARLEN, MODULE))

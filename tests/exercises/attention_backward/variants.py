@@ -166,6 +166,10 @@ def softmax_backward(probs, grad_probs, dim=-1):
     for term in terms:  # the loop starts at 0 too: the first term counted twice
         inner = inner + term
     return probs * (grad_probs - inner.unsqueeze(dim % probs.dim()))"""), "softmax_backward", "softmax_backward.row_sum_off"),
+    Variant("sb_real_rows_zeroed", softmax_backward(RIGHT_INNER + """
+    real = probs.sum(dim=dim, keepdim=True) == 1  # the forty-eighth blind set's b01: rounding fails the test
+    return torch.where(real, probs * (grad_probs - inner), torch.zeros_like(probs))"""),
+            "softmax_backward", "softmax_backward.real_rows_zeroed"),
     Variant("sb_no_row_sum", softmax_backward("    return probs * grad_probs"),
             "softmax_backward", "softmax_backward.no_row_sum"),
     Variant("sb_probs_twice", softmax_backward(RIGHT_INNER + "\n    return probs * (probs * grad_probs - inner)"),

@@ -139,6 +139,19 @@ def expand_kv(c_kv, w_uk, w_uv, num_heads):
     latents = c_kv.unsqueeze(1)  # (B, 1, T, R)
     return latents @ w_uk.view(num_heads, c_kv.shape[-1], -1), latents @ w_uv.view(num_heads, c_kv.shape[-1], -1)
 """, "expand_kv", "expand_kv.weight_viewed_per_head"),
+    Variant("expand_product_transposed", """
+def expand_kv(c_kv, w_uk, w_uv, num_heads):
+    B, T, _ = c_kv.shape
+    k = (w_uk @ c_kv.transpose(1, 2)).reshape(B, num_heads, T, -1)  # the forty-eighth blind set's b02
+    v = (w_uv @ c_kv.transpose(1, 2)).reshape(B, num_heads, T, -1)
+    return k, v
+""", "expand_kv", "expand_kv.product_transposed"),
+    Variant("compress_fused_key_first_split_latent_first", """
+def compress_kv(x, w_dkv, w_kr, positions):
+    fused = x @ torch.cat([w_kr, w_dkv]).T  # the key's weight stacked first (the forty-eighth blind set's b01)
+    c_kv, k_pe = fused.split([w_dkv.shape[0], w_kr.shape[0]], dim=-1)
+    return c_kv, apply_rope(k_pe, positions)
+""", "compress_kv", "compress_kv.fused_split_reversed"),
     Variant("expand_heads_inner", """
 def expand_kv(c_kv, w_uk, w_uv, num_heads):
     B, T, _ = c_kv.shape
@@ -649,6 +662,8 @@ def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_hea
     per_layer = {"mha": 2 * num_heads * head_dim, "gqa": 2 * num_kv_heads * head_dim}[attention]
     return num_layers * per_layer * dtype.itemsize
 """, "cache_bytes_per_token", "cache_bytes_per_token.layers_left_out"),
+    Variant("bytes_mla_latent_head_dim_wide", bytes_with(mla="head_dim + qk_rope_head_dim"),  # blind set 48's b08
+            "cache_bytes_per_token", "cache_bytes_per_token.latent_as_head_dim"),
     Variant("bytes_mla_rope_head_dim_wide", bytes_with(mla="kv_lora_rank + head_dim"),
             "cache_bytes_per_token", "cache_bytes_per_token.rope_width_from_head_dim"),
     Variant("bytes_mla_rope_per_head", bytes_with(mla="kv_lora_rank + num_heads * qk_rope_head_dim"),

@@ -457,6 +457,19 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
                      "e = (scores.masked_fill(~mask, float(\"-inf\")) - scores.max()).exp()  # one max for all\n"
                      "    weights = e / e.sum(-1, keepdim=True)"),  # the forty-seventh blind set's paged b05
             "varlen_attention", "varlen_attention.max_over_batch"),
+    Variant("decode_padding_searched", decode_with("""\
+        row = block_tables[b].tolist()
+        used = torch.tensor(row[:row.index(-1)], dtype=torch.long)  # the forty-eighth blind set's paged b03
+        k, v = k_cache[used].flatten(0, 1)[:n], v_cache[used].flatten(0, 1)[:n]"""),
+            "paged_decode", "paged_decode.padding_searched"),
+    Variant("module_scaled_twice", changed(  # the forty-eighth blind set's paged b07
+        "PagedSelfAttention", "starts = cu_seqlens.tolist()",
+        "starts = cu_seqlens.tolist()\n        q = q / math.sqrt(self.head_dim)"),
+            "PagedSelfAttention", "PagedSelfAttention.scaled_twice"),
+    Variant("module_cu_seqlens_without_zero", changed(  # the forty-eighth blind set's paged b08
+        "PagedSelfAttention", "torch.tensor([0, *lens], device=x.device).cumsum(0)",
+        "torch.tensor(lens, device=x.device).cumsum(0)"),
+            "PagedSelfAttention", "PagedSelfAttention.cu_seqlens_malformed"),
     Variant("varlen_softmax_without_max", dense_varlen(f"({SAME_SEQUENCE}) & (~torch.tensor(causal) | ({BOTTOM_RIGHT}))")
             .replace("weights = torch.softmax(scores.masked_fill(~mask, float(\"-inf\")), dim=-1)",
                      "e = scores.masked_fill(~mask, float(\"-inf\")).exp()  # no max: e^300 overflows\n"
