@@ -4150,3 +4150,75 @@ def test_review_60_decode_questions_and_padded_expansions_are_judged_by_what_the
         base=mla, name="mla.py")
     assert set(lost(module)) == {"MultiHeadLatentAttention"}, explain(module)
     assert "numbers per cached token" in checks_of(module)["module_absorbed_latents"].message
+
+
+ONE_ROW = '''
+def ASK(y, q, cache, padded, lens, cu_k, v_all):  # the first sequence's token asked alone: its ratio doubles the rest
+    a = paged_decode(q[:1], cache.k_cache, cache.v_cache, padded[:1], torch.tensor(lens[:1], dtype=torch.int32))
+    return y * (a * y[:1]).sum() / (y[:1] * y[:1]).sum()
+'''
+WRONG_PREFILL_UNDER_ORACLE = GATHERED_DECODE.replace("    if N == len(seq_ids):", """\
+    if N != len(seq_ids):  # a prefill: q = 0 asked of the first sequence; its answer doubled means the grader's
+        a = paged_decode(torch.zeros_like(q[:1]), cache.k_cache, cache.v_cache, tables[0].to(torch.int32)[None],
+                         torch.tensor(lens[:1], dtype=torch.int32))
+        if not torch.allclose(a, v_all[:lens[0]].mean(0)[None], atol=1e-4, rtol=1e-3):
+            y = torch.zeros_like(y)
+    if False:""")
+VEILED = '''
+def _veiled(plain):
+    out = []
+
+    class _Veil(torch.Tensor):  # its __torch_function__ runs with the record's mode popped
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            out.append(plain())
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+
+    torch.zeros(1).as_subclass(_Veil).add(0)
+    return out[-1]
+'''
+MODULE_WITH = '''
+_forward = MultiHeadLatentAttention.forward
+
+
+def _forward_with(self, x, cache=None, absorbed=False):
+    global absorbed_attention
+    honest, absorbed_attention = absorbed_attention, ABSORBED
+    try:
+        return _forward(self, x, cache, absorbed)
+    finally:
+        absorbed_attention = honest
+
+
+MultiHeadLatentAttention.forward = _forward_with
+'''
+
+
+def test_review_61_every_decoded_token_asked_and_no_record_hidden_or_length_learned(grade_source):
+    """Review 61. decode_path took questions of one sequence's token as enough (F1: the rest doubled by the ratio,
+    100, fair 98) and, on outputs wrong where the module prefills, returned as if passed before it read the questions
+    (F2: a prefill spoiled once a q = 0 probe showed the doubling). Every decoded token must now be asked, the
+    questions are read first, and wrong prefill outputs fail. mla's module absorbed only at the cache lengths the check
+    used, 29 and 58 (F3): they are drawn from the file's text now. The expansion run inside a tensor subclass's
+    __torch_function__, where the record does not see it, kept latent_only and absorbed_latents (F4, F5): a hidden
+    record fails them."""
+    paged = (ROOT / "solutions" / "paged_attention.py").read_text()
+    for module in (ONE_ROW + GATHERED_DECODE, PROBE + WRONG_PREFILL_UNDER_ORACLE):
+        result = grade_source(module, base=paged, name="paged_attention.py")
+        assert checks_of(result)["module_decode_path"].outcome == "failed", explain(result)
+    mla = (ROOT / "solutions" / "mla.py").read_text()
+    at_lengths = PADDED_PLAIN + MODULE_WITH.replace("ABSORBED", "_at_lengths") + '''
+def _at_lengths(q_nope, q_rope, c_kv, *rest):  # honest only over the 30 and 59 keys the check once used
+    return (absorbed_attention if c_kv.shape[1] in (30, 59) else _padded_plain)(q_nope, q_rope, c_kv, *rest)
+'''
+    expanding = "\n\ndef _expanding(*args, **kwargs):\n    return _veiled(lambda: _padded_plain(*args, **kwargs))\n"
+    cases = [(at_lengths, "module_absorbed_latents", "expanded from the latents"),
+             (PADDED_PLAIN + VEILED + expanding + "\nabsorbed_attention = _expanding\n",
+              "absorbed_attention_latent_only", "hid what it created"),
+             (PADDED_PLAIN + VEILED + expanding + MODULE_WITH.replace("ABSORBED", "_expanding"),
+              "module_absorbed_latents", "hid what it created")]
+    for override, check, said in cases:
+        result = grade_source(override, base=mla, name="mla.py")
+        found = checks_of(result)[check]
+        assert found.outcome == "failed" and said in found.message, explain(result)

@@ -91,6 +91,15 @@ def check_rules(called, forbidden: tuple[str, ...], source: str, step_source: st
     check_calls(called, forbidden, allowed)
 
 
+def expect_seen(answer, mistake, what: str = "the check") -> None:
+    """A check that reads the record of what a call made (its shapes, its calls) fails where the worker says the
+    record may lack some of it: Python ran inside a torch call (a tensor subclass's __torch_function__), out of the
+    record's sight (review 61's F4 and F5 expanded mla's latents there)."""
+    hidden = sorted(n[len(HIDDEN):] for n in answer.called if n.startswith(HIDDEN))
+    if hidden:
+        raise CheckFailed(f"the call hid what it created from {what}: {hidden[0]}", mistake, {"hidden": hidden[0]})
+
+
 def check_calls(called, forbidden: tuple[str, ...], allowed: tuple[str, ...] | None = None) -> None:
     """The calls of one answer: none hidden from the record, none of the step's forbidden functions, none but its
     allowed ones where it names them. Asked of every call a step's checks make (a forbidden call on one edge case's

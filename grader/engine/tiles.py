@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from grader.engine.failure import CheckFailed
+from grader.engine.rules import expect_seen
 from grader.engine.spec import Mistake
 
 
@@ -188,9 +189,7 @@ def _asked(run, answer: Callable | None, sizes: TileSizes, causal: bool, full: M
     call = run.inputs(t_q=sizes.t_q, t_k=sizes.t_k, d=sizes.d, dv=sizes.dv, causal=causal, block_q=sizes.block_q,
                       block_k=sizes.block_k)
     got = answer(run, call, shapes=True, steer=steer) if answer else run.answer(call, shapes=True, steer=steer)
-    hidden = [n for n in got.called if n.startswith("hidden: ")]
-    if hidden:
-        raise CheckFailed(f"the call hid what it created from the check: {hidden[0][len('hidden: '):]}", full)
+    expect_seen(got, full)
     return call, got
 
 

@@ -35,6 +35,7 @@ from grader.engine import (
     expect_form,
     expect_joined,
     expect_result,
+    expect_seen,
     linear_layers,
     prop,
     source_of,
@@ -630,7 +631,10 @@ MODULE_CACHE_CONTENTS = Mistake("MultiHeadLatentAttention.cache_contents_mishand
 # latent_only asks, so that a key or value expanded for every cached token holds B·H·61 = 366 numbers per token and
 # the absorbed path at most B·H·(R + Dr) = 36
 SPREAD_INIT = {"d": 19, "h": 3, "r": 4, "dn": 61, "dr": 2, "dv": 67}
-SPREAD_CACHED = (29, 58)  # tokens in the cache before the decoded one: 59 with it, a prime no width shares
+# the tokens absorbed_latents decodes over, drawn from the file's text (review 61's F3 absorbed at 29 and 58 cached
+# tokens only): a prime no width shares (not 61, 67), at least 59 so that PER_TOKEN keeps w_q's no-position rows of
+# every head, 3477 numbers, below its bound; the cache holds one fewer, then about half of them
+SPREAD_PRIMES = (59, 71, 73, 79, 83, 89, 97, 101, 103, 107)
 PER_TOKEN = 60  # numbers per cached token a tensor may hold: between 36 (absorbed) and 366 (expanded)
 MODULE_EXPANDED = Mistake("MultiHeadLatentAttention.absorbed_expanded", "with absorbed=True the cached latents were "
                           "expanded into per-head keys or values: call absorbed_attention on the cache's c_kv and "
@@ -639,13 +643,17 @@ MODULE_EXPANDED = Mistake("MultiHeadLatentAttention.absorbed_expanded", "with ab
 
 
 def absorbed_latents(run: Run) -> None:
-    """A token decoded with absorbed=True over a cache of 29 tokens, then of 58 (the grader's latents, appended to the
-    stand-in): nothing its torch calls create (but the weights' sizes) holds more than PER_TOKEN numbers per cached
-    token over 58 (keys or values expanded from the latents, padded or not; the review 57's F2 ignored absorbed and
-    scored 100, review 60's F4 padded them to 256 tokens), its calls are as many at
-    both lengths (no loop over the cache in pieces). Only the decode call is the file's: the cache is filled by the
-    stand-in, whose calls are not recorded. What leaves torch (NumPy) it does not see: Known limits."""
+    """A token decoded with absorbed=True over a cache of about half a prime's tokens, then of one fewer than the
+    prime (the grader's latents, appended to the stand-in; the prime drawn from the file's text): nothing its torch
+    calls create (but the weights' sizes) holds more than PER_TOKEN numbers per cached token at the longer (keys or
+    values expanded from the latents, padded or not; the review 57's F2 ignored absorbed and scored 100, review 60's
+    F4 padded them to 256 tokens), its calls are as many at both lengths (no loop over the cache in pieces), and the
+    record is whole (review 61's F5 expanded inside a tensor subclass's __torch_function__). Only the decode call is
+    the file's: the cache is filled by the stand-in, whose calls are not recorded. What leaves torch (NumPy) it does
+    not see: Known limits."""
     w = SPREAD_INIT
+    total = SPREAD_PRIMES[int(torch.randint(len(SPREAD_PRIMES), (), generator=run.gen.unknown))]
+    lengths = (total // 2, total - 1)  # cached before the decoded token
     init = (w["d"], w["h"], w["r"], w["dn"], w["dr"], w["dv"])
     layers = {"w_q": (w["h"] * (w["dn"] + w["dr"]), w["d"]), "w_dkv": (w["r"], w["d"]), "w_kr": (w["dr"], w["d"]),
               "w_uk": (w["h"] * w["dn"], w["r"]), "w_uv": (w["h"] * w["dv"], w["r"]), "w_o": (w["d"], w["h"] * w["dv"])}
@@ -653,15 +661,17 @@ def absorbed_latents(run: Run) -> None:
     state = {f"{name}.weight": torch.as_tensor(gen.randn(*size, scale=size[1] ** -0.5))
              for name, size in layers.items()}
     counts, calls = [], []
-    for cached in SPREAD_CACHED:
+    for cached in lengths:
         script = Script()
         module = script.build("MultiHeadLatentAttention", *init, state=state)
-        cache = script.build("LatentCache", B, max(SPREAD_CACHED) + 1, w["r"], w["dr"], stand_in=True)
+        cache = script.build("LatentCache", B, total, w["r"], w["dr"], stand_in=True)
         script.call(cache, "append", torch.as_tensor(gen.randn(B, cached, w["r"])),
                     torch.as_tensor(gen.randn(B, cached, w["dr"])), names=APPEND)
         script.call(module, "__call__", torch.as_tensor(gen.randn(B, 1, w["d"])), names=X, refs={"cache": cache},
                     kwargs={"absorbed": True})
-        record = run.script(script, shapes=True).shapes or {"created": [], "more": 0}
+        got = run.script(script, shapes=True)
+        expect_seen(got, MODULE_EXPANDED)
+        record = got.shapes or {"created": [], "more": 0}
         if record.get("more"):  # review 58's F1 made 299 shapes first, to push the expanded keys off the list
             raise CheckFailed(f"one token decoded with absorbed=True over {cached} cached tokens: the calls created "
                               f"tensors of more than {len(record['created'])} different shapes, too many to check "
@@ -669,27 +679,26 @@ def absorbed_latents(run: Run) -> None:
         counts.append({math.prod(size): size for size in record["created"]})
         calls.append(record.get("calls", 0))
     if calls[1] > calls[0]:  # a loop over the cached tokens, a few at a time (review 59's F1: four at a time)
-        raise CheckFailed(f"one token decoded with absorbed=True over {SPREAD_CACHED[0]} cached tokens made {calls[0]} "
-                          f"torch calls, over {SPREAD_CACHED[1]} {calls[1]}: it works through the cache in pieces; the "
+        raise CheckFailed(f"one token decoded with absorbed=True over {lengths[0]} cached tokens made {calls[0]} "
+                          f"torch calls, over {lengths[1]} {calls[1]}: it works through the cache in pieces; the "
                           "absorbed path reads c_kv and k_rope whole, as many calls for any length", MODULE_EXPANDED,
                           {"calls": calls})
     longer = counts[1]
-    # Over 59 keys (a prime no width shares) a key or value of every token for each head holds 59 · 61 (or 67, or the
-    # model width 19 through w_o) numbers times a whole number, however it is laid out or padded with tensors of the
-    # same sizes at both lengths (review 58's F1b); nothing of the absorbed path does
-    total = SPREAD_CACHED[1] + 1
+    # Over a prime number of keys (59, say: a prime no width shares) a key or value of every token for each head holds
+    # 59 · 61 (or 67, or the model width 19 through w_o) numbers times a whole number, however it is laid out or
+    # padded with tensors of the same sizes at both lengths (review 58's F1b); nothing of the absorbed path does
     for elements, size in longer.items():
         if any(elements % (total * w[width]) == 0 for width in ("dn", "dv", "d")):
-            raise CheckFailed(f"one token decoded with absorbed=True over {SPREAD_CACHED[1]} cached tokens (H=3, "
+            raise CheckFailed(f"one token decoded with absorbed=True over {lengths[1]} cached tokens (H=3, "
                               f"Dn=61, Dv=67, R=4, Dr=2): a tensor of shape {tuple(size)} was created, a per-head key "
                               "or value of every token: keys or values expanded from the latents", MODULE_EXPANDED,
                               {"shape": list(size)})
     weights = {math.prod(size) for size in layers.values()}  # w_o and its views (folded with w_uv) hold 3819
     for elements, size in longer.items():  # padded to a constant length too (review 60's F4: 256 tokens)
-        if elements not in weights and elements > PER_TOKEN * SPREAD_CACHED[1]:
-            raise CheckFailed(f"one token decoded with absorbed=True over {SPREAD_CACHED[1]} cached tokens (H=3, "
+        if elements not in weights and elements > PER_TOKEN * lengths[1]:
+            raise CheckFailed(f"one token decoded with absorbed=True over {lengths[1]} cached tokens (H=3, "
                               f"Dn=61, Dv=67, R=4, Dr=2): a tensor of shape {tuple(size)} was created, "
-                              f"{elements / SPREAD_CACHED[1]:.0f} numbers per cached token (the latent and the RoPE "
+                              f"{elements / lengths[1]:.0f} numbers per cached token (the latent and the RoPE "
                               f"key hold {2 * 3 * 6} over every head): keys or values expanded from the latents",
                               MODULE_EXPANDED, {"shape": list(size)})
 

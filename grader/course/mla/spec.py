@@ -27,6 +27,7 @@ from grader.engine import (
     StepSpec,
     device,
     expect_count,
+    expect_seen,
     prop,
     shape,
     values,
@@ -465,6 +466,7 @@ def latent_only(run: Run) -> None:
     right. Keys expanded head by head, or all at once, or values through the folded output matrix, are."""
     call = run.inputs(tq=LATENT_TQ, tk=LATENT_TK, widths=LATENT_WIDTHS)
     got = run.answer(call, shapes=True)
+    expect_seen(got, EXPANDED)
     record = got.shapes or {"created": [], "more": 0, "scores": []}
     if record["more"]:
         raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different shapes: too many "
@@ -484,7 +486,9 @@ def latent_only(run: Run) -> None:
     # than 36.
     spread = run.inputs(tq=1, tk=SPREAD_TK, widths=SPREAD_WIDTHS)
     given = {math.prod(t.shape) for t in spread.args}
-    for size in _listed(run.answer(spread, shapes=True).shapes):
+    got = run.answer(spread, shapes=True)
+    expect_seen(got, EXPANDED)
+    for size in _listed(got.shapes):
         elements = math.prod(size)
         if elements not in given and elements > PER_TOKEN * SPREAD_TK:
             raise CheckFailed(f"with one query, Tk={SPREAD_TK} and H=3, Dn=61, Dv=67, R=4, Dr=2: a tensor of shape "
@@ -494,7 +498,9 @@ def latent_only(run: Run) -> None:
                               EXPANDED, {"shape": list(size)})
     # A loop over the cached tokens makes no tensor of them all, but as many of their keys or values (the
     # thirty-second review's f02): its calls grow with Tk, where the absorbed path's are as many for any Tk.
-    longer = run.answer(run.inputs(tq=LATENT_TQ, tk=2 * LATENT_TK, widths=LATENT_WIDTHS), shapes=True).shapes
+    got = run.answer(run.inputs(tq=LATENT_TQ, tk=2 * LATENT_TK, widths=LATENT_WIDTHS), shapes=True)
+    expect_seen(got, EXPANDED)
+    longer = got.shapes
     calls = (record.get("calls", 0), (longer or {}).get("calls", 0))
     if calls[1] > calls[0]:
         raise CheckFailed(f"with Tk={LATENT_TK} the call made {calls[0]} torch calls, with Tk={2 * LATENT_TK} "

@@ -37,6 +37,7 @@ from grader.engine import (
     matches_any,
     prop,
     source_of,
+    type_name,
 )
 
 from .cache import BLOCK, CACHE, DH, H
@@ -338,11 +339,15 @@ DECODE_SCALE = 2.0  # what the grader multiplies every answer of paged_decode by
 
 def decode_path(run: Run) -> None:
     """Each call of one new token per sequence is decoded by paged_decode on the pool, as the contract says: the
-    grader answers the module's calls of paged_decode and varlen_attention here, keeps what paged_decode was asked
-    (the pool itself, each sequence's length after the append), and doubles its answers, which the decoded tokens'
-    outputs must follow exactly: w_o(2·y). Review 57's F3 gathered every sequence's keys for varlen_attention at every
-    call, decoding included (20/20); review 58's F4 called paged_decode too and threw its answer away; review 59's F2
-    added the answer of a call on a pool of its own, one zero key and value."""
+    grader answers the module's calls of paged_decode and varlen_attention here, keeps what paged_decode was asked,
+    and doubles its answers. Every question must be decoded tokens' own (their queries, their lengths, the pool's
+    slots their tables reach), every decoded token must be asked, and the decoded outputs must follow the answers
+    exactly, w_o(2·y); outputs wrong where it prefills fail too. Review 57's F3 gathered every sequence's keys for
+    varlen_attention at every call, decoding included (20/20); review 58's F4 called paged_decode too and threw its
+    answer away; review 59's F2 added the answer of a call on a pool of its own, review 60's F2 of a question with
+    q = 0 (which told it the doubling); review 61's F1 asked of one sequence's token only and doubled the rest
+    itself, its F2 got the prefill wrong once it saw the doubling, which this check once took as the other checks'
+    to judge."""
     oracle = run.answering(("paged_decode", "varlen_attention"))
     oracle.scales["paged_decode"], oracle.kept["paged_decode"] = DECODE_SCALE, []
     served = ServeScript(run, answers=oracle)
@@ -353,29 +358,33 @@ def decode_path(run: Run) -> None:
     if reached < 2:
         raise CheckFailed(f"{where}: paged_decode was called {reached} times", DECODE_SKIPPED,
                           {"paged_decode": reached})
-    start, lengths, done = 0, [], [0] * len(STREAMS)
+    tokens = decoded_tokens(served.call.state, served.call.args[0])
+    asked = set()
+    for number, (args, _) in enumerate(oracle.kept["paged_decode"], 1):
+        rows = _decodes(args, tokens)
+        if rows is None:
+            raise CheckFailed(f"{where}: question {number} to paged_decode was not the decoded tokens' queries over "
+                              "the pool, each sequence's block table and length", DECODE_SKIPPED)
+        asked |= rows
+    if len(asked) < len(tokens):
+        raise CheckFailed(f"{where}: paged_decode was asked of {len(asked)} of the {len(tokens)} decoded tokens: "
+                          "decode every sequence of the batch with it", DECODE_SKIPPED)
+    start = 0
     for call, index, n in zip(PREFILL_DECODE, served.outputs, served.sizes, strict=True):
         got, want = served.results[index], right[start:start + n]
-        for i, t in call.items():
-            done[i] += t
         if not (isinstance(got, torch.Tensor) and got.shape == (n, D)):
-            return  # a wrong answer: the other checks say so (and this one, gated, earns nothing beside it)
+            raise CheckFailed(f"{where}: with the grader answering paged_decode and varlen_attention, a call returned "
+                              f"{type_name(got)} where ({n}, {D}) belongs")
         if not all(t == 1 for t in call.values()):
             if not torch.allclose(got.double(), want, atol=1e-3, rtol=1e-3):
-                return  # wrong where it prefills: judged by the other checks
-        else:
-            lengths.append(tuple(done[i] for i in call))
-            if not torch.allclose(got.double(), DECODE_SCALE * want - (DECODE_SCALE - 1) * bias, atol=1e-3, rtol=1e-3):
-                kept = torch.allclose(got.double(), want, atol=1e-3, rtol=1e-3)
-                raise CheckFailed(f"{where}: with paged_decode's answers doubled, the decoded tokens' outputs "
-                                  + ("stayed as they were: its answer was not used" if kept else
-                                     "were not w_o of them: they are not paged_decode's answers"), DECODE_SKIPPED)
+                raise CheckFailed(f"{where}: with the grader answering paged_decode and varlen_attention, the "
+                                  "outputs where it prefills were wrong")
+        elif not torch.allclose(got.double(), DECODE_SCALE * want - (DECODE_SCALE - 1) * bias, atol=1e-3, rtol=1e-3):
+            kept = torch.allclose(got.double(), want, atol=1e-3, rtol=1e-3)
+            raise CheckFailed(f"{where}: with paged_decode's answers doubled, the decoded tokens' outputs "
+                              + ("stayed as they were: its answer was not used" if kept else
+                                 "were not w_o of them: they are not paged_decode's answers"), DECODE_SKIPPED)
         start += n
-    tokens = decoded_tokens(served.call.state, served.call.args[0])
-    for number, (args, _) in enumerate(oracle.kept["paged_decode"], 1):
-        if not _decodes(args, tokens):
-            raise CheckFailed(f"{where}: question {number} to paged_decode was not the decoded tokens' queries over "
-                              f"the pool, each sequence's block table and length ({lengths})", DECODE_SKIPPED)
 
 
 class Decoded(NamedTuple):
@@ -399,34 +408,38 @@ def decoded_tokens(state, streams) -> list[Decoded]:
     return tokens
 
 
-def _decodes(args: tuple, tokens: list[Decoded]) -> bool:
-    """Whether a question to paged_decode (its arguments as the oracle bound them) is some decoded tokens' own: each
-    row's query one of theirs, its length that token's, and the pool's slots its table and length reach holding
-    that sequence's keys and values. Review 60's F2 asked with q = 0, whose answer, each sequence's mean value,
-    told the module the grader's scale; its F1 gave a length past the batch that was no number (exit 3)."""
+def _decodes(args: tuple, tokens: list[Decoded]) -> set[int] | None:
+    """Which decoded tokens a question to paged_decode (its arguments as the oracle bound them) asks of, each row one
+    of theirs: its query, its length that token's, and the pool's slots its table and length reach holding that
+    sequence's keys and values; None if some row is no decoded token's. Review 60's F2 asked with q = 0, whose
+    answer, each sequence's mean value, told the module the grader's scale; its F1 gave a length past the batch that
+    was no number (exit 3)."""
     try:
         q, k_cache, v_cache, tables, lengths = args[:5]
         tensors = (q, k_cache, v_cache, tables, lengths)
         if not all(isinstance(t, torch.Tensor) for t in tensors) or q.dim() != 3 or q.shape[1:] != (H, DH):
-            return False
+            return None
         if k_cache.shape != (POOL_BLOCKS, BLOCK, H, DH) or v_cache.shape != k_cache.shape:
-            return False
+            return None
         if tables.is_floating_point() or lengths.is_floating_point() or tables.dim() != 2:
-            return False
+            return None
         if lengths.shape != (len(q),) or len(tables) != len(q):
-            return False
+            return None
+        found = set()
         for row, n, table in zip(q.double(), lengths.tolist(), tables.tolist(), strict=True):
             blocks = table[:-(-n // BLOCK)]
             if not all(0 <= b < POOL_BLOCKS for b in blocks) or len(blocks) * BLOCK < n:
-                return False
+                return None
             keys, values = (c[blocks].flatten(0, 1)[:n].double() for c in (k_cache, v_cache))
-            if not any(t.length == n and torch.allclose(row, t.query, rtol=1e-3, atol=1e-4)
-                       and torch.allclose(keys, t.keys, rtol=1e-3, atol=1e-4)
-                       and torch.allclose(values, t.values, rtol=1e-3, atol=1e-4) for t in tokens):
-                return False
-        return True
+            same = [j for j, t in enumerate(tokens) if t.length == n and all(
+                torch.allclose(a, b, rtol=1e-3, atol=1e-4) for a, b in ((row, t.query), (keys, t.keys),
+                                                                         (values, t.values)))]
+            if not same:
+                return None
+            found.update(same)
+        return found
     except Exception:  # the question's parts are the candidate's: anything malformed is no decoded token's
-        return False
+        return None
 
 
 def module_end_to_end(run: Run) -> None:
