@@ -113,3 +113,24 @@ def _interface(tree) -> list:
             args = ast.dump(node.args) if isinstance(node, ast.FunctionDef) else ""
             out.append((node.name, args, ast.get_docstring(node)))
     return out
+
+
+def test_no_module_binds_a_top_level_name_twice():
+    """A constant bound twice in one module makes the first binding's readers see the second: two tests' candidates
+    of one name once turned a Triton test's kernel into a paged module. `X = replace(X, …)`, which builds on the
+    first binding, is allowed."""
+    rebound = []
+    for path in sorted([*(ROOT / "grader").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]):
+        seen = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = {t.id for t in targets if isinstance(t, ast.Name)}
+                reads = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)} if node.value else set()
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names, reads = {node.name}, set()
+            else:
+                continue
+            rebound += [f"{path.relative_to(ROOT)}: {name}" for name in names & seen - reads]
+            seen |= names
+    assert not rebound, rebound

@@ -4088,7 +4088,7 @@ def _padded_plain(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
     return out.transpose(1, 2).reshape(B, Tq, -1) @ w_o.T
 '''
 
-GATHERED_DECODE = '''
+PAGED_VARLEN_DECODE = '''
 def _gathered(self, x, cache, seq_ids, cu_seqlens):
     N, D = x.shape
     q, k, v = (w(x).view(N, self.num_heads, self.head_dim) for w in (self.w_q, self.w_k, self.w_v))
@@ -4135,7 +4135,7 @@ def test_review_60_decode_questions_and_padded_expansions_are_judged_by_what_the
     paged = (ROOT / "solutions" / "paged_attention.py").read_text()
     for ask in (PROBE, NO_NUMBER.replace("LENGTHS(lens)", "[*lens, None]"),
                 NO_NUMBER.replace("LENGTHS(lens)", "torch.tensor([*lens, float('nan')])")):
-        result = grade_source(ask + GATHERED_DECODE, base=paged, name="paged_attention.py")
+        result = grade_source(ask + PAGED_VARLEN_DECODE, base=paged, name="paged_attention.py")
         assert set(lost(result)) == {"PagedSelfAttention"}, explain(result)  # a report, no grader fault
         decode = checks_of(result)["module_decode_path"]
         assert decode.outcome == "failed" and "was not the decoded tokens' queries" in decode.message, explain(result)
@@ -4157,7 +4157,7 @@ def ASK(y, q, cache, padded, lens, cu_k, v_all):  # the first sequence's token a
     a = paged_decode(q[:1], cache.k_cache, cache.v_cache, padded[:1], torch.tensor(lens[:1], dtype=torch.int32))
     return y * (a * y[:1]).sum() / (y[:1] * y[:1]).sum()
 '''
-WRONG_PREFILL_UNDER_ORACLE = GATHERED_DECODE.replace("    if N == len(seq_ids):", """\
+WRONG_PREFILL_UNDER_ORACLE = PAGED_VARLEN_DECODE.replace("    if N == len(seq_ids):", """\
     if N != len(seq_ids):  # a prefill: q = 0 asked of the first sequence; its answer doubled means the grader's
         a = paged_decode(torch.zeros_like(q[:1]), cache.k_cache, cache.v_cache, tables[0].to(torch.int32)[None],
                          torch.tensor(lens[:1], dtype=torch.int32))
@@ -4204,7 +4204,7 @@ def test_review_61_every_decoded_token_asked_and_no_record_hidden_or_length_lear
     __torch_function__, where the record does not see it, kept latent_only and absorbed_latents (F4, F5): a hidden
     record fails them."""
     paged = (ROOT / "solutions" / "paged_attention.py").read_text()
-    for module in (ONE_ROW + GATHERED_DECODE, PROBE + WRONG_PREFILL_UNDER_ORACLE):
+    for module in (ONE_ROW + PAGED_VARLEN_DECODE, PROBE + WRONG_PREFILL_UNDER_ORACLE):
         result = grade_source(module, base=paged, name="paged_attention.py")
         assert checks_of(result)["module_decode_path"].outcome == "failed", explain(result)
     mla = (ROOT / "solutions" / "mla.py").read_text()

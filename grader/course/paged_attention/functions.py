@@ -420,7 +420,7 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, *, bug=None):
                 _attend(q, k, v, same & (pk[None, :] <= pq[:, None] + nk - nq))]
     if causal and bug == TOP_LEFT.id:
         return _attend(q, k, v, same & (pk[None, :] <= pq[:, None]))
-    if bug == HEADS_RESHAPED.id:
+    if bug == VARLEN_HEADS_RESHAPED.id:
         return _heads_reshaped(q, k, v, cu_seqlens_q, cu_seqlens_k, causal)
     if bug == CAUSAL_IGNORED.id:
         causal = False
@@ -507,7 +507,7 @@ LAST_DROPPED = _varlen_mistake(
     why="A docstring's inclusive range 'rows cu[b] … cu[b + 1] − 1' is the slice cu[b]:cu[b + 1] in Python.")
 CAUSAL_IGNORED = _varlen_mistake("causal_ignored", "causal=True was ignored: mask each sequence's future keys")
 VARLEN_UNSCALED = _varlen_mistake("unscaled", "scores not scaled: divide q · kᵀ by √Dh")
-HEADS_RESHAPED = _varlen_mistake(
+VARLEN_HEADS_RESHAPED = _varlen_mistake(
     "heads_reshaped", "each sequence's (T, H, Dh) rows were reshaped to (H, T, Dh), not transposed: "
     "x.transpose(0, 1), and back with transpose(0, 1)",
     why="A reshape keeps the memory's order: it deals one token's heads out as if they were tokens of one head.")
@@ -560,5 +560,5 @@ VARLEN = StepSpec(
         device(2, causal=True),
     ),
     mistakes=(CU_AS_LENGTHS, KEYS_CUT_BY_Q, BOUNDARY_ROWS, CROSSES, GLOBAL_POSITIONS, TOP_LEFT, LAST_DROPPED,
-              CAUSAL_IGNORED, VARLEN_UNSCALED, HEADS_AXIS, HEADS_RESHAPED, MAX_OVER_BATCH),
+              CAUSAL_IGNORED, VARLEN_UNSCALED, HEADS_AXIS, VARLEN_HEADS_RESHAPED, MAX_OVER_BATCH),
 )
