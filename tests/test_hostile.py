@@ -4222,3 +4222,57 @@ def _at_lengths(q_nope, q_rope, c_kv, *rest):  # honest only over the 30 and 59 
         result = grade_source(override, base=mla, name="mla.py")
         found = checks_of(result)[check]
         assert found.outcome == "failed" and said in found.message, explain(result)
+
+
+SDPA_SOFTMAX = '''
+def softmax(scores, dim=-1):  # softmax(s) = SDPA with q = s·√n, keys and values the identity
+    s = scores.movedim(dim, -1)
+    n = s.shape[-1]
+    eye = torch.eye(n, dtype=s.dtype, device=s.device).expand(*s.shape[:-2], n, n)
+    return torch.nn.functional.scaled_dot_product_attention(s * math.sqrt(n), eye, eye).movedim(-1, dim)
+'''
+# Answers to every size a check asked, learned from earlier grades; the reference's for the rest (of no use to a
+# candidate who had it, but it keeps the test's point: only the sizes the grader draws anew can tell)
+TABLE_OF_SIZES = '''
+_ASKED = {SIZES}
+_right = {FUNCTION}
+
+
+def {FUNCTION}(size, base=10000.0):
+    return _right(size, base) if (size, base) in _ASKED else _right(size, base) * 1.01
+'''
+
+FIXED_RATE = '''
+_attention = attention
+
+
+def attention(q, k, v, mask=None, dropout_p=0.0, training=False, generator=None):  # the one rate the checks used
+    return _attention(q, k, v, mask, 0.25 if dropout_p else 0.0, training, generator)
+'''
+
+
+def test_review_62_softmax_by_library_attention_and_tables_of_the_asked_sizes_earn_nothing(grade_source):
+    """Review 62. A softmax step that forbade torch's softmax let F.scaled_dot_product_attention compute one (queries
+    the scores times √n, keys and values the identity: 100, fair 86); every step that forbids a softmax forbids the
+    library's attention now. alibi_slopes and rope_frequencies answered a table of the sizes their checks asked (100,
+    fair 92 and 97): each now asks a size drawn from the file's text too. A dropout of the one rate the checks used
+    kept dropout_rate: it is asked at a second rate, drawn likewise."""
+    result = grade_source(SDPA_SOFTMAX)
+    assert next(s for s in result.steps if s.id == "softmax").breach, explain(result)
+    assert set(lost(result)) == {"softmax", "MultiHeadAttention"}, explain(result)  # its end-to-end, charged there
+    rope = (ROOT / "solutions" / "rope.py").read_text()
+    asked = "{(DH, 10000.0), (128, 10000.0), (DH, 500000.0)}".replace("DH", "8")  # the spec's DH
+    result = grade_source(TABLE_OF_SIZES.replace("{SIZES}", asked).replace("{FUNCTION}", "rope_frequencies"),
+                          base=rope, name="rope.py")
+    assert checks_of(result)["rope_frequencies_drawn_sizes"].outcome == "failed", explain(result)
+    assert lost(result)["rope_frequencies"] == 3 and set(lost(result)) <= {"rope_frequencies", "RotarySelfAttention"}
+    alibi = (ROOT / "solutions" / "local_attention.py").read_text()
+    asked = "{" + ", ".join(f"({h}, 10000.0)" for h in (*range(1, 17), 40)) + "}"
+    table = TABLE_OF_SIZES.replace("{SIZES}", asked).replace("{FUNCTION}", "alibi_slopes")
+    result = grade_source(table.replace("_right(size, base)", "_right(size)"),
+                          base=alibi, name="local_attention.py")
+    assert checks_of(result)["alibi_slopes_every_head_count"].outcome == "failed", explain(result)
+    masks = (ROOT / "solutions" / "masks.py").read_text()
+    result = grade_source(FIXED_RATE, base=masks, name="masks.py")
+    assert checks_of(result)["attention_dropout_rate"].outcome == "failed", explain(result)
+    assert "attention.dropout_p_ignored" in mistakes(result, "attention"), explain(result)

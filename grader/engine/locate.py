@@ -12,6 +12,10 @@ step's plain case passed), the others after it:
   softened   the softmax of the right answer over its last axis: probabilities returned for scores;
   scaled     an answer that is the right one times one constant (1/H: a mean over the heads where a sum
              belongs), said with the size of the inputs the constant is, if any;
+  zeroed     an answer right but for some slices along one axis, anywhere on it, all 0: a sequence, a head or
+             a block skipped by a condition (a length of 1, a boundary) into an output made of zeros;
+  rearranged an answer holding the right numbers, each as often, in other places: a reshape where a transpose
+             belongs, axes permuted, rows written to another row's place;
 
   parts    a tuple answer whose parts are some right, some wrong: "dk is wrong while dq and dv are
            right" (a step may say it in its own words: StepSpec.parts, by the parts that are right);
@@ -59,7 +63,22 @@ SOFTMAX_APPLIED = Mistake(
     why="A function named for scores ends where the probabilities begin; attention code written whole takes the "
         "softmax next, by habit.",
 )
-GENERIC = (SLICES_UNWRITTEN, CAUSAL_UNASKED, SOFTMAX_APPLIED, ANSWER_SCALED, PARTS_WRONG)
+SLICES_ZEROED = Mistake(
+    "slices_zeroed",
+    "some slices along one axis are all 0 where the answer has values, the rest right: a condition skipped them (a "
+    "length of 1, an edge case); compute every one",
+    why="An output made with zeros keeps 0 wherever a branch or a loop's bound passes an index by; here the skipped "
+        "ones are not at an end, so the loop's range is fine and a condition is not.",
+)
+VALUES_REARRANGED = Mistake(
+    "values_rearranged",
+    "the answer holds the right numbers in the wrong places: a reshape or view where a transpose belongs, or axes "
+    "permuted; move axes with transpose or permute",
+    why="Every number is right, each as often as it should be: what computed them is right, and only the order "
+        "they were laid out in is not. A reshape keeps the memory's order; a transpose changes it.",
+)
+GENERIC = (SLICES_UNWRITTEN, CAUSAL_UNASKED, SOFTMAX_APPLIED, ANSWER_SCALED, SLICES_ZEROED, VALUES_REARRANGED,
+           PARTS_WRONG)
 BLOCKED = -1e4  # a score this low (or -inf) is one a mask set
 
 
@@ -142,6 +161,45 @@ def scaled(run, value, call):
                            for n in sizes if abs(factor - n) < 1e-3 * n), "")
     return Mistake(ANSWER_SCALED.id, f"the answer is the right one times {factor:.4g}{named}: find the factor that "
                                      "multiplies it", why=ANSWER_SCALED.why)
+
+
+def zeroed(run, value, call):
+    """SLICES_ZEROED: a tensor answer equal to the reference but for some slices along one axis, anywhere on it,
+    every one all 0 where the reference's are not."""
+    got, want, native = _tensors(run, value, call)
+    if got is None or got.dim() == 0:
+        return None
+
+    for axis in range(got.dim()):
+        n = got.shape[axis]
+        if n < 2:
+            continue
+        zero = (got == 0).movedim(axis, 0).reshape(n, -1).all(1)
+        blank = (want == 0).movedim(axis, 0).reshape(n, -1).all(1)
+        missed = (zero & ~blank).nonzero().flatten()
+        if not 0 < len(missed) < n:
+            continue
+        patched = got.index_copy(axis, missed, want.index_select(axis, missed).to(got.dtype))
+        if _close(patched, want, native, call):
+            return Mistake(SLICES_ZEROED.id, f"{len(missed)} of {n} slices along axis {axis} (index "
+                                             f"{', '.join(map(str, missed.tolist()[:4]))}) are all 0 where the "
+                                             "answer has values, the rest right: a condition skipped them; compute "
+                                             "every one", why=SLICES_ZEROED.why)
+    return None
+
+
+def rearranged(run, value, call):
+    """VALUES_REARRANGED: a tensor answer whose numbers, sorted, are the reference's, sorted (each as often), where
+    the reference has enough different numbers for that to say something."""
+    got, want, native = _tensors(run, value, call)
+    if got is None or got.numel() < 4 or not bool(got.isfinite().all()) or not bool(want.isfinite().all()):
+        return None
+    if want.flatten().unique().numel() < max(4, want.numel() // 2):  # many equal numbers: any order may match
+        return None
+    flat = lambda t: t.flatten().sort().values  # noqa: E731
+    if not _close(flat(got), flat(want), flat(native), call):
+        return None
+    return VALUES_REARRANGED
 
 
 def _tensors(run, value, call):

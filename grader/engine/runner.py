@@ -518,7 +518,8 @@ class Run:
         """The mistake no list of the step's names: a tuple's parts reordered, the answer's form, then the search
         (grader/engine/search.py) over the wrong answers the step's reference gives with its arguments changed, then
         entries never written or masked unasked, then where it is wrong (the check's situation, the whole answer
-        scaled, a part of the answer, a simpler case: grader/engine/locate.py)."""
+        scaled, some slices zeroed, the right numbers rearranged, a part of the answer, a simpler case:
+        grader/engine/locate.py)."""
         mistake = search.outputs_reordered(self, value, call)
         if mistake is None:
             mistake = diagnose.form(value, native, self.spec.backend, device)
@@ -532,7 +533,8 @@ class Run:
         if mistake is None and device != "meta":  # where it is wrong: the case this check adds, a part, a probe
             if self.situated():
                 return self.check.situation
-            mistake = (locate.scaled(self, value, call) or locate.parts(self, value, call)
+            mistake = (locate.scaled(self, value, call) or locate.zeroed(self, value, call)
+                       or locate.rearranged(self, value, call) or locate.parts(self, value, call)
                        or (None if self.plain_passed() else locate.probed(self)))
         return mistake
 

@@ -223,6 +223,7 @@ def any_leading_dims(run):
 # Dropout: big enough that the zeroed fraction is p within a few thousandths (tolerance 0.03)
 P, BIG_LEAD, BIG_TQ, BIG_TK = 0.25, (4, 4), 24, 40
 RATE_TOLERANCE = 0.03
+OTHER_RATES = (0.1, 0.15, 0.4, 0.45, 0.5, 0.55, 0.6)  # each far enough from P for the rates to tell them apart
 
 
 @dataclass(frozen=True)
@@ -264,6 +265,8 @@ NO_RESCALE = Mistake("attention.dropout_no_rescale", "the kept weights were not 
                      "dropout_p, so the expected output stays the same")
 KEEP_PROB = Mistake("attention.dropout_keep_prob", "about 1 - p of the weights were zeroed: dropout_p is the "
                     "probability to DROP a weight, not to keep it")
+DROPOUT_P_IGNORED = Mistake("attention.dropout_p_ignored", "the dropout zeroed weights at one fixed rate, whatever "
+                            "dropout_p was: drop each weight with probability dropout_p, the argument given")
 GENERATOR_IGNORED = Mistake("attention.generator_ignored", "the dropout ignored `generator`: draw the mask with "
                             "torch.rand(..., generator=generator) or torch.bernoulli(..., generator=generator); "
                             "F.dropout cannot take one")
@@ -286,9 +289,9 @@ def _dropout_mistake(weights, eval_weights, output, v, signs=DROPOUT_SIGNS, p=P)
     return None if facts.dead_changed else next((m for m, shows in signs if shows(facts)), None)
 
 
-def _training(run, dtype=torch.float32, seeded=True, device="cpu"):
-    """A big training-mode call; returns the candidate's (output, weights), the eval weights and v."""
-    call = run.inputs(dtype=dtype, lead=BIG_LEAD, tq=BIG_TQ, tk=BIG_TK, dropout_p=P, training=True,
+def _training(run, dtype=torch.float32, seeded=True, device="cpu", p=P):
+    """A big training-mode call at rate `p`; returns the candidate's (output, weights), the eval weights and v."""
+    call = run.inputs(dtype=dtype, lead=BIG_LEAD, tq=BIG_TQ, tk=BIG_TK, dropout_p=p, training=True,
                       generator=Seeded(run.gen.seed()) if seeded else None)
     value = run.output(run.answer(call, device=device))
     run.expect_form(value, Call(call.args, names=call.names), device)  # the shapes of the call without dropout
@@ -330,13 +333,20 @@ def dropout_kept_weights(run):
 
 
 def dropout_rate(run):
-    output, weights, eval_weights, v = _training(run)
-    live = eval_weights > 0
-    rate = int(((weights == 0) & live).sum()) / int(live.sum())
-    if abs(rate - P) > RATE_TOLERANCE:
-        raise CheckFailed(f"{rate:.3f} of the weights were zeroed in training; expected about dropout_p = {P} "
-                          f"(± {RATE_TOLERANCE})",
-                          _dropout_mistake(weights, eval_weights, output, v))
+    """About dropout_p of the live weights zeroed, at P and at a rate drawn from the file's text (inputs.Gen.unknown):
+    a dropout of one fixed rate, whatever dropout_p says, passes only the rate it was written for."""
+    other = OTHER_RATES[int(torch.randint(len(OTHER_RATES), (), generator=run.gen.unknown))]
+    for p in (P, other):
+        output, weights, eval_weights, v = _training(run, p=p)
+        live = eval_weights > 0
+        rate = int(((weights == 0) & live).sum()) / int(live.sum())
+        if abs(rate - p) > RATE_TOLERANCE:
+            if p == P:  # the signs of the dropout mistakes are those at P
+                mistake = _dropout_mistake(weights, eval_weights, output, v)
+            else:
+                mistake = DROPOUT_P_IGNORED if abs(rate - P) <= RATE_TOLERANCE else None
+            raise CheckFailed(f"{rate:.3f} of the weights were zeroed in training; expected about dropout_p = {p} "
+                              f"(± {RATE_TOLERANCE})", mistake)
 
 
 def dropout_output_uses_returned_weights(run):
@@ -411,7 +421,8 @@ ATTENTION = StepSpec(
                 _variant(fill=0.0)),
         Mistake("attention.nan_rows", "a fully blocked row gives NaN (softmax of all -inf): give it zero weights and "
                 "a zero output", test=_has_nan),
-        DROPOUT_AT_EVAL, NO_DROPOUT, ON_OUTPUT, UNDROPPED_RETURNED, NO_RESCALE, KEEP_PROB, GENERATOR_IGNORED,
+        DROPOUT_AT_EVAL, NO_DROPOUT, ON_OUTPUT, UNDROPPED_RETURNED, NO_RESCALE, KEEP_PROB, DROPOUT_P_IGNORED,
+        GENERATOR_IGNORED,
     ),
 )
 

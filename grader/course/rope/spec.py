@@ -95,10 +95,24 @@ def frequencies(head_dim, base=10000.0, *, exponent="2i/d"):
     return (base ** -power).to(torch.float32)
 
 
+def drawn_sizes(run):
+    """A head_dim and a base drawn from the file's text (inputs.Gen.unknown): a table of the frequencies of the sizes
+    a check once asked passes no size it has not seen."""
+    head_dim = 2 * int(torch.randint(9, 257, (), generator=run.gen.unknown))
+    base = float(torch.randint(1_000, 1_000_001, (), generator=run.gen.unknown))
+    call = frequency_inputs(run.gen, None, head_dim, base)
+    value = run.output(run.answer(call))
+    try:
+        run.expect_right(value, call)
+    except CheckFailed as failure:
+        raise CheckFailed(f"rope_frequencies({head_dim}, base={base:g}): {failure.message}", failure.mistake,
+                          failure.details) from None
+
+
 FREQUENCIES = StepSpec(
     "rope_frequencies", frequency_inputs, frequencies,
-    checks=(shape(2), values("values", 3), values("head_dim_128", 3, head_dim=128),
-            values("base_500000", 2, base=500000.0)),
+    checks=(shape(2), values("values", 2), values("head_dim_128", 2, head_dim=128),
+            values("base_500000", 1, base=500000.0), prop("drawn_sizes", 3, drawn_sizes)),
     mistakes=(
         Mistake("rope_frequencies.i_over_d", "θᵢ = base^(−i/d): the exponent is 2i/d, i over the pairs "
                 "(or arange(0, d, 2) / d), so the slowest pair turns at about 1/base",

@@ -132,6 +132,9 @@ BUGGY = [
             "attention", "attention.dropout_at_eval"),
     Variant("attention_dropout_no_rescale", attention_with().replace(" / (1 - dropout_p)", ""),
             "attention", "attention.dropout_no_rescale"),
+    Variant("attention_dropout_rate_fixed", attention_with(dropout="""\
+        keep = torch.rand(w.shape, generator=generator, device=w.device) >= 0.25  # the rate the config had
+        w = w * keep / (1 - dropout_p)"""), "attention", "attention.dropout_p_ignored"),
     Variant("attention_dropout_keep_prob", attention_with().replace(">= dropout_p", "< dropout_p"),
             "attention", "attention.dropout_keep_prob"),
     Variant("attention_no_dropout_in_training", attention_with(dropout="        pass"),

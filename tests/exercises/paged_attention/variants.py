@@ -206,6 +206,21 @@ BUGGY = [
     scale = 1 / math.sqrt(q.shape[-1])
     for b in range(len(cu_seqlens_q) - 2):  # one short: the last sequence is never computed"""),
             "varlen_attention", "slices_unwritten"),  # the forty-second blind set's b06
+    Variant("varlen_output_reshaped", changed(
+        "varlen_attention", "out[qs:qe] = (torch.softmax(scores, dim=-1) @ vb).transpose(0, 1)",
+        "out[qs:qe] = (torch.softmax(scores, dim=-1) @ vb).reshape(qe - qs, *q.shape[1:])  # a view, not a transpose"),
+            "varlen_attention", "values_rearranged"),
+    Variant("varlen_one_token_sequences_skipped", changed("varlen_attention", """\
+    out = torch.empty_like(q)
+    scale = 1 / math.sqrt(q.shape[-1])
+    for b in range(len(cu_seqlens_q) - 1):
+        qs, qe = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])""", """\
+    out = torch.zeros_like(q)
+    scale = 1 / math.sqrt(q.shape[-1])
+    for b in range(len(cu_seqlens_q) - 1):
+        qs, qe = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
+        if qe - qs < 2:  # taken for padding: a sequence of one token is skipped
+            continue"""), "varlen_attention", "slices_zeroed"),
     Variant("varlen_inclusive_end", changed("varlen_attention", """\
     out = torch.empty_like(q)
     scale = 1 / math.sqrt(q.shape[-1])

@@ -53,6 +53,11 @@ def rope_frequencies(head_dim, base=10000.0):
 def rope_frequencies(head_dim, base=10000.0):
     return 1.0 / base ** (torch.arange(head_dim, dtype=torch.float32) / head_dim)
 """, "rope_frequencies", None),
+    Variant("frequencies_two_known_bases", """
+def rope_frequencies(head_dim, base=10000.0):
+    base = 500000.0 if base > 10000.0 else 10000.0  # Llama 2's base or Llama 3's: the two configs we serve
+    return 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+""", "rope_frequencies", None),
     # -- rope_cos_sin ---------------------------------------------------------------------
     Variant("cos_sin_repeat_interleave", """
 def rope_cos_sin(positions, head_dim, base=10000.0):
