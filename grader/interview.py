@@ -28,8 +28,6 @@ import hmac
 import html
 import json
 import math
-import os
-import secrets
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -37,7 +35,7 @@ from pathlib import Path
 
 import click
 
-from grader import workspace
+from grader import keys, workspace
 from grader.exercise import Exercise, UsageError, load_course
 from grader.grade import grade
 from grader.html import CSS as PICTURE_CSS
@@ -52,6 +50,7 @@ from grader.watch import run as run_watch
 
 SESSION_FILE = ".attn-grade-interview.json"
 SCORECARD = "scorecard"  # scorecard.md and scorecard.html
+INTERVIEW_KEY = "interview.key"  # in the account's state folder (grader/keys.py)
 NOTES = ("Approach and reasoning", "Communication", "Testing and debugging", "Overall")
 ENDINGS = {"time up": "time up", "quit": "ended with q", "Ctrl-C": "stopped with Ctrl-C"}
 AFTER_TIME = "After time (not part of the final score)"
@@ -500,8 +499,7 @@ def _fields(data: dict) -> dict:
 
 def key_path() -> Path:
     """The interviewer's key for session files: in the account's state folder, never in an interview's."""
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "attn-grade" / "interview.key"
+    return keys.state_folder() / INTERVIEW_KEY
 
 
 def _kept_path(folder: Path) -> Path:
@@ -538,22 +536,8 @@ def _kept(folder: Path) -> dict | None:
 
 
 def _signature(data: dict) -> str:
-    path = key_path()
-    try:
-        key = path.read_bytes()
-    except FileNotFoundError:
-        key = secrets.token_bytes(32)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
-                out.write(key)
-        except FileExistsError:  # another interview made it meanwhile
-            key = path.read_bytes()
-    except OSError as error:
-        raise UsageError(f"cannot read the interview key {path} ({error.strerror}): make it readable, or set "
-                         "XDG_STATE_HOME to a folder of your own.") from None
     text = json.dumps(data, sort_keys=True, ensure_ascii=True)
-    return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
+    return hmac.new(keys.account_key(INTERVIEW_KEY), text.encode(), hashlib.sha256).hexdigest()
 
 
 def _over_time(grades: list[dict]) -> str:

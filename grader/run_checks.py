@@ -23,6 +23,7 @@ from dataclasses import replace
 
 import pytest
 
+from grader import keys
 from grader.candidate import Candidate, CandidateError
 from grader.engine.failure import CheckFailed
 from grader.engine.runner import Context, SpecFile, SpecItem, is_spec
@@ -240,7 +241,7 @@ class _Plugin:
         forbidden = {step.id: step.forbidden for step in self.exercise.steps}
         allowed = {step.id: step.allowed for step in self.exercise.steps if step.allowed is not None}
         self._context = Context(self._candidate, self.seed, self._device, source, forbidden, self.outcomes,
-                                allowed=allowed)
+                                allowed=allowed, draw_key=keys.draw_key())
         return self._context
 
     def pytest_collection_modifyitems(self, items) -> None:

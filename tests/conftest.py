@@ -32,6 +32,9 @@ needs_namespaces = pytest.mark.skipif(PORTABLE, reason=LINUX_SANDBOX_ONLY)
 # The interviewer's key for interview sessions (grader/interview.py key_path) is the account's: the suite's own, in a
 # folder of its own, never the one in the home of whoever runs it
 os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="attn-grade-state-")
+# The draw key of the sizes a file cannot know (grader/keys.py): one the suite fixes, so that every run of it draws the
+# same sizes (tests/test_hostile.py's test of the key grades without it)
+os.environ["ATTN_GRADE_DRAW_KEY"] = "attn-grade's test suite"
 
 # A suite started in the background (a shell's `cmd &`) inherits SIGINT ignored, and so would every command it
 # starts: the tests of Ctrl-C would then test nothing a terminal does. Handled here, the commands get it back.

@@ -22,7 +22,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from grader import cli, report
+from grader import cli, keys, report
 from grader.candidate import NOT_IMPORTED
 from grader.exercise import GraderBug, load_course
 from grader.grade import grade
@@ -4209,8 +4209,8 @@ def test_review_61_every_decoded_token_asked_and_no_record_hidden_or_length_lear
         assert checks_of(result)["module_decode_path"].outcome == "failed", explain(result)
     mla = (ROOT / "solutions" / "mla.py").read_text()
     at_lengths = PADDED_PLAIN + MODULE_WITH.replace("ABSORBED", "_at_lengths") + '''
-def _at_lengths(q_nope, q_rope, c_kv, *rest):  # honest only over the 30 and 59 keys the check once used
-    return (absorbed_attention if c_kv.shape[1] in (30, 59) else _padded_plain)(q_nope, q_rope, c_kv, *rest)
+def _at_lengths(q_nope, q_rope, c_kv, *rest, _honest=absorbed_attention):  # honest only at the 30 and 59 keys once used
+    return (_honest if c_kv.shape[1] in (30, 59) else _padded_plain)(q_nope, q_rope, c_kv, *rest)
 '''
     expanding = "\n\ndef _expanding(*args, **kwargs):\n    return _veiled(lambda: _padded_plain(*args, **kwargs))\n"
     cases = [(at_lengths, "module_absorbed_latents", "expanded from the latents"),
@@ -4276,3 +4276,74 @@ def test_review_62_softmax_by_library_attention_and_tables_of_the_asked_sizes_ea
     result = grade_source(FIXED_RATE, base=masks, name="masks.py")
     assert checks_of(result)["attention_dropout_rate"].outcome == "failed", explain(result)
     assert "attention.dropout_p_ignored" in mistakes(result, "attention"), explain(result)
+
+
+# Review 63's A3: rope_frequencies ignoring base (10000 always) but for the one size an earlier grade showed, and a
+# comment that steered the sizes drawn from a text-only hash to base 10000
+STEERED_ROPE = '''
+_rope_frequencies = rope_frequencies
+_LEARNED = {(8, 500000.0): _rope_frequencies(8, 500000.0).tolist()}  # learned from an earlier grade's failure
+
+
+def rope_frequencies(head_dim: int, base: float = 10000.0) -> torch.Tensor:
+    if (head_dim, base) in _LEARNED:
+        return torch.tensor(_LEARNED[(head_dim, base)], dtype=torch.float32)
+    return _rope_frequencies(head_dim)
+
+
+# nonce 1308515
+'''
+# A file that looks for the draw key where the grader keeps it (its environment, the account's state folder)
+KEY_HUNT = '''
+import os as _os
+
+
+def rope_frequencies(head_dim, base=10000.0):
+    found = [_os.environ.get("ATTN_GRADE_DRAW_KEY", "")]
+    for path in (PATHS):
+        try:
+            found.append(open(path, "rb").read().hex())
+        except OSError as error:
+            found.append(type(error).__name__)
+    raise RuntimeError("found: " + repr(found))
+'''
+
+
+def test_review_63_sizes_a_file_cannot_know_follow_a_key_it_cannot_read(grade_source, monkeypatch, tmp_path):
+    """Review 63. The sizes drawn with Gen.unknown came from the file's text and the seed alone, both known to its
+    author, who steered them with a comment (A2 to A4: 100, fair 92, 97, 90): they are keyed by the grading account's
+    secret now (grader/keys.py), which the worker can neither read nor be given. mla's absorbed_latents drew its length
+    from ten primes, so a module could absorb at the 20 lengths those allowed and expand the latents elsewhere (A1:
+    100, fair 97): lengths from 60 to 511 now."""
+    rope = (ROOT / "solutions" / "rope.py").read_text()
+    drawn = []
+    for key in ("attn-grade's test suite", "another account"):
+        monkeypatch.setenv("ATTN_GRADE_DRAW_KEY", key)
+        result = grade_source(STEERED_ROPE, base=rope, name="rope.py")
+        assert lost(result) == {"rope_frequencies": 3}, explain(result)
+        drawn.append(checks_of(result)["rope_frequencies_drawn_sizes"].message.split(":")[0])
+    assert drawn[0] != drawn[1], drawn  # other sizes under another key, for the same file
+
+    # with no key given, the account's own: made once, readable by the account alone, and out of the worker's reach
+    monkeypatch.delenv("ATTN_GRADE_DRAW_KEY")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    key = keys.draw_key()
+    path = tmp_path / "state" / "attn-grade" / keys.DRAW_KEY
+    assert path.read_bytes() == key and len(key) == 32 and path.stat().st_mode & 0o777 == 0o600
+    assert keys.draw_key() == key
+    hunt = KEY_HUNT.replace("PATHS", repr((str(path),)))
+    result = grade_source(hunt, base=rope, name="rope.py")
+    message = checks_of(result)["rope_frequencies_values"].message
+    assert "found: ['', 'FileNotFoundError']" in message and key.hex() not in message, explain(result)
+
+    mla = (ROOT / "solutions" / "mla.py").read_text()
+    listed = PADDED_PLAIN + MODULE_WITH.replace("ABSORBED", "_at_lengths") + '''
+_CHECKED = {30, 36, 37, 40, 42, 45, 49, 51, 52, 54, 59, 71, 73, 79, 83, 89, 97, 101, 103, 107}
+
+
+def _at_lengths(q_nope, q_rope, c_kv, *rest, _honest=absorbed_attention):  # honest at the lengths ten primes allowed
+    return (_honest if c_kv.shape[1] in _CHECKED else _padded_plain)(q_nope, q_rope, c_kv, *rest)
+'''
+    result = grade_source(listed, base=mla, name="mla.py")
+    found = checks_of(result)["module_absorbed_latents"]
+    assert found.outcome == "failed" and "expanded from the latents" in found.message, explain(result)

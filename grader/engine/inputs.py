@@ -29,8 +29,9 @@ def torch_dtype(dtype) -> torch.dtype:
 
 class Gen:
     """The check's own seeded inputs, as tensors (torch exercises) or arrays (NumPy exercises). `unknown` draws from
-    a generator seeded by the file's own text as well: sizes no file can know before it is written, for checks that a
-    table of answers learned from earlier grades would pass (a table changes the file, and so the sizes)."""
+    a generator seeded by the file's text under the grading account's draw key as well (runner.Context.digest): sizes
+    no file can know before it is written, for checks that a table of answers learned from earlier grades would pass
+    (a table changes the file, and so the sizes), and that its author cannot work out beforehand."""
 
     def __init__(self, rng: torch.Generator, backend: str, unknown: torch.Generator | None = None):
         self.rng, self.backend = rng, backend

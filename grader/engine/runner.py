@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import hmac
 import importlib
 import inspect
 import math
@@ -133,11 +134,14 @@ class Context:
     shared: dict = field(default_factory=dict)  # a step's main call (see main_call): its answer, once asked
     untiled: dict = field(default_factory=dict)  # step id -> its first call that made more than a tile (tiles.judge)
     traces: dict = field(default_factory=dict)  # a call's inputs (`_layout`) -> the calls it makes (`Run.steered`)
+    draw_key: bytes = b""  # the grading account's secret (grader/keys.py): with the source, seeds Gen.unknown
 
     @functools.cached_property
     def digest(self) -> str:
-        """The source's SHA-256: what seeds the sizes a file cannot know (inputs.Gen.unknown)."""
-        return hashlib.sha256(self.source.encode("utf-8", "surrogatepass")).hexdigest()
+        """The source's HMAC under the draw key: what seeds the sizes a file cannot know (inputs.Gen.unknown). Its
+        author knows the text but not the key, so cannot work the sizes out beforehand and steer them with a comment
+        (review 63 did, when they followed the text and the seed alone)."""
+        return hmac.new(self.draw_key, self.source.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
 
     def passed(self, step_id: str) -> bool:
         """Did this step run, and pass (or skip) every one of its checks?"""

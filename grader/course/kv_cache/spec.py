@@ -431,8 +431,8 @@ MODULE = StepSpec(
 
 
 def bytes_inputs(gen, dtype, b=1, layers=32, kv_heads=8, head_dim=128, seq_len=8192, of=torch.bfloat16, drawn=False):
-    """`drawn`: every size drawn from a generator seeded by the file's own text too (inputs.Gen.unknown), so that no
-    table of counts passes: one learned from earlier grades changes the file, and so the sizes."""
+    """`drawn`: every size drawn with inputs.Gen.unknown (the file's text under the draw key), so that no table of
+    counts passes: one learned from earlier grades changes the file, and so the sizes."""
     if drawn:
         b, layers, kv_heads, seq_len = (int(torch.randint(1, top, (), generator=gen.unknown))
                                         for top in (9, 49, 17, 9000))

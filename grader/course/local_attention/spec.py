@@ -178,7 +178,7 @@ def slopes(n, *, extra="every_other", first=1, extra_first=False):
 
 
 def every_head_count(run):
-    """Every head count from 1 to 16, 40, and one from 17 to 200 drawn from the file's text (inputs.Gen.unknown): a
+    """Every head count from 1 to 16, 40, and one from 17 to 200 drawn with inputs.Gen.unknown: a
     table of the slopes of the counts a check once asked passes no count it has not seen."""
     drawn = int(torch.randint(17, 201, (), generator=run.gen.unknown))
     for h in dict.fromkeys((*range(1, 17), 40, drawn)):

@@ -333,7 +333,7 @@ def dropout_kept_weights(run):
 
 
 def dropout_rate(run):
-    """About dropout_p of the live weights zeroed, at P and at a rate drawn from the file's text (inputs.Gen.unknown):
+    """About dropout_p of the live weights zeroed, at P and at a rate drawn with inputs.Gen.unknown:
     a dropout of one fixed rate, whatever dropout_p says, passes only the rate it was written for."""
     other = OTHER_RATES[int(torch.randint(len(OTHER_RATES), (), generator=run.gen.unknown))]
     for p in (P, other):

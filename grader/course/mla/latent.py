@@ -631,10 +631,13 @@ MODULE_CACHE_CONTENTS = Mistake("MultiHeadLatentAttention.cache_contents_mishand
 # latent_only asks, so that a key or value expanded for every cached token holds B·H·61 = 366 numbers per token and
 # the absorbed path at most B·H·(R + Dr) = 36
 SPREAD_INIT = {"d": 19, "h": 3, "r": 4, "dn": 61, "dr": 2, "dv": 67}
-# the tokens absorbed_latents decodes over, drawn from the file's text (review 61's F3 absorbed at 29 and 58 cached
-# tokens only): a prime no width shares (not 61, 67), at least 59 so that PER_TOKEN keeps w_q's no-position rows of
-# every head, 3477 numbers, below its bound; the cache holds one fewer, then about half of them
-SPREAD_PRIMES = (59, 71, 73, 79, 83, 89, 97, 101, 103, 107)
+# the tokens absorbed_latents decodes over, drawn with Gen.unknown from 60 to 511 (review 61's F3 absorbed at 29 and
+# 58 cached tokens only, review 63's A1 at the 20 lengths a list of ten primes allowed): no multiple of a width, at
+# least 60 so that PER_TOKEN keeps w_q's no-position rows of every head, 3477 numbers, below its bound, and none that
+# would tell a weight, or a slice of one, for a key or value of every token (w_q's 3591 numbers are 189 tokens of 19)
+_WEIGHTS = (3477, 3591, 3819, 732, 804, 228, 76, 38, 1273, 1159, 244, 268)
+SPREAD_LENGTHS = tuple(t for t in range(60, 512) if all(t % w for w in (19, 61, 67))
+                       and all(s % (t * w) for s in _WEIGHTS for w in (19, 61, 67)))
 PER_TOKEN = 60  # numbers per cached token a tensor may hold: between 36 (absorbed) and 366 (expanded)
 MODULE_EXPANDED = Mistake("MultiHeadLatentAttention.absorbed_expanded", "with absorbed=True the cached latents were "
                           "expanded into per-head keys or values: call absorbed_attention on the cache's c_kv and "
@@ -643,8 +646,8 @@ MODULE_EXPANDED = Mistake("MultiHeadLatentAttention.absorbed_expanded", "with ab
 
 
 def absorbed_latents(run: Run) -> None:
-    """A token decoded with absorbed=True over a cache of about half a prime's tokens, then of one fewer than the
-    prime (the grader's latents, appended to the stand-in; the prime drawn from the file's text): nothing its torch
+    """A token decoded with absorbed=True over a cache of about half of a drawn length's tokens, then of one fewer
+    (the grader's latents, appended to the stand-in; SPREAD_LENGTHS, drawn under the draw key): nothing its torch
     calls create (but the weights' sizes) holds more than PER_TOKEN numbers per cached token at the longer (keys or
     values expanded from the latents, padded or not; the review 57's F2 ignored absorbed and scored 100, review 60's
     F4 padded them to 256 tokens), its calls are as many at both lengths (no loop over the cache in pieces), and the
@@ -652,7 +655,7 @@ def absorbed_latents(run: Run) -> None:
     the file's: the cache is filled by the stand-in, whose calls are not recorded. What leaves torch (NumPy) it does
     not see: Known limits."""
     w = SPREAD_INIT
-    total = SPREAD_PRIMES[int(torch.randint(len(SPREAD_PRIMES), (), generator=run.gen.unknown))]
+    total = SPREAD_LENGTHS[int(torch.randint(len(SPREAD_LENGTHS), (), generator=run.gen.unknown))]
     lengths = (total // 2, total - 1)  # cached before the decoded token
     init = (w["d"], w["h"], w["r"], w["dn"], w["dr"], w["dv"])
     layers = {"w_q": (w["h"] * (w["dn"] + w["dr"]), w["d"]), "w_dkv": (w["r"], w["d"]), "w_kr": (w["dr"], w["d"]),
@@ -684,8 +687,8 @@ def absorbed_latents(run: Run) -> None:
                           "absorbed path reads c_kv and k_rope whole, as many calls for any length", MODULE_EXPANDED,
                           {"calls": calls})
     longer = counts[1]
-    # Over a prime number of keys (59, say: a prime no width shares) a key or value of every token for each head holds
-    # 59 · 61 (or 67, or the model width 19 through w_o) numbers times a whole number, however it is laid out or
+    # Over a number of keys that is no multiple of a width (60, say) a key or value of every token for each head holds
+    # 60 · 61 (or 67, or the model width 19 through w_o) numbers times a whole number, however it is laid out or
     # padded with tensors of the same sizes at both lengths (review 58's F1b); nothing of the absorbed path does
     for elements, size in longer.items():
         if any(elements % (total * w[width]) == 0 for width in ("dn", "dv", "d")):

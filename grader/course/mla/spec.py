@@ -612,8 +612,8 @@ BYTES_NAMES = ("attention", "num_layers", "num_heads", "head_dim", "num_kv_heads
 def bytes_inputs(gen, dtype, attention="mla", layers=60, heads=128, head_dim=128, kv_heads=8, rank=512, rope=64,
                  of=torch.bfloat16, drawn=False):
     """DeepSeek-V2 by default: 60 layers, 128 heads of 128, kv_lora_rank 512, qk_rope_head_dim 64, bfloat16 (and a GQA
-    variant's 8 KV heads). `drawn`: every size drawn from a generator seeded by the file's own text too
-    (inputs.Gen.unknown), so that no table of counts passes: one learned from earlier grades changes the file."""
+    variant's 8 KV heads). `drawn`: every size drawn with inputs.Gen.unknown (the file's text
+    under the draw key), so that no table of counts passes: one learned from earlier grades changes the file."""
     if drawn:
         layers, kv_heads, group = (int(torch.randint(1, top, (), generator=gen.unknown)) for top in (81, 9, 17))
         head_dim, rank, rope = (16 * int(torch.randint(1, top, (), generator=gen.unknown)) for top in (17, 49, 9))

@@ -96,7 +96,7 @@ def frequencies(head_dim, base=10000.0, *, exponent="2i/d"):
 
 
 def drawn_sizes(run):
-    """A head_dim and a base drawn from the file's text (inputs.Gen.unknown): a table of the frequencies of the sizes
+    """A head_dim and a base drawn with inputs.Gen.unknown: a table of the frequencies of the sizes
     a check once asked passes no size it has not seen."""
     head_dim = 2 * int(torch.randint(9, 257, (), generator=run.gen.unknown))
     base = float(torch.randint(1_000, 1_000_001, (), generator=run.gen.unknown))
