@@ -365,11 +365,19 @@ AB_SQUARE = Mistake("attention_backward.square_mishandled", "right for Tq ≠ Tk
 def largest(call: Call) -> int:
     """The most elements a gradient step's tensor may hold: twice a score matrix as wide as the widest head for every
     batch and head (a broadcast product, q[..., :, None, :] * k[..., None, :, :], is that large), or twice the largest
-    input. A gradient differentiated numerically, every direction at once, holds one answer per input element."""
+    input, each with the lengths padded to whole blocks where the call has blocks (blind set 50's c04 padded its
+    inputs to blocks of 64 and held one more). A gradient differentiated numerically, every direction at once, holds
+    one answer per input element."""
     q, k, v = call.args[:3]
     lead, width = math.prod(q.shape[:-2]), max(q.shape[-1], v.shape[-1])
+    tq, tk = (_padded(n, call.kwargs.get(block)) for n, block in ((q.shape[-2], "block_q"), (k.shape[-2], "block_k")))
+    grown = max(tq / q.shape[-2], tk / k.shape[-2])
     inputs = max(x.numel() for x in call.args if isinstance(x, torch.Tensor))
-    return 2 * max(lead * q.shape[-2] * k.shape[-2] * width, inputs)
+    return 2 * max(lead * tq * tk * width, math.ceil(inputs * grown))
+
+
+def _padded(length: int, block) -> int:
+    return -(-length // block) * block if isinstance(block, int) and block > 0 else length
 
 
 ATTENTION = StepSpec(

@@ -538,6 +538,16 @@ def _padded_forward(ctx, q, k, v, causal=False, block_q=32, block_k=32):
 
 FlashAttentionFunction.forward = staticmethod(_padded_forward)
 """),
+    # every tile whole, the edge ones padded (blind set 50's c04): a block_q × block_k tile per batch and head, larger
+    # than the whole score matrix where the blocks are larger than the sequences (spec.largest pads the lengths too)
+    Variant("fb_whole_tiles_padded_at_the_edges", flash(mask="""\
+            tile = qb.new_full((*qb.shape[:-2], block_q, block_k), -math.inf)  # whole, the edge ones padded
+            tile[..., :qb.shape[-2], :kb.shape[-2]] = scores
+            scores = tile[..., :qb.shape[-2], :kb.shape[-2]]
+            if causal:
+                rows = torch.arange(offset + i, offset + i + qb.shape[-2], device=q.device)[:, None]
+                cols = torch.arange(j, j + kb.shape[-2], device=q.device)[None, :]
+                scores = scores.masked_fill(cols > rows, -math.inf)""")),
     Variant("self_test_that_names_the_runner", """
 if __name__ == "__main__":  # the tenth hostile review's f01: a self-test never run when graded
     q, k, v, g = (torch.randn(1, 2, 5, 4) for _ in range(4))
