@@ -265,7 +265,8 @@ class _Plugin:
         # even one it never names. Whether a step passed depends on its rules check too, on the whole file, and is
         # known only once it ran: such a check is looked up when its turn comes (`pytest_runtest_protocol`).
         parts = [""] if _reads_whole_file(item.check) else [item.step.id, *item.step.answered]
-        item.cache_key = (item.name, "\0".join(keys[part] for part in parts), self.seed, self._device)
+        item.cache_key = (item.name, "\0".join(keys[part] for part in parts), self.seed, self._device,
+                          hashlib.sha256(self._context.draw_key).hexdigest())  # the sizes drawn under it too
         if parts != [""] and item.step.answered and not item.check.end_to_end:
             item.answered_from_cache = True
             return False
