@@ -199,7 +199,9 @@ class MultiHeadLatentAttention(nn.Module):
     With a cache (a LatentCache), append this call's c_kv and k_rope (from compress_kv) and
     attend over every cached position, causally (new token i sees keys 0 … past_len + i).
     absorbed=False: expand_kv, mla_scores, softmax, @ v, heads merged, w_o.
-    absorbed=True: absorbed_attention over the latents. Both give the same output.
+    absorbed=True: absorbed_attention over the latents. Both give the same output; with
+    absorbed=True nothing the call builds grows faster than the cache (the mask is the new
+    tokens' rows, (T, past_len + T), never one over every position).
 
     The contract, checked: a prefill of any length followed by any mix of one-token and
     several-token calls gives each token the output of one causal call over the whole

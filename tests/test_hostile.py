@@ -4347,3 +4347,121 @@ def _at_lengths(q_nope, q_rope, c_kv, *rest, _honest=absorbed_attention):  # hon
     result = grade_source(listed, base=mla, name="mla.py")
     found = checks_of(result)["module_absorbed_latents"]
     assert found.outcome == "failed" and "expanded from the latents" in found.message, explain(result)
+
+
+# Review 64's mla modules: the plain path in absorbed_attention's place (every cached latent expanded), taken only
+# where absorbed_latents would not look: at any width but its fixed Dn (F1), with any cache but the stand-in (F2);
+# and an expansion hidden in (Tk, Tk) squares, as large as the mask that check let be (F4)
+EXPANDING = """
+def _plain(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
+    # the plain path in absorbed's place: every cached latent expanded into per-head keys and values
+    H, Dn, Dr = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1]
+    B, Tq, Tk = q_nope.shape[0], q_nope.shape[2], c_kv.shape[1]
+    k_nope = (c_kv @ w_uk.T).view(B, Tk, H, Dn).transpose(1, 2)
+    v = (c_kv @ w_uv.T).view(B, Tk, H, -1).transpose(1, 2)
+    scores = (q_nope @ k_nope.transpose(-2, -1) + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)) / math.sqrt(Dn + Dr)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ v
+    return out.transpose(1, 2).reshape(B, Tq, -1) @ w_o.T
+"""
+AT_WIDTHS = """
+def _at_widths(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, *rest, _honest=absorbed_attention):
+    # absorbed_latents always builds its module with Dn=61 (and Dv=67): absorb there, expand everywhere else
+    return (_honest if q_nope.shape[-1] == 61 else _plain)(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, *rest)
+
+_forward = MultiHeadLatentAttention.forward
+
+
+def _forward_with(self, x, cache=None, absorbed=False):
+    global absorbed_attention
+    honest, absorbed_attention = absorbed_attention, _at_widths
+    try:
+        return _forward(self, x, cache, absorbed)
+    finally:
+        absorbed_attention = honest
+
+
+MultiHeadLatentAttention.forward = _forward_with
+"""
+OWN_CACHE_ONLY = """
+_forward = MultiHeadLatentAttention.forward
+_OwnCache = LatentCache
+
+
+def _forward_switch(self, x, cache=None, absorbed=False):
+    # a cache not of this file's class is the grader's stand-in: absorbed_latents builds its cache so, while the other
+    # module checks hand it this file's own LatentCache (it passed its checks). Absorb there, expand elsewhere.
+    global absorbed_attention
+    if cache is None or type(cache) is not _OwnCache:
+        return _forward(self, x, cache, absorbed)
+    honest, absorbed_attention = absorbed_attention, _plain
+    try:
+        return _forward(self, x, cache, absorbed)
+    finally:
+        absorbed_attention = honest
+
+
+MultiHeadLatentAttention.forward = _forward_switch
+"""
+IN_SQUARES = """
+def _square(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
+    # every head's keys and values of every cached token, expanded 30 columns at a time into (Tk, Tk) squares
+    H, Dn, Dr = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1]
+    B, Tq, Tk, R = q_nope.shape[0], q_nope.shape[2], c_kv.shape[1], c_kv.shape[-1]
+    Dv = w_uv.shape[0] // H
+    C = 30
+    if Tk < C:
+        return _plain(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask)
+    F = torch.nn.functional
+    wk, wv = w_uk.view(H, Dn, R), w_uv.view(H, Dv, R)
+    outs = []
+    for b in range(B):
+        heads = []
+        for h in range(H):
+            scores = q_rope[b, h] @ k_rope[b].T  # (Tq, Tk)
+            for j in range(0, Dn, C):
+                w = wk[h, j:j + C]
+                K = c_kv[b] @ F.pad(w, (0, 0, 0, Tk - w.shape[0])).T  # (Tk, Tk): keys j..j+C of every token
+                scores = scores + F.pad(q_nope[b, h, :, j:j + C], (0, Tk - w.shape[0])) @ K.T
+            scores = scores / math.sqrt(Dn + Dr)
+            if mask is not None:
+                scores = scores.masked_fill(~mask.expand(B, H, Tq, Tk)[b, h], float("-inf"))
+            p = torch.softmax(scores, dim=-1)
+            parts = []
+            for j in range(0, Dv, C):
+                w = wv[h, j:j + C]
+                V = c_kv[b] @ F.pad(w, (0, 0, 0, Tk - w.shape[0])).T  # (Tk, Tk): values j..j+C of every token
+                parts.append((p @ V)[:, :w.shape[0]])
+            heads.append(torch.cat(parts, dim=-1))
+        outs.append(torch.cat(heads, dim=-1))
+    return torch.stack(outs) @ w_o.T
+
+_forward = MultiHeadLatentAttention.forward
+
+
+def _forward_with(self, x, cache=None, absorbed=False):
+    global absorbed_attention
+    honest, absorbed_attention = absorbed_attention, _square
+    try:
+        return _forward(self, x, cache, absorbed)
+    finally:
+        absorbed_attention = honest
+
+
+MultiHeadLatentAttention.forward = _forward_with
+"""
+
+
+def test_review_64_absorbed_latents_looks_like_any_check_and_lets_no_square_be(grade_source):
+    """Review 64. absorbed_latents built its module at fixed widths (Dn 61) and always with the grader's stand-in
+    cache, so a module could absorb there only and expand the latents everywhere else (F1, F2: 100, fair 97): the widths
+    are drawn with Gen.unknown, and the cache is the file's own once LatentCache passed. It let a (T, T) tensor be, as a
+    causal mask over every position (blind set 50's c08), and an expansion hid in such squares (F4: 100, fair 97): a
+    square is judged as any tensor, and named as the mask it may be."""
+    mla = (ROOT / "solutions" / "mla.py").read_text()
+    for override, named in [(EXPANDING + AT_WIDTHS, "absorbed_expanded"), (EXPANDING + OWN_CACHE_ONLY,
+                            "absorbed_expanded"), (EXPANDING + IN_SQUARES, "decode_mask_whole")]:
+        result = grade_source(override, base=mla, name="mla.py")
+        assert lost(result) == {"MultiHeadLatentAttention": 3}, explain(result)
+        assert f"MultiHeadLatentAttention.{named}" in mistakes(result, "MultiHeadLatentAttention"), explain(result)

@@ -631,13 +631,6 @@ MODULE_CACHE_CONTENTS = Mistake("MultiHeadLatentAttention.cache_contents_mishand
 # latent_only asks, so that a key or value expanded for every cached token holds B·H·61 = 366 numbers per token and
 # the absorbed path at most B·H·(R + Dr) = 36
 SPREAD_INIT = {"d": 19, "h": 3, "r": 4, "dn": 61, "dr": 2, "dv": 67}
-# the tokens absorbed_latents decodes over, drawn with Gen.unknown from 60 to 511 (review 61's F3 absorbed at 29 and
-# 58 cached tokens only, review 63's A1 at the 20 lengths a list of ten primes allowed): no multiple of a width, at
-# least 60 so that PER_TOKEN keeps w_q's no-position rows of every head, 3477 numbers, below its bound, and none that
-# would tell a weight, or a slice of one, for a key or value of every token (w_q's 3591 numbers are 189 tokens of 19)
-_WEIGHTS = (3477, 3591, 3819, 732, 804, 228, 76, 38, 1273, 1159, 244, 268)
-SPREAD_LENGTHS = tuple(t for t in range(60, 512) if all(t % w for w in (19, 61, 67))
-                       and all(s % (t * w) for s in _WEIGHTS for w in (19, 61, 67)))
 PER_TOKEN = 60  # numbers per cached token a tensor may hold: between 36 (absorbed) and 366 (expanded)
 MODULE_EXPANDED = Mistake("MultiHeadLatentAttention.absorbed_expanded", "with absorbed=True the cached latents were "
                           "expanded into per-head keys or values: call absorbed_attention on the cache's c_kv and "
@@ -645,29 +638,64 @@ MODULE_EXPANDED = Mistake("MultiHeadLatentAttention.absorbed_expanded", "with ab
                                         "expansion, H·(Dn + Dv) numbers per cached token at every decoded token.")
 
 
+MODULE_MASK_WHOLE = Mistake("MultiHeadLatentAttention.decode_mask_whole", "with absorbed=True a causal mask over "
+                            "every position, (T, T), was built to decode: build only the new tokens' rows, (T_new, "
+                            "past_len + T_new)", why="Decoding one token over T cached ones reads T latents; a mask "
+                                                     "over every position holds T² flags, more than the cache itself.")
+# absorbed_latents' model, drawn under the draw key (review 64's F1 knew the check by its fixed widths): heads wide and
+# latents narrow, so that one batch's key or value of one head holds Dn (or Dv) numbers per cached token, past the
+# bound, min(Dn, Dv) - 1, while the absorbed path holds at most B·H·(R + Dr) <= 56 (B 2, H up to 4, R up to 5, Dr 2)
+SPREAD_HEADS, SPREAD_RANKS, SPREAD_NOPE, SPREAD_MODEL = (2, 3, 4), (3, 4, 5), (59, 61, 67, 71, 73, 79), (17, 19, 23)
+
+
+def _pick(run: Run, options):
+    return options[int(torch.randint(len(options), (), generator=run.gen.unknown))]
+
+
+def spread_model(run: Run) -> tuple[dict, int]:
+    """The widths and the cache length absorbed_latents asks at, drawn with Gen.unknown. The length is no multiple of
+    a width, long enough that every slice of a weight holds fewer than the bound's numbers per cached token, and none
+    at which a weight or a slice of one holds a key or value of every token, by its count (w_q's 3591 numbers at H 3,
+    Dn 61, D 19 are 189 tokens of 19)."""
+    dn = _pick(run, SPREAD_NOPE)
+    w = {"d": _pick(run, SPREAD_MODEL), "h": _pick(run, SPREAD_HEADS), "r": _pick(run, SPREAD_RANKS), "dn": dn,
+         "dr": 2, "dv": _pick(run, tuple(n for n in SPREAD_NOPE if n != dn))}
+    h, d, widths = w["h"], w["d"], (w["dn"], w["dv"], w["d"])
+    slices = {h * (w["dn"] + w["dr"]) * d, h * w["dn"] * d, w["dn"] * d, h * w["dv"] * d, w["dv"] * d,
+              h * w["dn"] * w["r"], w["dn"] * w["r"], h * w["dv"] * w["r"], w["dv"] * w["r"], d * h * w["r"],
+              w["r"] * d, w["dr"] * d}
+    bound = min(w["dn"], w["dv"]) - 1
+    shortest = max(slices) // bound + 2
+    lengths = [t for t in range(shortest, 512) if all(t % n for n in widths)
+               and all(size % (t * n) for size in slices for n in widths)]
+    return w, _pick(run, tuple(lengths))
+
+
 def absorbed_latents(run: Run) -> None:
-    """A token decoded with absorbed=True over a cache of about half of a drawn length's tokens, then of one fewer
-    (the grader's latents, appended to the stand-in; SPREAD_LENGTHS, drawn under the draw key): nothing its torch
-    calls create (but the weights' sizes) holds more than PER_TOKEN numbers per cached token at the longer (keys or
-    values expanded from the latents, padded or not; the review 57's F2 ignored absorbed and scored 100, review 60's
-    F4 padded them to 256 tokens), its calls are as many at both lengths (no loop over the cache in pieces), and the
-    record is whole (review 61's F5 expanded inside a tensor subclass's __torch_function__). Only the decode call is
-    the file's: the cache is filled by the stand-in, whose calls are not recorded. What leaves torch (NumPy) it does
-    not see: Known limits."""
-    w = SPREAD_INIT
-    total = SPREAD_LENGTHS[int(torch.randint(len(SPREAD_LENGTHS), (), generator=run.gen.unknown))]
+    """A token decoded with absorbed=True over a cache of about half of a drawn length's tokens, then of one fewer,
+    by a model of drawn widths (spread_model; the cache the file's own once LatentCache passed, the stand-in before,
+    so that its class tells no check from another: review 64's F2): nothing its torch calls create (but the weights'
+    sizes) holds more than min(Dn, Dv) - 1 numbers per cached token at the longer (keys or values expanded from the
+    latents, padded or not; the review 57's F2 ignored absorbed and scored 100, review 60's F4 padded them to 256
+    tokens; a mask over every position is no smaller: review 64's F4 hid an expansion in squares as large), its calls
+    are as many at both lengths (no loop over the cache in pieces), and the record is whole (review 61's F5 expanded
+    inside a tensor subclass's __torch_function__). What leaves torch (NumPy) it does not see: Known limits."""
+    w, total = spread_model(run)
     lengths = (total // 2, total - 1)  # cached before the decoded token
+    per_token = min(w["dn"], w["dv"]) - 1
     init = (w["d"], w["h"], w["r"], w["dn"], w["dr"], w["dv"])
+    model = f"H={w['h']}, Dn={w['dn']}, Dv={w['dv']}, R={w['r']}, Dr={w['dr']}"
     layers = {"w_q": (w["h"] * (w["dn"] + w["dr"]), w["d"]), "w_dkv": (w["r"], w["d"]), "w_kr": (w["dr"], w["d"]),
               "w_uk": (w["h"] * w["dn"], w["r"]), "w_uv": (w["h"] * w["dv"], w["r"]), "w_o": (w["d"], w["h"] * w["dv"])}
     gen = run.gen
     state = {f"{name}.weight": torch.as_tensor(gen.randn(*size, scale=size[1] ** -0.5))
              for name, size in layers.items()}
+    own = run.ctx.passed("LatentCache")
     counts, calls = [], []
     for cached in lengths:
         script = Script()
         module = script.build("MultiHeadLatentAttention", *init, state=state)
-        cache = script.build("LatentCache", B, total, w["r"], w["dr"], stand_in=True)
+        cache = script.build("LatentCache", B, total, w["r"], w["dr"], stand_in=not own)
         script.call(cache, "append", torch.as_tensor(gen.randn(B, cached, w["r"])),
                     torch.as_tensor(gen.randn(B, cached, w["dr"])), names=APPEND)
         script.call(module, "__call__", torch.as_tensor(gen.randn(B, 1, w["d"])), names=X, refs={"cache": cache},
@@ -687,27 +715,25 @@ def absorbed_latents(run: Run) -> None:
                           "absorbed path reads c_kv and k_rope whole, as many calls for any length", MODULE_EXPANDED,
                           {"calls": calls})
     longer = counts[1]
-    # Over a number of keys that is no multiple of a width (60, say) a key or value of every token for each head holds
-    # 60 · 61 (or 67, or the model width 19 through w_o) numbers times a whole number, however it is laid out or
-    # padded with tensors of the same sizes at both lengths (review 58's F1b); nothing of the absorbed path does
+    # Over a number of keys that is no multiple of a width a key or value of every token for each head holds that
+    # number times Dn (or Dv, or the model width through w_o) times a whole number, however it is laid out or padded
+    # with tensors of the same sizes at both lengths (review 58's F1b); nothing of the absorbed path does
     for elements, size in longer:
         if any(elements % (total * w[width]) == 0 for width in ("dn", "dv", "d")):
-            raise CheckFailed(f"one token decoded with absorbed=True over {lengths[1]} cached tokens (H=3, "
-                              f"Dn=61, Dv=67, R=4, Dr=2): a tensor of shape {tuple(size)} was created, a per-head key "
-                              "or value of every token: keys or values expanded from the latents", MODULE_EXPANDED,
-                              {"shape": list(size)})
-    weights = {math.prod(size) for size in layers.values()}  # w_o and its views (folded with w_uv) hold 3819
-    # a causal mask over every key, (T, T) sliced to the last row, is wasteful but no expansion (blind set 50's c08)
-    def mask(size) -> bool:
-        return len(size) >= 2 and math.prod(size[:-2]) == 1 and size[-1] == size[-2] in (lengths[1], total)
-
+            raise CheckFailed(f"one token decoded with absorbed=True over {lengths[1]} cached tokens ({model}): a "
+                              f"tensor of shape {tuple(size)} was created, a per-head key or value of every token: "
+                              "keys or values expanded from the latents", MODULE_EXPANDED, {"shape": list(size)})
+    weights = {math.prod(size) for size in layers.values()}  # w_o and its views (folded with w_uv) hold as many
     for elements, size in longer:  # padded to a constant length too (review 60's F4: 256 tokens)
-        if elements not in weights and elements > PER_TOKEN * lengths[1] and not mask(size):
-            raise CheckFailed(f"one token decoded with absorbed=True over {lengths[1]} cached tokens (H=3, "
-                              f"Dn=61, Dv=67, R=4, Dr=2): a tensor of shape {tuple(size)} was created, "
-                              f"{elements / lengths[1]:.0f} numbers per cached token (the latent and the RoPE "
-                              f"key hold {2 * 3 * 6} over every head): keys or values expanded from the latents",
-                              MODULE_EXPANDED, {"shape": list(size)})
+        if elements not in weights and elements > per_token * lengths[1]:
+            square = len(size) >= 2 and math.prod(size[:-2]) == 1 and size[-1] == size[-2] in (lengths[1], total)
+            said = ("a mask over every position, or keys or values expanded into squares" if square else
+                    "keys or values expanded from the latents")
+            raise CheckFailed(f"one token decoded with absorbed=True over {lengths[1]} cached tokens ({model}): a "
+                              f"tensor of shape {tuple(size)} was created, {elements / lengths[1]:.0f} numbers per "
+                              f"cached token (the latent and the RoPE key hold {B * w['h'] * (w['r'] + w['dr'])} "
+                              f"over every head): {said}", MODULE_MASK_WHOLE if square else MODULE_EXPANDED,
+                              {"shape": list(size)})
 
 
 MODULE_CALLS = ("compress_kv", "expand_kv", "mla_scores", "absorbed_attention")
@@ -732,8 +758,8 @@ MODULE = StepSpec(
         prop("device", 1, lambda run: ModuleScript(run, device=run.ctx.device).expect_right(), gated=ON_META),
         prop("end_to_end", 2, module_end_to_end, end_to_end=True),
     ),
-    mistakes=(MODULE_EXPANDED, TOP_LEFT_MASK, POSITIONS_FROM_ZERO, QUERY_AFTER_APPEND, ROPE_ON_WHOLE_QUERY,
-              QUERY_UNROTATED, QUERY_SPLIT_SWAPPED, QUERY_SPLIT_ACROSS_HEADS,
+    mistakes=(MODULE_EXPANDED, MODULE_MASK_WHOLE, TOP_LEFT_MASK, POSITIONS_FROM_ZERO, QUERY_AFTER_APPEND,
+              ROPE_ON_WHOLE_QUERY, QUERY_UNROTATED, QUERY_SPLIT_SWAPPED, QUERY_SPLIT_ACROSS_HEADS,
               MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, ABSORBED_UNMASKED, CHUNK_UNMASKED, CACHE_IGNORED,
               CACHED_FULL_KEYS,
               PER_HEAD_ROPE_KEY, CACHED_UNROTATED_KEY, ROPE_BEFORE_HEADS_MOVED, CACHE_NOT_READ, STATE_ACROSS_CALLS),

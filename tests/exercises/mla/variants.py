@@ -515,6 +515,13 @@ class LatentCache(LatentCache):
         self.length = end
         return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "LatentCache.fitting_append_refused"),
     # -- MultiHeadLatentAttention -------------------------------------------------------------
+    # every position's causal mask made whole and the new tokens' rows taken (blind set 50's c08): T² flags to decode
+    # one token; not let be, since review 64's F4 hid an expansion in squares as large
+    Variant("module_mask_sliced_from_a_full_square", forward_with(
+        "        mask = torch.ones(T, past_len + T, dtype=torch.bool, device=x.device).tril(diagonal=past_len)\n",
+        "        full = torch.ones(past_len + T, past_len + T, dtype=torch.bool, device=x.device).tril()\n"
+        "        mask = full[past_len:]  # the new tokens' rows: (T, past_len + T)\n"),
+        "MultiHeadLatentAttention", "MultiHeadLatentAttention.decode_mask_whole"),
     Variant("module_absorbed_ignored", forward_with("        if absorbed:\n", "        if False:  # absorbed=True ignored\n"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.absorbed_expanded"),  # review 57's F2
     Variant("module_absorbed_expanded_in_chunks", forward_with(  # review 59's F1: four cached tokens at a time
@@ -715,12 +722,6 @@ def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_hea
 ]
 
 CORRECT = [
-    # every position's causal mask made whole and the new tokens' rows taken (blind set 50's c08): a (T, T) tensor
-    # at decode, wasteful but no expansion of the latents, so absorbed_latents lets it be
-    Variant("module_mask_sliced_from_a_full_square", forward_with(
-        "        mask = torch.ones(T, past_len + T, dtype=torch.bool, device=x.device).tril(diagonal=past_len)\n",
-        "        full = torch.ones(past_len + T, past_len + T, dtype=torch.bool, device=x.device).tril()\n"
-        "        mask = full[past_len:]  # the new tokens' rows: (T, past_len + T)\n")),
     Variant("absorbed_head_by_head", """
 def absorbed_attention(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
     H, Dn, Dr = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1]
