@@ -377,6 +377,8 @@ def latent_attention(state, x, absorbed=False, splits=None, *, bug: str | None =
         k_nope, v = ref.expand_kv(torch.cat(latents, dim=1)[:, past - seen:], w["w_uk"], w["w_uv"], H)
         top_left = bug == TOP_LEFT_MASK.id or bug == FROM_ZERO_MASKED
         mask = torch.ones(t, seen + t, dtype=torch.bool).tril() if top_left else bottom_right(t, seen + t)
+        if bug == MASK_ONE_AHEAD.id:  # each new token sees the next one too
+            mask = torch.ones(t, seen + t, dtype=torch.bool).tril(diagonal=seen + 1)
         k_rope = torch.cat(keys, dim=1)[:, past - seen:]
         scores = ref.mla_scores(q_nope, q_rope, k_nope, k_rope)
         if not (absorbed and bug == ABSORBED_UNMASKED.id) and not (bug == CHUNK_UNMASKED.id and past):
@@ -564,6 +566,9 @@ MERGE_NO_TRANSPOSE = _mistake(
 MERGE_HEADS_INNER = _mistake(
     "merge_heads_inner", "merged the heads in (Dv, H) order, heads inner: w_o's columns are (H, Dv), heads outer; "
     "transpose(1, 2) to (B, T, H, Dv), then reshape to H·Dv")
+MASK_ONE_AHEAD = _mistake(
+    "mask_one_ahead", "the causal mask let each new token see the next one too (tril's diagonal one too far): new "
+    "token i sees keys 0 … past_len + i, tril(diagonal=past_len)")
 MASK_INVERTED = _mistake(
     "mask_inverted", "the causal mask was applied inverted (-inf where it is True): True means may attend, so "
     "masked_fill(~mask, -inf)")
@@ -760,7 +765,7 @@ MODULE = StepSpec(
     ),
     mistakes=(MODULE_EXPANDED, MODULE_MASK_WHOLE, TOP_LEFT_MASK, POSITIONS_FROM_ZERO, QUERY_AFTER_APPEND,
               ROPE_ON_WHOLE_QUERY, QUERY_UNROTATED, QUERY_SPLIT_SWAPPED, QUERY_SPLIT_ACROSS_HEADS,
-              MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, ABSORBED_UNMASKED, CHUNK_UNMASKED, CACHE_IGNORED,
-              CACHED_FULL_KEYS,
+              MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, MASK_ONE_AHEAD, ABSORBED_UNMASKED, CHUNK_UNMASKED,
+              CACHE_IGNORED, CACHED_FULL_KEYS,
               PER_HEAD_ROPE_KEY, CACHED_UNROTATED_KEY, ROPE_BEFORE_HEADS_MOVED, CACHE_NOT_READ, STATE_ACROSS_CALLS),
 )

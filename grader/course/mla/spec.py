@@ -624,7 +624,7 @@ def bytes_inputs(gen, dtype, attention="mla", layers=60, heads=128, head_dim=128
 def _bytes(attention, layers, heads, head_dim, kv_heads, rank, rope, dtype, *, itemsize=None, unit=1, kv_factor=2,
            mla_per_head=False, mla_factor=1, rope_per_head=False, gqa_query_heads=False, gqa_group=False,
            by_family=False, rope_once=False, one_layer=False, rope_as_head_dim=False, mha_kv_heads=False,
-           latent_as_head_dim=False):
+           latent_as_head_dim=False, heads_left_out=False):
     """The count, from the formula; the keyword arguments make the named wrong counts."""
     item = itemsize or torch.empty((), dtype=dtype).element_size()
     rope = head_dim if rope_as_head_dim else rope
@@ -632,6 +632,8 @@ def _bytes(attention, layers, heads, head_dim, kv_heads, rank, rope, dtype, *, i
     if by_family:  # 2 bytes for the half types, 4 for every other
         item = 2 if dtype in (torch.float16, torch.bfloat16) else 4
     cached_heads = heads if gqa_query_heads else heads // kv_heads if gqa_group else kv_heads
+    if heads_left_out:
+        heads = cached_heads = 1
     per_layer = {"mha": kv_factor * (kv_heads if mha_kv_heads else heads) * head_dim,
                  "gqa": kv_factor * cached_heads * head_dim,
                  "mla": mla_factor * (heads if mla_per_head else 1) * (rank + (heads if rope_per_head else 1) * rope)}
@@ -736,6 +738,9 @@ BYTES = StepSpec(
         Mistake("cache_bytes_per_token.latent_as_head_dim", "the latent was counted head_dim wide: it is "
                 "kv_lora_rank wide, so MLA caches L·(kv_lora_rank + qk_rope_head_dim)",
                 lambda *a: _bytes(*a, latent_as_head_dim=True) if a[0] == "mla" else None),
+        Mistake("cache_bytes_per_token.heads_left_out", "MHA or GQA counted one head's keys and values: multiply by "
+                "the heads cached, num_heads for MHA and num_kv_heads for GQA",
+                lambda *a: _bytes(*a, heads_left_out=True) if a[0] in ("mha", "gqa") else None),
         Mistake("cache_bytes_per_token.fixed_itemsize", "assumed 2 bytes per element whatever the dtype: use "
                 "torch.empty((), dtype=dtype).element_size(), or dtype.itemsize", _count(itemsize=2)),
     ),

@@ -553,6 +553,8 @@ class LatentCache(LatentCache):
         past_len = cache.length"""), "MultiHeadLatentAttention", "MultiHeadLatentAttention.state_across_calls"),
     Variant("module_merge_heads_inner", forward_with("y.transpose(1, 2).reshape", "y.permute(0, 2, 3, 1).reshape"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.merge_heads_inner"),
+    Variant("module_mask_one_ahead", forward_with("tril(diagonal=past_len)", "tril(diagonal=past_len + 1)"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.mask_one_ahead"),  # blind set 50's b15
     Variant("module_mask_inverted", forward_with(".masked_fill(~mask,", ".masked_fill(mask,"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.mask_inverted"),
     Variant("module_positions_and_mask_from_zero", forward_with(
@@ -655,6 +657,8 @@ class MultiHeadLatentAttention(MultiHeadLatentAttention):
     # -- cache_bytes_per_token ----------------------------------------------------------------
     Variant("bytes_mla_per_head", bytes_with(mla="num_heads * (kv_lora_rank + qk_rope_head_dim)"),
             "cache_bytes_per_token", "cache_bytes_per_token.mla_per_head"),
+    Variant("bytes_mha_heads_left_out", bytes_with(mha="2 * head_dim"),  # blind set 50's b16
+            "cache_bytes_per_token", "cache_bytes_per_token.heads_left_out"),
     Variant("scores_rope_key_expanded_as_nope", """
 def mla_scores(q_nope, q_rope, k_nope, k_rope):
     k = torch.cat([k_nope, k_rope.unsqueeze(1).expand_as(k_nope)], dim=-1)  # right only when Dr == Dn
