@@ -741,6 +741,8 @@ BYTES = StepSpec(
         Mistake("cache_bytes_per_token.heads_left_out", "MHA or GQA counted one head's keys and values: multiply by "
                 "the heads cached, num_heads for MHA and num_kv_heads for GQA",
                 lambda *a: _bytes(*a, heads_left_out=True) if a[0] in ("mha", "gqa") else None),
+        Mistake("cache_bytes_per_token.itemsize_left_out", "counted elements, not bytes: multiply by the bytes of "
+                "one element, torch.empty((), dtype=dtype).element_size()", _count(itemsize=1)),
         Mistake("cache_bytes_per_token.fixed_itemsize", "assumed 2 bytes per element whatever the dtype: use "
                 "torch.empty((), dtype=dtype).element_size(), or dtype.itemsize", _count(itemsize=2)),
     ),

@@ -659,6 +659,17 @@ class MultiHeadLatentAttention(MultiHeadLatentAttention):
             "cache_bytes_per_token", "cache_bytes_per_token.mla_per_head"),
     Variant("bytes_mha_heads_left_out", bytes_with(mha="2 * head_dim"),  # blind set 50's b16
             "cache_bytes_per_token", "cache_bytes_per_token.heads_left_out"),
+    Variant("bytes_mla_itemsize_left_out", """
+_right_bytes = cache_bytes_per_token
+
+
+def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_heads, kv_lora_rank, qk_rope_head_dim,
+                          dtype):
+    if attention == "mla":  # blind set 51's b12: elements, not bytes
+        return num_layers * (kv_lora_rank + qk_rope_head_dim)
+    return _right_bytes(attention, num_layers, num_heads, head_dim, num_kv_heads, kv_lora_rank, qk_rope_head_dim,
+                        dtype)
+""", "cache_bytes_per_token", "cache_bytes_per_token.itemsize_left_out"),
     Variant("scores_rope_key_expanded_as_nope", """
 def mla_scores(q_nope, q_rope, k_nope, k_rope):
     k = torch.cat([k_nope, k_rope.unsqueeze(1).expand_as(k_nope)], dim=-1)  # right only when Dr == Dn
