@@ -255,6 +255,10 @@ def pool_dtype(run: Run) -> None:
                           "in the dtype asked for", DTYPE_IGNORED)
 
 
+def _same(a, b) -> bool:
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+
+
 def pool_contents(record: PoolScript) -> None:
     for s in record.seen():
         for seq_id, keys in s.keys.items():
@@ -262,6 +266,11 @@ def pool_contents(record: PoolScript) -> None:
             if table is None:
                 raise CheckFailed(f"{record.after(s)}, block_table({seq_id}) returned {type_name(s.tables[seq_id])}; "
                                   "expected a list of ints")
+            read = _gathered(s.k_cache, table, len(keys))
+            if read is not None and _same(read, s.values[seq_id]) and not _same(keys, s.values[seq_id]):
+                raise CheckFailed(f"{record.after(s)}, sequence {seq_id}'s keys read through its block table {table} "
+                                  "are its values: k_cache and v_cache are one tensor, so each value overwrote its key",
+                                  KV_SHARED)
             for name, pool, want in (("k", s.k_cache, keys), ("v", s.v_cache, s.values[seq_id])):
                 got = _gathered(pool, table, len(want))
                 if got is None:
@@ -556,6 +565,9 @@ SLOTS_FROM_APPEND = Mistake(
     "PagedKVCache.slot_from_append_index", "a token's slot came from its index in this append, not its position in "
     "the sequence: token seq_len + i goes to slot (seq_len + i) % block_size", test=_slots_from_append,
     why="An append that starts inside a block then writes over the tokens already there.")
+KV_SHARED = Mistake(
+    "PagedKVCache.keys_and_values_shared", "k_cache and v_cache are one tensor (a = b = torch.zeros(...)): each value "
+    "overwrote its key; make each pool its own tensor")
 TOKENS_MOVED = Mistake(
     "PagedKVCache.tokens_moved", "stored tokens moved on append (new blocks for the whole sequence, copied): keep "
     "each token where it was written; take blocks only for the new tokens, at the table's end",
@@ -630,7 +642,7 @@ CACHE = StepSpec(
         prop("device", 2, pool_on_device, gated=ON_META),
     ),
     mistakes=(VALUES_ARE_KEYS, GROWN_BY_CAT, STORAGE_REPLACED, EXTRA_BLOCK, LAST_BLOCK_MISSING, CROSSES_BLOCK,
-              LOGICAL_WRITTEN, WRAPPED, SLOTS_FROM_APPEND, TOKENS_MOVED, SLOTS_COUNTED, OUT_OF_BLOCKS_NOT_REFUSED,
-              CHANGED_BEFORE_RAISING, EXACT_FIT_REFUSED, ROOM_IGNORED, FREE_KEEPS_BLOCKS, FREE_KEEPS_SEQUENCE,
-              DTYPE_IGNORED, TABLE_SORTED, EVERY_BLOCK_TAKEN, DEFAULT_DTYPE),
+              LOGICAL_WRITTEN, WRAPPED, SLOTS_FROM_APPEND, TOKENS_MOVED, KV_SHARED, SLOTS_COUNTED,
+              OUT_OF_BLOCKS_NOT_REFUSED, CHANGED_BEFORE_RAISING, EXACT_FIT_REFUSED, ROOM_IGNORED, FREE_KEEPS_BLOCKS,
+              FREE_KEEPS_SEQUENCE, DTYPE_IGNORED, TABLE_SORTED, EVERY_BLOCK_TAKEN, DEFAULT_DTYPE),
 )

@@ -644,6 +644,12 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
     Variant("module_heads_merged_inner", forward(APPEND, GATHER, ATTEND.replace("self.w_o(y.reshape(N, D))",
                                                                                 "self.w_o(y.transpose(1, 2).reshape(N, D))")),
             "PagedSelfAttention", "PagedSelfAttention.heads_merged_inner"),
+    Variant("cache_keys_and_values_one_tensor", """
+class PagedKVCache(PagedKVCache):
+    def __init__(self, num_blocks, block_size, num_heads, head_dim, dtype=torch.float32, device=None):
+        super().__init__(num_blocks, block_size, num_heads, head_dim, dtype=dtype, device=device)
+        self.v_cache = self.k_cache  # blind set 50's b17: self.k_cache = self.v_cache = torch.zeros(...)
+""", "PagedKVCache", "PagedKVCache.keys_and_values_shared"),
     Variant("cache_table_sorted", """
 class PagedKVCache(PagedKVCache):
     def block_table(self, seq_id):
