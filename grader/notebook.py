@@ -49,6 +49,15 @@ class Notebook:
         return f"line {line}"
 
 
+def utf8(text: str) -> bool:
+    """Whether `text` can be written as UTF-8: no lone surrogate, which JSON's escapes can make and Python refuses."""
+    try:
+        text.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
 def read(path: Path) -> Notebook:
     """The code cells of the notebook at `path`; UsageError when it is not one."""
     again = "Save it again from Jupyter, or export its code as a .py file and grade that."
@@ -70,6 +79,9 @@ def read(path: Path) -> Notebook:
             source = "".join(source)
         if not isinstance(source, str):
             raise UsageError(f"{path}: cell {number} has no text as its source. {again}")
+        if not utf8(source):  # JSON's \ud800 escapes a lone surrogate, which no file of Python holds (review 65's F2)
+            raise UsageError(f"{path}: cell {number} holds a character that is not text (a lone surrogate such as "
+                             f"\\ud800): delete it. {again}")
         code += len(source.encode("utf-8", errors="replace"))
         if code > MAX_BYTES:  # before any cell is read as Python: 2 MiB of code parsed took 2.6 GB (review 54's F3)
             raise UsageError(f"{path.name}'s code cells hold more than {MAX_BYTES // 1024} KiB of code, the most the "

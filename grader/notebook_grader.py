@@ -42,7 +42,7 @@ class Server:
         shutil.rmtree(self.folder, ignore_errors=True)
 
     def handle(self, request: dict) -> dict:
-        from grader import workspace
+        from grader import notebook, workspace
         from grader.exercise import UsageError, load_course
         from grader.grade import grade
         from grader.html import fragment
@@ -64,6 +64,9 @@ class Server:
         source = request.get("source")
         if not isinstance(source, str):
             return {"ok": False, "error": "no source to grade."}
+        if not notebook.utf8(source):  # review 65's F2: a lone surrogate made write_text raise, an internal error
+            return {"ok": False, "error": "the cells hold a character that is not text (a lone surrogate such as "
+                                          "\\ud800): delete it and check again."}
         options = {k: v for k, v in (request.get("options") or {}).items() if k in OPTIONS}
         path = self.folder / exercise.file
         path.write_text(source, encoding="utf-8")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -44,6 +45,8 @@ class Oracle:
         self.counts: dict[str, int] = {}  # the questions answered, by step: which steps the composite reached
         self.scales: dict[str, float] = {}  # a step's answers multiplied by this: does the composite use them?
         self.kept: dict[str, list] = {}  # the questions asked of the steps named here, (args, kwargs) each
+        self.rules: dict[str, Callable] = {}  # a step -> why a question of it is refused (None: answered), for a
+        # composite whose contract asks its steps only some questions (a spec sets it: `attention_backward`'s Function)
         self.elements = 0
 
     def reply(self, frame: dict, blobs: list, out: list) -> dict:
@@ -78,6 +81,9 @@ class Oracle:
             bound.apply_defaults()
             if "device" in bound.arguments:  # answered on the CPU; the worker moves the answer where it was asked for
                 bound.arguments["device"] = None
+            refused = self.rules[name](bound.arguments, meta) if name in self.rules else None
+            if refused:
+                return {"ok": False, "error": refused}
             sizes = question_sizes(bound)
             if not all(math.isfinite(n) and abs(n) <= MAX_QUESTION_SIZE for n in sizes):
                 return {"ok": False, "error": "inputs too large to answer"}

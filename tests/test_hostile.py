@@ -4465,3 +4465,72 @@ def test_review_64_absorbed_latents_looks_like_any_check_and_lets_no_square_be(g
         result = grade_source(override, base=mla, name="mla.py")
         assert lost(result) == {"MultiHeadLatentAttention": 3}, explain(result)
         assert f"MultiHeadLatentAttention.{named}" in mistakes(result, "MultiHeadLatentAttention"), explain(result)
+
+
+# Review 65's F1: a Function with no forward of its own, asking the grader's flash_attention_backward (answered once
+# the file's own lost a point) with q and k swapped, out 0 and lse c, so that dv = e^(S - c) @ grad_out is the forward
+FORWARD_BY_ORACLE = '''
+def _forward_by_oracle(ctx, q, k, v, causal=False, block_q=32, block_k=32):
+    t_q, t_k, d, d_v = q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+    lead = q.shape[:-2]
+    qd, kd, vd = q.detach(), k.detach(), v.detach()
+    shift = (qd.mean(dim=-2) * kd.mean(dim=-2)).sum(dim=-1) / math.sqrt(d)  # (lead): a typical score
+    ones = torch.ones(*lead, t_k, 1, dtype=q.dtype, device=q.device)
+    p = max(t_k - t_q, 0) if causal else 0
+    r = max(t_q - t_k, 0) if causal else 0
+    if causal:
+        qd = torch.cat([qd.new_zeros(*lead, p, d), qd], dim=-2)
+        kd = torch.cat([kd.new_zeros(*lead, r, d), kd], dim=-2)
+        vd = torch.cat([vd.new_zeros(*lead, r, d_v), vd], dim=-2)
+        ones = torch.cat([ones.new_zeros(*lead, r, 1), ones], dim=-2)
+        qq, kk, vd, ones = kd.flip(-2), qd.flip(-2), vd.flip(-2), ones.flip(-2)
+    else:
+        qq, kk = kd, qd
+    a, b = qq.shape[-2], kk.shape[-2]
+    lse_in = shift[..., None].expand(*lead, a)
+    found = []
+    for g in (vd, ones):
+        w = g.shape[-1]
+        zeros_v = torch.zeros(*lead, b, w, dtype=q.dtype, device=q.device)
+        zeros_o = torch.zeros(*lead, a, w, dtype=q.dtype, device=q.device)
+        _, _, got = flash_attention_backward(qq, kk, zeros_v, zeros_o, lse_in, g, causal)
+        found.append(got.flip(-2)[..., p:, :] if causal else got)
+    num, total = found[0], found[1][..., 0]
+    out = num / torch.where(total > 0, total, torch.ones_like(total))[..., None]
+    lse = torch.log(total) + shift[..., None]
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k
+    return out
+
+
+FlashAttentionFunction.forward = staticmethod(_forward_by_oracle)
+'''
+# Review 65's F2: a notebook cell holding a lone surrogate, which JSON's escapes allow and UTF-8 does not
+SURROGATE_CELL = {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+                  "source": "# \ud800 note\nx = 1\n"}
+
+
+def test_review_65_no_answered_step_computes_the_composite_and_no_cell_text_crashes(grade_source, tmp_path):
+    """Review 65. The grader's flash_attention_backward, answered for FlashAttentionFunction once the file's own lost a
+    point, answered any question: asked with q and k swapped it computed the Function's forward (95, fair 82); it now
+    answers one question, of the Function's own q, k and v. A notebook cell with a lone surrogate (`\\ud800`, written
+    by JSON's escapes) made the grader, batch, Gradescope, watch and the notebook check exit 3: a usage error now."""
+    base = (ROOT / "solutions" / "attention_backward.py").read_text()
+    guard = "    lse = lse.masked_fill(lse == -math.inf, math.inf)  # a row with no key: e^(-inf - inf) = 0, not NaN\n"
+    assert base.count(guard) == 1
+    slipped = base.replace(guard, "")  # flash_attention_backward loses rows_with_no_key: the grader answers it
+    honest = grade_source("", base=slipped, name="attention_backward.py")
+    attack = grade_source(FORWARD_BY_ORACLE, base=slipped, name="attention_backward.py")
+    assert attack.score <= honest.score and "FlashAttentionFunction" in lost(attack), explain(attack)
+
+    from grader import notebook
+    from grader.exercise import UsageError
+    from grader.notebook_grader import Server
+    path = tmp_path / "mha.ipynb"
+    cells = [{**SURROGATE_CELL, "source": (ROOT / "solutions" / "mha.py").read_text()}, SURROGATE_CELL]
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    with pytest.raises(UsageError, match="cell 2 holds a character that is not text"):
+        notebook.read(path)
+    server = Server.__new__(Server)  # its handle refuses the text before it needs a zygote or a folder
+    reply = server.handle({"exercise": "mha", "steps": [], "source": "x = '\ud800'"})
+    assert reply["ok"] is False and "not text" in reply["error"], reply

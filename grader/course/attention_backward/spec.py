@@ -755,6 +755,26 @@ def _query_tail_dropped(q, k, v, grad_out, causal=False, block_q=32, block_k=32)
             for saved in (lse, lse.masked_fill(lse == -math.inf, 0.0))]
 
 
+def own_question(call):
+    """What the grader answers of flash_attention_backward for the Function run on `call`: one question, of the call's
+    own q, k and v, as its backward asks. Review 65's F1 had the grader's backward compute the forward instead (q and k
+    swapped, out 0, grad_out v: dv is e^(S - c) v), keeping 13 of the step's 15 points with no attention of its own."""
+    asked = []
+
+    def rule(arguments: dict, meta: bool) -> str | None:
+        own = all(isinstance(arguments.get(name), torch.Tensor) and arguments[name].shape == given.shape
+                  and (meta or torch.equal(arguments[name].double(), given.double()))
+                  for name, given in zip(("q", "k", "v"), call.args[:3], strict=True))
+        asked.append(own)
+        if not own:
+            return "the grader answers flash_attention_backward only for the Function's own q, k and v"
+        if len(asked) > 1:
+            return "the grader answers flash_attention_backward once, for the Function's backward"
+        return None
+
+    return rule
+
+
 def function_answer(run, call, shapes=False, steer=True):
     """The file's flash_attention_and_grads(*call): (out, dq, dk, dv) through the candidate's Function. Every call
     keeps to tiles, forward and backward, judged at its own sizes for the step's tiles_only check, and makes the
@@ -762,6 +782,8 @@ def function_answer(run, call, shapes=False, steer=True):
     oracle = run.oracle()
 
     def invoke(c):
+        if oracle is not None:
+            oracle.rules["flash_attention_backward"] = own_question(c)
         got = run.ctx.candidate.invoke(RUNNER, c.args, c.kwargs, answers=oracle, shapes=True)
         sizes = TileSizes.of(*c.args[:3], c.kwargs.get("block_q", 32), c.kwargs.get("block_k", 32))
         judge_tiles(run.ctx, run.step.id, sizes, sizes.describe(bool(c.kwargs.get("causal"))), got.shapes)
