@@ -82,6 +82,16 @@ GENERIC = (SLICES_UNWRITTEN, CAUSAL_UNASKED, SOFTMAX_APPLIED, ANSWER_SCALED, SLI
 BLOCKED = -1e4  # a score this low (or -inf) is one a mask set
 
 
+def _zero_slices(got, want):
+    """For each axis of at least two slices: its length, and which of its slices are all 0 in the answer and in the
+    reference (bool tensors)."""
+    for axis in range(got.dim()):
+        n = got.shape[axis]
+        if n >= 2:
+            yield axis, n, (got == 0).movedim(axis, 0).reshape(n, -1).all(1), \
+                (want == 0).movedim(axis, 0).reshape(n, -1).all(1)
+
+
 def unwritten(run, value, call):
     """SLICES_UNWRITTEN: a tensor answer equal to the reference but for a run of slices at one end of an axis, every
     one of them all 0 (and not all 0 in the reference)."""
@@ -90,12 +100,8 @@ def unwritten(run, value, call):
         return None
     import torch
 
-    for axis in range(got.dim()):
-        n = got.shape[axis]
-        if n < 2:
-            continue
-        zero = (got == 0).movedim(axis, 0).reshape(n, -1).all(1).tolist()
-        blank = (want == 0).movedim(axis, 0).reshape(n, -1).all(1).tolist()
+    for axis, n, zero, blank in _zero_slices(got, want):
+        zero, blank = zero.tolist(), blank.tolist()
         for end in ("last", "first"):
             order = list(range(n)) if end == "first" else list(range(n - 1, -1, -1))
             run_of = next((i for i, index in enumerate(order) if not zero[index]), n)
@@ -170,12 +176,7 @@ def zeroed(run, value, call):
     if got is None or got.dim() == 0:
         return None
 
-    for axis in range(got.dim()):
-        n = got.shape[axis]
-        if n < 2:
-            continue
-        zero = (got == 0).movedim(axis, 0).reshape(n, -1).all(1)
-        blank = (want == 0).movedim(axis, 0).reshape(n, -1).all(1)
+    for axis, n, zero, blank in _zero_slices(got, want):
         missed = (zero & ~blank).nonzero().flatten()
         if not 0 < len(missed) < n:
             continue
