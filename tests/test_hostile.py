@@ -4350,7 +4350,7 @@ def _at_lengths(q_nope, q_rope, c_kv, *rest, _honest=absorbed_attention):  # hon
 
 
 # Review 64's mla modules: the plain path in absorbed_attention's place (every cached latent expanded), taken only
-# where absorbed_latents would not look: at any width but its fixed Dn (F1), with any cache but the stand-in (F2);
+# where absorbed_latents would not look: with any cache but the stand-in (F2);
 # and an expansion hidden in (Tk, Tk) squares, as large as the mask that check let be (F4)
 EXPANDING = """
 def _plain(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
@@ -4364,25 +4364,6 @@ def _plain(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
         scores = scores.masked_fill(~mask, float("-inf"))
     out = torch.softmax(scores, dim=-1) @ v
     return out.transpose(1, 2).reshape(B, Tq, -1) @ w_o.T
-"""
-AT_WIDTHS = """
-def _at_widths(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, *rest, _honest=absorbed_attention):
-    # absorbed_latents always builds its module with Dn=61 (and Dv=67): absorb there, expand everywhere else
-    return (_honest if q_nope.shape[-1] == 61 else _plain)(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, *rest)
-
-_forward = MultiHeadLatentAttention.forward
-
-
-def _forward_with(self, x, cache=None, absorbed=False):
-    global absorbed_attention
-    honest, absorbed_attention = absorbed_attention, _at_widths
-    try:
-        return _forward(self, x, cache, absorbed)
-    finally:
-        absorbed_attention = honest
-
-
-MultiHeadLatentAttention.forward = _forward_with
 """
 OWN_CACHE_ONLY = """
 _forward = MultiHeadLatentAttention.forward
@@ -4456,12 +4437,15 @@ MultiHeadLatentAttention.forward = _forward_with
 def test_review_64_absorbed_latents_looks_like_any_check_and_lets_no_square_be(grade_source):
     """Review 64. absorbed_latents built its module at fixed widths (Dn 61) and always with the grader's stand-in
     cache, so a module could absorb there only and expand the latents everywhere else (F1, F2: 100, fair 97): the widths
-    are drawn with Gen.unknown, and the cache is the file's own once LatentCache passed. It let a (T, T) tensor be, as a
+    are drawn with Gen.unknown (which review 66 still told apart, Known limits), and the cache is the file's own once
+    LatentCache passed. It let a (T, T) tensor be, as a
     causal mask over every position (blind set 50's c08), and an expansion hid in such squares (F4: 100, fair 97): a
     square is judged as any tensor, and named as the mask it may be."""
     mla = (ROOT / "solutions" / "mla.py").read_text()
-    for override, named in [(EXPANDING + AT_WIDTHS, "absorbed_expanded"), (EXPANDING + OWN_CACHE_ONLY,
-                            "absorbed_expanded"), (EXPANDING + IN_SQUARES, "decode_mask_whole")]:
+    # F1's module, honest at the old fixed Dn of 61, is not graded here: 61 is one of the widths drawn now, so whether
+    # it passes follows the file's text, and the sixty-sixth review told the check by its widths anyway (Known limits)
+    for override, named in [(EXPANDING + OWN_CACHE_ONLY, "absorbed_expanded"),
+                            (EXPANDING + IN_SQUARES, "decode_mask_whole")]:
         result = grade_source(override, base=mla, name="mla.py")
         assert lost(result) == {"MultiHeadLatentAttention": 3}, explain(result)
         assert f"MultiHeadLatentAttention.{named}" in mistakes(result, "MultiHeadLatentAttention"), explain(result)
@@ -4534,3 +4518,33 @@ def test_review_65_no_answered_step_computes_the_composite_and_no_cell_text_cras
     server = Server.__new__(Server)  # its handle refuses the text before it needs a zygote or a folder
     reply = server.handle({"exercise": "mha", "steps": [], "source": "x = '\ud800'"})
     assert reply["ok"] is False and "not text" in reply["error"], reply
+
+
+# Review 66's F2: the Function run for causal calls only (the rules check's); elsewhere its forward called directly,
+# so that torch's autograd differentiated the tiles, and its backward, wrong without causal, never ran
+APPLY_ONLY_WHEN_CAUSAL = '''
+class _NoContext:
+    def save_for_backward(self, *tensors):
+        pass
+
+
+_apply = FlashAttentionFunction.apply
+
+
+def _apply_when_causal(q, k, v, causal=False, block_q=32, block_k=32):
+    if causal:
+        return _apply(q, k, v, causal, block_q, block_k)
+    return FlashAttentionFunction.forward(_NoContext(), q, k, v, causal, block_q, block_k)
+
+
+FlashAttentionFunction.apply = staticmethod(_apply_when_causal)
+'''
+
+
+def test_review_66_the_functions_own_backward_is_judged_at_every_call(grade_source):
+    """Review 66. Whether FlashAttentionFunction's own backward made the gradients (no graph but the runner's, torch
+    calls inside the backward pass) was judged at the rules check's call only, causal: a Function applied only there,
+    and differentiated by autograd elsewhere, kept 13 of 15 (98, fair 85). It is judged at every call now."""
+    base = (ROOT / "solutions" / "attention_backward.py").read_text()
+    result = grade_source(APPLY_ONLY_WHEN_CAUSAL, base=base, name="attention_backward.py")
+    assert lost(result) == {"FlashAttentionFunction": 15}, explain(result)

@@ -775,6 +775,25 @@ def own_question(call):
     return rule
 
 
+def own_backward(run, answer) -> None:
+    """The gradients of one call came from FlashAttentionFunction.backward: the given runner unchanged, no graph built
+    but the runner's, no node but the Function's one, and torch calls made inside the backward pass. Judged at every
+    call (review 66's F2 let autograd differentiate the tiled forward at every call but the rules check's)."""
+    changed = runner_changed(run.ctx.source)
+    graphs = sorted(n for n in answer.called if n.startswith(f"{GRAPH}.") and n not in RUNNER_GRAPH)
+    nodes = sorted(n for n in answer.called if n.startswith(f"{NODE_KIND}.") and n not in RUNNER_NODES
+                   or n.startswith(f"{FUNCTION_NODES}.") and n != ONE_FUNCTION)
+    why = changed or (graphs and f"its torch calls built an autograd graph ({', '.join(graphs)}): torch's autograd "
+                                 "differentiated them, not FlashAttentionFunction.backward") or (
+        nodes and f"the runner's backward pass differentiated more than the Function's one node ({', '.join(nodes)}):"
+                  " torch's autograd did part of the backward's work") or (
+        CODE_IN_BACKWARD not in answer.called and "no torch call ran in the backward pass: the gradients are not "
+                                                 "FlashAttentionFunction.backward's")
+    if why:
+        raise CheckFailed(f"{why}; the gradients must come from the Function's own backward", FN_AUTOGRAD,
+                          details={"forbidden_calls": graphs + nodes}, breach=True)
+
+
 def function_answer(run, call, shapes=False, steer=True):
     """The file's flash_attention_and_grads(*call): (out, dq, dk, dv) through the candidate's Function. Every call
     keeps to tiles, forward and backward, judged at its own sizes for the step's tiles_only check, and makes the
@@ -787,6 +806,7 @@ def function_answer(run, call, shapes=False, steer=True):
         got = run.ctx.candidate.invoke(RUNNER, c.args, c.kwargs, answers=oracle, shapes=True)
         sizes = TileSizes.of(*c.args[:3], c.kwargs.get("block_q", 32), c.kwargs.get("block_k", 32))
         judge_tiles(run.ctx, run.step.id, sizes, sizes.describe(bool(c.kwargs.get("causal"))), got.shapes)
+        own_backward(run, got)
         return got
 
     try:
@@ -884,19 +904,6 @@ def function_rules(run):
     check_rules(answer.called, run.ctx.forbidden.get(run.step.id, ()), run.ctx.source,
                 source_of(run.ctx.source, run.step.id))
     no_autograd(answer, run.step.id)
-    changed = runner_changed(run.ctx.source)
-    graphs = sorted(n for n in answer.called if n.startswith(f"{GRAPH}.") and n not in RUNNER_GRAPH)
-    nodes = sorted(n for n in answer.called if n.startswith(f"{NODE_KIND}.") and n not in RUNNER_NODES
-                   or n.startswith(f"{FUNCTION_NODES}.") and n != ONE_FUNCTION)
-    why = changed or (graphs and f"its torch calls built an autograd graph ({', '.join(graphs)}): torch's autograd "
-                                 "differentiated them, not FlashAttentionFunction.backward") or (
-        nodes and f"the runner's backward pass differentiated more than the Function's one node ({', '.join(nodes)}):"
-                  " torch's autograd did part of the backward's work") or (
-        CODE_IN_BACKWARD not in answer.called and "no torch call ran in the backward pass: the gradients are not "
-                                                 "FlashAttentionFunction.backward's")
-    if why:
-        raise CheckFailed(f"{why}; the gradients must come from the Function's own backward", FN_AUTOGRAD,
-                          details={"forbidden_calls": graphs + nodes}, breach=True)
     try:
         run.expect_right(run.output(answer), call)
     except CheckFailed as failure:
