@@ -4344,9 +4344,11 @@ _CHECKED = {30, 36, 37, 40, 42, 45, 49, 51, 52, 54, 59, 71, 73, 79, 83, 89, 97, 
 def _at_lengths(q_nope, q_rope, c_kv, *rest, _honest=absorbed_attention):  # honest at the lengths ten primes allowed
     return (_honest if c_kv.shape[1] in _CHECKED else _padded_plain)(q_nope, q_rope, c_kv, *rest)
 '''
-    result = grade_source(listed, base=mla, name="mla.py")
-    found = checks_of(result)["module_absorbed_latents"]
-    assert found.outcome == "failed" and "expanded from the latents" in found.message, explain(result)
+    found = []  # under two keys: a drawn length may be one the list holds (a few in a hundred), not both
+    for key in ("attn-grade's test suite", "another account"):
+        monkeypatch.setenv("ATTN_GRADE_DRAW_KEY", key)
+        found.append(checks_of(grade_source(listed, base=mla, name="mla.py"))["module_absorbed_latents"])
+    assert any(f.outcome == "failed" and "expanded from the latents" in f.message for f in found), found
 
 
 # Review 64's mla modules: the plain path in absorbed_attention's place (every cached latent expanded), taken only

@@ -659,7 +659,8 @@ def _pick(run: Run, options):
 
 def spread_model(run: Run) -> tuple[dict, int]:
     """The widths and the cache length absorbed_latents asks at, drawn with Gen.unknown. The length is no multiple of
-    a width, long enough that every slice of a weight holds fewer than the bound's numbers per cached token, and none
+    a width, long enough that every slice of a weight holds fewer than the bound's numbers per cached token and a
+    square of it more (review 64's F4 hid an expansion in squares), and none
     at which a weight or a slice of one holds a key or value of every token, by its count (w_q's 3591 numbers at H 3,
     Dn 61, D 19 are 189 tokens of 19)."""
     dn = _pick(run, SPREAD_NOPE)
@@ -670,7 +671,7 @@ def spread_model(run: Run) -> tuple[dict, int]:
               h * w["dn"] * w["r"], w["dn"] * w["r"], h * w["dv"] * w["r"], w["dv"] * w["r"], d * h * w["r"],
               w["r"] * d, w["dr"] * d}
     bound = min(w["dn"], w["dv"]) - 1
-    shortest = max(slices) // bound + 2
+    shortest = max(max(slices) // bound + 2, bound + 2)  # and a (T, T) square past the bound: T + 1 per cached token
     lengths = [t for t in range(shortest, 512) if all(t % n for n in widths)
                and all(size % (t * n) for size in slices for n in widths)]
     return w, _pick(run, tuple(lengths))
