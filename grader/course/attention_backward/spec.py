@@ -799,6 +799,7 @@ def function_answer(run, call, shapes=False, steer=True):
     keeps to tiles, forward and backward, judged at its own sizes for the step's tiles_only check, and makes the
     calls its inputs' shapes make, whatever their values (Run.steered)."""
     oracle = run.oracle()
+    answers = []  # every call's, the steered ones too: each must be the Function's own backward's
 
     def invoke(c):
         if oracle is not None:
@@ -806,7 +807,7 @@ def function_answer(run, call, shapes=False, steer=True):
         got = run.ctx.candidate.invoke(RUNNER, c.args, c.kwargs, answers=oracle, shapes=True)
         sizes = TileSizes.of(*c.args[:3], c.kwargs.get("block_q", 32), c.kwargs.get("block_k", 32))
         judge_tiles(run.ctx, run.step.id, sizes, sizes.describe(bool(c.kwargs.get("causal"))), got.shapes)
-        own_backward(run, got)
+        answers.append(got)
         return got
 
     try:
@@ -818,6 +819,8 @@ def function_answer(run, call, shapes=False, steer=True):
     if steer:
         got = run.steered(got, call, invoke)  # its calls those its inputs' shapes make, whatever their values
     check_calls(got.called, run.ctx.forbidden.get(run.step.id, ()), run.ctx.allowed.get(run.step.id))
+    for answer in answers:  # after the rules, whose breach names the call (autograd inside the backward pass)
+        own_backward(run, answer)
     return got  # every call keeps the rules, as Run.answer's do
 
 
