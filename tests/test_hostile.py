@@ -4419,20 +4419,6 @@ def _square(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None):
             heads.append(torch.cat(parts, dim=-1))
         outs.append(torch.cat(heads, dim=-1))
     return torch.stack(outs) @ w_o.T
-
-_forward = MultiHeadLatentAttention.forward
-
-
-def _forward_with(self, x, cache=None, absorbed=False):
-    global absorbed_attention
-    honest, absorbed_attention = absorbed_attention, _square
-    try:
-        return _forward(self, x, cache, absorbed)
-    finally:
-        absorbed_attention = honest
-
-
-MultiHeadLatentAttention.forward = _forward_with
 """
 
 
@@ -4447,7 +4433,7 @@ def test_review_64_absorbed_latents_looks_like_any_check_and_lets_no_square_be(g
     # F1's module, honest at the old fixed Dn of 61, is not graded here: 61 is one of the widths drawn now, so whether
     # it passes follows the file's text, and the sixty-sixth review told the check by its widths anyway (Known limits)
     for override, named in [(EXPANDING + OWN_CACHE_ONLY, "absorbed_expanded"),
-                            (EXPANDING + IN_SQUARES, "decode_mask_whole")]:
+                            (EXPANDING + IN_SQUARES + MODULE_WITH.replace("ABSORBED", "_square"), "decode_mask_whole")]:
         result = grade_source(override, base=mla, name="mla.py")
         assert lost(result) == {"MultiHeadLatentAttention": 3}, explain(result)
         assert f"MultiHeadLatentAttention.{named}" in mistakes(result, "MultiHeadLatentAttention"), explain(result)
