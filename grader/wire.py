@@ -287,6 +287,8 @@ def encode(value, blobs: list[bytes]):
         out = {"kind": "ndarray", "dtype": value.dtype.name, "shape": list(value.shape), "blob": len(blobs)}
         blobs.append(b.contiguous_array(value).tobytes())
         return out
+    if type(value) is b.tensor:  # of a dtype no check compares (complex, float8): said, or it reads as a tensor
+        return {"kind": "object", "type": f"{type_name(value)} of {str(b.dtype_of(value)).removeprefix('torch.')}"}
     return {"kind": "object", "type": type_name(value)}
 
 

@@ -4536,3 +4536,79 @@ def test_review_66_the_functions_own_backward_is_judged_at_every_call(grade_sour
     base = (ROOT / "solutions" / "attention_backward.py").read_text()
     result = grade_source(APPLY_ONLY_WHEN_CAUSAL, base=base, name="attention_backward.py")
     assert lost(result) == {"FlashAttentionFunction": 15}, explain(result)
+
+
+# Review 67's N1: flash_attention leaves online_softmax_update unwritten and asks the grader's answer of it for whole
+# strips of scores, q kᵀ / √D of a block of queries and every key, through e^(log(qb + c) - M) @ (k e^M / √D)ᵀ, and a
+# softmax over each strip times v; the file itself makes nothing larger than an input
+SCORES_BY_ORACLE = '''
+def online_softmax_update(m, l, acc, scores, v):
+    raise NotImplementedError
+
+
+def merge_partials(o1, lse1, o2, lse2):
+    raise NotImplementedError
+
+
+def _scores_by_grader(qb, k, scale, width):
+    """(..., bq, Tk) = qb @ k^T * scale, computed by the grader's online_softmax_update: e^(log(qb + c) - M) @ k^T,
+    then + e^(log(c) - M) @ -sum(k), chained through acc; k scaled by e^M scale first (k-sized), its transpose a view."""
+    c = 0.5 + (-qb.amin(dim=-1, keepdim=True)).clamp(min=0)  # (..., bq, 1): qb + c > 0
+    logs = torch.log(qb + c)  # (..., bq, D)
+    top = torch.maximum(logs.amax(), torch.log(c).amax())  # a global M >= every feature
+    m = top.expand(logs.shape[:-1])  # (..., bq)
+    l = torch.zeros(logs.shape[:-1], dtype=logs.dtype, device=logs.device)
+    kg = k * (torch.exp(top) * scale)  # (..., Tk, D): k's own size
+    _, _, s = online_softmax_update(m, l, 0.0, logs, kg.transpose(-2, -1))
+    _, _, s = online_softmax_update(m, l, s, torch.log(c), -kg.sum(dim=-1, keepdim=True).transpose(-2, -1))
+    return s
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    work = torch.promote_types(q.dtype, torch.float32)
+    scale = 1.0 / math.sqrt(d)
+    offset = t_k - t_q
+    qw, kw, vw = q.to(work), k.to(work), v.to(work)
+    outs, lses = [], []
+    step = block_q
+    for i in range(0, t_q, step):
+        qb = qw[..., i:i + step, :]
+        bq = qb.shape[-2]
+        m = torch.full(qb.shape[:-1], -math.inf, dtype=work, device=q.device)
+        l = torch.zeros(qb.shape[:-1], dtype=work, device=q.device)
+        acc = torch.zeros(*qb.shape[:-1], v.shape[-1], dtype=work, device=q.device)
+        n0 = t_k if not causal else max(0, min(t_k, offset + i + 1))  # keys every row of the block sees
+        if n0 > 0:
+            s = _scores_by_grader(qb, kw[..., :n0, :], scale, block_k)
+            m, l, acc = online_softmax_update(m, l, acc, s, vw[..., :n0, :])
+        if causal:  # the few keys past n0 that some rows see: honest masked tiles
+            end = max(0, min(t_k, offset + i + bq))
+            for j in range(n0, end, block_k):
+                kb, vb = kw[..., j:min(end, j + block_k), :], vw[..., j:min(end, j + block_k), :]
+                scores = (qb * scale) @ kb.transpose(-2, -1)
+                rows = torch.arange(offset + i, offset + i + bq, device=q.device)[:, None]
+                cols = torch.arange(j, j + kb.shape[-2], device=q.device)[None, :]
+                scores = scores.masked_fill(cols > rows, -math.inf)
+                m, l, acc = online_softmax_update(m, l, acc, scores, vb)
+        seen = l > 0
+        outs.append(torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0))
+        lses.append(m + torch.log(l))
+    return torch.cat(outs, dim=-2).to(q.dtype), torch.cat(lses, dim=-1)
+'''
+
+
+def test_review_67_what_the_grader_answers_a_composite_is_held_by_the_composite(grade_source):
+    """Review 67 (no inflation found). Its near-miss: the grader's answers to a composite's questions were not in the
+    record of what the call made, so strips of scores the grader computed for flash_attention (N1) were seen only where
+    a recorded call was given them, the proxy's own reading of requires_grad: without that read, 48 where 42-44 is
+    fair. An answer counts as made by the composite now, as its own call of the step would have made it. A tensor of a
+    dtype no check compares is named with its dtype, not as a bare torch.Tensor."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    result = grade_source(SCORES_BY_ORACLE, base=base, name="flash_attention.py")
+    tiles = checks_of(result)["flash_attention_tiles_only"]
+    assert tiles.points == 0 and "(2, 3, 16, 107)" in tiles.message, explain(result)
+
+    complex_scores = "\n\ndef attention_scores(q, k):\n    return (q @ k.transpose(-2, -1)).to(torch.complex64)\n"
+    result = grade_source(complex_scores, base=(ROOT / "solutions" / "mha.py").read_text(), name="mha.py")
+    assert "got torch.Tensor of complex64" in checks_of(result)["attention_scores_shape"].message, explain(result)

@@ -91,7 +91,8 @@ def plain(q, k, v, grad_out, mask=None, *, out=None, lse=None, fill=-INF, use_ma
         grad_scores = probs * (grad_probs + delta_sign * delta)
     else:
         grad_scores = softmax_backward(probs, grad_probs, row_sum=row_sum, sign=delta_sign)
-    factors = {"sqrt": d**-0.5, "none": 1.0, "d": 1.0 / d}  # dq_scale, dk_scale: one side's own, wrong, factor
+    # "v": 1/√Dv, the values' width; dq_scale, dk_scale: one side's own, wrong, factor
+    factors = {"sqrt": d**-0.5, "none": 1.0, "d": 1.0 / d, "v": v.shape[-1] ** -0.5}
     # operands_swapped "q", "k" or "qk": dq = dS q, dk = dSᵀ k, or both (a copied line; runs only when Tq = Tk)
     grad_q = grad_scores * factors[dq_scale or ds_scale] @ (q if "q" in operands_swapped else k)
     grad_k = (grad_scores.transpose(-2, -1) if dk_transposed else grad_scores) * factors[dk_scale or ds_scale] \
@@ -116,7 +117,7 @@ def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, 
     scores_scale: what the recomputed tile's scores are scaled by before e^(S − lse), as ds_scale. mask_after_exp:
     the causal mask multiplies e^(S − lse) instead of filling S with -inf, so a large hidden score gives inf · 0."""
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    factors = {"sqrt": d**-0.5, "none": 1.0, "d": 1.0 / d}
+    factors = {"sqrt": d**-0.5, "none": 1.0, "d": 1.0 / d, "v": v.shape[-1] ** -0.5}
     q_factor, k_factor = (factors[x or ds_scale] for x in (dq_scale, dk_scale))  # dS's 1/√D, for dq and for dk
     offset = 0 if top_left else t_k - t_q
     full = (grad_out * out).sum(-1)

@@ -102,10 +102,11 @@ def no_autograd(answer, step):
 
 
 def _scaled_by_value_width(q, k, v, grad_out, mask=None):
-    """Attention's gradients with the scores scaled by 1/√Dv: the right ones of q·√(D / Dv), chained back to q."""
+    """Attention's gradients with 1/√Dv for 1/√D: in the scores too (the right ones of q·√(D / Dv), chained back to
+    q), or in dq and dk only, the recomputed P right (blind set 52's b04)."""
     c = math.sqrt(q.shape[-1] / v.shape[-1])
     dq, dk, dv = grads.plain(q * c, k, v, grad_out, mask)
-    return dq * c, dk, dv
+    return [(dq * c, dk, dv), grads.plain(q, k, v, grad_out, mask, ds_scale="v")]
 
 
 def _scaled_by_a_length(q, k, v, grad_out, mask=None):
@@ -610,6 +611,11 @@ FLASH = StepSpec(
                 "dk += dSᵀ q / √D", _flash_variant(ds_scale="none")),
         Mistake("flash_attention_backward.scaled_by_d", "dS was scaled by 1/D (1/√D twice): scale it once, by 1/√D",
                 _flash_variant(ds_scale="d")),
+        Mistake("flash_attention_backward.scaled_by_value_width", "scaled by 1/√Dv, the values' width: the scores are "
+                "q kᵀ / √D, D the width of the queries and keys, so dq += dS k / √D and dk += dSᵀ q / √D",
+                lambda *a, **k: [_flash_variant(ds_scale="v")(*a, **k),
+                                 _flash_variant(ds_scale="v", scores_scale="v")(*a, **k)],
+                why="D = Dv in most models, so v.shape[-1] passes for the head width until they differ."),
         Mistake("flash_attention_backward.dq_scale_wrong", "dq's 1/√D is missing or applied twice while dk's is right: "
                 "dq += dS k / √D, once", _one_side(_flash_variant, "dq")),
         Mistake("flash_attention_backward.dk_scale_wrong", "dk's 1/√D is missing or applied twice while dq's is right: "

@@ -822,6 +822,12 @@ def attention_backward(q, k, v, grad_out, mask=None):  # the scale taken from v.
     dq, dk, dv = _attention_backward_v(q * c, k, v, grad_out, mask)
     return dq * c, dk, dv
 """, "attention_backward", "attention_backward.scaled_by_value_width"),
+    Variant("ab_gradients_scaled_by_value_width", attention(
+        grad_scores="    grad_scores = softmax_backward(probs, grad_out @ v.transpose(-2, -1)) / math.sqrt(v.shape[-1])"),
+        "attention_backward", "attention_backward.scaled_by_value_width"),
+    Variant("fb_gradients_scaled_by_value_width", flash(
+        grad_scores="            grad_scores = probs * (grad_probs - delta[..., i:i + block_q, None]) / math.sqrt(v.shape[-1])"),
+        "flash_attention_backward", "flash_attention_backward.scaled_by_value_width"),
     Variant("fn_differentiated_by_autograd", """
 class _NoCtx:
     def save_for_backward(self, *tensors):
