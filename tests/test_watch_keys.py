@@ -136,3 +136,32 @@ def test_a_composite_runs_again_when_a_step_it_is_answered_for_passes_or_fails_o
         for c in s.checks:
             ran_again = c.name.endswith("rules") or s.id == "MultiHeadAttention" and not c.end_to_end
             assert (c is not before[c.name]) == ran_again, c.name
+
+
+# softmax reaches its helper by a name it builds as it runs, which its words never say whole (review 68's F1)
+LOOKED_UP = REFERENCE + """
+
+def _softmax_impl(x, dim):
+    e = torch.exp(x - x.amax(dim=dim, keepdim=True))
+    return e / e.sum(dim=dim, keepdim=True)
+
+
+def softmax(x, dim=-1):
+    return globals()["_softmax_" + "impl"](x, dim)
+"""
+
+
+def test_an_edit_in_a_helper_found_by_a_built_name_regrades_the_step(tmp_path, zygote, monkeypatch):
+    """Review 68's F1: a helper reached through globals() by a name built at run time kept softmax's and the module's
+    checks from the cache after the helper went wrong (watch showed 97 where 85 is fair). A step whose code looks a
+    name up as it runs (globals, getattr, vars, ...) depends on every definition."""
+    path = tmp_path / "mha.py"
+    path.write_text(LOOKED_UP)
+    results = graded(monkeypatch)
+    broken = LOOKED_UP.replace("    return e / e.sum(dim=dim, keepdim=True)", "    return x * 0 + 0.5")
+    assert broken != LOOKED_UP
+    watch(path, {"device": "cpu"}, read_key=script(lambda: save(path, broken)), zygote=zygote)
+    first, second = results
+    lost = {s.id for s in second.steps if s.score < s.max_score}
+    assert {"softmax", "MultiHeadAttention"} <= lost, [(s.id, s.score) for s in second.steps]
+    assert first.score - second.score >= 12, (first.score, second.score)

@@ -611,8 +611,8 @@ FLASH = StepSpec(
                 "dk += dSᵀ q / √D", _flash_variant(ds_scale="none")),
         Mistake("flash_attention_backward.scaled_by_d", "dS was scaled by 1/D (1/√D twice): scale it once, by 1/√D",
                 _flash_variant(ds_scale="d")),
-        Mistake("flash_attention_backward.scaled_by_value_width", "scaled by 1/√Dv, the values' width: the scores are "
-                "q kᵀ / √D, D the width of the queries and keys, so dq += dS k / √D and dk += dSᵀ q / √D",
+        Mistake("flash_attention_backward.scaled_by_value_width", "scaled by 1/√Dv, the values' width: D is the width "
+                "of the queries and keys, so dq += dS k / √D and dk += dSᵀ q / √D",
                 lambda *a, **k: [_flash_variant(ds_scale="v")(*a, **k),
                                  _flash_variant(ds_scale="v", scores_scale="v")(*a, **k)],
                 why="D = Dv in most models, so v.shape[-1] passes for the head width until they differ."),
