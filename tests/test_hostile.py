@@ -4612,3 +4612,17 @@ def test_review_67_what_the_grader_answers_a_composite_is_held_by_the_composite(
     complex_scores = "\n\ndef attention_scores(q, k):\n    return (q @ k.transpose(-2, -1)).to(torch.complex64)\n"
     result = grade_source(complex_scores, base=(ROOT / "solutions" / "mha.py").read_text(), name="mha.py")
     assert "got torch.Tensor of complex64" in checks_of(result)["attention_scores_shape"].message, explain(result)
+
+
+def test_review_69_an_exponent_written_in_base_2_with_a_constant_of_nine_digits_keeps_full_marks(grade_source):
+    """Review 69 (no inflation found). Its one finding was a correct file marked down: float64 answers were held to
+    rtol 1e-9, which an online softmax in the Triton tutorial's base 2, exp2(x * 1.44269504) (log2(e) to 9 digits,
+    off 6e-10), missed at an exponent of 36 (95, fair 100), named computed_in_float32 though nothing was. float64's
+    tolerance is rtol 1e-7 again; mla_scores alone, products and sums with no exponent, holds float64 to 1e-9."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    natural = ("    alpha = torch.exp(m - m_safe)", "    p = torch.exp(scores - m_safe[..., None])")
+    assert all(base.count(line) == 1 for line in natural)
+    base_2 = base.replace(natural[0], "    alpha = torch.exp2((m - m_safe) * 1.44269504)").replace(
+        natural[1], "    p = torch.exp2((scores - m_safe[..., None]) * 1.44269504)")
+    result = grade_source("", base=base_2, name="flash_attention.py")
+    assert result.full_marks, explain(result)

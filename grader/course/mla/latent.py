@@ -590,6 +590,12 @@ CACHED_FULL_KEYS = Mistake(
                   source=r"\.append\(\s*(?:k|keys?|k_full|k_nope|key_states|kv|k_all)\s*,"),
     why="Caching H keys and values per token is the cache MLA exists to shrink: DeepSeek-V2 keeps 576 numbers per "
         "token and layer, not 32768.")
+W_O_INPUT = Mistake(
+    "MultiHeadLatentAttention.w_o_input_wrong", "w_o was given other than the merged heads (B, T, H·Dv): "
+    "absorbed_attention's output is already after w_o, return it as is; on the plain path merge the heads first",
+    raises=Raises(types=("RuntimeError",), message=r"cannot be multiplied", line=r"\bw_o\("),
+    why="absorbed_attention folds w_uv into w_o, so its output is the layer's; a second w_o meets D numbers where "
+        "it takes H·Dv (blind set 53's b15).")
 PER_HEAD_ROPE_KEY = Mistake(
     "MultiHeadLatentAttention.per_head_rope_key", "w_kr makes a RoPE key per head: MLA has one per token, shared by "
     "every head, w_kr = nn.Linear(embed_dim, qk_rope_head_dim)", raises=Raises(message=r"size mismatch for w_kr"))
@@ -767,6 +773,6 @@ MODULE = StepSpec(
     mistakes=(MODULE_EXPANDED, MODULE_MASK_WHOLE, TOP_LEFT_MASK, POSITIONS_FROM_ZERO, QUERY_AFTER_APPEND,
               ROPE_ON_WHOLE_QUERY, QUERY_UNROTATED, QUERY_SPLIT_SWAPPED, QUERY_SPLIT_ACROSS_HEADS,
               MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, MASK_ONE_AHEAD, ABSORBED_UNMASKED, CHUNK_UNMASKED,
-              CACHE_IGNORED, CACHED_FULL_KEYS,
+              CACHE_IGNORED, CACHED_FULL_KEYS, W_O_INPUT,
               PER_HEAD_ROPE_KEY, CACHED_UNROTATED_KEY, ROPE_BEFORE_HEADS_MOVED, CACHE_NOT_READ, STATE_ACROSS_CALLS),
 )

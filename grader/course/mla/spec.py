@@ -32,6 +32,8 @@ from grader.engine import (
     shape,
     values,
 )
+from grader.engine.search import COMPUTED_IN_FLOAT32
+from grader.engine.tolerance import EXACT_FLOAT64, expect_close
 from solutions import mla as ref
 
 from .latent import CACHE, DN, DR, DV, FLOATS, MODULE, PER_TOKEN, SPREAD_INIT, B, D, H, R, bottom_right
@@ -271,8 +273,20 @@ SCORES_SIZES = Mistake("mla_scores.sizes_mishandled", "wrong for 2 queries and 1
 SCORES_BATCH = Mistake("mla_scores.batch_mishandled", "right for one sequence, wrong for a batch: an axis was lined "
                        "up with the batch; k_rope is (B, Tk, Dr), its head axis added at 1: k_rope.unsqueeze(1)")
 
+def exact_in_float64(value, expected, call, tolerance=None, outputs=()):
+    """The scores are products and sums, no exponent: a float64 answer is held to float64's own precision
+    (EXACT_FLOAT64), so a scale rounded to float32 (torch.rsqrt(torch.tensor(d)), 3e-8 of each value) costs this step,
+    named, rather than by chance the module that amplifies it (blind sets 50 and 53, their b11)."""
+    expect_close(value, expected, call, tolerance, outputs)
+    if isinstance(value, torch.Tensor) and value.dtype == torch.float64:
+        try:
+            expect_close(value, expected, call, EXACT_FLOAT64, outputs)
+        except CheckFailed as failure:  # right to float32's precision and no better
+            raise CheckFailed(failure.message, COMPUTED_IN_FLOAT32, failure.details) from None
+
+
 SCORES = StepSpec(
-    "mla_scores", scores_inputs, ref.mla_scores,
+    "mla_scores", scores_inputs, ref.mla_scores, compare=exact_in_float64,
     probes=(Probe({"b": 1}, SCORES_BATCH),),
     checks=(shape(1), values("values", 3, FLOATS), values("one_query", 2, situation=SCORES_ONE, tq=1),
             values("many_keys", 1, situation=SCORES_SIZES, tq=2, tk=11), device(1)),

@@ -188,6 +188,11 @@ def expand_kv(c_kv, w_uk, w_uv, num_heads):
     return k_nope, v
 """, "expand_kv", "expand_kv.value_from_key_weight"),
     # -- mla_scores ---------------------------------------------------------------------------
+    Variant("scores_scale_in_float32", """
+def mla_scores(q_nope, q_rope, k_nope, k_rope):  # a float32 scale: float64 scores off by 3e-8 of each value
+    scores = q_nope @ k_nope.transpose(-2, -1) + q_rope @ k_rope.unsqueeze(1).transpose(-2, -1)
+    return scores * torch.rsqrt(torch.tensor(float(q_nope.shape[-1] + q_rope.shape[-1])))
+""", "mla_scores", "computed_in_float32"),
     Variant("scores_key_rotated_again", """
 def mla_scores(q_nope, q_rope, k_nope, k_rope):
     k_rope = apply_rope(k_rope, torch.arange(k_rope.shape[1]))  # taken for unrotated: rotated twice
@@ -603,6 +608,10 @@ class LatentCache(LatentCache):
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.merge_no_transpose"),
     Variant("module_absorbed_unmasked", forward_with("self.w_o.weight, mask)", "self.w_o.weight)"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.absorbed_unmasked"),
+    Variant("module_absorbed_output_projected_again", forward_with(  # blind set 53's b15
+        "            return absorbed_attention(", "            return self.w_o(absorbed_attention(").replace(
+        "self.w_o.weight, mask)", "self.w_o.weight, mask))"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.w_o_input_wrong"),
     Variant("module_cache_ignored", forward_with(
         """            c_kv, k_rope = cache.append(c_kv, k_rope)
         mask = torch.ones(T, past_len + T, dtype=torch.bool, device=x.device).tril(diagonal=past_len)""",
