@@ -273,6 +273,7 @@ SCORES_SIZES = Mistake("mla_scores.sizes_mishandled", "wrong for 2 queries and 1
 SCORES_BATCH = Mistake("mla_scores.batch_mishandled", "right for one sequence, wrong for a batch: an axis was lined "
                        "up with the batch; k_rope is (B, Tk, Dr), its head axis added at 1: k_rope.unsqueeze(1)")
 
+
 def exact_in_float64(value, expected, call, tolerance=None, outputs=()):
     """The scores are products and sums, no exponent: a float64 answer is held to float64's own precision
     (EXACT_FLOAT64), so a scale rounded to float32 (torch.rsqrt(torch.tensor(d)), 3e-8 of each value) costs this step,
