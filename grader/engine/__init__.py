@@ -77,13 +77,13 @@ from grader.engine.spec import (
 )
 from grader.engine.stock import defaults, end_to_end, gradients, linear_layers, raises_value_error
 from grader.engine.tiles import TileSizes, judge_tiles, tiles_only
-from grader.engine.tolerance import HALF_TYPES, Tolerance, expect_close, expect_form, grid, upcast
+from grader.engine.tolerance import EXACT_FLOAT64, HALF_TYPES, Tolerance, expect_close, expect_form, grid, upcast
 from grader.sandbox.recorder import FUNCTION_NODES, NODE_KIND
 from grader.wire import device_of
 
 __all__ = [
     "ALWAYS", "ON_META", "HALF_TYPES", "RESULT_ON_CPU", "Call", "CandidateError", "Check", "CheckFailed", "Mistake",
-    "Probe", "Raises",
+    "Probe", "Raises", "EXACT_FLOAT64",
     "Run", "Seeded", "Spec", "StepSpec", "Tolerance", "as_tensor_tree", "attention", "check_calls", "check_rules",
     "defaults",
     "device", "device_of", "diagnose", "end_to_end", "expect_close", "expect_form", "expect_no_import", "expect_seen",

@@ -16,6 +16,7 @@ import torch
 
 from grader.engine import (
     ALWAYS,
+    EXACT_FLOAT64,
     Call,
     CandidateError,
     CheckFailed,
@@ -26,14 +27,14 @@ from grader.engine import (
     Spec,
     StepSpec,
     device,
+    expect_close,
     expect_count,
     expect_seen,
     prop,
+    search,
     shape,
     values,
 )
-from grader.engine.search import COMPUTED_IN_FLOAT32
-from grader.engine.tolerance import EXACT_FLOAT64, expect_close
 from solutions import mla as ref
 
 from .latent import CACHE, DN, DR, DV, FLOATS, MODULE, PER_TOKEN, SPREAD_INIT, B, D, H, R, bottom_right
@@ -283,7 +284,7 @@ def exact_in_float64(value, expected, call, tolerance=None, outputs=()):
         try:
             expect_close(value, expected, call, EXACT_FLOAT64, outputs)
         except CheckFailed as failure:  # right to float32's precision and no better
-            raise CheckFailed(failure.message, COMPUTED_IN_FLOAT32, failure.details) from None
+            raise CheckFailed(failure.message, search.COMPUTED_IN_FLOAT32, failure.details) from None
 
 
 SCORES = StepSpec(
