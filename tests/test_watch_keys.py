@@ -42,14 +42,19 @@ def graded(monkeypatch) -> list:
     return results
 
 
-def test_a_setting_written_in_a_class_body_regrades_the_step_that_reads_it(tmp_path, zygote, monkeypatch):
+def watched(tmp_path, zygote, monkeypatch, before: str, after: str) -> list:
+    """watch's two grades, of `before` and then of `after` saved over it."""
+    assert after != before
     path = tmp_path / "mha.py"
-    path.write_text(READS_A_SETTING)
+    path.write_text(before)
     results = graded(monkeypatch)
+    watch(path, {"device": "cpu"}, read_key=script(lambda: save(path, after)), zygote=zygote)
+    return results
+
+
+def test_a_setting_written_in_a_class_body_regrades_the_step_that_reads_it(tmp_path, zygote, monkeypatch):
     halved = READS_A_SETTING.replace('    SETTINGS["scale"] = 1.0', '    SETTINGS["scale"] = 0.5')
-    assert halved != READS_A_SETTING
-    watch(path, {"device": "cpu"}, read_key=script(lambda: save(path, halved)), zygote=zygote)
-    first, second = results
+    first, second = watched(tmp_path, zygote, monkeypatch, READS_A_SETTING, halved)
     assert first.full_marks, [(s.id, s.score) for s in first.steps]
     lost = {s.id for s in second.steps if s.score < s.max_score}
     assert "scale_scores" in lost, [(s.id, s.score) for s in second.steps]  # not a stale full mark from the cache
@@ -155,13 +160,8 @@ def test_an_edit_in_a_helper_found_by_a_built_name_regrades_the_step(tmp_path, z
     """Review 68's F1: a helper reached through globals() by a name built at run time kept softmax's and the module's
     checks from the cache after the helper went wrong (watch showed 97 where 85 is fair). A step whose code looks a
     name up as it runs (globals, getattr, vars, ...) depends on every definition."""
-    path = tmp_path / "mha.py"
-    path.write_text(LOOKED_UP)
-    results = graded(monkeypatch)
     broken = LOOKED_UP.replace("    return e / e.sum(dim=dim, keepdim=True)", "    return x * 0 + 0.5")
-    assert broken != LOOKED_UP
-    watch(path, {"device": "cpu"}, read_key=script(lambda: save(path, broken)), zygote=zygote)
-    first, second = results
+    first, second = watched(tmp_path, zygote, monkeypatch, LOOKED_UP, broken)
     lost = {s.id for s in second.steps if s.score < s.max_score}
     assert {"softmax", "MultiHeadAttention"} <= lost, [(s.id, s.score) for s in second.steps]
     assert first.score - second.score >= 12, (first.score, second.score)
