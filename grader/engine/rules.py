@@ -8,6 +8,7 @@ candidate's source (parsed, never run) here. A forbidden call costs the whole st
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import tokenize
@@ -170,6 +171,7 @@ def foreign_kernel_calls(source: str) -> list[str]:
     return list(found)
 
 
+@functools.lru_cache(maxsize=16)  # every rules check of one file asks for the same text
 def _without_comments(source: str) -> str:
     """The file's text with its comments blanked (a comment that names torch._refs runs nothing); as it is where it
     does not tokenize."""
@@ -184,6 +186,7 @@ def _without_comments(source: str) -> str:
     return "".join(lines)
 
 
+@functools.lru_cache(maxsize=16)
 def _with_helpers(source: str, step_source: str) -> str:
     """The step's source and that of every top-level definition it names, and those name, and so on."""
     tree = parse(source)

@@ -32,6 +32,7 @@ name, and `grad` is a part of `_set_grad_enabled`, which torch.no_grad() records
 """
 
 import ast
+import functools
 import inspect
 import math
 import re
@@ -850,6 +851,7 @@ RUNNER_NODES = {f"{NODE_KIND}.{name}" for name in ("SumBackward0", "MulBackward0
 ONE_FUNCTION = f"{FUNCTION_NODES}.1"
 
 
+@functools.lru_cache(maxsize=4)  # judged at every call of one file: its source parsed once
 def runner_changed(source: str) -> str:
     """Why the file's flash_attention_and_grads is not the given one ('' if it is): the grader calls it by name, so a
     runner of the file's own could differentiate the forward with autograd and never use the Function's backward.
