@@ -94,7 +94,7 @@ KEEPDIM_LOST = Mistake(
     "a reduction lost its axis (sum/max/amax without keepdim=True), so it broadcast against the wrong axis: "
     "pass keepdim=True",
     raises=Raises(message=r"must match the size|could not be broadcast|operands could not|Attempting to broadcast",
-                  source=r"\.(sum|max|amax|logsumexp|mean)\((?![^)]*keepdim)[^)]*(dim|axis|-?\d)[^)]*\)"),
+                  uses=r"\.(sum|max|amax|logsumexp|mean)\((?![^)]*keepdim)[^)]*(dim|axis|-?\d)[^)]*\)"),
 )
 FIXED_RANK = Mistake(
     "fixed_rank",

@@ -30,13 +30,16 @@ class Raises:
 
     `types` are exception class names; `message` and `line` are regular expressions searched
     in the exception's message and in the candidate's own line that raised it; `source` is
-    searched in the source of the step's function (or class).
+    searched in the source of the step's function (or class); `uses` is what the line that raised
+    uses, itself or through a name the step's source binds to it (`s = e.sum(-1)`, then `e / s`):
+    a cause that is somewhere in the step but not in what raised is no cause.
     """
 
     types: tuple[str, ...] = ()
     message: str = ""
     line: str = ""
     source: str = ""
+    uses: str = ""
 
     def matches(self, error, line: str, source: str) -> bool:
         if self.types and error.type not in self.types:
@@ -45,7 +48,22 @@ class Raises:
             return False
         if self.line and not re.search(self.line, line[:MATCHED_LINE]):
             return False
+        if self.uses and not _uses(self.uses, line[:MATCHED_LINE], source[:MATCHED_SOURCE]):
+            return False
         return not self.source or bool(re.search(self.source, source[:MATCHED_SOURCE]))
+
+
+# `a = ...` and `a, b = ...` at the start of a line: the names bound, and what they are bound to
+BOUND = re.compile(r"(?m)^[ \t]*(\w+(?:[ \t]*,[ \t]*\w+)*)[ \t]*=(?!=)(.*)$")
+
+
+def _uses(pattern: str, line: str, source: str) -> bool:
+    """Whether `line` says what `pattern` matches, or a name `source` binds to something that does."""
+    if re.search(pattern, line):
+        return True
+    names = {name.strip() for bound in BOUND.finditer(source) if re.search(pattern, bound.group(2))
+             for name in bound.group(1).split(",")}
+    return any(re.search(rf"\b{name}\b", line) for name in names)
 
 
 # How much of the candidate's line and step source a Raises pattern reads: a pattern with a run between two literals

@@ -148,6 +148,10 @@ DP_FROM_KEYS = Raises(message=r"size|shape|match|multiplied",
                       line=r"(?i)(grad|\bd_?o|dout|\bg\b).*\bk\w*\s*\.\s*(transpose|T\b|mT\b|permute|swapaxes)")
 
 
+# A tile's positions counted a whole block from its start: arange(j, j + block_k), j + arange(block_k)
+TILE_POSITIONS = r"arange\([^()\n]*block_[qk]"
+
+
 # -- softmax_backward -----------------------------------------------------------------------
 
 SB_SHAPE = (B, H, 5, 7)
@@ -658,6 +662,11 @@ FLASH = StepSpec(
                 "mask key j when j > Tk - Tq + i", _flash_variant(top_left=True)),
         Mistake("flash_attention_backward.last_block_dropped", "the last, shorter key block was dropped: loop over "
                 "range(0, Tk, block_k) and slice k[..., j:j + block_k, :]", _flash_variant(last_block=False)),
+        Mistake("flash_attention_backward.positions_past_the_end", "the last, shorter tile's positions run past the "
+                "sequence (arange(j, j + block_k)): take them from the tile's own bounds, arange(j, min(j + block_k, "
+                "Tk))", raises=Raises(message=r"must match the size|broadcast", uses=TILE_POSITIONS),
+                why="When block_k does not divide Tk (or block_q Tq), the last tile is shorter than a block: positions "
+                    "counted a whole block from its start do not fit its scores."),
         Mistake("flash_attention_backward.last_query_block_dropped", "the last, shorter query block was dropped: loop "
                 "over range(0, Tq, block_q) and slice q[..., i:i + block_q, :]", _flash_variant(last_q_block=False),
                 why="When block_q does not divide Tq, a loop that stops at Tq - Tq % block_q never reaches the last "
@@ -1014,6 +1023,9 @@ FUNCTION = StepSpec(
                 lambda *a, **k: [_forward_variant(scale=wrong)(*a, **k) for wrong in ("none", "twice", "v")]),
         Mistake("FlashAttentionFunction.forward_top_left", "the forward's causal tiles were aligned to the top-left "
                 "(query i at position i): mask key j when j > Tk - Tq + i", _forward_variant(top_left=True)),
+        Mistake("FlashAttentionFunction.forward_positions_past_the_end", "the forward's last, shorter tile's "
+                "positions run past the sequence (arange(j, j + block_k)): take them from the tile's own bounds",
+                raises=Raises(message=r"must match the size|broadcast", uses=TILE_POSITIONS)),
         Mistake("FlashAttentionFunction.forward_last_block_dropped", "the forward dropped the last, shorter key "
                 "block: loop over range(0, Tk, block_k)", _forward_variant(last_block=False)),
         Mistake("FlashAttentionFunction.forward_not_normalised", "the forward returned acc without dividing by l: "

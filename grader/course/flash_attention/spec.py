@@ -474,6 +474,11 @@ FLASH = StepSpec(
                 "range(0, Tk, block_k) and slice k[..., j:j + block_k, :]", _flash_variant(last_block=False),
                 why="range(0, Tk - block_k + 1, block_k), or Tk // block_k blocks, leave it out; the slice is "
                     "shorter at the end, as it should be."),
+        Mistake("flash_attention.positions_past_the_end", "the last, shorter tile's positions run past the sequence "
+                "(arange(j, j + block_k)): take them from the tile's own bounds, arange(j, min(j + block_k, Tk))",
+                raises=Raises(message=r"must match the size|broadcast", uses=r"arange\([^()\n]*block_[qk]"),
+                why="When block_k does not divide Tk (or block_q Tq), the last tile is shorter than a block: positions "
+                    "counted a whole block from its start do not fit its scores."),
         Mistake("flash_attention.slice_off_by_one", "each key block's slice ends one key short (j:j + block_k - 1): "
                 "slices exclude their end, so j:j + block_k holds block_k keys", _flash_variant(slice_short=1)),
         Mistake("flash_attention.k_step_block_q", "the key loop steps by block_q while its slices hold block_k keys: "

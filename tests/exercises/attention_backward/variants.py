@@ -343,6 +343,12 @@ def softmax_backward(probs, grad_probs, dim=-1):
     Variant("fab_top_left", flash(offset="0"), "flash_attention_backward", "flash_attention_backward.top_left"),
     Variant("fab_last_block_dropped", flash(keys="range(0, t_k - t_k % block_k, block_k)"),
             "flash_attention_backward", "flash_attention_backward.last_block_dropped"),
+    Variant("fab_positions_past_the_end", flash(mask="""\
+            if causal:
+                rows = torch.arange(offset + i, offset + i + qb.shape[-2], device=q.device)[:, None]
+                cols = torch.arange(j, j + block_k, device=q.device)[None, :]  # the last tile is shorter
+                scores = scores.masked_fill(cols > rows, -math.inf)"""),
+            "flash_attention_backward", "flash_attention_backward.positions_past_the_end"),
     Variant("fab_overwritten", flash(
         grad_v="            grad_v[..., j:j + block_k, :] = probs.transpose(-2, -1) @ dob",
         grad_k="            grad_k[..., j:j + block_k, :] = grad_scores.transpose(-2, -1) @ qb"),
@@ -466,6 +472,10 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
     Variant("fn_forward_last_block_dropped", function().replace("for j in range(0, t_k, bk_):",
                                                                 "for j in range(0, t_k - t_k % bk_, bk_):"),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_last_block_dropped"),
+    Variant("fn_forward_positions_past_the_end", function().replace(
+        "cols = torch.arange(j, j + scores.shape[-1], device=q.device)[None, :]",
+        "cols = torch.arange(j, j + block_k, device=q.device)[None, :]"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_positions_past_the_end"),
     Variant("fn_forward_not_normalised", function(row_end="""\
             outs.append(acc)
             lses.append(m + torch.log(l))"""), "FlashAttentionFunction", "FlashAttentionFunction.forward_not_normalised"),

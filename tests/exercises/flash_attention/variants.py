@@ -197,6 +197,9 @@ def online_softmax_update(m, l, acc, scores, v):
     Variant("flash_finite_fill", flash().replace("cols > rows, -math.inf", "cols > rows, -1e9"),
             "flash_attention", "flash_attention.finite_fill"),
     Variant("flash_top_left", flash().replace("offset = t_k - t_q", "offset = 0"), "flash_attention", "flash_attention.top_left"),
+    Variant("flash_positions_past_the_end", flash().replace(
+        "cols = torch.arange(j, j + kb.shape[-2], device=q.device)", "cols = torch.arange(j, j + block_k, device=q.device)"),
+            "flash_attention", "flash_attention.positions_past_the_end"),
     Variant("flash_last_block_dropped", flash().replace("range(0, t_k, block_k)", "range(0, t_k - block_k + 1, block_k)"),
             "flash_attention", "flash_attention.last_block_dropped"),
     Variant("flash_slice_off_by_one", flash().replace("j:j + block_k, :].to(work)", "j:j + block_k - 1, :].to(work)"),
