@@ -4130,7 +4130,7 @@ def test_review_60_decode_questions_and_padded_expansions_are_judged_by_what_the
     grader's doubling from a question with q = 0, whose answer, each sequence's mean value, it knew (F2: 100, fair
     98). Each question must now be some decoded tokens' own, queries, lengths and the pool's slots. mla's
     absorbed_attention (F3) and the module's absorbed path (F4) expanded the latents padded to a constant 256 tokens,
-    the same at every cache length (100, fair 97): over 58 cached tokens no tensor may hold more than PER_TOKEN
+    the same at every cache length (100, fair 97): over a drawn number of cached tokens no tensor may hold more than min(Dn, Dv) - 1
     numbers per token, whatever grows."""
     paged = (ROOT / "solutions" / "paged_attention.py").read_text()
     for ask in (PROBE, NO_NUMBER.replace("LENGTHS(lens)", "[*lens, None]"),
@@ -4625,4 +4625,54 @@ def test_review_69_an_exponent_written_in_base_2_with_a_constant_of_nine_digits_
     base_2 = base.replace(natural[0], "    alpha = torch.exp2((m - m_safe) * 1.44269504)").replace(
         natural[1], "    p = torch.exp2((scores - m_safe[..., None]) * 1.44269504)")
     result = grade_source("", base=base_2, name="flash_attention.py")
+    assert result.full_marks, explain(result)
+
+
+# Review 71's F2: the module keeps every sequence's keys and values itself, and prefills from them, never from the pool
+OWN_COPY_PREFILL = [
+    ("        self.w_o = nn.Linear(embed_dim, embed_dim, bias=bias)\n",
+     "        self.w_o = nn.Linear(embed_dim, embed_dim, bias=bias)\n        self._own = {}\n"),
+    ("            cache.append(seq_id, k[starts[b]:starts[b + 1]], v[starts[b]:starts[b + 1]])  # (T_b, H, Dh)\n",
+     "            cache.append(seq_id, k[starts[b]:starts[b + 1]], v[starts[b]:starts[b + 1]])  # (T_b, H, Dh)\n"
+     "            kk, vv = self._own.get((id(cache), seq_id), (k[:0], v[:0]))\n"
+     "            self._own[(id(cache), seq_id)] = (torch.cat([kk, k[starts[b]:starts[b + 1]]]),\n"
+     "                                              torch.cat([vv, v[starts[b]:starts[b + 1]]]))\n"),
+    ("            k_all = torch.cat([cache.k_cache[t].flatten(0, 1)[:n] for t, n in zip(tables, lens, strict=True)])\n"
+     "            v_all = torch.cat([cache.v_cache[t].flatten(0, 1)[:n] for t, n in zip(tables, lens, strict=True)])\n",
+     "            k_all = torch.cat([self._own[(id(cache), s)][0][:n] for s, n in zip(seq_ids, lens, strict=True)])\n"
+     "            v_all = torch.cat([self._own[(id(cache), s)][1][:n] for s, n in zip(seq_ids, lens, strict=True)])\n"),
+]
+
+
+def test_review_71_drawn_latent_sizes_a_prefill_from_its_own_keys_and_exp2_at_scores_far_below_zero(grade_source):
+    """Review 71. mla's latent_only asked at fixed widths, so absorbed_attention absorbed there only and expanded the
+    latents everywhere else (F1: 100, fair 97): its sizes are drawn for the file now, as absorbed_latents' are (a file
+    can still tell the drawn widths from other checks': Known limits). paged's reads_pool refilled the pool before
+    decodes only, so a module that prefilled from keys of its own kept it (F2: 100, fair 98): a batch of chunks follows
+    the refill. FlashAttentionFunction's far_below_zero (scores of −800) held a backward in base 2 with log2(e) to 9
+    digits to float64's ordinary tolerance, which its cancelling dq missed by 8e-9 (F3: 99, fair 100): the tolerance
+    grows with the largest score."""
+    mla = (ROOT / "solutions" / "mla.py").read_text()
+    sizes = set()
+    for comment in ("", "# one", "# two"):
+        result = grade_source(EXPANDING + "\nabsorbed_attention = _plain\n" + comment, base=mla, name="mla.py")
+        latent_only = checks_of(result)["absorbed_attention_latent_only"]
+        assert latent_only.outcome == "failed" and latent_only.mistake_id == "absorbed_attention.latents_expanded", \
+            explain(result)
+        sizes.add(latent_only.message.split(":")[0])  # "with Tq=7, Tk=.. and H=3, Dn=.., ..."
+    assert len(sizes) > 1, sizes
+
+    paged = (ROOT / "solutions" / "paged_attention.py").read_text()
+    for old, new in OWN_COPY_PREFILL:
+        assert paged.count(old) == 1, old
+        paged = paged.replace(old, new)
+    result = grade_source("", base=paged, name="paged_attention.py")
+    assert lost(result) == {"PagedSelfAttention": 2}, explain(result)
+    assert "PagedSelfAttention.pool_not_read" in mistakes(result, "PagedSelfAttention"), explain(result)
+
+    backward = (ROOT / "solutions" / "attention_backward.py").read_text()
+    natural = "probs = torch.exp(scores - lse[..., i:i + block_q, None])"
+    assert backward.count(natural) == 1
+    base_2 = backward.replace(natural, "probs = torch.exp2((scores - lse[..., i:i + block_q, None]) * 1.44269504)")
+    result = grade_source("", base=base_2, name="attention_backward.py")
     assert result.full_marks, explain(result)

@@ -641,8 +641,6 @@ MODULE_CACHE_CONTENTS = Mistake("MultiHeadLatentAttention.cache_contents_mishand
 # absorbed_latents' sizes: wide heads (Dn 61, Dv 67) and a narrow latent (R 4, Dr 2), as absorbed_attention's
 # latent_only asks, so that a key or value expanded for every cached token holds B·H·61 = 366 numbers per token and
 # the absorbed path at most B·H·(R + Dr) = 36
-SPREAD_INIT = {"d": 19, "h": 3, "r": 4, "dn": 61, "dr": 2, "dv": 67}
-PER_TOKEN = 60  # numbers per cached token a tensor may hold: between 36 (absorbed) and 366 (expanded)
 MODULE_EXPANDED = Mistake("MultiHeadLatentAttention.absorbed_expanded", "with absorbed=True the cached latents were "
                           "expanded into per-head keys or values: call absorbed_attention on the cache's c_kv and "
                           "k_rope", why="The outputs are the same either way; what absorbing saves is exactly the "

@@ -37,7 +37,7 @@ from grader.engine import (
 )
 from solutions import mla as ref
 
-from .latent import CACHE, DN, DR, DV, FLOATS, MODULE, PER_TOKEN, SPREAD_INIT, B, D, H, R, bottom_right
+from .latent import CACHE, DN, DR, DV, FLOATS, MODULE, B, D, H, R, bottom_right, spread_model
 
 # -- compress_kv --------------------------------------------------------------------------
 
@@ -444,27 +444,31 @@ EXPANDED = Mistake("absorbed_attention.latents_expanded", "expanded the latents 
                    "w_uk into the query and w_uv into the output, and attend over c_kv itself",
                    why="What absorbing saves is exactly that expansion: H·(Dn + Dv) numbers per cached token read "
                        "at every decoded token, where the latent holds kv_lora_rank.")
-# latent_only's sizes: Tq, Tk and the per-head widths primes that share no factor with any other size, so that a key
-# or value of every token for each head shows in a tensor's element count, however its axes were flattened
-LATENT_TQ, LATENT_TK = 7, 13
-LATENT_WIDTHS = {"h": 3, "dn": 11, "dr": 6, "dv": 17, "d": 19, "r": 4}  # the message below names them
+# latent_only's sizes: Tq 7 and, drawn under the draw key (review 71's F1 took the absorbed path at fixed widths only),
+# Tk and the per-head widths distinct primes past B·H·Tq's factors (2, 3, 7), R and Dr's (2): a key or value of every
+# token for each head shows in a tensor's element count, however its axes were flattened, and nothing else's does
+LATENT_TQ = 7
+LATENT_PRIMES = (11, 13, 17, 19, 23, 29)
 
 
-def _per_head_per_key(size) -> bool:
+def latent_sizes(run: Run) -> tuple[int, dict]:
+    """latent_only's Tk and widths, drawn with Gen.unknown."""
+    tk, dn, dv, d = (LATENT_PRIMES[int(i)] for i in torch.randperm(len(LATENT_PRIMES), generator=run.gen.unknown)[:4])
+    return tk, {"h": 3, "dn": dn, "dr": 6, "dv": dv, "d": d, "r": 4}
+
+
+def _per_head_per_key(size, tk: int, widths: dict) -> bool:
     """A tensor holding a per-head width (Dn, Dv, or the model's D, which values folded through w_o have) for every
     key, in any layout (an axis of Tk, Tk flattened with the batch, everything flattened into one axis, queries
     beside them): keys or values expanded from the latents. c_kv (Tk, R), k_rope (Tk, Dr), their views and
-    broadcasts over the heads, and the scores (Tq, Tk) are not: only Tk has the factor 13, and only those widths
-    11, 17 and 19."""
+    broadcasts over the heads, and the scores (Tq, Tk) are not: only Tk has its factor, and only those widths
+    theirs."""
     elements = math.prod(size)
-    return any(elements % (LATENT_TK * LATENT_WIDTHS[w]) == 0 for w in ("dn", "dv", "d"))
+    return any(elements % (tk * widths[w]) == 0 for w in ("dn", "dv", "d"))
 
 
-# latent_only's second sizes, with one query: wide heads (Dn 61, Dv 67) and a narrow latent (R 4, Dr 2), so that every
-# key or value expanded holds B·H·61 = 366 numbers per cached token, and the absorbed path at most B·H·(R + Dr) = 36
-# (the latent and the RoPE key broadcast over the heads)
-SPREAD_TK = 58
-SPREAD_WIDTHS = SPREAD_INIT  # and PER_TOKEN, the numbers per cached token a tensor may hold
+def _model(tk: int, w: dict, tq: int) -> str:
+    return f"Tq={tq}, Tk={tk} and H={w['h']}, Dn={w['dn']}, Dr={w['dr']}, Dv={w['dv']}, D={w['d']}, R={w['r']}"
 
 
 def _listed(record) -> list:
@@ -479,8 +483,10 @@ def _listed(record) -> list:
 
 def latent_only(run: Run) -> None:
     """Nothing the call's torch functions create is a per-head key or value of every cached token; and the answer is
-    right. Keys expanded head by head, or all at once, or values through the folded output matrix, are."""
-    call = run.inputs(tq=LATENT_TQ, tk=LATENT_TK, widths=LATENT_WIDTHS)
+    right. Keys expanded head by head, or all at once, or values through the folded output matrix, are. Every size
+    is drawn for the file (latent_sizes, spread_model), so no width tells this check from the others."""
+    tk, widths = latent_sizes(run)
+    call = run.inputs(tq=LATENT_TQ, tk=tk, widths=widths)
     got = run.answer(call, shapes=True)
     expect_seen(got, EXPANDED)
     record = got.shapes or {"created": [], "more": 0, "scores": []}
@@ -488,38 +494,39 @@ def latent_only(run: Run) -> None:
         raise CheckFailed(f"the call created tensors of more than {len(record['created'])} different shapes: too many "
                           "to check what it expands", EXPANDED)
     for size in record["created"]:
-        if _per_head_per_key(size):
-            raise CheckFailed(f"with Tq={LATENT_TQ}, Tk={LATENT_TK} and H=3, Dn=11, Dr=6, Dv=17, D=19, R=4: a tensor "
-                              f"of shape {tuple(size)} was created, a per-head key or value for every cached token; "
-                              "the absorbed path reads only c_kv and k_rope per token", EXPANDED,
-                              {"shape": list(size)})
+        if _per_head_per_key(size, tk, widths):
+            raise CheckFailed(f"with {_model(tk, widths, LATENT_TQ)}: a tensor of shape {tuple(size)} was created, a "
+                              "per-head key or value for every cached token; the absorbed path reads only c_kv and "
+                              "k_rope per token", EXPANDED, {"shape": list(size)})
     run.expect_right(run.output(got), call)
     # Keys or values of one token more (a padded latent, the thirty-third review's f02), of half the tokens (the
     # thirty-fourth's F2), through weights padded to another width (the thirty-fifth's f04), or padded to a constant
-    # 256 tokens (review 60's F3) lose the factors above. Judged by size instead: with one query over 58 keys, a
-    # tensor past PER_TOKEN numbers per cached token (but the size of an input: w_o and its views) is keys or values
-    # expanded, whatever its widths, padded or not, or in up to six pieces; nothing of the absorbed path holds more
-    # than 36.
-    spread = run.inputs(tq=1, tk=SPREAD_TK, widths=SPREAD_WIDTHS)
-    given = {math.prod(t.shape) for t in spread.args}
-    got = run.answer(spread, shapes=True)
+    # 256 tokens (review 60's F3) lose the factors above. Judged by size instead, at absorbed_latents' drawn model:
+    # with one query, a tensor past min(Dn, Dv) - 1 numbers per cached token (but the size of an input: the weights
+    # and their views) is keys or values expanded, whatever its widths, padded or not, or in pieces; nothing of the
+    # absorbed path holds more than B·H·(R + Dr).
+    spread, total = spread_model(run)
+    bound = min(spread["dn"], spread["dv"]) - 1
+    call = run.inputs(tq=1, tk=total, widths=spread)
+    given = {math.prod(t.shape) for t in call.args}
+    got = run.answer(call, shapes=True)
     expect_seen(got, EXPANDED)
     for size in _listed(got.shapes):
         elements = math.prod(size)
-        if elements not in given and elements > PER_TOKEN * SPREAD_TK:
-            raise CheckFailed(f"with one query, Tk={SPREAD_TK} and H=3, Dn=61, Dv=67, R=4, Dr=2: a tensor of shape "
-                              f"{tuple(size)} was created, {elements / SPREAD_TK:.0f} numbers per cached token "
-                              f"(the latent and the RoPE key hold {2 * 3 * 6} over every head): keys or values "
-                              "expanded, padded or in pieces; the absorbed path reads only c_kv and k_rope",
-                              EXPANDED, {"shape": list(size)})
+        if elements not in given and elements > bound * total:
+            held = B * spread["h"] * (spread["r"] + spread["dr"])
+            raise CheckFailed(f"with {_model(total, spread, 1)}: a tensor of shape {tuple(size)} was created, "
+                              f"{elements / total:.0f} numbers per cached token (the latent and the RoPE key hold "
+                              f"{held} over every head): keys or values expanded, padded or in pieces; the absorbed "
+                              "path reads only c_kv and k_rope", EXPANDED, {"shape": list(size)})
     # A loop over the cached tokens makes no tensor of them all, but as many of their keys or values (the
     # thirty-second review's f02): its calls grow with Tk, where the absorbed path's are as many for any Tk.
-    got = run.answer(run.inputs(tq=LATENT_TQ, tk=2 * LATENT_TK, widths=LATENT_WIDTHS), shapes=True)
+    got = run.answer(run.inputs(tq=LATENT_TQ, tk=2 * tk, widths=widths), shapes=True)
     expect_seen(got, EXPANDED)
     longer = got.shapes
     calls = (record.get("calls", 0), (longer or {}).get("calls", 0))
     if calls[1] > calls[0]:
-        raise CheckFailed(f"with Tk={LATENT_TK} the call made {calls[0]} torch calls, with Tk={2 * LATENT_TK} "
+        raise CheckFailed(f"with Tk={tk} the call made {calls[0]} torch calls, with Tk={2 * tk} "
                           f"{calls[1]}: it works token by token over the cache; the absorbed path reads c_kv and "
                           "k_rope whole, as many calls for any Tk", EXPANDED, {"calls": list(calls)})
 

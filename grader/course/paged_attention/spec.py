@@ -53,6 +53,9 @@ JOINING = ({0: 4}, {0: 1}, {1: 6, 0: 1}, {1: 1, 0: 2}, {2: 3}, {0: 1, 1: 1, 2: 1
 # the ids', decoding all three at the end
 X = ("x",)
 K_FILL, V_FILL = 0.5, -1.5  # what the grader writes into every slot of the pool after the first call (`reads_pool`)
+# reads_pool's: after the refill, a decode and then a batch of chunks, so that both paths must read the pool (review
+# 71's F2 prefilled from keys of its own and decoded from the pool)
+REFILLED = (*PREFILL_DECODE[:2], {0: 2, 1: 3, 2: 1})
 
 
 def module_inputs(gen, dtype, bias=True):
@@ -480,7 +483,7 @@ MODULE = StepSpec(
         prop("joining", 3, _serve_check(schedule=JOINING), situation=JOINING_WRONG),
         prop("without_bias", 2, _serve_check(bias=False), situation=BIAS_WRONG),
         prop("unused_slots_nan", 3, _serve_check(nan=True), situation=NAN_SLOTS),
-        prop("reads_pool", 2, _serve_check(refill=True), situation=POOL_NOT_READ),
+        prop("reads_pool", 2, _serve_check(refill=True, schedule=REFILLED), situation=POOL_NOT_READ),
         prop("end_to_end", 3, module_end_to_end, end_to_end=True),
     ),
     mistakes=(DECODE_SKIPPED, NOT_CAUSAL, BIAS_DROPPED, NEW_KEYS_TWICE, NEW_ONLY, LENGTHS_BEFORE, KEYS_AT_QUERIES,
