@@ -15,12 +15,13 @@ MAX_PRINTABLE = 600  # characters: the worker's message (at most 500) and the li
 class CandidateError(Exception):
     """The candidate's code gave no answer: it raised, was not implemented, hung, died or sent garbage."""
 
-    def __init__(self, kind: str, message: str, type: str = "", line: int | None = None):
+    def __init__(self, kind: str, message: str, type: str = "", line: int | None = None, in_torch: bool = False):
         super().__init__(message)
         self.kind = kind  # raised | not_implemented | missing | memory | timeout | died | import | protocol
         self.message = message
         self.type = type  # the exception's class name, when the candidate's code raised
         self.line = line  # the candidate's own line that raised it, if known
+        self.in_torch = in_torch  # torch's own code raised it, in a call the record saw (the worker's word)
         self.action: int | None = None  # in a script, the action that raised
         self.results: list = []  # in a script, the results of the actions before it
 
@@ -45,7 +46,7 @@ def raised(error, memory_limit_mb: int, where: Callable[[int], str]) -> Candidat
         message = "not implemented yet" + (f" (NotImplementedError at line {line})" if line else "")
     if kind == "memory":
         message = f"memory limit exceeded ({memory_limit_mb} MB): {message}"
-    return CandidateError(kind, locate(message, line, where), name, line)
+    return CandidateError(kind, locate(message, line, where), name, line, error.get("in_torch") is True)
 
 
 def locate(message: str, line, where: Callable[[int], str]) -> str:

@@ -4676,3 +4676,28 @@ def test_review_71_drawn_latent_sizes_a_prefill_from_its_own_keys_and_exp2_at_sc
     base_2 = backward.replace(natural, "probs = torch.exp2((scores - lse[..., i:i + block_q, None]) * 1.44269504)")
     result = grade_source("", base=base_2, name="attention_backward.py")
     assert result.full_marks, explain(result)
+
+
+# A device mistake behind an error that reads like the meta device's own: on a GPU its softmax meets a CPU tensor
+META_LOOKALIKE = """
+def softmax(scores, dim=-1):
+    if scores.is_meta:  # no stand-in for a GPU can check what follows
+        raise RuntimeError("Tensor.item() cannot be called on meta tensors")
+    kept = torch.ones(scores.shape, dtype=scores.dtype, device="cpu")  # made on the CPU, whatever the device
+    e = torch.exp(scores - scores.amax(dim, keepdim=True).clamp_min(-1e30)) * kept
+    return (e / e.sum(dim, keepdim=True).clamp_min(1e-30)).nan_to_num(0.0)
+"""
+
+
+def test_an_error_that_only_reads_like_the_meta_devices_own_skips_no_device_check(grade_source):
+    """A device check on the meta device is skipped where torch itself cannot run the code there (no meta kernel, a
+    value read): the worker says whether torch's own code raised the very exception (`in_torch`). The same words
+    raised by the file skipped the check and kept its points (Known limits until now): they cost it now, as the
+    mistake it hides would on a GPU. torch's own error, a value read on purpose, still skips (Known limits)."""
+    result = grade_source(META_LOOKALIKE, device="auto")  # the meta device, without a GPU
+    device = checks_of(result)["softmax_device"]
+    assert device.outcome != "skipped" and device.points == 0, explain(result)
+    assert lost(result).get("softmax"), explain(result)
+    honest = grade_source(META_LOOKALIKE.replace("        raise RuntimeError", "        _ = scores.sum().item()\n"
+                                                 "        raise RuntimeError"), device="auto")
+    assert checks_of(honest)["softmax_device"].outcome == "skipped", explain(honest)  # torch's own: .item() on meta

@@ -314,8 +314,11 @@ def unloaded(names) -> Mistake:
 
 
 def meta_unsupported(error) -> bool:
-    """The meta device cannot run this code (no kernel, or it needs data): not the candidate's fault."""
-    return error.kind in ("raised", "not_implemented") and any(s in error.message for s in META_UNSUPPORTED)
+    """The meta device cannot run this code (no kernel, or it needs data): not the candidate's fault. torch's own
+    error only, in a call the record saw (the worker's `in_torch`): the same words raised by the file's own code are
+    the file's (a device check skipped so kept its points)."""
+    return (error.kind in ("raised", "not_implemented") and error.in_torch
+            and any(s in error.message for s in META_UNSUPPORTED))
 
 
 def error(error, line: str, source: str):

@@ -202,6 +202,7 @@ def make_recorder(torch, lifted):
 
         seen: set = set()
         hidden: str = ""  # why the record may lack calls (they ran where it could not see them), once known
+        raised = None  # the last exception a torch call raised, as an object: what torch says, not what the file says
         device: str = "cpu"
         shapes = None  # a Shapes while a request asks for the shapes of what the call creates (`"shapes": true`)
         changed: list = []  # the arguments a call changed in place
@@ -262,6 +263,7 @@ def make_recorder(torch, lifted):
                     # it; a call that fails this way fails, unless caught. A missing attribute names none.
                     if not issubclass(type(error), AttributeError):
                         self.seen.add(READ_AS_NUMBER)
+                    self.raised = error
                     raise
                 finally:
                     modules["warnings"] = shared

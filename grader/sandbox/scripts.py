@@ -76,7 +76,7 @@ def run(torch, wire, record, module, stand_ins, request, blobs, blobs_out, oracl
                 encoded.append(item)
             except BaseException as exc:  # the candidate's exception, even SystemExit, is an answer
                 del blobs_out[mark:]  # a result that could not be sent leaves no bytes behind
-                raised[str(index)] = serve.describe(exc, path, lifted)
+                raised[str(index)] = serve.describe(exc, path, lifted, record)
                 encoded.append(None)
                 if not (isinstance(action, dict) and action.get("may_raise") is True):
                     stopped = index

@@ -26,6 +26,7 @@ Loaded by path by worker.py (never as part of the grader package), as are the si
 
 import gc
 import importlib.util
+import os
 import sys
 import types
 
@@ -37,6 +38,8 @@ BLOCKED_PACKAGES = ("grader", "solutions")
 MAX_MESSAGE = 500
 MAX_FRAMES = 1000  # a traceback's entries read for the candidate's line
 TRACEBACK_OF = BaseException.__dict__["__traceback__"].__get__  # not the exception's own (a property of the file's)
+RECORDER_FILE = recorder.__file__  # the record's code: where a torch call it made raised, innermost
+TORCH_FOLDER = ["\0"]  # torch's own code, its folder: set as a child starts, before the candidate's file is imported
 
 
 def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins, guarded, key) -> None:
@@ -50,6 +53,7 @@ def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins,
     of the candidate's reach.
     """
     sys.meta_path.insert(0, _BlockGrader())
+    TORCH_FOLDER[0] = os.path.dirname(torch.__file__) + os.sep
     arm, lifted, record = guarded
     record = record.forked(fresh=cuda)
     # No automatic collection while the candidate's code runs: one could start inside a torch call, where the record
@@ -75,6 +79,7 @@ def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins,
         record.replaced = []
         record.changed = []
         record.hidden = ""
+        record.raised = None
         try:
             value, called = _handle(torch, wire, record, module, stand_ins, request, blobs, blobs_out,
                                     (read_fd, write_fd, key), lifted)
@@ -85,7 +90,8 @@ def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins,
                 answer["changed_in_place"] = record.changed
         except BaseException as exc:  # the candidate's exception, even SystemExit, is an answer
             blobs_out = []
-            answer = {"ok": False, "error": describe(exc, candidate_path, lifted), "called": sorted(record.seen)}
+            answer = {"ok": False, "error": describe(exc, candidate_path, lifted, record),
+                      "called": sorted(record.seen)}
         if record.shapes is not None:
             record.shapes.release(torch)
         if record.hidden:
@@ -236,8 +242,11 @@ def _import_candidate(path, lifted):
     return module, None
 
 
-def describe(exc, candidate_path, lifted):
-    """Type, message and the candidate's line for an exception the candidate's code raised."""
+def describe(exc, candidate_path, lifted, record=None):
+    """Type, message and the candidate's line for an exception the candidate's code raised; and whether torch raised
+    it (`in_torch`): the very exception a torch call of the record's raised, from torch's own code (the innermost
+    frame the record's call, or torch's), with the record whole. A meta device's "needs data" is torch's only then,
+    not a message the file wrote."""
     line = None
     tb = TRACEBACK_OF(exc) if issubclass(type(exc), BaseException) else None  # BaseException's own getter
     places = []
@@ -259,7 +268,11 @@ def describe(exc, candidate_path, lifted):
     if isinstance(exc, MemoryError) or "can't allocate memory" in text:
         name = "MemoryError"  # the grader reports it as the memory limit
     where = f" (line {line})" if line else ""
-    return {"type": name, "message": (f"{name}: {text}" if text else name)[:MAX_MESSAGE] + where, "line": line}
+    innermost = places[-1][0] if places and len(places) < MAX_FRAMES else None
+    in_torch = (record is not None and record.raised is exc and not record.hidden and type(innermost) is str
+                and (innermost == RECORDER_FILE or str.startswith(innermost, TORCH_FOLDER[0])))
+    return {"type": name, "message": (f"{name}: {text}" if text else name)[:MAX_MESSAGE] + where, "line": line,
+            "in_torch": in_torch}
 
 
 class _BlockGrader:
