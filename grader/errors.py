@@ -72,6 +72,8 @@ def printable(value) -> str:
     other control character (an escape sequence that would recolour the terminal) is shown escaped.
     """
     text = value if isinstance(value, str) else ""
+    if str.isprintable(text):  # the common case, one line with nothing to escape (every call's name, at each call)
+        return text[: 4 * MAX_PRINTABLE].strip()[:MAX_PRINTABLE]
     lines = [line.replace("\t", " ").strip() for line in text[: 4 * MAX_PRINTABLE].splitlines()]
     joined = ""
     for line in filter(None, lines):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import io
 import os
+import re
 import stat
 import tokenize
 from pathlib import Path
@@ -37,6 +38,21 @@ def parse(source: str) -> ast.Module | None:
         return ast.parse(source)
     except UNPARSEABLE:
         return None
+
+
+def segments(source: str, nodes) -> list[str]:
+    """`ast.get_source_segment(source, node)` of each node, the source split into lines once (that function splits it
+    again at every call: a file's steps, read at every save in watch, cost a split each)."""
+    lines = re.split(r"(?<=\r\n)|(?<=\r)(?!\n)|(?<=\n)", source)  # as the parser counts them, each with its end
+    found = []
+    for node in nodes:
+        first, last = node.lineno - 1, node.end_lineno - 1
+        if first == last:
+            found.append(lines[first].encode()[node.col_offset:node.end_col_offset].decode())
+        else:
+            found.append(lines[first].encode()[node.col_offset:].decode() + "".join(lines[first + 1:last])
+                         + lines[last].encode()[:node.end_col_offset].decode())
+    return found
 
 
 def read(path: Path) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from grader import notebook
 from grader.exercise import Exercise, UsageError, load_course
 from grader.progress import Progress
-from grader.source import UNPARSEABLE, parse
+from grader.source import UNPARSEABLE, parse, segments
 from grader.source import read as read_source
 
 
@@ -112,8 +112,8 @@ def step_sources(path: Path, step_ids) -> dict[str, str | None] | None:
     tree = parse(text)
     if tree is None:
         return None
-    found = {node.name: ast.get_source_segment(text, node) for node in tree.body
-             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in step_ids}
+    steps = [node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in step_ids]
+    found = dict(zip((node.name for node in steps), segments(text, steps), strict=True))
     return {step_id: found.get(step_id) for step_id in step_ids}
 
 

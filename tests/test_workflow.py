@@ -563,3 +563,19 @@ def test_a_broken_rule_costs_the_step_and_shows_in_every_format(tmp_path, zygote
     assert "RULE BROKEN" in next(t for t in gradescope if t["name"].startswith("softmax"))["output"]
     github = json.loads(report.to_github(result))["tests"]
     assert "RULE BROKEN" in next(t for t in github if t["name"] == "softmax")["message"]
+
+
+def test_a_files_segments_are_the_parsers_own_whatever_its_line_ends():
+    """source.segments (each step's text, read at every save in watch) gives what ast.get_source_segment does, with
+    the file split into lines once: at \\r\\n, \\r and \\n alone, as the parser counts them (a form feed, U+2028 in a
+    string, and a character of two bytes before a column among them)."""
+    import ast
+
+    from grader.source import segments
+
+    texts = [(ROOT / "solutions" / name).read_text() for name in ("mha.py", "mla.py")]
+    texts += ["def f():\r\n    return 'é'\r\n\rclass C:\r    x = 1\n\ndef g(): pass",
+              "x = 1\n\fdef h():\n  return 2  # ünï\n\x0c\ny = '\u2028'\n"]
+    for text in texts:
+        nodes = [n for n in list(ast.walk(ast.parse(text)))[1:] if getattr(n, "end_lineno", None) is not None]
+        assert segments(text, nodes) == [ast.get_source_segment(text, n) for n in nodes]
