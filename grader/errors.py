@@ -7,6 +7,7 @@ and made printable here before a check or a report shows it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 MAX_PRINTABLE = 600  # characters: the worker's message (at most 500) and the line it names
@@ -26,8 +27,30 @@ class CandidateError(Exception):
         self.results: list = []  # in a script, the results of the actions before it
 
 
-# What torch's own NotImplementedError says where the meta device cannot run an op (not a stub's "not implemented")
-TORCH_META = ("meta tensor", "register_meta", "'Meta' backend", "data-dependent")
+# What torch's own code says where the meta device cannot run the file's (no meta kernel, a value it needs, a symbolic
+# size the sandbox does not load), at the start of the message as torch words it: words that only echo the file's
+# (an invalid device string "meta tensors", a pad mode, torch._assert's message: review 72's F1) are no such error.
+# Each can come only from a meta tensor; torch's error for a format spec can come from any tensor, so is not here.
+META_ERRORS = re.compile(
+    r"(RuntimeError|NotImplementedError|TypeError|ImportError): ("
+    r"Tensor\.item\(\) cannot be called on meta tensors"
+    r"|Cannot copy out of meta tensor"
+    r"|aten::[\w.]+: attempted to run this operator with Meta tensors"
+    r"|The register_meta function for torch\.\w+\(\) raises unimplemented"
+    r"|Could not run '[\w:.]+' with arguments from the 'Meta' backend"
+    r"|cannot repeat_interleave a meta tensor without output_size"
+    r"|can't convert meta device type tensor to numpy"
+    r"|Not available for 'meta' device type"
+    r"|tensor_split expected tensor_indices_or_sections to be on cpu, but it's on meta"
+    r"|Could not (guard on|extract specialized integer from) data-dependent expression"
+    r"|unsupported scalarType"  # torch.autocast on the meta device (Hugging Face's rotary table, which a GPU runs)
+    r"|[\w.]+ is not loaded in the grader's sandbox \(torch needs it for symbolic sizes)")
+
+
+def meta_error(message: str, in_torch: bool) -> bool:
+    """Whether a message is torch's own, where the meta device cannot run the file's code (the worker says torch's code
+    raised it: `in_torch`)."""
+    return in_torch and META_ERRORS.match(message) is not None
 
 
 def raised(error, memory_limit_mb: int, where: Callable[[int], str]) -> CandidateError:
@@ -39,14 +62,15 @@ def raised(error, memory_limit_mb: int, where: Callable[[int], str]) -> Candidat
     name = printable(error.get("type"))
     message = printable(error.get("message")) or "raised an exception"
     line = error.get("line") if type(error.get("line")) is int else None
+    in_torch = error.get("in_torch") is True
     kind = {"NotImplementedError": "not_implemented", "MemoryError": "memory"}.get(name, "raised")
-    if kind == "not_implemented" and any(s in message for s in TORCH_META):  # torch's own: the meta device lacks
-        kind = "raised"  # the op, or cannot give its shape without data (a bool mask's index, torch.nonzero)
+    if kind == "not_implemented" and meta_error(message, in_torch):  # torch's own: the meta device lacks the op, or
+        kind = "raised"  # cannot give its shape without data (a bool mask's index, torch.nonzero)
     if kind == "not_implemented":
         message = "not implemented yet" + (f" (NotImplementedError at line {line})" if line else "")
     if kind == "memory":
         message = f"memory limit exceeded ({memory_limit_mb} MB): {message}"
-    return CandidateError(kind, locate(message, line, where), name, line, error.get("in_torch") is True)
+    return CandidateError(kind, locate(message, line, where), name, line, in_torch)
 
 
 def locate(message: str, line, where: Callable[[int], str]) -> str:

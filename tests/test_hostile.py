@@ -4701,3 +4701,28 @@ def test_an_error_that_only_reads_like_the_meta_devices_own_skips_no_device_chec
     honest = grade_source(META_LOOKALIKE.replace("        raise RuntimeError", "        _ = scores.sum().item()\n"
                                                  "        raise RuntimeError"), device="auto")
     assert checks_of(honest)["softmax_device"].outcome == "skipped", explain(honest)  # torch's own: .item() on meta
+
+
+# Review 72's F1: torch's own code raising the file's words, echoed from an argument (its message begins elsewhere)
+ECHOES = ('torch._assert(False, "Tensor.item() cannot be called on meta tensors")',
+          'torch.empty(0, device="Tensor.item() cannot be called on meta tensors")',
+          'torch.nn.functional.pad(scores, (1, 1), mode="Tensor.item() cannot be called on meta tensors")')
+
+
+def test_meta_device_words_torch_echoes_skip_nothing_and_torchs_own_refusals_skip(grade_source):
+    """Review 72. torch raises the file's words where it echoes an argument in its message (torch._assert, a device
+    string, a pad mode), from its own code and inside a recorded call (F1: 100, fair 99): only torch's own words for
+    the meta device, at the start of its message, skip a check (errors.META_ERRORS). And it marked correct files down:
+    slice_scatter and diagonal_scatter on the meta device reach warm.py's stand-in for torch's symbolic sizes, whose
+    refusal is torch's (F2: 98, fair 100), and unique and masked_select say "Meta tensors", with a capital (F3)."""
+    for echo in ECHOES:
+        override = META_LOOKALIKE.replace('raise RuntimeError("Tensor.item() cannot be called on meta tensors")', echo)
+        result = grade_source(override, device="auto")
+        assert checks_of(result)["softmax_device"].points == 0, (echo, explain(result))
+    line = "    e = torch.exp(scores - m)\n"
+    assert REFERENCE.count(line) == 1
+    for harmless in ("_ = torch.diagonal_scatter(scores.new_zeros(3, 3), scores.new_zeros(3))",
+                     "_ = scores.unique()", "_ = scores.masked_select(scores > 0)"):
+        result = grade_source("", base=REFERENCE.replace(line, f"    {harmless}\n{line}"), device="auto")
+        assert result.full_marks, (harmless, explain(result))
+        assert checks_of(result)["softmax_device"].outcome == "skipped", explain(result)

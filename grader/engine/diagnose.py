@@ -14,12 +14,8 @@ import torch
 from grader.engine import locate
 from grader.engine.search import GENERIC
 from grader.engine.spec import Mistake, Raises
+from grader.errors import meta_error
 from grader.wire import device_of
-
-# torch.autocast(device_type="meta", ...) says "unsupported scalarType" (Hugging Face's rotary embedding, which
-# works on CUDA)
-META_UNSUPPORTED = ("'Meta' backend", "meta tensors", "meta tensor", "data-dependent", "register_meta", "Meta device",
-                    "unsupported scalarType")
 
 ON_A_GPU_TOO = ("The grader ran this step on a stand-in for a GPU (torch's meta device); on a GPU the same code fails "
                 "the same way.")
@@ -315,10 +311,9 @@ def unloaded(names) -> Mistake:
 
 def meta_unsupported(error) -> bool:
     """The meta device cannot run this code (no kernel, or it needs data): not the candidate's fault. torch's own
-    error only, in a call the record saw (the worker's `in_torch`): the same words raised by the file's own code are
-    the file's (a device check skipped so kept its points)."""
-    return (error.kind in ("raised", "not_implemented") and error.in_torch
-            and any(s in error.message for s in META_UNSUPPORTED))
+    error only, in a call the record saw (the worker's `in_torch`), as torch words it (errors.META_ERRORS): the same
+    words raised by the file's own code, or echoed by torch from its arguments, are the file's."""
+    return error.kind in ("raised", "not_implemented") and meta_error(error.message, error.in_torch)
 
 
 def error(error, line: str, source: str):

@@ -39,7 +39,11 @@ MAX_MESSAGE = 500
 MAX_FRAMES = 1000  # a traceback's entries read for the candidate's line
 TRACEBACK_OF = BaseException.__dict__["__traceback__"].__get__  # not the exception's own (a property of the file's)
 RECORDER_FILE = recorder.__file__  # the record's code: where a torch call it made raised, innermost
-TORCH_FOLDER = ["\0"]  # torch's own code, its folder: set as a child starts, before the candidate's file is imported
+# warm.py's stand-ins for what torch's meta kernels import (symbolic sizes): theirs is torch's refusal (review 72's F2)
+WARM_FILE = os.path.join(os.path.dirname(RECORDER_FILE), "warm.py")
+# torch's own code, its folder, and torch.autocast's, which raises for the meta device outside any torch call the
+# record sees: set as a child starts, before the candidate's file is imported
+TORCH_FOLDER, AUTOCAST_FILE = ["\0"], ["\0"]
 
 
 def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins, guarded, key) -> None:
@@ -54,6 +58,7 @@ def serve(wire, torch, candidate_path, read_fd, write_fd, cuda: bool, stand_ins,
     """
     sys.meta_path.insert(0, _BlockGrader())
     TORCH_FOLDER[0] = os.path.dirname(torch.__file__) + os.sep
+    AUTOCAST_FILE[0] = os.path.join(TORCH_FOLDER[0], "amp", "autocast_mode.py")
     arm, lifted, record = guarded
     record = record.forked(fresh=cuda)
     # No automatic collection while the candidate's code runs: one could start inside a torch call, where the record
@@ -245,8 +250,8 @@ def _import_candidate(path, lifted):
 def describe(exc, candidate_path, lifted, record=None):
     """Type, message and the candidate's line for an exception the candidate's code raised; and whether torch raised
     it (`in_torch`): the very exception a torch call of the record's raised, from torch's own code (the innermost
-    frame the record's call, or torch's), with the record whole. A meta device's "needs data" is torch's only then,
-    not a message the file wrote."""
+    frame the record's call, torch's, or the stand-ins warm.py puts in torch's place), or torch.autocast's own, with
+    the record whole. A meta device's "needs data" is torch's only then, not a message the file wrote."""
     line = None
     tb = TRACEBACK_OF(exc) if issubclass(type(exc), BaseException) else None  # BaseException's own getter
     places = []
@@ -269,8 +274,9 @@ def describe(exc, candidate_path, lifted, record=None):
         name = "MemoryError"  # the grader reports it as the memory limit
     where = f" (line {line})" if line else ""
     innermost = places[-1][0] if places and len(places) < MAX_FRAMES else None
-    in_torch = (record is not None and record.raised is exc and not record.hidden and type(innermost) is str
-                and (innermost == RECORDER_FILE or str.startswith(innermost, TORCH_FOLDER[0])))
+    whole = record is not None and not record.hidden and type(innermost) is str
+    in_torch = whole and (innermost == AUTOCAST_FILE[0] or record.raised is exc and (
+        innermost in (RECORDER_FILE, WARM_FILE) or str.startswith(innermost, TORCH_FOLDER[0])))
     return {"type": name, "message": (f"{name}: {text}" if text else name)[:MAX_MESSAGE] + where, "line": line,
             "in_torch": in_torch}
 
