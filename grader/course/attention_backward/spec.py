@@ -982,7 +982,9 @@ FUNCTION = StepSpec(
     answered=("flash_attention_backward",), plain="non_causal", parts=((("out",), FN_SAVED),),
     checks=(
         prop("non_causal", 3, function_case(causal=False, t_q=FTK + 3, t_k=FTQ)),
-        prop("causal", 3, function_case(), situation=FN_CAUSAL),
+        # blocks of 6 keys: the last query of the second block of 5 sees key 18, the first of a key block (blind set
+        # 55's b07 ended the key loop there)
+        prop("causal", 3, function_case(block_k=6), situation=FN_CAUSAL),
         prop("far_below_zero", 1, function_case(dtype=torch.float64, causal=False, below=800.0),
              situation=FN_BELOW_ZERO),
         prop("float64", 3, function_case(dtype=torch.float64, t_q=FTK + 3, t_k=FTQ, block_q=7,
@@ -1036,6 +1038,9 @@ FUNCTION = StepSpec(
         Mistake("FlashAttentionFunction.forward_tiles_skipped_from_first_row", "the forward's causal loop stopped at "
                 "the first key block past the query block's first row: stop past its last row's last key, "
                 "Tk - Tq + its last query", _forward_variant(skip_from_first_row=True)),
+        Mistake("FlashAttentionFunction.forward_stops_short", "the forward's causal key loop stops one key short: end "
+                "it past the block's last query's own key, min(Tk, Tk - Tq + i1)", _forward_variant(stop_short=True),
+                why="range's end is exclusive: ending at the last query's own key skips a key block starting there."),
         Mistake("FlashAttentionFunction.forward_scale_wrong", "the forward's scores were not scaled by 1/√D, D q's "
                 "width (not scaled, scaled twice, or by v's width): s = q kᵀ / √D",
                 lambda *a, **k: [_forward_variant(scale=wrong)(*a, **k) for wrong in ("none", "twice", "v")]),

@@ -472,6 +472,10 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
     Variant("fn_forward_last_block_dropped", function().replace("for j in range(0, t_k, bk_):",
                                                                 "for j in range(0, t_k - t_k % bk_, bk_):"),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_last_block_dropped"),
+    Variant("fn_forward_stops_short", function().replace(
+        "for j in range(0, t_k, bk_):",
+        "for j in range(0, min(t_k, t_k - t_q + min(i + bq_, t_q) - 1) if causal else t_k, bk_):"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_stops_short"),
     Variant("fn_forward_positions_past_the_end", function().replace(
         "cols = torch.arange(j, j + scores.shape[-1], device=q.device)[None, :]",
         "cols = torch.arange(j, j + block_k, device=q.device)[None, :]"),
