@@ -76,7 +76,7 @@ from grader.engine.spec import (
     values,
 )
 from grader.engine.stock import defaults, end_to_end, gradients, linear_layers, raises_value_error
-from grader.engine.tiles import TileSizes, judge_tiles, tiles_only
+from grader.engine.tiles import TILE_POSITIONS, TileSizes, judge_tiles, tiles_only
 from grader.engine.tolerance import EXACT_FLOAT64, HALF_TYPES, Tolerance, expect_close, expect_form, grid, upcast
 from grader.sandbox.recorder import FUNCTION_NODES, NODE_KIND
 from grader.wire import device_of
@@ -90,7 +90,7 @@ __all__ = [
     "gradients", "grid", "linear_layers", "search",
     "matches_any", "no_torch", "numpy_only", "prop", "raises_value_error", "rules", "shape", "source_of", "upcast",
     "values",
-    "TileSizes", "judge_tiles", "tiles_only", "CODE_IN_BACKWARD", "GRAPH", "parse", "exactly",
+    "TILE_POSITIONS", "TileSizes", "judge_tiles", "tiles_only", "CODE_IN_BACKWARD", "GRAPH", "parse", "exactly",
     "FUNCTION_NODES", "NODE_KIND",
     "Script", "build", "call", "chunks", "expect_chunks", "expect_count", "expect_each",
     "expect_joined", "expect_result", "fill",

@@ -18,6 +18,10 @@ from grader.engine.failure import CheckFailed
 from grader.engine.rules import expect_seen
 from grader.engine.spec import Mistake
 
+# A tile's positions counted a whole block from its start (arange(j, j + block_k), j + arange(block_k)): the
+# line a `positions_past_the_end` mistake's error comes from uses it (Raises.uses).
+TILE_POSITIONS = r"arange\([^()\n]*block_[qk]"
+
 
 def _padded(length: int, block: int) -> int:
     """`length` rounded up to whole blocks."""

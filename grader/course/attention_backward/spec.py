@@ -45,6 +45,7 @@ from grader.engine import (
     FUNCTION_NODES,
     GRAPH,
     NODE_KIND,
+    TILE_POSITIONS,
     Call,
     CandidateError,
     CheckFailed,
@@ -148,10 +149,6 @@ OPERAND_LINE = r"(?i)(grad_?s|\bd_?s\b|\bds_?\w*|grad_scores)\w*.*@\s*(q|k)\w*\b
 # dP = dO kᵀ for dO vᵀ: a copy of the scores' line; D ≠ Dv in every check, so it does not run
 DP_FROM_KEYS = Raises(message=r"size|shape|match|multiplied",
                       line=r"(?i)(grad|\bd_?o|dout|\bg\b).*\bk\w*\s*\.\s*(transpose|T\b|mT\b|permute|swapaxes)")
-
-
-# A tile's positions counted a whole block from its start: arange(j, j + block_k), j + arange(block_k)
-TILE_POSITIONS = r"arange\([^()\n]*block_[qk]"
 
 
 # -- softmax_backward -----------------------------------------------------------------------

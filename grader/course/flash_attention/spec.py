@@ -30,6 +30,7 @@ import torch
 from grader.engine import (
     ALWAYS,
     HALF_TYPES,
+    TILE_POSITIONS,
     Call,
     CheckFailed,
     Mistake,
@@ -476,7 +477,7 @@ FLASH = StepSpec(
                     "shorter at the end, as it should be."),
         Mistake("flash_attention.positions_past_the_end", "the last, shorter tile's positions run past the sequence "
                 "(arange(j, j + block_k)): take them from the tile's own bounds, arange(j, min(j + block_k, Tk))",
-                raises=Raises(message=r"must match the size|broadcast", uses=r"arange\([^()\n]*block_[qk]"),
+                raises=Raises(message=r"must match the size|broadcast", uses=TILE_POSITIONS),
                 why="When block_k does not divide Tk (or block_q Tq), the last tile is shorter than a block: positions "
                     "counted a whole block from its start do not fit its scores."),
         Mistake("flash_attention.slice_off_by_one", "each key block's slice ends one key short (j:j + block_k - 1): "
