@@ -24,6 +24,7 @@ from grader.report import FORMATS, render
 EXIT_FULL_MARKS, EXIT_POINTS_LOST, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 INTERRUPTED = "attn-grade: interrupted (Ctrl-C); run the command again to finish it."
 BUG_REPORT = "This is a bug in attn-grade, not in your code: please report it with the output above."
+DEPENDENCIES = ("torch", "numpy", "pytest", "pytest_timeout")  # pyproject.toml's, which grading imports late
 GRADING_COMMANDS = ("grade", "watch", "interview", "batch")  # they run candidate code (see `resolve_command`)
 
 
@@ -446,6 +447,13 @@ def _run(function, *args, **kwargs):
         return function(*args, **kwargs)
     except UsageError as error:
         raise click.UsageError(str(error)) from None
+    except ModuleNotFoundError as error:
+        if str(error.name).split(".")[0] not in DEPENDENCIES:
+            raise
+        # run from a checkout without the kit installed (python -m grader): the environment's fault, not a bug
+        raise click.UsageError(
+            f"{error.name} is not installed in this Python ({sys.executable}): install the kit with its "
+            "dependencies, as the README says (pip install -e . after PyTorch's CPU wheel)") from None
     except Exception:
         click.echo(traceback.format_exc(), err=True)
         click.echo(f"attn-grade: internal error. {BUG_REPORT}", err=True)

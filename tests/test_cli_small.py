@@ -186,6 +186,25 @@ def test_a_file_that_is_no_text_or_no_file_is_a_usage_error_not_a_grader_bug(tmp
     assert init.exit_code == 2 and "is not a plain file" in init.stderr and len(init.stderr.splitlines()) == 1
 
 
+
+def test_a_python_without_torch_is_told_to_install_it_not_a_grader_bug(tmp_path):
+    """`python -m grader` in a checkout, from a Python where the kit is not installed, exited 3 with a traceback."""
+    without_torch = (
+        "import sys\n"
+        "class NoTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ModuleNotFoundError(f\"No module named '{name}'\", name=name)\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+        "sys.argv = ['attn-grade', 'grade', sys.argv[1]]\n"
+        "from grader.cli import entry\n"
+        "entry()\n")
+    done = subprocess.run([sys.executable, "-c", without_torch, str(ROOT / "solutions" / "mha.py")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "torch is not installed in this Python" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
 # -- torch's multi-line errors -------------------------------------------------------------
 
 
