@@ -3415,6 +3415,25 @@ def test_a_named_mistakes_pattern_reads_a_bounded_part_of_the_source():
     assert not line.matches(Error, " " * MATCHED_LINE + "k.narrow(2, 0, t)", "")
 
 
+
+def test_a_named_mistakes_uses_pattern_reads_a_long_line_in_bounded_time():
+    """Review 73's F1: keepdim_lost's `uses` pattern had a run of [^)]* on each side of the axis, so a binding of
+    7,800 characters of ".sum(1111" with no ")" backtracked over every split of the line: 6 s a diagnosis, for every
+    failing check, 304 s of the grader's own time for mha. The axis is now read by a lookahead."""
+    from grader.engine.diagnose import KEEPDIM_LOST
+
+    class Error:
+        type, message = "RuntimeError", "The size of tensor a (2) must match the size of tensor b (3)"
+
+    note = '    note = "' + ".sum(11111" * 780 + '"\n'
+    source = "def forward(self, x):\n" + note + "    return torch.ones(2) + torch.ones(3)\n"
+    start = time.process_time()
+    assert not KEEPDIM_LOST.raises.matches(Error, "    return torch.ones(2) + torch.ones(3)", source)
+    assert time.process_time() - start < 2.0  # 6 s before; about 0.02 s now
+    found = "    m = s.max(dim=-1)\n    return s - m\n"
+    assert KEEPDIM_LOST.raises.matches(Error, "    return s - m", "def f(s):\n" + found)
+    assert not KEEPDIM_LOST.raises.matches(Error, "    return s - s.max(-1, keepdim=True)", "")
+
 SCORES_AT_OTHER_SIZES = """
 _flash = flash_attention
 

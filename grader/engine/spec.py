@@ -61,7 +61,7 @@ def _uses(pattern: str, line: str, source: str) -> bool:
     """Whether `line` says what `pattern` matches, or a name `source` binds to something that does."""
     if re.search(pattern, line):
         return True
-    names = {name.strip() for bound in BOUND.finditer(source) if re.search(pattern, bound.group(2))
+    names = {name.strip() for bound in BOUND.finditer(source) if re.search(pattern, bound.group(2)[:MATCHED_LINE])
              for name in bound.group(1).split(",")}
     return any(re.search(rf"\b{name}\b", line) for name in names)
 
