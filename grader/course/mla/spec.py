@@ -54,10 +54,11 @@ def positions_with_gaps(gen, t: int) -> torch.Tensor:
     return (torch.randperm(40, generator=gen.rng)[:t] + 1).sort().values
 
 
-def compress_inputs(gen, dtype, t=5):
+def compress_inputs(gen, dtype, t=5, past=0):
+    """`past`: the positions start past it (a decode deep in a sequence)."""
     x = gen.randn(B, t, D, dtype=dtype)
     w_dkv, w_kr = gen.randn(R, D, dtype=dtype, scale=D**-0.5), gen.randn(DR, D, dtype=dtype, scale=D**-0.5)
-    return Call((x, w_dkv, w_kr, positions_with_gaps(gen, t)), names=("x", "w_dkv", "w_kr", "positions"))
+    return Call((x, w_dkv, w_kr, positions_with_gaps(gen, t) + past), names=("x", "w_dkv", "w_kr", "positions"))
 
 
 def _compress(x, w_dkv, w_kr, positions, *, rope_latent=False, rope_key=True, from_zero=False, interleaved=False,
@@ -98,9 +99,16 @@ UNTRANSPOSED = r"cannot be multiplied|size mismatch|shape mismatch|must match th
 ONE_TOKEN = Mistake("compress_kv.one_token_mishandled", "right for several tokens, wrong for one: an axis of size "
                     "1 was squeezed or indexed away; keep (B, 1, kv_lora_rank) and (B, 1, qk_rope_head_dim)")
 
+# Positions past 1000: bfloat16 holds whole numbers only up to 256, and past 1024 only multiples of 8
+COMPRESS_FAR_HALF = Mistake("compress_kv.positions_rounded", "right in float32, wrong in bfloat16 past position 256: "
+                            "the positions were cast to x's dtype (positions.to(x)); move them with .to(x.device)",
+                            why="apply_rope turns them into angles in float32; bfloat16 rounds a position past 256 "
+                                "first, and the key turns by the wrong angle (blind set 56's b09).")
+
 COMPRESS = StepSpec(
     "compress_kv", compress_inputs, ref.compress_kv, outputs=("c_kv", "k_rope"),
-    checks=(shape(1), values("values", 3, FLOATS), values("one_token", 2, situation=ONE_TOKEN, t=1), device(1)),
+    checks=(shape(1), values("values", 3, FLOATS), values("one_token", 1, situation=ONE_TOKEN, t=1),
+            values("far_bfloat16", 1, (torch.bfloat16,), situation=COMPRESS_FAR_HALF, past=1000), device(1)),
     mistakes=(
         Mistake("compress_kv.rope_on_latent", "RoPE was applied to c_kv: the latent carries no position; rotate only "
                 "k_rope = RoPE(x @ w_krᵀ)", lambda *a: _compress(*a, rope_latent=True),
@@ -685,7 +693,9 @@ def bytes_check(**params):
     return check
 
 
-UNKNOWN = ("mqa", "m", "ml", "")  # not known, and pieces of the known names (a test `in "mha"` takes a substring)
+# not known, pieces of the known names (a test `in "mha"` takes a substring), and the known ones spelled otherwise
+# (a name normalised with .strip().lower(): blind set 56's b16)
+UNKNOWN = ("mqa", "m", "ml", "", "MLA", " gqa")
 
 
 def unknown_refused(run: Run) -> None:

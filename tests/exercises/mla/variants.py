@@ -120,6 +120,11 @@ def compress_kv(x, w_dkv, w_kr, positions):
     c_kv = x @ w_dkv
     return c_kv, apply_rope(x @ w_kr.T, positions)
 """, "compress_kv", "compress_kv.weight_not_transposed"),
+    Variant("compress_positions_in_input_dtype", """
+def compress_kv(x, w_dkv, w_kr, positions):
+    positions = positions.to(x)  # to x's device, and its dtype too (blind set 56's b09)
+    return x @ w_dkv.T, apply_rope(x @ w_kr.T, positions)
+""", "compress_kv", "compress_kv.positions_rounded"),
     # -- expand_kv ----------------------------------------------------------------------------
     Variant("expand_flattened_with_view", """
 def expand_kv(c_kv, w_uk, w_uv, num_heads):
@@ -740,6 +745,16 @@ def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_hea
         return num_layers * (kv_lora_rank + qk_rope_head_dim) * itemsize
     heads = num_heads if attention == "mha" else num_kv_heads  # anything else counted as GQA
     return num_layers * 2 * heads * head_dim * itemsize
+""", "cache_bytes_per_token", "cache_bytes_per_token.unknown_not_refused"),
+    Variant("bytes_name_normalised", """
+def cache_bytes_per_token(attention, num_layers, num_heads, head_dim, num_kv_heads, kv_lora_rank, qk_rope_head_dim,
+                          dtype):
+    kinds = {"mha": 2 * num_heads * head_dim, "gqa": 2 * num_kv_heads * head_dim,
+             "mla": kv_lora_rank + qk_rope_head_dim}
+    attention = attention.strip().lower()  # "MLA" and " gqa" taken for known names (blind set 56's b16)
+    if attention not in kinds:
+        raise ValueError(f"unknown attention {attention!r}")
+    return num_layers * kinds[attention] * dtype.itemsize
 """, "cache_bytes_per_token", "cache_bytes_per_token.unknown_not_refused"),
     Variant("bytes_tensor", bytes_with(item="torch.tensor(dtype.itemsize)"),
             "cache_bytes_per_token", "cache_bytes_per_token.not_int"),
