@@ -603,6 +603,9 @@ class LatentCache(LatentCache):
     Variant("module_query_split_swapped", forward_with(
         "q_nope, q_rope = q.split([Dn, Dr], dim=-1)", "q_rope, q_nope = q.split([Dr, Dn], dim=-1)"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.query_split_swapped"),
+    Variant("module_query_heads_no_transpose", forward_with(  # blind set 56's b14: right for one token only
+        "q = self.w_q(x).view(B, T, H, Dn + Dr).transpose(1, 2)", "q = self.w_q(x).view(B, H, T, Dn + Dr)"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.query_heads_no_transpose"),
     Variant("module_query_split_across_heads", forward_with(
         "q_nope, q_rope = q.split([Dn, Dr], dim=-1)",
         "q_nope, q_rope = (part.reshape(B, T, H, -1).transpose(1, 2)\n"
