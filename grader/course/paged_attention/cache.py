@@ -199,6 +199,15 @@ def _wrapped(record: PoolScript, *_) -> bool:
     return False
 
 
+def _handed_out_twice(record: PoolScript, *_) -> bool:
+    """A block in two live sequences' tables at once, or twice in one's."""
+    for s in record.seen():
+        held = [block for table in s.tables.values() for block in (_table(table) or [])]
+        if len(held) != len(set(held)):
+            return True
+    return False
+
+
 def _slots_from_append(record: PoolScript, *_) -> bool:
     """An append that started inside a block wrote its i-th token at slot i % block_size, its index in the append
     rather than its position in the sequence: over the tokens before it."""
@@ -556,6 +565,11 @@ CROSSES_BLOCK = Mistake(
 VALUES_ARE_KEYS = Mistake(
     "PagedKVCache.values_written_from_keys", "the values' pool holds the keys: append writes v into v_cache, "
     "v_cache[blocks, slots] = v (a copied line kept its k)", test=_values_are_keys)
+HANDED_OUT_TWICE = Mistake(
+    "PagedKVCache.block_handed_out_twice", "one block was handed to two sequences (or twice to one): remove from the "
+    "free list the very blocks an append takes (free[:n] taken, free[:n] removed)",
+    why="The count of free blocks stays right when as many are removed as taken; removing others leaves the taken "
+        "ones free, and the next append writes over their tokens (blind set 56's b18).", test=_handed_out_twice)
 WRAPPED = Mistake(
     "PagedKVCache.append_wrapped_in_one_block", "an append crossing a block boundary wrote every token into one "
     "block (its first token's, or the newest): look each token's block up, table[t // block_size]",
@@ -641,8 +655,8 @@ CACHE = StepSpec(
         prop("unchanged_after_refusal", 3, unchanged_after_refusal), prop("free", 2, free_returns_blocks),
         prop("device", 2, pool_on_device, gated=ON_META),
     ),
-    mistakes=(VALUES_ARE_KEYS, GROWN_BY_CAT, STORAGE_REPLACED, EXTRA_BLOCK, LAST_BLOCK_MISSING, CROSSES_BLOCK,
-              LOGICAL_WRITTEN, WRAPPED, SLOTS_FROM_APPEND, TOKENS_MOVED, KV_SHARED, SLOTS_COUNTED,
+    mistakes=(VALUES_ARE_KEYS, GROWN_BY_CAT, STORAGE_REPLACED, HANDED_OUT_TWICE, EXTRA_BLOCK, LAST_BLOCK_MISSING,
+              CROSSES_BLOCK, LOGICAL_WRITTEN, WRAPPED, SLOTS_FROM_APPEND, TOKENS_MOVED, KV_SHARED, SLOTS_COUNTED,
               OUT_OF_BLOCKS_NOT_REFUSED, CHANGED_BEFORE_RAISING, EXACT_FIT_REFUSED, ROOM_IGNORED, FREE_KEEPS_BLOCKS,
               FREE_KEEPS_SEQUENCE, DTYPE_IGNORED, TABLE_SORTED, EVERY_BLOCK_TAKEN, DEFAULT_DTYPE),
 )

@@ -103,6 +103,13 @@ class PagedKVCache(PagedKVCache):
             self.v_cache[table[t // bs], i % bs] = v[i]
         self.tables[seq_id], self.lengths[seq_id] = table, end"""),
             "PagedKVCache", "PagedKVCache.slot_from_append_index"),
+    Variant("pool_block_handed_out_twice", append_with("""\
+        needed = -(-end // bs) - len(table)
+        if needed > len(self.free_blocks):
+            raise RuntimeError("out of blocks")
+        table = table + self.free_blocks[:needed]  # taken from the front ...
+        del self.free_blocks[len(self.free_blocks) - needed:]  # ... removed from the end (blind set 56's b18)
+""" + WRITE), "PagedKVCache", "PagedKVCache.block_handed_out_twice"),
     Variant("pool_append_wrapped_in_one_block", append_with(TAKE + """\
         block = table[start // bs]  # looked up once, for the append's first token
         for i, t in enumerate(range(start, end)):
