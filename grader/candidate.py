@@ -211,6 +211,10 @@ class Candidate:
 
     # -- calls ---------------------------------------------------------------------------
 
+    def fresh(self) -> None:
+        """The next call runs in a fresh child: nothing the calls before it left in the process is there."""
+        self._pool.drop_live()
+
     def call(self, name: str, *args, device: str = "cpu", **kwargs) -> Answer:
         """Call the candidate's function `name` on `device` with the grader's inputs."""
         return self.invoke(name, args, kwargs, device)

@@ -261,6 +261,13 @@ STATE_BETWEEN_CALLS = Mistake(
     "calls without a cache must be independent",
     why="Keys and values kept on the module from call to call belong in a cache the caller passes and owns.",
 )
+KEPT_FROM_EARLIER_CALL = Mistake(
+    "kept_from_earlier_call",
+    "kept something from an earlier call (wrong after other calls, right as a fresh process's first): compute from "
+    "the arguments each time; no cache keyed by data_ptr, id or shape",
+    why="A freed tensor's address is handed to the next one: a result cached by data_ptr is another weight's "
+        "(blind set 56's b12).",
+)
 GRADIENT_CUT = Mistake(
     "gradient_cut",
     "no gradient reached a weight or an input: .data, .detach(), torch.no_grad() or a new tensor built from "
@@ -292,7 +299,7 @@ ERRORS = (EMPTY_SLICE, OPEN_SLICE_WRITE, VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HAL
 FORMS = (MASK_NOT_BOOL, DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE,
          RESULT_ON_CPU)
 CATALOGUE = (*ERRORS, *FORMS, *GENERIC, *locate.GENERIC, PARAMETERS_NOT_LOADED, CONSTRUCTOR_DEFAULTS,
-             STATE_BETWEEN_CALLS, GRADIENT_CUT, DROPOUT_AT_EVAL,
+             STATE_BETWEEN_CALLS, KEPT_FROM_EARLIER_CALL, GRADIENT_CUT, DROPOUT_AT_EVAL,
              FORBIDDEN_CALL, ASSERT_NOT_VALUEERROR, INPUT_CHANGED)
 
 

@@ -535,12 +535,30 @@ class Run:
             mistake = (locate.unwritten(self, value, call) or locate.unasked(self, value, call)
                        or locate.softened(self, value, call))
         if mistake is None and device != "meta":  # where it is wrong: the case this check adds, a part, a probe
+            if self.kept_from_earlier_call(call):
+                return diagnose.KEPT_FROM_EARLIER_CALL
             if self.situated():
                 return self.check.situation
             mistake = (locate.scaled(self, value, call) or locate.zeroed(self, value, call)
                        or locate.rearranged(self, value, call) or locate.parts(self, value, call)
                        or (None if self.plain_passed() else locate.probed(self)))
         return mistake
+
+    def kept_from_earlier_call(self, call: Call) -> bool:
+        """Is a function's wrong answer right when asked again as the first call of a fresh process: it kept
+        something from an earlier call? Asked once a step (a fork and a call), and the answer kept for its other
+        checks."""
+        key = ("fresh", self.step.id)
+        if self.step.module:
+            return False
+        if key not in self.ctx.shared:
+            self.ctx.shared[key] = False
+            self.ctx.candidate.fresh()
+            try:
+                self.ctx.shared[key] = self.matches(self.answer(call, steer=False), call)
+            except (CheckFailed, CandidateError):
+                pass
+        return self.ctx.shared[key]
 
     def plain_passed(self) -> bool:
         """Did the step's plain check (StepSpec.plain) run in this grade, and pass?"""

@@ -249,6 +249,14 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
     return scores / math.sqrt(q_nope.shape[-1] + q_rope.shape[-1])
 """, "mla_scores", "mla_scores.rope_key_not_shared"),
     # -- absorbed_attention -------------------------------------------------------------------
+    Variant("absorbed_fold_kept_by_shape", absorbed_with(  # the fold "once per model" (blind set 56's b12)
+        "    y = out_latent @ w_uv.view(H, -1, R).transpose(-2, -1)\n"
+        "    return y.transpose(1, 2).reshape(*y.shape[:1], y.shape[2], -1) @ w_o.T\n",
+        "    key = (tuple(w_uv.shape), tuple(w_o.shape), w_o.dtype, w_o.device)\n"
+        "    if key not in FOLDED:  # (D, H, R): w_o and w_uv folded, kept for the next call\n"
+        "        FOLDED[key] = torch.einsum('dhv,hvr->dhr', w_o.view(D, H, -1), w_uv.view(H, -1, R))\n"
+        "    return torch.einsum('bhqr,dhr->bqd', out_latent, FOLDED[key])\n") + "\n\nFOLDED = {}\n",
+            "absorbed_attention", "kept_from_earlier_call"),
     Variant("absorbed_mask_of_the_first_sequence", absorbed_with(
         'scores = scores.masked_fill(~mask, float("-inf"))',
         'scores = scores.masked_fill(~mask.reshape(-1, *mask.shape[-2:])[0], float("-inf"))  # (Tq, Tk) assumed'),
