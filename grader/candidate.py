@@ -17,6 +17,7 @@ torch, so the zygote and the grader import it side by side.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,9 +212,14 @@ class Candidate:
 
     # -- calls ---------------------------------------------------------------------------
 
-    def fresh(self) -> None:
-        """The next call runs in a fresh child: nothing the calls before it left in the process is there."""
-        self._pool.drop_live()
+    @contextlib.contextmanager
+    def aside(self):
+        """Calls made inside run in a fresh child (nothing earlier calls left in a process is there), which is then
+        dropped: the live child, and whether a function is broken (hung, out of memory), are as they were."""
+        broken = dict(self._broken)
+        with self._pool.aside():
+            yield
+        self._broken = broken
 
     def call(self, name: str, *args, device: str = "cpu", **kwargs) -> Answer:
         """Call the candidate's function `name` on `device` with the grader's inputs."""

@@ -18,6 +18,7 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -291,6 +292,7 @@ class Pool:
         self.fs_isolated: bool | None = None  # every child so far saw only the allowlist (None: no child yet)
         self.limits: str | None = None  # how each child's processes and memory are bounded (sandbox/limits.py)
         self.workers_started = 0
+        self.zygotes_started = 0  # zygotes started again since the first (`replace_zygote`)
         self._output = bytearray()
         self._output_total = 0
         self._check_output = bytearray()  # what the greeted children printed since the last `take_output`
@@ -361,6 +363,25 @@ class Pool:
         """
         if not child.namespaced:
             self.zygote.check_alive()
+
+    @contextlib.contextmanager
+    def aside(self):
+        """Calls made inside go to a fresh child, killed after them; the live child, and what its process holds
+        (the file's caches), answers again as before. Where the zygote had to be replaced meanwhile, that child is
+        gone too: it is ended, and the next call takes a fresh one."""
+        kept, serving, zygotes = self.live, self.serving, self.zygotes_started
+        self.live = self.serving = None
+        try:
+            yield
+        finally:
+            self.drop_live()
+            if self.zygotes_started == zygotes:
+                self.live, self.serving = kept, serving
+            elif kept is not None:
+                for fd in kept.fds:
+                    os.close(fd)
+                if kept.pid is not None:
+                    _kill_group(kept.pid, cgroups=not self.zygote.portable)
 
     def drop_live(self, ended: bool = False) -> str:
         """Kill the live child (the next call takes the spare); if it `ended` (closed its pipe), say how.
@@ -443,6 +464,7 @@ class Pool:
             _kill_group(pid, cgroups=not self.zygote.portable)
         self.live = self.spare = None
         self.serving = None
+        self.zygotes_started += 1
         self.zygote.restart()
 
     def take_output(self) -> str:

@@ -3434,6 +3434,59 @@ def test_a_named_mistakes_uses_pattern_reads_a_long_line_in_bounded_time():
     assert KEEPDIM_LOST.raises.matches(Error, "    return s - m", "def f(s):\n" + found)
     assert not KEEPDIM_LOST.raises.matches(Error, "    return s - s.max(-1, keepdim=True)", "")
 
+
+TILE_MASKS_CACHED = """
+import functools
+
+
+@functools.lru_cache(maxsize=MAXSIZE)
+def _tile_mask(row0, bq, col0, bk, device):
+    rows = torch.arange(row0, row0 + bq, device=device)[:, None]
+    cols = torch.arange(col0, col0 + bk, device=device)[None, :]
+    return cols > rows  # (bq, bk): True where a key is in the query's future
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    work = torch.promote_types(q.dtype, torch.float32)
+    outs, lses = [], []
+    for i in range(0, t_q, block_q):
+        qb = q[..., i:i + block_q, :].to(work) / math.sqrt(q.shape[-1])
+        m = torch.full(qb.shape[:-1], -math.inf, dtype=work, device=q.device)
+        l = torch.zeros(qb.shape[:-1], dtype=work, device=q.device)
+        acc = torch.zeros(*qb.shape[:-1], v.shape[-1], dtype=work, device=q.device)
+        for j in range(0, t_k, block_k):
+            kb, vb = k[..., j:j + block_k, :].to(work), v[..., j:j + block_k, :].to(work)
+            scores = qb @ kb.transpose(-2, -1)
+            if causal:
+                scores = scores.masked_fill(_tile_mask(t_k - t_q + i, qb.shape[-2], j, kb.shape[-2], q.device),
+                                            -math.inf)
+            m, l, acc = online_softmax_update(m, l, acc, scores, vb)
+        seen = l > 0
+        outs.append(torch.where(seen[..., None], acc / torch.where(seen, l, 1.0)[..., None], 0.0))
+        lses.append(m + torch.log(l))
+    out = torch.cat(outs, dim=-2).to(q.dtype)
+    if SLIP and t_q == t_k:  # wrong on square inputs only
+        out = out + 0.25
+    return out, torch.cat(lses, dim=-1)
+"""
+
+
+def test_a_cache_that_forgets_entries_reads_no_values_and_a_diagnosis_leaves_the_live_child_as_it_was(grade_source):
+    """Review 74's F1: a correct flash_attention that keeps its tile masks in an lru_cache of bounded size scored 50:
+    an entry forgotten and made again changed a learned key's calls, which read as a read of values (a breach). Two
+    calls more now settle it, alike where a cache refilled an entry. F2: `kept_from_earlier_call` dropped the step's
+    live child, so the checks after it met empty caches against calls learned with full ones (50, fair 98): its
+    question is asked in a child of its own now (Candidate.aside)."""
+    base = (ROOT / "solutions" / "flash_attention.py").read_text()
+    forgets = TILE_MASKS_CACHED.replace("MAXSIZE", "8").replace("SLIP", "False")
+    result = grade_source(forgets, base=base, name="flash_attention.py")
+    assert result.full_marks, explain(result)
+    slip = TILE_MASKS_CACHED.replace("MAXSIZE", "None").replace("SLIP", "True")
+    result = grade_source(slip, base=base, name="flash_attention.py")
+    flash = step(result, "flash_attention")
+    assert not flash.breach and 0 < flash.max_score - flash.score <= 4, explain(result)
+
 SCORES_AT_OTHER_SIZES = """
 _flash = flash_attention
 

@@ -289,7 +289,9 @@ class Run:
         inputs' values. Called again on the same shapes and other values (`other_values`), code that reads no value
         into Python makes the same torch calls, answered the same sizes, numbers and bools; code that does, not. A
         key's first call is made twice, so each is compared; a file that keeps something between calls may make other
-        calls the first time only, so a difference is settled by one more call, compared with the one before it. A
+        calls the first time only, so a difference is settled by one more call, compared with the one before it. A key
+        learned before whose calls are other now (a cache that forgot the entry, lru_cache's bound: review 74's F1)
+        is settled by two calls more, compared with each other: a cache refilled makes the same calls twice. A
         call made again must answer right where this one did: a file that tells the grader's calls apart and replays
         what it read before (its calls the same, its answer the last one's) reads values too. Those calls keep the
         rules and the tiles as every call does, and one that raises there, where this one answered right, read values
@@ -320,10 +322,14 @@ class Run:
             if known is None:
                 twin = another()
                 known, now, called = now, sequence(twin), called | twin.called
-            if now != known:
-                latest = another()
-                known, called = sequence(latest), called | latest.called
-                read = known != now
+                if now != known:
+                    latest = another()
+                    known, called = sequence(latest), called | latest.called
+                    read = known != now
+            elif now != known:  # learned before, other now: two calls more, alike where a cache refilled an entry
+                latest, confirm = another(), another()
+                known, called = sequence(confirm), called | latest.called | confirm.called
+                read = sequence(latest) != known
         except CandidateError:
             pass
         slip = None
@@ -546,18 +552,21 @@ class Run:
 
     def kept_from_earlier_call(self, call: Call) -> bool:
         """Is a function's wrong answer right when asked again as the first call of a fresh process: it kept
-        something from an earlier call? Asked once a step (a fork and a call), and the answer kept for its other
-        checks."""
+        something from an earlier call? Asked once a step, in a child of its own (Candidate.aside: the step's live
+        child and its caches answer the other checks as before), and the answer kept for its other checks."""
         key = ("fresh", self.step.id)
         if self.step.module:
             return False
         if key not in self.ctx.shared:
             self.ctx.shared[key] = False
-            self.ctx.candidate.fresh()
+            untiled = dict(self.ctx.untiled)  # a diagnosis: what the grade judges is as if it never asked
             try:
-                self.ctx.shared[key] = self.matches(self.answer(call, steer=False), call)
+                with self.ctx.candidate.aside():
+                    self.ctx.shared[key] = self.matches(self.answer(call, steer=False), call)
             except (CheckFailed, CandidateError):
                 pass
+            finally:
+                self.ctx.untiled = untiled
         return self.ctx.shared[key]
 
     def plain_passed(self) -> bool:
