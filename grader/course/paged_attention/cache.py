@@ -473,7 +473,9 @@ def free_returns_blocks(run: Run) -> None:
     pool = script.build("PagedKVCache", 9, BLOCK, H, DH)
     script.call(pool, "append", 1, k1, v1, names=KV)
     script.call(pool, "append", 2, k2, v2, names=KV)
+    held = script.call(pool, "block_table", 2, may_raise=True)
     script.call(pool, "free", 1, names=("seq_id",))
+    kept = script.call(pool, "block_table", 2, may_raise=True)
     free = script.call(pool, "num_free_blocks")
     taken = script.call(pool, "append", 3, k3, v3, names=KV, may_raise=True)
     reused = script.call(pool, "append", 1, k4, v4, names=KV, may_raise=True)
@@ -490,6 +492,10 @@ def free_returns_blocks(run: Run) -> None:
                           f"after free(1), num_free_blocks() is {results[free]!r}; expected 7"
                           + (f" (sequence 2's table is {table2})" if extra else ": free returns the sequence's blocks"),
                           EXTRA_BLOCK if extra else FREE_KEEPS_BLOCKS)
+    before, after = _table(results[held]), _table(results[kept])
+    if before is not None and after != before:
+        raise CheckFailed(f"free(1) changed sequence 2's block table from {before} to {results[kept]!r}: its tokens "
+                          "were moved, where a stored token never moves", FREE_MOVES_TOKENS)
     if isinstance(results[taken], CandidateError):
         raise CheckFailed(f"after free(1), 7 blocks are free, but 13 tokens (4 blocks) for a new sequence were "
                           f"refused: {results[taken].message}", FREE_KEEPS_BLOCKS)
@@ -620,6 +626,11 @@ FREE_KEEPS_BLOCKS = Mistake(
     "PagedKVCache.free_keeps_blocks", "free did not return the sequence's blocks: put every block "
     "of its table back on the free list",
     why="A finished sequence's blocks must serve the next ones at once; otherwise the pool leaks until it is empty.")
+FREE_MOVES_TOKENS = Mistake(
+    "PagedKVCache.free_moves_tokens", "free moved other sequences' tokens (the pool compacted into the freed blocks): "
+    "leave their blocks and tables as they are; a freed block only goes back on the free list",
+    why="A block table is the one map from a token to its slot, and readers hold it (a batch in flight): paging "
+        "needs no compaction, any free block serves the next append (blind set 57's b24).")
 FREE_KEEPS_SEQUENCE = Mistake(
     "PagedKVCache.free_keeps_sequence", "free returned the blocks but kept the sequence's table or length: forget "
     "the sequence too, so a reused id starts empty with fresh blocks",
@@ -658,5 +669,5 @@ CACHE = StepSpec(
     mistakes=(VALUES_ARE_KEYS, GROWN_BY_CAT, STORAGE_REPLACED, HANDED_OUT_TWICE, EXTRA_BLOCK, LAST_BLOCK_MISSING,
               CROSSES_BLOCK, LOGICAL_WRITTEN, WRAPPED, SLOTS_FROM_APPEND, TOKENS_MOVED, KV_SHARED, SLOTS_COUNTED,
               OUT_OF_BLOCKS_NOT_REFUSED, CHANGED_BEFORE_RAISING, EXACT_FIT_REFUSED, ROOM_IGNORED, FREE_KEEPS_BLOCKS,
-              FREE_KEEPS_SEQUENCE, DTYPE_IGNORED, TABLE_SORTED, EVERY_BLOCK_TAKEN, DEFAULT_DTYPE),
+              FREE_MOVES_TOKENS, FREE_KEEPS_SEQUENCE, DTYPE_IGNORED, TABLE_SORTED, EVERY_BLOCK_TAKEN, DEFAULT_DTYPE),
 )

@@ -159,6 +159,19 @@ class PagedKVCache(PagedKVCache):
     Variant("pool_room_in_last_block_ignored", append_with(TAKE.replace(
         "if needed > len(self.free_blocks):", "if -(-k.shape[0] // bs) > len(self.free_blocks):  # new tokens' blocks")
         + WRITE), "PagedKVCache", "PagedKVCache.room_in_last_block_ignored"),
+    Variant("pool_free_compacts", """
+class PagedKVCache(PagedKVCache):
+    def free(self, seq_id):
+        super().free(seq_id)
+        for table in self.tables.values():  # compacted: each block moved down to the lowest free one (blind set 57)
+            for i, block in enumerate(table):
+                lowest = min(self.free_blocks, default=block)
+                if lowest < block:
+                    self.k_cache[lowest], self.v_cache[lowest] = self.k_cache[block], self.v_cache[block]
+                    self.free_blocks.remove(lowest)
+                    self.free_blocks.append(block)
+                    table[i] = lowest
+""", "PagedKVCache", "PagedKVCache.free_moves_tokens"),
     Variant("pool_free_keeps_table", """
 class PagedKVCache(PagedKVCache):
     def free(self, seq_id):
