@@ -541,7 +541,7 @@ class Run:
             mistake = (locate.unwritten(self, value, call) or locate.unasked(self, value, call)
                        or locate.softened(self, value, call))
         if mistake is None and device != "meta":  # where it is wrong: the case this check adds, a part, a probe
-            if self.kept_from_earlier_call(call):
+            if self.kept_from_earlier_call(call, device):
                 return diagnose.KEPT_FROM_EARLIER_CALL
             if self.situated():
                 return self.check.situation
@@ -550,23 +550,27 @@ class Run:
                        or (None if self.plain_passed() else locate.probed(self)))
         return mistake
 
-    def kept_from_earlier_call(self, call: Call) -> bool:
+    def kept_from_earlier_call(self, call: Call, device: str) -> bool:
         """Is a function's wrong answer right when asked again as the first call of a fresh process: it kept
-        something from an earlier call? Asked once a step, in a child of its own (Candidate.aside: the step's live
-        child and its caches answer the other checks as before), and the answer kept for its other checks."""
+        something from an earlier call? Asked by a values check, once a step, in a child of its own (Candidate.aside:
+        the step's live child and its caches answer the other checks as before), and the answer kept for its other
+        checks."""
         key = ("fresh", self.step.id)
-        if self.step.module:
+        if key in self.ctx.shared:
+            return self.ctx.shared[key]
+        # asked again exactly as a values check asked it (a property check may ask its own way)
+        if self.step.module or self.check.kind != "values" or device != "cpu" or self.ctx.candidate is None:
             return False
-        if key not in self.ctx.shared:
-            self.ctx.shared[key] = False
-            untiled = dict(self.ctx.untiled)  # a diagnosis: what the grade judges is as if it never asked
-            try:
-                with self.ctx.candidate.aside():
-                    self.ctx.shared[key] = self.matches(self.answer(call, steer=False), call)
-            except (CheckFailed, CandidateError):
-                pass
-            finally:
-                self.ctx.untiled = untiled
+        self.ctx.shared[key] = False
+        untiled = dict(self.ctx.untiled)  # a diagnosis: what the grade judges is as if it never asked
+        try:
+            with self.ctx.candidate.aside():
+                answer = self.answer(call, device=device, strided=self.check.strided, steer=False)
+            self.ctx.shared[key] = self.matches(answer, call)
+        except (CheckFailed, CandidateError):
+            pass
+        finally:
+            self.ctx.untiled = untiled
         return self.ctx.shared[key]
 
     def plain_passed(self) -> bool:
