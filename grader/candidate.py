@@ -217,9 +217,11 @@ class Candidate:
         """Calls made inside run in a fresh child (nothing earlier calls left in a process is there), which is then
         dropped: the live child, and whether a function is broken (hung, out of memory), are as they were."""
         broken = dict(self._broken)
-        with self._pool.aside():
-            yield
-        self._broken = broken
+        try:
+            with self._pool.aside():
+                yield
+        finally:
+            self._broken = broken
 
     def call(self, name: str, *args, device: str = "cpu", **kwargs) -> Answer:
         """Call the candidate's function `name` on `device` with the grader's inputs."""
