@@ -23,7 +23,7 @@ import torch
 from click.testing import CliRunner
 
 from grader import cli, keys, report
-from grader.candidate import NOT_IMPORTED
+from grader.candidate import NOT_IMPORTED, Candidate
 from grader.exercise import GraderBug, load_course
 from grader.grade import grade
 from grader.pool import Zygote
@@ -3486,6 +3486,20 @@ def test_a_cache_that_forgets_entries_reads_no_values_and_a_diagnosis_leaves_the
     result = grade_source(slip, base=base, name="flash_attention.py")
     flash = step(result, "flash_attention")
     assert not flash.breach and 0 < flash.max_score - flash.score <= 4, explain(result)
+
+
+def test_a_call_made_aside_runs_in_a_fresh_child_and_leaves_the_live_one_as_it_was(tmp_path, zygote):
+    """Candidate.aside, as kept_from_earlier_call asks: the call inside meets a process where nothing ran before, and
+    the step's live child answers after it with what it kept (review 74's F2 dropped it)."""
+    path = tmp_path / "mha.py"
+    path.write_text("CALLS = [0]\n\n\ndef softmax(scores, dim=-1):\n    CALLS[0] += 1\n"
+                    "    return scores * 0 + CALLS[0]\n")
+    with Candidate(path, zygote=zygote) as candidate:
+        counts = [candidate.call("softmax", torch.zeros(2)).value]
+        with candidate.aside():
+            counts.append(candidate.call("softmax", torch.zeros(2)).value)
+        counts.append(candidate.call("softmax", torch.zeros(2)).value)
+    assert [int(c[0]) for c in counts] == [1, 1, 2]
 
 SCORES_AT_OTHER_SIZES = """
 _flash = flash_attention
