@@ -3488,6 +3488,26 @@ def test_a_cache_that_forgets_entries_reads_no_values_and_a_diagnosis_leaves_the
     assert not flash.breach and 0 < flash.max_score - flash.score <= 4, explain(result)
 
 
+# Hugging Face's rotary class, built at every call: the angles of 4096 positions, then the call's own picked out
+ROPE_TABLE = ("""    angles = positions.to(device=x.device, dtype=dtype)[:, None] * theta[None, :]  # (T, Dr/2)
+    angles = torch.cat((angles, angles), dim=-1)  # (T, Dr): feature j and j + Dr/2 share an angle
+""", """    table = torch.outer(torch.arange(4096, device=x.device, dtype=dtype), theta)  # (4096, Dr/2)
+    angles = torch.cat((table, table), dim=-1)[positions.to(x.device)]  # (4096, Dr), then (T, Dr)
+""")
+
+
+def test_a_rope_table_of_fixed_positions_built_at_every_call_is_no_expansion_of_the_latents(grade_source):
+    """Review 74's F3: mla's absorbed_latents bounded every tensor a decode creates by the cache's length, so a table
+    of RoPE angles for 4096 positions built at every call lost 3 points at the models drawn for some file texts (97,
+    fair 100; "# 5" drew one). A table of a fixed number of positions, of the RoPE key's width, is no expansion."""
+    mla = (ROOT / "solutions" / "mla.py").read_text()
+    assert mla.count(ROPE_TABLE[0]) == 1
+    hugging_face = mla.replace(*ROPE_TABLE)
+    for comment in ("", "# 5", "# 6"):
+        result = grade_source(comment, base=hugging_face, name="mla.py")
+        assert result.full_marks, explain(result)
+
+
 def test_a_call_made_aside_runs_in_a_fresh_child_and_leaves_the_live_one_as_it_was(tmp_path, zygote):
     """Candidate.aside, as kept_from_earlier_call asks: the call inside meets a process where nothing ran before, and
     the step's live child answers after it with what it kept (review 74's F2 dropped it)."""

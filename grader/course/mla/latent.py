@@ -687,6 +687,17 @@ def spread_model(run: Run) -> tuple[dict, int]:
     return w, _pick(run, tuple(lengths))
 
 
+# A table of RoPE angles built at every call for a fixed number of positions, as Hugging Face's rotary class builds
+# it once (review 74's F3: 4096 positions of Dr): the positions, or their angles (no wider than Dr), at most TABLE
+# numbers, the same shape over both caches. Keys or values expanded for every cached token hold more at any drawn
+# model: at least B·T·H·Dn = 2·59·2·59 = 13924.
+TABLE = 8192
+
+
+def _table(size, elements: int, shorter: set, rope: int) -> bool:
+    return (len(size) == 1 or len(size) == 2 and size[-1] <= rope) and elements <= TABLE and tuple(size) in shorter
+
+
 def absorbed_latents(run: Run) -> None:
     """A token decoded with absorbed=True over a cache of about half of a drawn length's tokens, then of one fewer,
     by a model of drawn widths (spread_model; the cache the file's own once LatentCache passed, the stand-in before,
@@ -695,7 +706,9 @@ def absorbed_latents(run: Run) -> None:
     latents, padded or not; the review 57's F2 ignored absorbed and scored 100, review 60's F4 padded them to 256
     tokens; a mask over every position is no smaller: review 64's F4 hid an expansion in squares as large), its calls
     are as many at both lengths (no loop over the cache in pieces), and the record is whole (review 61's F5 expanded
-    inside a tensor subclass's __torch_function__). What leaves torch (NumPy) it does not see: Known limits."""
+    inside a tensor subclass's __torch_function__). A table of at most TABLE numbers, the same over both caches (RoPE
+    angles for a fixed number of positions), is no expansion. What leaves torch (NumPy) it does not see: Known
+    limits."""
     w, total = spread_model(run)
     lengths = (total // 2, total - 1)  # cached before the decoded token
     per_token = min(w["dn"], w["dv"]) - 1
@@ -740,8 +753,10 @@ def absorbed_latents(run: Run) -> None:
                               f"tensor of shape {tuple(size)} was created, a per-head key or value of every token: "
                               "keys or values expanded from the latents", MODULE_EXPANDED, {"shape": list(size)})
     weights = {math.prod(size) for size in layers.values()}  # w_o and its views (folded with w_uv) hold as many
+    shorter = {tuple(size) for _, size in counts[0]}
     for elements, size in longer:  # padded to a constant length too (review 60's F4: 256 tokens)
-        if elements not in weights and elements > per_token * lengths[1]:
+        if (elements not in weights and elements > per_token * lengths[1]
+                and not _table(size, elements, shorter, w["dr"])):
             square = len(size) >= 2 and math.prod(size[:-2]) == 1 and size[-1] == size[-2] in (lengths[1], total)
             said = ("a mask over every position, or keys or values expanded into squares" if square else
                     "keys or values expanded from the latents")
