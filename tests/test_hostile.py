@@ -3508,6 +3508,38 @@ def test_a_rope_table_of_fixed_positions_built_at_every_call_is_no_expansion_of_
         assert result.full_marks, explain(result)
 
 
+# Right on a layout's first call only, off by a thousandth after: right to a hundredth, as a call made again must be
+FIRST_CALL_ONLY = """
+
+_seen = set()
+
+
+def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
+    layout = (tuple(q.shape), tuple(k.shape), q.dtype, q.stride(), k.stride(), v.stride(), causal, block_q, block_k)
+    out, lse = _tiled(q, k, v, causal, block_q, block_k)
+    if layout in _seen:
+        out = out * (1 + 1e-3)
+    _seen.add(layout)
+    return out, lse
+"""
+
+
+def test_the_graders_call_is_not_always_a_layouts_first(grade_source, monkeypatch):
+    """Review 75's O1: a layout's first call was always the grader's, the call on other values after it, so a file
+    could do on a layout's first call what it does on no other (read values unseen, or be right there only). The
+    order is drawn per layout under the account's key now: this file fails checks it passed when the grader's came
+    first (85, fair lower: it is wrong on every call but a layout's first)."""
+    from grader.engine.runner import Run
+
+    reference = (ROOT / "solutions" / "flash_attention.py").read_text().replace("def flash_attention(", "def _tiled(", 1)
+    drawn = grade_source(FIRST_CALL_ONLY, base=reference, name="flash_attention.py")
+    monkeypatch.setattr(Run, "_other_first", lambda run, key: False)
+    first = grade_source(FIRST_CALL_ONLY, base=reference, name="flash_attention.py")
+    failed = lambda result: {c.name for s in result.steps for c in s.checks if c.outcome == "failed"}  # noqa: E731
+    assert failed(first) < failed(drawn), (explain(first), explain(drawn))
+    assert "kept_from_earlier_call" in mistakes(drawn, "flash_attention"), explain(drawn)
+
+
 def test_a_call_made_aside_runs_in_a_fresh_child_and_leaves_the_live_one_as_it_was(tmp_path, zygote):
     """Candidate.aside, as kept_from_earlier_call asks: the call inside meets a process where nothing ran before, and
     the step's live child answers after it with what it kept (review 74's F2 dropped it)."""

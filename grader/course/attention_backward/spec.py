@@ -825,14 +825,12 @@ def function_answer(run, call, shapes=False, steer=True):
         answers.append(got)
         return got
 
-    try:
-        got = invoke(call)
+    try:  # its calls those its inputs' shapes make, whatever their values
+        got = run.steered(call, invoke) if steer else invoke(call)
     except CandidateError as error:
         if error.kind == "not_implemented":
             raise
         raise run.error_failure(error, call, "cpu") from None
-    if steer:
-        got = run.steered(got, call, invoke)  # its calls those its inputs' shapes make, whatever their values
     check_calls(got.called, run.ctx.forbidden.get(run.step.id, ()), run.ctx.allowed.get(run.step.id))
     for answer in answers:  # after the rules, whose breach names the call (autograd inside the backward pass)
         own_backward(run, answer)
