@@ -159,6 +159,14 @@ CAT_WRONG_AXIS = Mistake(
     why="Written against pieces of one size (sequences of one length), any axis joins them; pieces of two sizes "
         "raise.",
 )
+SLICE_LENGTH_WRONG = Mistake(
+    "slice_length_wrong",
+    "the slice written into holds another number of positions than what is written there: make end - start the new "
+    "tokens' count, x.shape[1] (len(x) counts the batch)",
+    raises=Raises(message=r"expanded size of the tensor \(\d+\) must match the existing size", sliced=True),
+    why="The buffer is right and so is what is written; the window between them moved by another count (blind set "
+        "58's b13 advanced its length by len(c_kv_new), the batch, which runs wherever the batch and T are equal).",
+)
 BUFFER_OTHER_SHAPE = Mistake(
     "buffer_other_shape",
     "a preallocated buffer has another shape than what is written into it: allocate each buffer with the shape of "
@@ -268,6 +276,13 @@ KEPT_FROM_EARLIER_CALL = Mistake(
     why="A freed tensor's address is handed to the next one: a result cached by data_ptr is another weight's "
         "(blind set 56's b12).",
 )
+STATE_SHARED = Mistake(
+    "state_shared_between_objects",
+    "kept state between objects (wrong after earlier ones, right in a fresh process): make each instance's state in "
+    "__init__, not in a class attribute, a global or a default argument",
+    why="A dict or list made in the class body, or as a default argument, is made once and shared by every instance: "
+        "the first object works, the next sees its tables (blind set 58's b17).",
+)
 GRADIENT_CUT = Mistake(
     "gradient_cut",
     "no gradient reached a weight or an input: .data, .detach(), torch.no_grad() or a new tensor built from "
@@ -295,11 +310,11 @@ INPUT_CHANGED = Mistake(
 ERRORS = (EMPTY_SLICE, OPEN_SLICE_WRITE, VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED,
           TENSOR_TRUTHINESS, DTYPE_MISMATCH, FLOAT_SHAPE, TRANSPOSE_ALL_AXES, WEIGHT_AS_STORED, RESHAPE_SIZES,
           DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK, EXPAND_NON_SINGLETON, EXPAND_AS_ANOTHER_SHAPE, CAT_WRONG_AXIS,
-          BUFFER_OTHER_SHAPE, RAGGED_TO_TENSOR, LAYER_NAMES)
+          SLICE_LENGTH_WRONG, BUFFER_OTHER_SHAPE, RAGGED_TO_TENSOR, LAYER_NAMES)
 FORMS = (MASK_NOT_BOOL, DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE,
          RESULT_ON_CPU)
 CATALOGUE = (*ERRORS, *FORMS, *GENERIC, *locate.GENERIC, PARAMETERS_NOT_LOADED, CONSTRUCTOR_DEFAULTS,
-             STATE_BETWEEN_CALLS, KEPT_FROM_EARLIER_CALL, GRADIENT_CUT, DROPOUT_AT_EVAL,
+             STATE_BETWEEN_CALLS, KEPT_FROM_EARLIER_CALL, STATE_SHARED, GRADIENT_CUT, DROPOUT_AT_EVAL,
              FORBIDDEN_CALL, ASSERT_NOT_VALUEERROR, INPUT_CHANGED)
 
 

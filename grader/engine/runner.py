@@ -112,6 +112,8 @@ class SpecItem(pytest.Item):
         try:
             run.run()
         except CheckFailed as failure:  # an exception, or a property check's failure: nothing diagnosed it
+            if run.passes_fresh(failure):
+                raise replace_mistake(failure, diagnose.STATE_SHARED) from None
             if failure.mistake is None and failure.outcome != "skipped" and run.situated():
                 raise replace_mistake(failure, self.check.situation) from None
             raise
@@ -592,6 +594,29 @@ class Run:
             self.ctx.untiled = untiled
         return self.ctx.shared[key]
 
+    def passes_fresh(self, failure: CheckFailed) -> bool:
+        """Does a failed check of an object (a class's or a module's) pass when run again as a fresh process's first
+        (Candidate.aside)? Then earlier checks' objects left what failed it: state shared between instances (blind set
+        58's b17 kept every pool's tables in class-level dicts; the first pool was right). Asked once a step, and for
+        each of its failed checks once one passed so; what the grade judges is as if it never asked."""
+        key = ("fresh check", self.step.id)
+        if (failure.outcome == "skipped" or failure.breach or self.ctx.candidate is None
+                or self.ctx.shared.get(key) is False or self.check.kind not in ("property", "values")
+                or not (self.step.module or _defines_class(self.ctx.source, self.step.id))):
+            return False
+        saved = dict(self.ctx.shared), dict(self.ctx.untiled), dict(self.ctx.traces)
+        passed = False
+        try:
+            with self.ctx.candidate.aside():
+                Run(self.ctx, self.spec, self.step, self.check, self.dtype, self.name).run()
+            passed = True
+        except (CheckFailed, CandidateError, pytest.skip.Exception):
+            pass
+        finally:
+            self.ctx.shared, self.ctx.untiled, self.ctx.traces = saved
+        self.ctx.shared.setdefault(key, passed)
+        return passed
+
     def plain_passed(self) -> bool:
         """Did the step's plain check (StepSpec.plain) run in this grade, and pass?"""
         plain = self.step.plain_check()
@@ -648,6 +673,13 @@ class Run:
             on = f" on {device}" if device != "cpu" else ""
             message += f" [called with {describe(call.args, call.kwargs, call.names)}{on}]"
         return CheckFailed(message, mistake, outcome="error")
+
+
+@functools.lru_cache(maxsize=64)
+def _defines_class(source: str, name: str) -> bool:
+    """Whether the file defines `name` as a class at its top level (an exercise's cache, pool or module)."""
+    tree = parse(source)
+    return tree is not None and any(isinstance(n, ast.ClassDef) and n.name == name for n in tree.body)
 
 
 def matches_any(value, candidates) -> bool:

@@ -9,6 +9,7 @@ the same declarations, so what a step checks is said once.
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from typing import Callable
@@ -32,7 +33,9 @@ class Raises:
     in the exception's message and in the candidate's own line that raised it; `source` is
     searched in the source of the step's function (or class); `uses` is what the line that raised
     uses, itself or through a name the step's source binds to it (`s = e.sum(-1)`, then `e / s`):
-    a cause that is somewhere in the step but not in what raised is no cause.
+    a cause that is somewhere in the step but not in what raised is no cause. With `sliced`, the
+    axis the message names ("at non-singleton dimension 1") is one the line writes through a slice
+    with a bound (`buf[:, start:end] = new`): that slice's length, not the buffer's shape, is off.
     """
 
     types: tuple[str, ...] = ()
@@ -40,6 +43,7 @@ class Raises:
     line: str = ""
     source: str = ""
     uses: str = ""
+    sliced: bool = False
 
     def matches(self, error, line: str, source: str) -> bool:
         if self.types and error.type not in self.types:
@@ -48,9 +52,33 @@ class Raises:
             return False
         if self.line and not re.search(self.line, line[:MATCHED_LINE]):
             return False
+        if self.sliced and not _written_through_slice(error.message, line[:MATCHED_LINE]):
+            return False
         if self.uses and not _uses(self.uses, line[:MATCHED_LINE], source[:MATCHED_SOURCE]):
             return False
         return not self.source or bool(re.search(self.source, source[:MATCHED_SOURCE]))
+
+
+def _written_through_slice(message: str, line: str) -> bool:
+    """Whether the axis `message` names is one the assignment on `line` writes through a slice with a bound."""
+    axis = re.search(r"at non-singleton dimension (\d+)", message)
+    try:
+        tree = ast.parse(line.strip())
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    if axis is None:
+        return False
+    for node in ast.walk(tree):
+        for target in node.targets if isinstance(node, ast.Assign) else ():
+            if not isinstance(target, ast.Subscript):
+                continue
+            items = target.slice.elts if isinstance(target.slice, ast.Tuple) else [target.slice]
+            if any(isinstance(i, ast.Constant) and i.value is Ellipsis for i in items):
+                continue  # which axis each item is depends on the buffer's rank
+            at = int(axis.group(1))
+            if at < len(items) and isinstance(items[at], ast.Slice) and (items[at].lower or items[at].upper):
+                return True
+    return False
 
 
 # `a = ...` and `a, b = ...` at the start of a line: the names bound, and what they are bound to

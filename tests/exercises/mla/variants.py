@@ -445,6 +445,14 @@ class LatentCache(LatentCache):
         self.length = end
         return self.c_kv[:, :end], self.k_rope[:, 0, :end]
 """, "LatentCache", "LatentCache.per_head_buffers"),
+    Variant("cache_tokens_counted_by_len", append_with("""\
+        end = self.length + len(c_kv_new)  # len() counts the batch (blind set 58's b13)
+        if end > self.max_len:
+            raise ValueError("the cache is full")
+        self.c_kv[:, self.length:end] = c_kv_new
+        self.k_rope[:, self.length:end] = k_rope_new
+        self.length = end
+        return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "slice_length_wrong"),
     Variant("cache_length_not_advanced", append_with("""\
         end = self.length + t
         if end > self.max_len:

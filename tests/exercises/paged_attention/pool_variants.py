@@ -33,6 +33,14 @@ TAKE = """\
 
 POOL_BUGGY = [
     # -- PagedKVCache -------------------------------------------------------------------------
+    Variant("pool_tables_in_the_class", """
+class PagedKVCache(PagedKVCache):
+    every_table, every_length = {}, {}  # made once, with the class: every pool shares them (blind set 58's b17)
+
+    def __init__(self, num_blocks, block_size, num_heads, head_dim, dtype=torch.float32, device=None):
+        super().__init__(num_blocks, block_size, num_heads, head_dim, dtype, device)
+        self.tables, self.lengths = self.every_table, self.every_length
+""", "PagedKVCache", "state_shared_between_objects"),
     Variant("pool_grown_by_cat", """
 class PagedKVCache(PagedKVCache):
     def __init__(self, num_blocks, block_size, num_heads, head_dim, dtype=torch.float32, device=None):
