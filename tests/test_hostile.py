@@ -3472,6 +3472,25 @@ def flash_attention(q, k, v, causal=False, block_q=32, block_k=32):
 """
 
 
+def test_slice_length_wrong_reads_the_axis_the_error_names_against_the_lines_own_slice():
+    """slice_length_wrong (blind set 58's b13): the axis the error names must be one the line writes through a slice
+    with an end; a width, an open slice or an axis behind an ellipsis is another mistake, and a hostile line is
+    read in bounded time."""
+    from grader.engine.spec import _written_through_slice
+
+    said = "The expanded size of the tensor (2) must match the existing size (4) at non-singleton dimension {}."
+    assert _written_through_slice(said.format(1), "        self.c_kv[:, start:end] = c_kv_new")
+    assert _written_through_slice(said.format(2), "k[:, :, self.length:self.length + n] = new")
+    assert not _written_through_slice(said.format(2), "        self.c_kv[:, start:end] = c_kv_new")  # the width
+    assert not _written_through_slice(said.format(1), "self.c_kv[:, start:] = c_kv_new")  # open: open_slice_write
+    assert not _written_through_slice(said.format(1), "self.c_kv[..., start:end] = c_kv_new")
+    assert not _written_through_slice("shape mismatch", "self.c_kv[:, start:end] = c_kv_new")
+    started = time.monotonic()
+    assert not _written_through_slice(said.format(1), "x[" + "-" * 999 + "1] = y")
+    assert not _written_through_slice(said.format(1), "(" * 999)
+    assert time.monotonic() - started < 5
+
+
 def test_a_cache_that_forgets_entries_reads_no_values_and_a_diagnosis_leaves_the_live_child_as_it_was(grade_source):
     """Review 74's F1: a correct flash_attention that keeps its tile masks in an lru_cache of bounded size scored 50:
     an entry forgotten and made again changed a learned key's calls, which read as a read of values (a breach). Two

@@ -35,7 +35,7 @@ class Raises:
     uses, itself or through a name the step's source binds to it (`s = e.sum(-1)`, then `e / s`):
     a cause that is somewhere in the step but not in what raised is no cause. With `sliced`, the
     axis the message names ("at non-singleton dimension 1") is one the line writes through a slice
-    with a bound (`buf[:, start:end] = new`): that slice's length, not the buffer's shape, is off.
+    with an end (`buf[:, start:end] = new`): that slice's length, not the buffer's shape, is off.
     """
 
     types: tuple[str, ...] = ()
@@ -60,7 +60,7 @@ class Raises:
 
 
 def _written_through_slice(message: str, line: str) -> bool:
-    """Whether the axis `message` names is one the assignment on `line` writes through a slice with a bound."""
+    """Whether the axis `message` names is one the assignment on `line` writes through a slice with an end."""
     axis = re.search(r"at non-singleton dimension (\d+)", message)
     try:
         tree = ast.parse(line.strip())
@@ -76,7 +76,7 @@ def _written_through_slice(message: str, line: str) -> bool:
             if any(isinstance(i, ast.Constant) and i.value is Ellipsis for i in items):
                 continue  # which axis each item is depends on the buffer's rank
             at = int(axis.group(1))
-            if at < len(items) and isinstance(items[at], ast.Slice) and (items[at].lower or items[at].upper):
+            if at < len(items) and isinstance(items[at], ast.Slice) and items[at].upper is not None:
                 return True
     return False
 
