@@ -159,6 +159,13 @@ CAT_WRONG_AXIS = Mistake(
     why="Written against pieces of one size (sequences of one length), any axis joins them; pieces of two sizes "
         "raise.",
 )
+MASK_KEPT = Mistake(
+    "mask_kept_between_calls",
+    "a mask kept on the module from an earlier call met other lengths: build it from this call's own (T new tokens "
+    "after past_len cached) at every call",
+    raises=Raises(message=r"must match the size of tensor", uses=r"\bself\.\w*mask"),
+    why="Rebuilt only when T changes, a decode's mask is the previous token's: one key short (blind set 58's b14).",
+)
 SLICE_LENGTH_WRONG = Mistake(
     "slice_length_wrong",
     "the slice written into holds another number of positions than what is written there: make end - start the new "
@@ -310,7 +317,7 @@ INPUT_CHANGED = Mistake(
 ERRORS = (EMPTY_SLICE, OPEN_SLICE_WRITE, VIEW_NON_CONTIGUOUS, FILL_OVERFLOWS_HALF, TENSOR_ON_CPU, NONE_UNHANDLED,
           TENSOR_TRUTHINESS, DTYPE_MISMATCH, FLOAT_SHAPE, TRANSPOSE_ALL_AXES, WEIGHT_AS_STORED, RESHAPE_SIZES,
           DOT_ON_BATCHED, KEEPDIM_LOST, FIXED_RANK, EXPAND_NON_SINGLETON, EXPAND_AS_ANOTHER_SHAPE, CAT_WRONG_AXIS,
-          SLICE_LENGTH_WRONG, BUFFER_OTHER_SHAPE, RAGGED_TO_TENSOR, LAYER_NAMES)
+          MASK_KEPT, SLICE_LENGTH_WRONG, BUFFER_OTHER_SHAPE, RAGGED_TO_TENSOR, LAYER_NAMES)
 FORMS = (MASK_NOT_BOOL, DTYPE_PROMOTED, DTYPE_NARROWED, AXES_SWAPPED, AXIS_MISSING, AXIS_EXTRA, WRONG_AXIS_SIZE,
          RESULT_ON_CPU)
 CATALOGUE = (*ERRORS, *FORMS, *GENERIC, *locate.GENERIC, PARAMETERS_NOT_LOADED, CONSTRUCTOR_DEFAULTS,

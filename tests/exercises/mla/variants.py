@@ -619,6 +619,12 @@ class LatentCache(LatentCache):
     Variant("module_query_split_swapped", forward_with(
         "q_nope, q_rope = q.split([Dn, Dr], dim=-1)", "q_rope, q_nope = q.split([Dr, Dn], dim=-1)"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.query_split_swapped"),
+    Variant("module_mask_kept_between_calls", forward_with(  # blind set 58's b14: rebuilt when T changes only
+        "        mask = torch.ones(T, past_len + T, dtype=torch.bool, device=x.device).tril(diagonal=past_len)",
+        "        if getattr(self, 'kept_mask', None) is None or self.kept_mask.shape[0] != T:\n"
+        "            self.kept_mask = torch.ones(T, past_len + T, dtype=torch.bool, device=x.device).tril(diagonal=past_len)\n"
+        "        mask = self.kept_mask"),
+            "MultiHeadLatentAttention", "mask_kept_between_calls"),
     Variant("module_query_heads_no_transpose", forward_with(  # blind set 56's b14: right for one token only
         "q = self.w_q(x).view(B, T, H, Dn + Dr).transpose(1, 2)", "q = self.w_q(x).view(B, H, T, Dn + Dr)"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.query_heads_no_transpose"),
