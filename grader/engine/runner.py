@@ -327,23 +327,20 @@ class Run:
         answer = invoke(call)
         if not self.matches(answer, call):  # a wrong answer loses its checks anyway: no calls made again for it
             return answer
-        called = answer.called
-        read = False
+        called, read = answer.called, False
         try:
-            if known is None and not again:
-                twin = another()
-                first, second = answer, twin
-            elif known is None:
-                twin = early
-                first, second = twin, answer
-            if known is None and twin is not None:
-                known, called = sequence(second), called | twin.called
-                if sequence(first) != known:
-                    latest = another()
-                    read = sequence(latest) != known
-                    known, called = sequence(latest), called | latest.called
-            elif known is not None and sequence(answer) != known:  # learned before, other now: two calls more,
-                latest, confirm = another(), another()  # alike where a cache refilled an entry
+            if known is None:
+                made_early = bool(again)  # then compared in the order made; one that raised is a read, below
+                twin = early if made_early else another()
+                first, second = (twin, answer) if made_early else (answer, twin)
+                if twin is not None:
+                    known, called = sequence(second), called | twin.called
+                    if sequence(first) != known:
+                        latest = another()
+                        read = sequence(latest) != known
+                        known, called = sequence(latest), called | latest.called
+            elif sequence(answer) != known:  # learned before, other now: two calls more, alike where a cache refilled
+                latest, confirm = another(), another()
                 known, called = sequence(confirm), called | latest.called | confirm.called
                 read = sequence(latest) != known
         except CandidateError:
