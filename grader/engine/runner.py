@@ -21,6 +21,7 @@ lost points, the report says so.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -580,16 +581,24 @@ class Run:
         if self.step.module or self.check.kind != "values" or device != "cpu" or self.ctx.candidate is None:
             return False
         self.ctx.shared[key] = False
-        untiled = dict(self.ctx.untiled)  # a diagnosis: what the grade judges is as if it never asked
         try:
-            with self.ctx.candidate.aside():
+            with self._aside():
                 answer = self.answer(call, device=device, strided=self.check.strided, steer=False)
             self.ctx.shared[key] = self.matches(answer, call)
         except (CheckFailed, CandidateError):
             pass
-        finally:
-            self.ctx.untiled = untiled
         return self.ctx.shared[key]
+
+    @contextlib.contextmanager
+    def _aside(self):
+        """Calls made inside go to a fresh child (Candidate.aside), for a diagnosis: what the grade judges (the tiles
+        seen, the calls learned, what the step's checks share) is as if it never asked."""
+        shared, untiled, traces = dict(self.ctx.shared), dict(self.ctx.untiled), dict(self.ctx.traces)
+        try:
+            with self.ctx.candidate.aside():
+                yield
+        finally:
+            self.ctx.shared, self.ctx.untiled, self.ctx.traces = shared, untiled, traces
 
     def passes_fresh(self, failure: CheckFailed) -> bool:
         """Does a failed check of an object (a class's or a module's) pass when run again as a fresh process's first
@@ -601,16 +610,13 @@ class Run:
                 or self.ctx.shared.get(key) is False or self.check.kind not in ("property", "values")
                 or not (self.step.module or _defines_class(self.ctx.source, self.step.id))):
             return False
-        saved = dict(self.ctx.shared), dict(self.ctx.untiled), dict(self.ctx.traces)
         passed = False
         try:
-            with self.ctx.candidate.aside():
+            with self._aside():
                 Run(self.ctx, self.spec, self.step, self.check, self.dtype, self.name).run()
             passed = True
         except (CheckFailed, CandidateError, pytest.skip.Exception):
             pass
-        finally:
-            self.ctx.shared, self.ctx.untiled, self.ctx.traces = saved
         self.ctx.shared.setdefault(key, passed)
         return passed
 
