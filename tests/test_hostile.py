@@ -4883,3 +4883,29 @@ def test_meta_device_words_torch_echoes_skip_nothing_and_torchs_own_refusals_ski
         result = grade_source("", base=REFERENCE.replace(line, f"    {harmless}\n{line}"), device="auto")
         assert result.full_marks, (harmless, explain(result))
         assert checks_of(result)["softmax_device"].outcome == "skipped", explain(result)
+
+
+# Review 76's F1: a flash_attention that keeps every score tile alive, and raises at the sizes where tiles_only measures
+# what a call keeps alive, having lost a point elsewhere on purpose so that its answered steps are answered
+TILES_KEPT_THEN_RAISED = (
+    ("    return o.to(o1.dtype), lse\n", "    return (o if o1.dtype == torch.bfloat16 else o.to(o1.dtype)), lse\n"),
+    ("    outs, lses = [], []\n", "    outs, lses = [], []\n    if d == 2 and v.shape[-1] == 2 and t_q in (128, 256):\n"
+     "        raise RuntimeError('out of shared memory')\n    kept = []\n"),
+    ("            m, l, acc = online_softmax_update(m, l, acc, scores, vb)\n",
+     "            kept.append(scores)\n            m, l, acc = online_softmax_update(m, l, acc, scores, vb)\n"),
+)
+
+
+def test_review_76_a_call_that_fails_where_tiles_only_measures_what_it_keeps_fails_the_check(grade_source):
+    """Review 76's F1. tiles_only passed where its measure of what a call keeps alive failed, once a step the composite
+    calls had lost a point (the grader answers it then), to let pass a question the grader refused at those lengths;
+    a file that raised there itself kept the check (99, fair 93). Only a call during which the grader refused a
+    question is excused now."""
+    source = (ROOT / "solutions" / "flash_attention.py").read_text()
+    for old, new in TILES_KEPT_THEN_RAISED:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    result = grade_source("", base=source, name="flash_attention.py")
+    tiles = checks_of(result)["flash_attention_tiles_only"]
+    assert tiles.outcome != "passed" and "out of shared memory" in tiles.message, explain(result)
+    assert lost(result)["flash_attention"] >= 6, explain(result)
