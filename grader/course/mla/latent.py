@@ -383,6 +383,8 @@ def latent_attention(state, x, absorbed=False, splits=None, *, bug: str | None =
             mask = torch.ones(t, seen + t, dtype=torch.bool).tril(diagonal=seen + 1)
         k_rope = torch.cat(keys, dim=1)[:, past - seen:]
         scores = ref.mla_scores(q_nope, q_rope, k_nope, k_rope)
+        if bug == MODULE_SCALED_TWICE.id and not absorbed:
+            scores = scores / math.sqrt(DN + DR)
         if not (absorbed and bug == ABSORBED_UNMASKED.id) and not (bug == CHUNK_UNMASKED.id and past):
             scores = scores.masked_fill(mask if bug == MASK_INVERTED.id else ~mask, float("-inf"))
         y = torch.softmax(scores, dim=-1) @ v  # (B, H, t, Dv)
@@ -566,6 +568,11 @@ QUERY_HEADS_NO_TRANSPOSE = _mistake(
     "Dr), then transpose(1, 2)",
     why="Right for one token, where T is 1 and the two views agree: a decode-only test passes it (blind set 56's "
         "b14).")
+MODULE_SCALED_TWICE = _mistake(
+    "scaled_twice", "the plain path's scores were divided by √(Dn + Dr) again: mla_scores scales them already, so "
+    "mask and softmax what it returns",
+    why="Dividing twice flattens the attention toward the mean of the values; absorbed_attention, which scales once "
+        "itself, stays right, so only absorbed=False shows it (blind set 59's b14).")
 MERGE_NO_TRANSPOSE = _mistake(
     "merge_no_transpose", "merged the heads without moving the head axis back: transpose(1, 2) before reshaping "
     "(B, H, T, Dv) to (B, T, H·Dv)")
@@ -794,7 +801,7 @@ MODULE = StepSpec(
     ),
     mistakes=(MODULE_EXPANDED, MODULE_MASK_WHOLE, TOP_LEFT_MASK, POSITIONS_FROM_ZERO, QUERY_AFTER_APPEND,
               ROPE_ON_WHOLE_QUERY, QUERY_UNROTATED, QUERY_SPLIT_SWAPPED, QUERY_SPLIT_ACROSS_HEADS,
-              QUERY_HEADS_NO_TRANSPOSE, MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, MASK_ONE_AHEAD,
+              QUERY_HEADS_NO_TRANSPOSE, MODULE_SCALED_TWICE, MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED, MASK_ONE_AHEAD,
               ABSORBED_UNMASKED, CHUNK_UNMASKED,
               CACHE_IGNORED, CACHED_FULL_KEYS, W_O_INPUT,
               PER_HEAD_ROPE_KEY, CACHED_UNROTATED_KEY, ROPE_BEFORE_HEADS_MOVED, CACHE_NOT_READ, STATE_ACROSS_CALLS),

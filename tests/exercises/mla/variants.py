@@ -577,6 +577,10 @@ class LatentCache(LatentCache):
             cache = getattr(self, "own", None) or LatentCache(B, 64, self.w_dkv.out_features, Dr, dtype=x.dtype)
             self.own = cache
         past_len = cache.length"""), "MultiHeadLatentAttention", "MultiHeadLatentAttention.state_across_calls"),
+    Variant("module_scaled_twice", forward_with(  # blind set 59's b14
+        "scores = mla_scores(q_nope, q_rope, k_nope, k_rope).masked_fill(", "scores = (mla_scores(q_nope, q_rope, "
+        "k_nope, k_rope) / math.sqrt(Dn + Dr)).masked_fill("), "MultiHeadLatentAttention",
+            "MultiHeadLatentAttention.scaled_twice"),
     Variant("module_merge_heads_inner", forward_with("y.transpose(1, 2).reshape", "y.permute(0, 2, 3, 1).reshape"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.merge_heads_inner"),
     Variant("module_mask_one_ahead", forward_with("tril(diagonal=past_len)", "tril(diagonal=past_len + 1)"),
