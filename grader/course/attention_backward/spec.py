@@ -731,6 +731,12 @@ def _causal_not_saved(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
     return (out, *grads.plain(q, k, v, grad_out, None, out=out, lse=lse))
 
 
+def _always_causal_backward(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+    """The backward ran with the causal mask whatever the forward did (a block size passed where causal goes)."""
+    out, lse = forward(q, k, v, causal)
+    return (out, *grads.plain(q, k, v, grad_out, causal_mask(q.shape[-2], k.shape[-2]), out=out, lse=lse))
+
+
 def _saved_scaled_q(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
     """The backward given q / √D, with the forward's right out and lse: dk from the scaled q, dq as dS k / √D."""
     out, lse = forward(q, k, v, causal)
@@ -1066,6 +1072,11 @@ FUNCTION = StepSpec(
                 "flash_attention_backward in each other's places: (q, k, v, out, lse, grad_out)", _out_grad_swapped),
         Mistake("FlashAttentionFunction.causal_not_saved", "the backward ran without the causal mask: keep causal "
                 "(and the block sizes) on ctx in forward and pass them to flash_attention_backward", _causal_not_saved),
+        Mistake("FlashAttentionFunction.backward_always_causal", "the backward masked causally where the forward did "
+                "not: a block size given by position where causal goes, (…, grad_out, block_q, block_k), is true; "
+                "pass ctx.causal first, or name each argument", _always_causal_backward,
+                why="out is right and so are causal calls' gradients: only a call with causal=False shows it (blind "
+                    "set 59's b12)."),
         Mistake("FlashAttentionFunction.gradient_count", "backward returned fewer gradients than forward has "
                 "arguments: return one per argument, (dq, dk, dv, None, None, None)",
                 raises=Raises(message=r"incorrect number of gradients")),

@@ -510,6 +510,11 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, block_q=ctx.block_q, block_k=ctx.block_k)
         return dq, dk, dv, None, None, None"""), "FlashAttentionFunction", "FlashAttentionFunction.causal_not_saved"),
+    Variant("fn_block_sizes_where_causal_goes", function(back="""\
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.block_q, ctx.block_k)
+        return dq, dk, dv, None, None, None"""), "FlashAttentionFunction",
+            "FlashAttentionFunction.backward_always_causal"),  # blind set 59's b12
     Variant("fn_gradient_count", function(back="""\
         q, k, v, out, lse = ctx.saved_tensors
         return flash_attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.block_q, ctx.block_k)"""),
