@@ -237,6 +237,39 @@ HEADS_MERGED_INNER = Mistake(
         "expect head h's at h·Dh … (h + 1)·Dh − 1.")
 
 
+def _walked_by_id(state, streams, schedule=PREFILL_DECODE, refilled: bool = False) -> torch.Tensor:
+    """The outputs of a module that walked each call's sequences in the order of their ids, sorted, while x's rows
+    and cu_seqlens stay in the order given: the b-th slice of rows goes to the b-th sequence by id, its keys appended
+    there and its queries attending there. The same order at every call of the same sequences is right by chance
+    (each sequence keeps one stream's tokens); a batch of others mixes them."""
+    heads = [tuple(_proj(state, x, n).view(-1, H, DH) for n in ("w_q", "w_k", "w_v")) for x in streams]
+    done, held, outputs = [0] * len(streams), {}, []
+    for call in schedule:
+        ids = [i for i, t in call.items() if t]
+        rows = []
+        for i in ids:
+            rows.append(tuple(part[done[i]:done[i] + call[i]] for part in heads[i]))
+            done[i] += call[i]
+        for owner, (q, k, v) in zip(sorted(ids, key=lambda i: SEQ_IDS[i]), rows, strict=True):
+            keys, values = held.get(owner, (k[:0], v[:0]))
+            past = len(keys)
+            keys, values = held[owner] = (torch.cat([keys, k]), torch.cat([values, v]))
+            for r in range(len(q)):
+                scores = torch.einsum("hd,nhd->hn", q[r], keys[:past + r + 1]) / math.sqrt(DH)  # (H, keys)
+                y = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), values[:past + r + 1])  # (H, Dh)
+                outputs.append(_proj(state, y.reshape(D), "w_o"))
+        if refilled and call is schedule[0]:
+            held = {i: (torch.full_like(k, K_FILL), torch.full_like(v, V_FILL)) for i, (k, v) in held.items()}
+    return torch.stack(outputs)
+
+
+BATCH_REORDERED = Mistake(
+    "PagedSelfAttention.batch_reordered", "walked the batch's sequences in another order than seq_ids gives (sorted, "
+    "say) while x's rows stay as given: sequence b is seq_ids[b], its rows cu_seqlens[b]:cu_seqlens[b + 1]",
+    _walked_by_id, why="A batch whose order never changes hides it: each sequence keeps the same rows. A server "
+                       "batches whichever sequences are ready, in any order (blind set 59's b08).")
+
+
 def _opening_rows(schedule) -> list[int]:
     """The rows of `served`'s outputs that are one-token decodes opening a new block (their position a multiple of
     BLOCK): the tokens whose own key sits in a block their table gets only at the append."""
@@ -489,7 +522,7 @@ MODULE = StepSpec(
     mistakes=(DECODE_SKIPPED, NOT_CAUSAL, BIAS_DROPPED, NEW_KEYS_TWICE, NEW_ONLY, LENGTHS_BEFORE, KEYS_AT_QUERIES,
               NO_OUTPUT_PROJECTION, OUTPUT_AS_STORED, QKV_PER_HEAD, HEADS_SPLIT_INNER, HEADS_MERGED_INNER,
               TABLE_BEFORE_APPEND, NAN_READ, POOL_INTERNALS, VALUES_FROM_KEYS, TABLES_CUT, TABLES_MEMOISED,
-              SCALED_TWICE, CU_SEQLENS_MALFORMED),
+              SCALED_TWICE, CU_SEQLENS_MALFORMED, BATCH_REORDERED),
 )
 
 SPEC = Spec((CACHE, DECODE, VARLEN, MODULE))

@@ -589,6 +589,9 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
             y = paged_decode(q, cache.k_cache, cache.v_cache, tables, torch.tensor(lens, dtype=torch.int32))
             return self.w_o(y.reshape(N, D))
 """, GATHER, ATTEND), "PagedSelfAttention", "PagedSelfAttention.tables_cut_to_first"),
+    Variant("module_batch_walked_by_id", forward("""\
+        seq_ids = sorted(seq_ids)  # the pool's order, while x's rows keep the batch's (blind set 59's b08)
+""", APPEND, GATHER, ATTEND), "PagedSelfAttention", "PagedSelfAttention.batch_reordered"),
     Variant("module_tables_memoised", forward(APPEND, """\
         memo = self.__dict__.setdefault("memo", {})  # seq_id -> its table, asked for once
         tables = [memo.setdefault(s, cache.block_table(s)) for s in seq_ids]
