@@ -638,6 +638,30 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False):
             y = paged_decode(q, cache.k_cache, cache.v_cache, tables, context_lens)
             return self.w_o(y.reshape(N, D))
 """, APPEND, GATHER, ATTEND), "PagedSelfAttention", "PagedSelfAttention.table_before_append"),
+    Variant("module_decode_tables_before_append_reshaped", """
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens):  # right: each row's blocks, reshaped to its keys
+    B, H, Dh = q.shape
+    size, out = k_cache.shape[1], []
+    for b in range(B):
+        n = int(context_lens[b])
+        blocks = block_tables[b][block_tables[b] >= 0][:-(-n // size)].long()
+        keys = k_cache[blocks].reshape(-(-n // size) * size, H, Dh)[:n]
+        values = v_cache[blocks].reshape(-(-n // size) * size, H, Dh)[:n]
+        weights = torch.softmax(torch.einsum("hd,nhd->hn", q[b], keys) / Dh ** 0.5, dim=-1)
+        out.append(torch.einsum("hn,nhd->hd", weights, values))
+    return torch.stack(out)
+""" + forward("""\
+        if N == len(seq_ids):  # one new token each: tables as wide as they were before the append (blind set 58's b24)
+            rows = [cache.block_table(s) for s in seq_ids]
+            for b, seq_id in enumerate(seq_ids):
+                cache.append(seq_id, k[b:b + 1], v[b:b + 1])
+            context_lens = torch.tensor([cache.seq_len(s) for s in seq_ids], dtype=torch.int32)
+            tables = torch.full((N, max(len(row) for row in rows)), -1, dtype=torch.int32)
+            for b, row in enumerate(rows):
+                tables[b, :len(row)] = torch.tensor(row, dtype=torch.int32)
+            y = paged_decode(q, cache.k_cache, cache.v_cache, tables, context_lens)
+            return self.w_o(y.reshape(N, D))
+""", APPEND, GATHER, ATTEND), "PagedSelfAttention", "PagedSelfAttention.table_before_append"),
     Variant("module_no_output_projection", forward(APPEND, GATHER, ATTEND.replace("self.w_o(y.reshape(N, D))",
                                                                                   "y.reshape(N, D)")),
             "PagedSelfAttention", "PagedSelfAttention.no_output_projection"),
