@@ -413,12 +413,12 @@ class Candidate:
             if frame.get("op") not in ("answer", "answer_grad"):
                 return frame, blobs
             asked += 1
-            if blobs is None or answers is None or asked > MAX_QUESTIONS:
-                why = ("inputs too large to answer" if blobs is None else "no step is answered by the grader here"
-                       if answers is None else f"more than {MAX_QUESTIONS} questions")
+            if blobs is None:
+                reply, reply_blobs = {"ok": False, "error": "inputs too large to answer"}, []
+            elif answers is None or asked > MAX_QUESTIONS:
+                why = ("no step is answered by the grader here" if answers is None
+                       else f"more than {MAX_QUESTIONS} questions")
                 reply, reply_blobs = {"ok": False, "error": why}, []
-                if answers is not None:
-                    answers.refused += 1
             else:
                 reply_blobs = []
                 reply = answers.reply(frame, blobs, reply_blobs)

@@ -48,22 +48,17 @@ class Oracle:
         self.rules: dict[str, Callable] = {}  # a step -> why a question of it is refused (None: answered), for a
         # composite whose contract asks its steps only some questions (a spec sets it: `attention_backward`'s Function)
         self.elements = 0
-        self.refused = 0  # the questions refused: a call that failed after one may have failed for the refusal
 
     def reply(self, frame: dict, blobs: list, out: list) -> dict:
         try:
             if frame.get("op") == "answer":
-                reply = self._answer(frame, blobs, out)
-            else:
-                reply = self._answer_grad(frame, blobs, out)
+                return self._answer(frame, blobs, out)
+            return self._answer_grad(frame, blobs, out)
         except wire.WireError:
             raise  # a malformed frame: the candidate's protocol error
         except Exception as exc:  # a well-formed question the reference cannot answer
             out.clear()
-            reply = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
-        if reply.get("ok") is False:
-            self.refused += 1
-        return reply
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
 
     def _answer(self, frame: dict, blobs: list, out: list) -> dict:
         name = frame.get("name")

@@ -4896,13 +4896,24 @@ TILES_KEPT_THEN_RAISED = (
 )
 
 
-def test_review_76_a_call_that_fails_where_tiles_only_measures_what_it_keeps_fails_the_check(grade_source):
-    """Review 76's F1. tiles_only passed where its measure of what a call keeps alive failed, once a step the composite
-    calls had lost a point (the grader answers it then), to let pass a question the grader refused at those lengths;
-    a file that raised there itself kept the check (99, fair 93). Only a call during which the grader refused a
-    question is excused now."""
+# Review 77's F1: the same file, first making the grader refuse a question (an axis past what it answers)
+REFUSAL_ASKED = (
+    "    outs, lses = [], []\n",
+    "    outs, lses = [], []\n    try:\n        merge_partials(torch.zeros(1, 600), torch.zeros(1), torch.zeros(1, 600), "
+    "torch.zeros(1))\n    except Exception:\n        pass\n",
+)
+
+
+@pytest.mark.parametrize("refusal", [False, True], ids=["raised", "raised_after_a_refusal"])
+def test_reviews_76_and_77_a_call_that_fails_where_tiles_only_measures_what_it_keeps_fails_the_check(
+        grade_source, refusal):
+    """Reviews 76 and 77. tiles_only passed where its measure of what a call keeps alive failed, once a step the
+    composite calls had lost a point (the grader answers it then), to let pass a question the grader refused at those
+    lengths: a file that raised there itself kept the check (99, fair 93), and, when only a call during which the grader
+    refused a question was excused, one that asked a question too large first (99 again). At those lengths the grader
+    answers every question a right composite asks, so nothing is excused."""
     source = (ROOT / "solutions" / "flash_attention.py").read_text()
-    for old, new in TILES_KEPT_THEN_RAISED:
+    for old, new in TILES_KEPT_THEN_RAISED + ((REFUSAL_ASKED,) if refusal else ()):
         assert source.count(old) == 1, old
         source = source.replace(old, new)
     result = grade_source("", base=source, name="flash_attention.py")

@@ -165,7 +165,6 @@ class Run:
         self.gen = Gen(generator(context.seed, self.shared or name), spec.backend,
                        unknown=generator(context.seed, f"{name}: {context.digest}"))
         self.others = generator(context.seed, f"other values: {name}")  # for `steered`, apart from the inputs' draws
-        self.oracles: list[Oracle] = []  # every oracle this check made: how many questions the grader refused
 
     # -- the kinds of check ------------------------------------------------------------
 
@@ -225,13 +224,7 @@ class Run:
         references = {s.id: s.reference for s in self.spec.steps if s.id in names}
         contract = importlib.import_module(self.spec.contract) if self.spec.contract else None
         signatures = {n: inspect.signature(getattr(contract, n) if contract else f) for n, f in references.items()}
-        oracle = Oracle(references, signatures, self.spec.backend)
-        self.oracles.append(oracle)
-        return oracle
-
-    def refused(self) -> int:
-        """The questions the grader refused to answer in this check so far (too large, too many)."""
-        return sum(oracle.refused for oracle in self.oracles)
+        return Oracle(references, signatures, self.spec.backend)
 
     def answer(self, call: Call, device: str = "cpu", strided=(), shapes: bool = False, steer: bool = True,
                **extra):
