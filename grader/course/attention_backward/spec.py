@@ -778,17 +778,26 @@ def _query_tail_dropped(q, k, v, grad_out, causal=False, block_q=32, block_k=32)
 
 def own_question(call):
     """What the grader answers of flash_attention_backward for the Function run on `call`: one question, of the call's
-    own q, k and v, as its backward asks. Review 65's F1 had the grader's backward compute the forward instead (q and k
-    swapped, out 0, grad_out v: dv is e^(S - c) v), keeping 13 of the step's 15 points with no attention of its own."""
+    own q, k and v, as its backward asks, with out, lse and grad_out of the shapes they imply. Review 65's F1 had the
+    grader's backward compute the forward instead (q and k swapped, out 0, grad_out v: dv is e^(S - c) v), keeping 13
+    of the step's 15 points with no attention of its own. Every tensor of such a question is as large as the grader's
+    own call's, so its answer needs no other bound (Oracle.pinned: the general one refused the Function's own
+    question at tiles_only's longest lengths, blind set 60's c06)."""
     asked = []
+    q, _, v = call.args[:3]
+    rows = tuple(q.shape[:-1])  # (..., Tq)
+    implied = {"out": (*rows, v.shape[-1]), "lse": rows, "grad_out": (*rows, v.shape[-1])}
 
     def rule(arguments: dict, meta: bool) -> str | None:
         own = all(isinstance(arguments.get(name), torch.Tensor) and arguments[name].shape == given.shape
                   and (meta or torch.equal(arguments[name].double(), given.double()))
                   for name, given in zip(("q", "k", "v"), call.args[:3], strict=True))
+        own = own and all(isinstance(arguments.get(name), torch.Tensor) and tuple(arguments[name].shape) == shape
+                          for name, shape in implied.items())
         asked.append(own)
         if not own:
-            return "the grader answers flash_attention_backward only for the Function's own q, k and v"
+            return ("the grader answers flash_attention_backward only for the Function's own q, k and v, with out, "
+                    "lse and grad_out of the shapes they imply")
         if len(asked) > 1:
             return "the grader answers flash_attention_backward once, for the Function's backward"
         return None
@@ -825,6 +834,7 @@ def function_answer(run, call, shapes=False, steer=True):
     def invoke(c):
         if oracle is not None:
             oracle.rules["flash_attention_backward"] = own_question(c)
+            oracle.pinned.add("flash_attention_backward")
         got = run.ctx.candidate.invoke(RUNNER, c.args, c.kwargs, answers=oracle, shapes=True)
         sizes = TileSizes.of(*c.args[:3], c.kwargs.get("block_q", 32), c.kwargs.get("block_k", 32))
         judge_tiles(run.ctx, run.step.id, sizes, sizes.describe(bool(c.kwargs.get("causal"))), got.shapes)

@@ -541,6 +541,35 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
 ]
 
 CORRECT = [
+    # FlashAttention-2's Algorithm 2 (blind set 60's c06): keys outer, and causal, each key block's query loop starting
+    # at the first query that sees it, unaligned to block_q; last iteration's tiles alive while the next are made
+    Variant("flash_backward_keys_outer_from_first_query", """
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32):
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    scale, shift = 1.0 / math.sqrt(q.shape[-1]), n_k - n_q
+    delta = (grad_out * out).sum(dim=-1)
+    safe = lse.masked_fill(lse == -math.inf, math.inf)  # a row with no key: e^(S - inf) = 0
+    dq, dk, dv = torch.zeros_like(q), torch.empty_like(k), torch.empty_like(v)
+    for j in range(0, n_k, block_k):
+        je = min(j + block_k, n_k)
+        k_j, v_j = k[..., j:je, :], v[..., j:je, :]
+        dk_j, dv_j = torch.zeros_like(k_j), torch.zeros_like(v_j)
+        for i in range(max(0, j - shift) if causal else 0, n_q, block_q):
+            ie = min(i + block_q, n_q)
+            q_i, do_i = q[..., i:ie, :], grad_out[..., i:ie, :]
+            s_ij = q_i @ k_j.transpose(-1, -2) * scale
+            if causal:
+                rows = torch.arange(i, ie, device=q.device)[:, None] + shift
+                cols = torch.arange(j, je, device=q.device)[None, :]
+                s_ij = torch.where(cols <= rows, s_ij, torch.full_like(s_ij, -math.inf))
+            p_ij = torch.exp(s_ij - safe[..., i:ie, None])
+            dv_j = dv_j + p_ij.transpose(-1, -2) @ do_i
+            ds_ij = p_ij * (do_i @ v_j.transpose(-1, -2) - delta[..., i:ie, None])
+            dq[..., i:ie, :] += ds_ij @ k_j * scale
+            dk_j = dk_j + ds_ij.transpose(-1, -2) @ q_i * scale
+        dk[..., j:je, :], dv[..., j:je, :] = dk_j, dv_j
+    return dq, dk, dv
+"""),
     # the forward's answers slices of buffers padded to whole blocks (blind set 19's c04): their storage holds the
     # padding, per batch and head, and counts so (recorder._held), not as one flat buffer of everything
     Variant("function_output_sliced_from_a_padded_buffer", """
