@@ -237,11 +237,13 @@ HEADS_MERGED_INNER = Mistake(
         "expect head h's at h·Dh … (h + 1)·Dh − 1.")
 
 
-def _walked_by_id(state, streams, schedule=PREFILL_DECODE, refilled: bool = False) -> torch.Tensor:
+def _walked_by_id(state, streams, schedule=PREFILL_DECODE, refilled: bool = False, appended: bool = False):
     """The outputs of a module that walked each call's sequences in the order of their ids, sorted, while x's rows
     and cu_seqlens stay in the order given: the b-th slice of rows goes to the b-th sequence by id, its keys appended
-    there and its queries attending there. The same order at every call of the same sequences is right by chance
-    (each sequence keeps one stream's tokens); a batch of others mixes them."""
+    there and its queries attending there; `appended`, each sequence's own tokens appended right, and only the
+    lengths, tables and keys read in the order of ids (slice b's queries over that sequence's keys, bottom-right).
+    The same order at every call of the same sequences is right by chance (each sequence keeps one stream's tokens);
+    a batch of others mixes them."""
     heads = [tuple(_proj(state, x, n).view(-1, H, DH) for n in ("w_q", "w_k", "w_v")) for x in streams]
     done, held, outputs = [0] * len(streams), {}, []
     for call in schedule:
@@ -250,13 +252,16 @@ def _walked_by_id(state, streams, schedule=PREFILL_DECODE, refilled: bool = Fals
         for i in ids:
             rows.append(tuple(part[done[i]:done[i] + call[i]] for part in heads[i]))
             done[i] += call[i]
-        for owner, (q, k, v) in zip(sorted(ids, key=lambda i: SEQ_IDS[i]), rows, strict=True):
+        by_id = sorted(ids, key=lambda i: SEQ_IDS[i])
+        for owner, (_, k, v) in zip(ids if appended else by_id, rows, strict=True):
             keys, values = held.get(owner, (k[:0], v[:0]))
-            past = len(keys)
-            keys, values = held[owner] = (torch.cat([keys, k]), torch.cat([values, v]))
+            held[owner] = (torch.cat([keys, k]), torch.cat([values, v]))
+        for owner, (q, _, _) in zip(by_id, rows, strict=True):
+            keys, values = held[owner]
             for r in range(len(q)):
-                scores = torch.einsum("hd,nhd->hn", q[r], keys[:past + r + 1]) / math.sqrt(DH)  # (H, keys)
-                y = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), values[:past + r + 1])  # (H, Dh)
+                seen = max(len(keys) - len(q) + r + 1, 0)  # bottom-right: the last query sees every key
+                scores = torch.einsum("hd,nhd->hn", q[r], keys[:seen]) / math.sqrt(DH)  # (H, keys)
+                y = torch.einsum("hn,nhd->hd", torch.softmax(scores, -1), values[:seen])  # (H, Dh), 0 for no key
                 outputs.append(_proj(state, y.reshape(D), "w_o"))
         if refilled and call is schedule[0]:
             held = {i: (torch.full_like(k, K_FILL), torch.full_like(v, V_FILL)) for i, (k, v) in held.items()}
@@ -266,8 +271,9 @@ def _walked_by_id(state, streams, schedule=PREFILL_DECODE, refilled: bool = Fals
 BATCH_REORDERED = Mistake(
     "PagedSelfAttention.batch_reordered", "walked the batch's sequences in another order than seq_ids gives (sorted, "
     "say) while x's rows stay as given: sequence b is seq_ids[b], its rows cu_seqlens[b]:cu_seqlens[b + 1]",
-    _walked_by_id, why="A batch whose order never changes hides it: each sequence keeps the same rows. A server "
-                       "batches whichever sequences are ready, in any order (blind set 59's b08).")
+    lambda *a, **kw: [_walked_by_id(*a, **kw, appended=appended) for appended in (False, True)],
+    why="A batch whose order never changes hides it: each sequence keeps the same rows. A server batches whichever "
+        "sequences are ready, in any order (blind sets 59's b08 and, its appends right, 60's b10).")
 
 
 def _opening_rows(schedule) -> list[int]:
