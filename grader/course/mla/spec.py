@@ -382,10 +382,12 @@ def absorbed_inputs(gen, dtype, tq=3, tk=5, masked=True, widths=None, padded=Fal
 def _absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None, *, width=None, uk="right", uv="right",
               mask_ignored=False, mask_inverted=False, merge_heads_inner=False, softmax_dim=-1, wo_untransposed=False,
               fill=float("-inf"), rope=True, merge_untransposed=False, scaled="both", heads_summed=False,
-              stacked=False, mask_after_softmax=False, mask_added=False):
+              stacked=False, mask_after_softmax=False, mask_added=False, batch_heads_mixed=""):
     """The absorbed path, per head, with the knobs of its mistakes: how w_uk and w_uv are cut into heads, which part
     of the scores is scaled ("both", "nope", "rope" or "per_part", each by the square root of its own width;
-    "nope_twice" or "rope_twice": that part once more, a pre-scaled query's)."""
+    "nope_twice" or "rope_twice": that part once more, a pre-scaled query's); `batch_heads_mixed` ("query" or
+    "latents"): that product made with the heads as the batch, (H, B·Tq, ·), and viewed straight as (B, H, Tq, ·)."""
+    mixed = lambda t: t.transpose(0, 1).reshape(t.shape)  # noqa: E731  (H, B, ·) in memory, read as (B, H, ·)
     h, dn, dr, r = q_nope.shape[1], q_nope.shape[-1], q_rope.shape[-1], c_kv.shape[-1]
     dv = w_uv.shape[0] // h
     cut = {  # each head's (width, R) matrix: right, or the weight's numbers scrambled into that shape
@@ -396,7 +398,8 @@ def _absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None, *, width
     if stacked:  # [all heads' keys; all heads' values] viewed as DeepSeek's wkv_b, interleaved per head
         both = torch.cat([w_uk, w_uv]).reshape(h, dn + dv, r)
         key_weight, value_weight = both[:, :dn], both[:, dn:]
-    nope = (q_nope @ key_weight) @ c_kv.unsqueeze(1).transpose(-2, -1)
+    q_latent = q_nope @ key_weight
+    nope = (mixed(q_latent) if batch_heads_mixed == "query" else q_latent) @ c_kv.unsqueeze(1).transpose(-2, -1)
     part = q_rope @ k_rope.unsqueeze(1).transpose(-2, -1) if rope else 0
     scale = math.sqrt(width or dn + dr)
     scores = {"both": lambda: (nope + part) / scale, "nope": lambda: nope / scale + part,
@@ -413,7 +416,8 @@ def _absorbed(q_nope, q_rope, c_kv, k_rope, w_uk, w_uv, w_o, mask=None, *, width
         weights = weights.masked_fill(~mask, 0.0)
     if heads_summed:  # w_o @ w_uv, (D, R): every head's output matrix times every head's value matrix, summed
         return (weights @ c_kv.unsqueeze(1)).sum(1) @ (w_o @ w_uv).T
-    y = (weights @ c_kv.unsqueeze(1)) @ value_weight.transpose(-2, -1)  # (B, H, Tq, Dv)
+    latents = weights @ c_kv.unsqueeze(1)  # (B, H, Tq, R)
+    y = (mixed(latents) if batch_heads_mixed == "latents" else latents) @ value_weight.transpose(-2, -1)  # (…, Dv)
     if wo_untransposed:  # w_o (D, H·Dv) reshaped straight to (H, Dv, D): its numbers scrambled into that shape
         return torch.einsum("bhqv,hvd->bqd", y, w_o.reshape(h, dv, -1))
     merged = y.permute(0, 2, 3, 1) if merge_heads_inner else y.transpose(1, 2)  # (B, Tq, Dv, H) or (B, Tq, H, Dv)
@@ -571,6 +575,11 @@ ABSORBED = StepSpec(
                 lambda *a, **k: [_absorbed(*a, **k, scaled=twice) for twice in ("nope_twice", "rope_twice")]),
         Mistake("absorbed_attention.scaled_per_part", "each part was scaled by the square root of its own width: "
                 "divide their sum by √(qk_nope_head_dim + qk_rope_head_dim)", _absorbed_variant(scaled="per_part")),
+        Mistake("absorbed_attention.batch_and_heads_mixed", "a product made with the heads as the batch, (H, B·Tq, "
+                "·), was viewed straight as (B, H, Tq, ·): view it (H, B, Tq, ·), then transpose(0, 1)",
+                lambda *a, **k: [_absorbed(*a, **k, batch_heads_mixed=m) for m in ("query", "latents")],
+                why="Right for a batch of one, where the two orders agree (blind set 60's b14, vLLM's head-batched "
+                    "bmm)."),
         Mistake("absorbed_attention.key_weight_cut_wrong", "w_uk was cut into heads in the wrong order: head h's "
                 "key up-projection is w_uk.view(H, Dn, R)[h], so q_nope @ w_uk.view(H, Dn, R)", _cut_wrong("uk"),
                 why="w_uk is (H·Dn, R), heads outer: viewing it as (H, R, Dn), or reshaping its transpose, keeps the "

@@ -276,6 +276,11 @@ def mla_scores(q_nope, q_rope, k_nope, k_rope):
     Variant("absorbed_query_prescaled_too", absorbed_with(  # the forty-fifth blind set's b04
         "q_latent = q_nope @ w_uk.view(H, Dn, R)", "q_latent = (q_nope / math.sqrt(Dn + Dr)) @ w_uk.view(H, Dn, R)"),
             "absorbed_attention", "absorbed_attention.part_scaled_twice"),
+    Variant("absorbed_batch_and_heads_mixed", absorbed_with(  # blind set 60's b14: vLLM's bmm, heads as the batch
+        "    q_latent = q_nope @ w_uk.view(H, Dn, R)\n",
+        "    B, Tq = q_nope.shape[0], q_nope.shape[2]\n"
+        "    q_latent = torch.bmm(q_nope.transpose(0, 1).reshape(H, B * Tq, Dn), w_uk.view(H, Dn, R)).view(B, H, Tq, R)\n"),
+            "absorbed_attention", "absorbed_attention.batch_and_heads_mixed"),
     Variant("absorbed_softmax_unshifted", absorbed_with(  # the forty-fourth blind set's b04
         "torch.softmax(scores, dim=-1) @ latents", "(scores.exp() / scores.exp().sum(dim=-1, keepdim=True)) @ latents"),
             "absorbed_attention", situations=("absorbed_attention.large_scores_mishandled",)),
