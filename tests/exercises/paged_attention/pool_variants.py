@@ -70,6 +70,8 @@ class PagedKVCache(PagedKVCache):
             self.v_cache[table[t // bs], t % bs] = v[i]
         self.tables[seq_id], self.lengths[seq_id] = table, end
 """, "PagedKVCache", "PagedKVCache.grown_by_cat"),
+    Variant("pool_added_not_written", append_with(TAKE + WRITE.replace("t % bs] = k[i]", "t % bs] += k[i]").replace(
+        "t % bs] = v[i]", "t % bs] += v[i]")), "PagedKVCache", "PagedKVCache.added_not_written"),  # blind set 60's b13
     Variant("pool_values_written_from_keys", append_with(TAKE + WRITE.replace("t % bs] = v[i]", "t % bs] = k[i]")),
             "PagedKVCache", "PagedKVCache.values_written_from_keys"),  # the forty-sixth blind set's b01
     Variant("pool_storage_replaced", append_with(TAKE + """\
