@@ -1083,10 +1083,11 @@ FUNCTION = StepSpec(
         Mistake("FlashAttentionFunction.causal_not_saved", "the backward ran without the causal mask: keep causal "
                 "(and the block sizes) on ctx in forward and pass them to flash_attention_backward", _causal_not_saved),
         Mistake("FlashAttentionFunction.backward_always_causal", "the backward masked causally where the forward did "
-                "not: a block size given by position where causal goes, (…, grad_out, block_q, block_k), is true; "
-                "pass ctx.causal first, or name each argument", _always_causal_backward,
-                why="out is right and so are causal calls' gradients: only a call with causal=False shows it (blind "
-                    "set 59's b12)."),
+                "not: a block size passed by position where causal goes is true; pass ctx.causal first, or name "
+                "each argument", _always_causal_backward,
+                why="flash_attention_backward(q, k, v, out, lse, grad_out, block_q, block_k) gives causal the "
+                    "block_q; out is right, and so are causal calls' gradients: only causal=False shows it (blind set "
+                    "59's b12)."),
         Mistake("FlashAttentionFunction.gradient_count", "backward returned fewer gradients than forward has "
                 "arguments: return one per argument, (dq, dk, dv, None, None, None)",
                 raises=Raises(message=r"incorrect number of gradients")),
