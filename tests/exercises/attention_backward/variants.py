@@ -541,6 +541,39 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
 ]
 
 CORRECT = [
+    # queries outer, each query block's dk and dv partials kept and summed at the end (deterministic), in float64
+    # (the seventy-eighth review's F1: 52 columns kept at KEPT_COLUMNS' longer length with query blocks of 64)
+    Variant("flash_backward_partials_per_query_block_in_float64", """
+def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32):
+    dtype = q.dtype
+    q, k, v, out, lse, grad_out = (t.double() for t in (q, k, v, out, lse, grad_out))
+    t_q, t_k = q.shape[-2], k.shape[-2]
+    scale, offset = 1.0 / math.sqrt(q.shape[-1]), t_k - t_q
+    delta = (grad_out * out).sum(dim=-1)
+    lse = lse.masked_fill(lse == -math.inf, math.inf)
+    grad_q, parts = torch.zeros_like(q), []
+    for i in range(0, t_q, block_q):
+        qb, dob = q[..., i:i + block_q, :], grad_out[..., i:i + block_q, :]
+        pk, pv = torch.zeros_like(k), torch.zeros_like(v)
+        for j in range(0, t_k, block_k):
+            kb, vb = k[..., j:j + block_k, :], v[..., j:j + block_k, :]
+            scores = qb @ kb.transpose(-2, -1) * scale
+            if causal:
+                rows = torch.arange(offset + i, offset + i + qb.shape[-2], device=q.device)[:, None]
+                cols = torch.arange(j, j + kb.shape[-2], device=q.device)[None, :]
+                scores = scores.masked_fill(cols > rows, -math.inf)
+            probs = torch.exp(scores - lse[..., i:i + block_q, None])
+            pv[..., j:j + block_k, :] += probs.transpose(-2, -1) @ dob
+            grad_scores = probs * (dob @ vb.transpose(-2, -1) - delta[..., i:i + block_q, None]) * scale
+            grad_q[..., i:i + block_q, :] += grad_scores @ kb
+            pk[..., j:j + block_k, :] += grad_scores.transpose(-2, -1) @ qb
+        parts.append((pk, pv))
+    grad_k, grad_v = torch.zeros_like(k), torch.zeros_like(v)
+    for pk, pv in parts:
+        grad_k += pk
+        grad_v += pv
+    return grad_q.to(dtype), grad_k.to(dtype), grad_v.to(dtype)
+"""),
     # FlashAttention-2's Algorithm 2 (blind set 60's c06): keys outer, and causal, each key block's query loop starting
     # at the first query that sees it, unaligned to block_q; last iteration's tiles alive while the next are made
     Variant("flash_backward_keys_outer_from_first_query", """
