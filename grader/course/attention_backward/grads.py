@@ -109,11 +109,12 @@ def causal_mask(t_q, t_k, top_left=False):
 def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, top_left=False, use_mask=True,
           delta="rows", delta_sign=-1, ds_scale="sqrt", last_block=True, accumulate=True, dv_transposed=True,
           causal_shift=0, dq_scale=None, dk_scale=None, accumulate_q=True, last_q_block=True,
-          skip_from_first_row=False, scores_scale="sqrt", mask_after_exp=False):
+          skip_from_first_row=False, scores_scale="sqrt", mask_after_exp=False, stop_short=False):
     """flash_attention_backward tile by tile, queries outside, keys inside (another order than the model answer's);
     the keyword arguments after * make the named wrong variants. delta: "rows" (rowsum(dO ∘ O)), "tile" (the tile's
     own Σ P ∘ dP), "tile_queries" (the tile's Σ P ∘ dP over its queries). skip_from_first_row: causal, the key
-    tiles past the block's first query's position skipped, though its later queries see some of them.
+    tiles past the block's first query's position skipped, though its later queries see some of them; stop_short:
+    causal, a key tile starting at the block's last query's own key skipped too (>= where > belongs).
     scores_scale: what the recomputed tile's scores are scaled by before e^(S − lse), as ds_scale. mask_after_exp:
     the causal mask multiplies e^(S − lse) instead of filling S with -inf, so a large hidden score gives inf · 0."""
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -128,6 +129,8 @@ def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, 
         qb, dob, lb = q[..., i:i + block_q, :], grad_out[..., i:i + block_q, :], lse[..., i:i + block_q]
         for j in range(0, stop, block_k):
             if causal and skip_from_first_row and j > offset + i:
+                break
+            if causal and stop_short and j >= offset + i + qb.shape[-2] - 1:
                 break
             kb, vb = k[..., j:j + block_k, :], v[..., j:j + block_k, :]
             scores = qb @ kb.transpose(-2, -1) * factors[scores_scale]

@@ -650,6 +650,11 @@ FLASH = StepSpec(
                 "query were skipped: skip one only when it starts past the block's last query, Tk - Tq + i + bq - 1",
                 _flash_variant(skip_from_first_row=True),
                 why="The block's later queries sit further right and see some keys of those tiles."),
+        Mistake("flash_attention_backward.tiles_stop_short", "causal: the key tile at the block's last "
+                "query's own key was skipped (>= for >): skip only tiles starting past Tk - Tq + i + bq - 1",
+                _flash_variant(stop_short=True),
+                why="That query sees its own key, the tile's first: only with block sizes where some tile starts "
+                    "there does it show."),
         Mistake("flash_attention_backward.scores_unscaled", "the recomputed tile's scores were not scaled by 1/√D "
                 "before e^(S - lse): lse was taken of the scaled scores, so P = exp(q kᵀ / √D - lse)",
                 _flash_variant(scores_scale="none")),
@@ -1075,6 +1080,11 @@ FUNCTION = StepSpec(
                 _forward_variant(running_max=False),
                 why="A tile whose scores are all lower (or masked, -inf) would otherwise lower m below what the sum "
                     "and acc are relative to."),
+        Mistake("FlashAttentionFunction.out_shaped_like_q", "the forward's out was made like q (zeros_like(q)), D "
+                "wide: out has v's width, (…, Tq, Dv)",
+                raises=Raises(message=r"must match the (existing )?size|size mismatch|broadcast",
+                              source=r"\bout\w*(\s*,\s*\w+)*\s*=\s*torch\.(zeros|empty)_like\(\s*q\b"),
+                why="D = Dv in most models, so the line runs until the value width differs."),
         Mistake("FlashAttentionFunction.saved_scaled_q", "the forward saved q already divided by √D: save the q it was "
                 "given (the backward scales again), or unscale it", _saved_scaled_q,
                 why="out is right either way; the backward's recomputed scores and dk take q as given."),

@@ -100,28 +100,34 @@ class CacheScript:
 
     The answer of a cache check: `initial` and `appends` sort the results out, and the cache's
     mistakes' tests read them (Run.explain(script, script.call) names the one it shows).
+
+    With `twin`, a second cache of the same shape is built beside it and given other keys right after each of the
+    first's appends, before the first is read: two caches alive at once (two layers, two sequences) hold their own.
     """
 
     def __init__(self, run: Run, dtype=torch.float32, device: str = "cpu", chunks=CHUNKS, nan: bool = False,
-                 probe: bool = False):
+                 probe: bool = False, twin: bool = False):
         self.dtype, self.chunks, self.nan = dtype, chunks, nan
         self.call = run.inputs(dtype=dtype, chunks=chunks)
         self.ks, self.vs = self.call.args
         script = Script()
         on = {"device": device} if device != "cpu" else {}
         cache = script.build("KVCache", B, H, DH, MAX_LEN, dtype=dtype, **on)
+        other = script.build("KVCache", B, H, DH, MAX_LEN, dtype=dtype, **on) if twin else None
         self.filled = fill_unused(script, cache) if nan else None
         self.start = len(script.actions)
         for name in ("k", "v", "length"):
             script.get(cache, name)
-        self.storages = [script.storage(cache, ("k", "v"))] if probe else []
-        self.rows = []  # each append's index: its result, then length, k and v
+        self.storages = [script.storage(cache, ("k", "v"))] if probe or twin else []
+        self.rows = []  # each append's index, then those of its reads: length, k and v
         for k, v in zip(self.ks, self.vs, strict=True):
-            self.rows.append(script.call(cache, "append", k, v, names=KV))
-            for name in ("length", "k", "v"):
-                script.get(cache, name)
+            row = script.call(cache, "append", k, v, names=KV)
+            if twin:
+                script.call(other, "append", -k, -v, names=KV)
+            self.rows.append((row, *(script.get(cache, name) for name in ("length", "k", "v"))))
             if probe:
                 self.storages.append(script.storage(cache, ("k", "v")))
+        self.twin = script.storage(other, ("k", "v")) if twin else None
         self.results = run.script(script, device=device).value
 
     @property
@@ -135,10 +141,19 @@ class CacheScript:
 
     def appends(self):
         """One Append for each chunk, in order."""
-        for i, at in enumerate(self.rows):
-            returned, length, k, v = self.results[at:at + 4]
+        for i, row in enumerate(self.rows):
+            returned, length, k, v = (self.results[at] for at in row)
             keys, vals = torch.cat(self.ks[:i + 1], dim=2), torch.cat(self.vs[:i + 1], dim=2)
             yield Append(i, returned, length, k, v, keys, vals, keys.shape[2])
+
+
+def _shared(seen: CacheScript, *_) -> bool:
+    """Whether the twin cache's buffers lie in the first's storages."""
+    if seen.twin is None:
+        return False
+    wheres = [seen.results[seen.storages[0]], seen.results[seen.twin]]
+    addresses = [{w[0] for w in where if w is not None} for where in wheres if isinstance(where, list)]
+    return len(addresses) == 2 and bool(addresses[0] & addresses[1])
 
 
 def _grown(seen: CacheScript, *_) -> bool:
@@ -386,6 +401,11 @@ NOT_IN_PLACE = Mistake(
     "them once and write each append in place",
     why="A new buffer each append copies the whole cache every token: quadratic over a sequence, and twice the memory "
         "while it copies.")
+BUFFERS_SHARED = Mistake(
+    "KVCache.buffers_shared", "two caches of one shape share their buffers (a class attribute, a default argument): "
+    "make each cache's own k and v in __init__", test=_shared,
+    why="A model keeps a cache per layer and per sequence, all alive at once: each append must reach its own cache "
+        "only.")
 DTYPE_IGNORED = Mistake(
     "KVCache.dtype_ignored", "the buffers ignore the dtype argument (torch.zeros(shape) is float32): pass dtype= and "
     "device= when you make them")
@@ -395,7 +415,8 @@ CACHE = StepSpec(
     checks=(
         prop("preallocated", 3, _cache_check(preallocated, probe=True)),
         prop("appends", 4, _cache_check(appends)),
-        prop("length", 3, _cache_check(lengths)), prop("contents", 4, _cache_check(contents)),
+        prop("length", 3, _cache_check(lengths)), prop("contents", 3, _cache_check(contents)),
+        prop("two_caches", 1, _cache_check(contents, twin=True)),
         prop("unused_slots_nan", 3, unused_slots_nan), prop("fills_to_max_len", 2, fills_to_max_len),
         prop("overflow_raises", 2, overflow_raises, gated=ALWAYS),
         prop("unchanged_after_overflow", 3, unchanged_after_overflow),
@@ -403,5 +424,5 @@ CACHE = StepSpec(
     ),
     mistakes=(WRONG_AXIS, GROWN_BY_CAT, LENGTH_NOT_ADVANCED, LENGTH_TWICE, WHOLE_BUFFER, RETURNS_OLD_PREFIX,
               ADDED_NOT_WRITTEN, FULL_REFUSED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, DTYPE_IGNORED,
-              NOT_IN_PLACE, FITTING_REFUSED),
+              NOT_IN_PLACE, FITTING_REFUSED, BUFFERS_SHARED),
 )

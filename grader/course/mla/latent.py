@@ -94,26 +94,33 @@ class Append(NamedTuple):
 
 class CacheScript:
     """A cache built (its unused slots NaN if `nan`), then for each chunk: append, read length, c_kv and k_rope; and
-    where c_kv and k_rope are stored, once built and after each append (a script's `storage` action)."""
+    where c_kv and k_rope are stored, once built and after each append (a script's `storage` action).
 
-    def __init__(self, run: Run, dtype=torch.float32, device: str = "cpu", nan: bool = False):
+    With `twin`, a second cache of the same shape is built beside it and given other latents right after each of the
+    first's appends, before the first is read: two caches alive at once (two layers, two sequences) hold their own.
+    """
+
+    def __init__(self, run: Run, dtype=torch.float32, device: str = "cpu", nan: bool = False, twin: bool = False):
         self.dtype, self.nan = dtype, nan
         self.call = run.inputs(dtype=dtype)
         self.cs, self.ks = self.call.args
         script = Script()
-        cache = script.build("LatentCache", B, MAX_LEN, R, DR, dtype=dtype,
-                             **({"device": device} if device != "cpu" else {}))
+        on = {"device": device} if device != "cpu" else {}
+        cache = script.build("LatentCache", B, MAX_LEN, R, DR, dtype=dtype, **on)
+        other = script.build("LatentCache", B, MAX_LEN, R, DR, dtype=dtype, **on) if twin else None
         if nan:
             script.fill(cache, ("c_kv", "k_rope"), axis=1, start="length")
         self.start = len(script.actions)
         for name in ("c_kv", "k_rope", "length"):
             script.get(cache, name)
-        self.storages, self.rows = [script.storage(cache, BUFFERS)], []
+        self.storages, self.rows = [script.storage(cache, BUFFERS)], []  # rows: each append's, then its reads'
         for c, k in zip(self.cs, self.ks, strict=True):
-            self.rows.append(script.call(cache, "append", c, k, names=APPEND))
-            for name in ("length", "c_kv", "k_rope"):
-                script.get(cache, name)
+            row = script.call(cache, "append", c, k, names=APPEND)
+            if twin:
+                script.call(other, "append", -c, -k, names=APPEND)
+            self.rows.append((row, *(script.get(cache, name) for name in ("length", "c_kv", "k_rope"))))
             self.storages.append(script.storage(cache, BUFFERS))
+        self.twin = script.storage(other, BUFFERS) if twin else None
         self.results = run.script(script, device=device).value
 
     @property
@@ -122,7 +129,7 @@ class CacheScript:
 
     def appends(self):
         for i, row in enumerate(self.rows):
-            returned, length, c_kv, k_rope = self.results[row:row + 4]
+            returned, length, c_kv, k_rope = (self.results[at] for at in row)
             latents, keys = torch.cat(self.cs[:i + 1], dim=1), torch.cat(self.ks[:i + 1], dim=1)
             yield Append(i, returned, length, c_kv, k_rope, latents, keys, latents.shape[1])
 
@@ -248,6 +255,15 @@ def _dtype_ignored(seen: CacheScript, *_) -> bool:
     return seen.dtype != torch.float32 and any(x.dtype == torch.float32 for x in buffers)
 
 
+def _shared(seen: CacheScript, *_) -> bool:
+    """Whether the twin cache's buffers lie in the first's storages."""
+    if seen.twin is None:
+        return False
+    first, twin = seen.results[seen.storages[-1]], seen.results[seen.twin]
+    addresses = [{w[0] for w in where if w is not None} for where in (first, twin) if isinstance(where, list)]
+    return len(addresses) == 2 and bool(addresses[0] & addresses[1])
+
+
 def _nan_written(seen: CacheScript, *_) -> bool:
     found = [x[:, :a.expected_length] for a in seen.appends() for x in (a.c_kv, a.k_rope)
              if isinstance(x, torch.Tensor) and x.dim() == 3]
@@ -308,6 +324,10 @@ CACHE_MISTAKES = (
     Mistake("LatentCache.added_not_written", "the new latents were added to what the slots held (+=): assign them "
             "(c_kv[:, a:b] = c_kv_new)", test=_nan_written,
             why="Adding is right only while the slots hold zeros: the grader fills the unused slots with NaN."),
+    Mistake("LatentCache.buffers_shared", "two caches of one shape share their buffers (a class attribute, a default "
+            "argument): make each cache's own c_kv and k_rope in __init__", test=_shared,
+            why="A model keeps a cache per layer and per sequence, all alive at once: each append must reach its "
+                "own cache only."),
     DTYPE_IGNORED, DEVICE_IGNORED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, EXACT_FILL_REFUSED, FITTING_REFUSED,
     NOT_IN_PLACE,
 )
@@ -323,7 +343,7 @@ CACHE = StepSpec(
     checks=(
         prop("preallocated", 3, _cache_check(preallocated)),
         prop("appends", 3, _cache_check(appends)),
-        prop("contents", 3, _cache_check(contents)),
+        prop("contents", 2, _cache_check(contents)), prop("two_caches", 1, _cache_check(contents, twin=True)),
         prop("unused_slots_nan", 2, _cache_check(appends, nan=True), situation=CACHE_NAN),
         prop("overflow_refused", 2, overflow_refused, gated=ALWAYS),
         prop("half", 1, half, situation=CACHE_HALF), prop("device", 1, cache_on_device, gated=ON_META),
@@ -415,18 +435,20 @@ class ModuleScript:
         self.feeds = [tuple(splits)] if isinstance(splits[0], int) else [tuple(s) for s in splits]
         self.splits = self.feeds[0]
         self.call = run.inputs(dtype=dtype, t=sum(self.splits))
-        x = self.call.args[0]
+        # each feed a sequence of its own: the same tokens in two caches would hide caches that share their buffers
+        self.calls = [self.call] + [replace(self.call, args=(run.inputs(dtype=dtype, t=sum(feed)).args[0],))
+                                    for feed in self.feeds[1:]]
         own = run.check.end_to_end or run.ctx.passed("LatentCache")  # a cache that lost points: the stand-in's
         on = {"device": device} if device != "cpu" else {}
         script = Script()
         module = script.build("MultiHeadLatentAttention", *INIT, state=self.call.state)
         self.outputs = [[] for _ in self.feeds]
         turns = []  # (feed, its cache, a chunk of it), in the order the module is called
-        for i, feed in enumerate(self.feeds):
+        for i, (feed, call) in enumerate(zip(self.feeds, self.calls, strict=True)):
             cache = script.build("LatentCache", B, max_len, R, DR, stand_in=not own, dtype=dtype, **on)
             if nan:
                 script.fill(cache, ("c_kv", "k_rope"), axis=1, start="length")
-            turns.append([(i, cache, chunk) for chunk in chunks(x, feed)])
+            turns.append([(i, cache, chunk) for chunk in chunks(call.args[0], feed)])
         order = ([t for rank in range(max(map(len, turns))) for feed in turns for t in feed[rank:rank + 1]]
                  if interleaved else [t for feed in turns for t in feed])
         for i, cache, chunk in order:
@@ -438,8 +460,8 @@ class ModuleScript:
         self.results = run.script(script, device=device).value
 
     def expect_right(self) -> None:
-        for feed, indices in zip(self.feeds, self.outputs, strict=True):
-            expect_chunks(self.run, self.call, feed, [self.results[i] for i in indices], self.device)
+        for feed, call, indices in zip(self.feeds, self.calls, self.outputs, strict=True):
+            expect_chunks(self.run, call, feed, [self.results[i] for i in indices], self.device)
 
 
 def _module_check(**options):

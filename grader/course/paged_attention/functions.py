@@ -252,6 +252,19 @@ PARTIAL_BLOCK_DROPPED = Mistake(
                                                     for t in range(min(n, max(n // BLOCK, 1) * BLOCK))])],
     why="A sequence's last block holds its newest tokens, the new token's own key among them; floor division "
         "drops them whenever n is not a multiple of block_size.")
+def _last_fill_by_remainder(table, n):
+    """Every block but the last read whole, the last `n % block_size` slots: none when n fills it."""
+    whole = (-(-n // BLOCK) - 1) * BLOCK
+    return [_slot(table, t) for t in range(whole + n % BLOCK)]
+
+
+LAST_BLOCK_BY_REMAINDER = Mistake(
+    "paged_decode.full_last_block_read_empty", "the last block's fill was n % block_size, 0 when n fills it: read "
+    "n − (blocks − 1)·block_size slots of it, or min(block_size, n − start)",
+    lambda *a: [decoded(*a, reads=_last_fill_by_remainder, empty=empty) for empty in (math.nan, 0.0)],
+    raises=Raises(message=r"non-zero size|zero-size|empty", source=r"%\s*(self\.)?(block_size|bs|block|page_size)\b"),
+    why="n % block_size is the last block's fill only while n is not a multiple of block_size; a full last block "
+        "is then read as empty.")
 PADDING_SEARCHED = Mistake(
     "paged_decode.padding_searched", "a table row was cut at its first -1 (row.index(-1)), which a sequence that "
     "fills every column has none of: take its first ceil(context_lens[b] / block_size) entries",
@@ -354,7 +367,8 @@ DECODE = StepSpec(
     mistakes=(TIMES_NAN, RESCALE_INVERTED, LAST_BLOCK_SUM, SOFTMAX_OVER_HEADS, MAX_OVER_HEADS, SUMMED_OVER_HEADS,
               DECODE_SCALE_PRECEDENCE, WHOLE_BLOCKS,
               PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_STRIDE, POSITION_AS_SLOT, CONTIGUOUS_RUN,
-              BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED, DECODE_UNSCALED, HEADS_RESHAPED,
+              BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED, LAST_BLOCK_BY_REMAINDER, DECODE_UNSCALED,
+              HEADS_RESHAPED,
               LENGTHS_NOT_BROADCAST, PADDING_SEARCHED),
 )
 

@@ -399,6 +399,14 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
                 cols = torch.arange(j, j + kb.shape[-2], device=q.device)[None, :]
                 scores = scores.masked_fill(cols > rows, -math.inf)"""),
             "flash_attention_backward", "flash_attention_backward.tiles_skipped_from_first_row"),
+    Variant("fab_tiles_stop_short", flash(mask="""\
+            if causal and j >= offset + i + qb.shape[-2] - 1:  # >= where > belongs (blind set 61's b03)
+                continue
+            if causal:
+                rows = torch.arange(offset + i, offset + i + qb.shape[-2], device=q.device)[:, None]
+                cols = torch.arange(j, j + kb.shape[-2], device=q.device)[None, :]
+                scores = scores.masked_fill(cols > rows, -math.inf)"""),
+            "flash_attention_backward", "flash_attention_backward.tiles_stop_short"),
     Variant("fab_scores_unscaled", flash().replace("scores = qb @ kb.transpose(-2, -1) * scale",
                                                    "scores = qb @ kb.transpose(-2, -1)"),
             "flash_attention_backward", "flash_attention_backward.scores_unscaled"),
@@ -434,6 +442,12 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k"""),
             "FlashAttentionFunction", "FlashAttentionFunction.forward_query_tail_dropped"),
+    Variant("fn_out_shaped_like_q", function(row_end="""\
+            out_rows[..., i:i + bq_, :] = acc / torch.where(l > 0, l, 1.0)[..., None]
+            lses.append(m + torch.log(l))""").replace(
+        "        outs, lses = [], []\n", "        out_rows, lses = torch.zeros_like(q), []  # D wide (blind set 61's b19)\n").replace(
+        "torch.cat(outs, dim=-2)", "out_rows"),
+            "FlashAttentionFunction", "FlashAttentionFunction.out_shaped_like_q"),
     Variant("fn_forward_tiles_skipped_from_first_row", function().replace(
         "            for j in range(0, t_k, bk_):\n",
         "            for j in range(0, t_k, bk_):\n                if causal and j > t_k - t_q + i:  # the block's first row\n"

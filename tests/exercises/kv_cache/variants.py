@@ -110,6 +110,14 @@ class KVCache:
         out = self.k[:, :, :self.length], self.v[:, :, :self.length]  # sliced before length moves on
         self.length += t
         return out"""), "KVCache", "KVCache.returns_old_prefix"),
+    Variant("cache_buffers_shared_by_shape", """
+class KVCache(KVCache):
+    def __init__(self, batch_size, num_heads, head_dim, max_len, dtype=torch.float32, device=None, _pool={}):
+        super().__init__(batch_size, num_heads, head_dim, max_len, dtype, device)
+        # a default argument's dict, to reuse the buffers of an earlier cache of this shape
+        key = (batch_size, num_heads, head_dim, max_len, dtype, str(device))
+        self.k, self.v = _pool.setdefault(key, (self.k, self.v))
+""", "KVCache", "KVCache.buffers_shared"),
     Variant("cache_added_not_written", append_with("""\
         end = self.length + t
         if end > self.max_len:

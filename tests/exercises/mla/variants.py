@@ -428,6 +428,15 @@ class LatentCache(LatentCache):
         super().__init__(batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype, device)
         self.c_kv = torch.zeros(batch_size, max_len, kv_lora_rank, device=device)  # float32, whatever dtype says
 """, "LatentCache", "LatentCache.dtype_ignored"),
+    Variant("cache_buffers_shared_by_shape", """
+class LatentCache(LatentCache):
+    _buffers = {}  # reused by every cache of one shape, to save allocations (blind set 61's b01)
+
+    def __init__(self, batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype=torch.float32, device=None):
+        super().__init__(batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype, device)
+        key = (batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype, str(device))
+        self.c_kv, self.k_rope = LatentCache._buffers.setdefault(key, (self.c_kv, self.k_rope))
+""", "LatentCache", "LatentCache.buffers_shared"),
     Variant("cache_rope_buffer_latent_wide", """
 class LatentCache(LatentCache):
     def __init__(self, batch_size, max_len, kv_lora_rank, qk_rope_head_dim, dtype=torch.float32, device=None):

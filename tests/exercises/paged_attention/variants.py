@@ -348,6 +348,32 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
         blocks = block_tables[b, : n // bs].long()  # full blocks only
         k, v = k_cache[blocks].flatten(0, 1)[:n], v_cache[blocks].flatten(0, 1)[:n]"""),
             "paged_decode", "paged_decode.partial_block_dropped"),
+    Variant("decode_last_block_fill_by_remainder", """
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+    B, H, Dh = q.shape
+    bs = k_cache.shape[1]
+    out = torch.empty_like(q)
+    for b in range(B):
+        n = int(context_lens[b])
+        nb = -(-n // bs)
+        m, total, acc = torch.full((H,), -math.inf), torch.zeros(H), torch.zeros(H, Dh)
+        for j in range(nb):
+            block = int(block_tables[b, j])
+            used = bs if j < nb - 1 else n % bs  # 0 when n fills the last block (blind set 61's b09)
+            k, v = k_cache[block, :used], v_cache[block, :used]  # (t, H, Dh)
+            s = torch.einsum("hd,thd->ht", q[b], k) / math.sqrt(Dh)
+            m_new = torch.maximum(m, s.amax(-1))
+            p = torch.exp(s - m_new[:, None])
+            alpha = torch.where(torch.isinf(m), 0.0, torch.exp(m - m_new))
+            total, acc = total * alpha + p.sum(-1), acc * alpha[:, None] + torch.einsum("ht,thd->hd", p, v)
+            m = m_new
+        out[b] = acc / total[:, None]
+    return out
+""", "paged_decode", "paged_decode.full_last_block_read_empty"),
+    Variant("decode_last_block_fill_by_remainder_masked", decode_with("""\
+        used = (len(blocks) - 1) * bs + n % bs  # the last block's fill as the remainder: 0 when it is full
+        k, v = k_cache[blocks].flatten(0, 1)[:used], v_cache[blocks].flatten(0, 1)[:used]"""),
+            "paged_decode", "paged_decode.full_last_block_read_empty"),
     Variant("decode_partial_block_dropped_but_one", decode_with("""\
         blocks = block_tables[b, : max(n // bs, 1)].long()  # full blocks only, and at least one
         k, v = k_cache[blocks].flatten(0, 1)[:n], v_cache[blocks].flatten(0, 1)[:n]"""),
