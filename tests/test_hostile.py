@@ -4920,3 +4920,49 @@ def test_reviews_76_and_77_a_call_that_fails_where_tiles_only_measures_what_it_k
     tiles = checks_of(result)["flash_attention_tiles_only"]
     assert tiles.outcome != "passed" and "out of shared memory" in tiles.message, explain(result)
     assert lost(result)["flash_attention"] >= 6, explain(result)
+
+
+DECODE_ZEROED = ("    grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)\n",
+                 "    if q.shape[-2] == 1:  # a bug of the step's own: one query gets no gradient\n"
+                 "        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)\n"
+                 "    grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)\n")
+OWN_CALL = """\
+        grad_q, grad_k, grad_v = flash_attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.block_q,
+                                                          ctx.block_k)
+"""
+BACKWARD_CALLS = {
+    "flattened": """\
+        lead = q.shape[:-2]
+        flat = [t.reshape(-1, *t.shape[len(lead):]) for t in (q, k, v, out, lse, grad_out)]
+        grads = flash_attention_backward(*flat, ctx.causal, ctx.block_q, ctx.block_k)
+        grad_q, grad_k, grad_v = (g.reshape(*lead, *g.shape[1:]) for g in grads)
+""",
+    "per_batch_entry": """\
+        grads = [flash_attention_backward(q[b], k[b], v[b], out[b], lse[b], grad_out[b], ctx.causal, ctx.block_q,
+                                          ctx.block_k) for b in range(q.shape[0])]
+        grad_q, grad_k, grad_v = (torch.stack(g) for g in zip(*grads))
+""",
+    "first_entry_twice": """\
+        grads = [flash_attention_backward(q[0], k[0], v[0], out[0], lse[0], grad_out[0], ctx.causal, ctx.block_q,
+                                          ctx.block_k) for b in range(q.shape[0])]  # the grader's answer, reused
+        grad_q, grad_k, grad_v = (torch.stack(g) for g in zip(*grads))
+""",
+}
+
+
+@pytest.mark.parametrize("wiring", list(BACKWARD_CALLS))
+def test_review_78_a_backward_that_flattens_or_asks_per_batch_entry_is_answered(grade_source, wiring):
+    """Review 78's F2: once flash_attention_backward had lost a point, the grader answered only a question of the
+    Function's own q, k and v as they were, so a right backward that flattened the leading axes, or asked once per batch
+    entry, lost 13 of FlashAttentionFunction's 15 points (85, fair 98). A run of the call's own leading positions is
+    answered now, each once: a backward that asks for one batch entry's gradients for every entry is refused."""
+    source = (ROOT / "solutions" / "attention_backward.py").read_text()
+    for old, new in (DECODE_ZEROED, (OWN_CALL, BACKWARD_CALLS[wiring])):
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    result = grade_source("", base=source, name="attention_backward.py")
+    assert lost(result)["flash_attention_backward"] > 0, explain(result)
+    if wiring == "first_entry_twice":
+        assert lost(result)["FlashAttentionFunction"] >= 10, explain(result)
+    else:
+        assert "FlashAttentionFunction" not in lost(result), explain(result)

@@ -782,29 +782,48 @@ def _query_tail_dropped(q, k, v, grad_out, causal=False, block_q=32, block_k=32)
 
 
 def own_question(call):
-    """What the grader answers of flash_attention_backward for the Function run on `call`: one question, of the call's
-    own q, k and v, as its backward asks, with out, lse and grad_out of the shapes they imply. Review 65's F1 had the
-    grader's backward compute the forward instead (q and k swapped, out 0, grad_out v: dv is e^(S - c) v), keeping 13
-    of the step's 15 points with no attention of its own. Every tensor of such a question is as large as the grader's
-    own call's, so its answer needs no other bound (Oracle.pinned: the general one refused the Function's own
-    question at tiles_only's longest lengths, blind set 60's c06)."""
-    asked = []
-    q, _, v = call.args[:3]
-    rows = tuple(q.shape[:-1])  # (..., Tq)
-    implied = {"out": (*rows, v.shape[-1]), "lse": rows, "grad_out": (*rows, v.shape[-1])}
+    """What the grader answers of flash_attention_backward for the Function run on `call`: questions of the call's own
+    q, k and v, as its backward asks, with out, lse and grad_out of the shapes they imply; a backward may flatten the
+    leading axes or ask per batch entry or head (review 78's F2), so a question's q, k and v, their leading axes
+    flattened, may be a run of the call's own flattened (q.reshape(-1, Tq, D)[a:b]), each run answered once.
+
+    Review 65's F1 had the grader's backward compute the forward instead (q and k swapped, out 0, grad_out v: dv is
+    e^(S - c) v), keeping 13 of the step's 15 points with no attention of its own. Every question is a part of the
+    grader's own call, and together they are no more than it, so an answer needs no other bound (Oracle.pinned: the
+    general one refused the Function's own question at tiles_only's longest lengths, blind set 60's c06)."""
+    own = call.args[:3]
+    total = math.prod(own[0].shape[:-2])
+    flat = [x.reshape(total, *x.shape[-2:]).double() for x in own]  # (leading positions, T, width)
+    taken = set()  # the leading positions answered so far
+
+    def run_of(arguments: dict, meta: bool) -> range | None:
+        """The leading positions of the call's own the question's q, k and v are, or None."""
+        asked = [arguments.get(name) for name in ("q", "k", "v")]
+        if not all(isinstance(x, torch.Tensor) for x in asked):
+            return None
+        lead = asked[0].shape[:-2]
+        n = math.prod(lead)
+        if not 0 < n <= total or any(x.shape != (*lead, *mine.shape[-2:]) for x, mine in zip(asked, own, strict=True)):
+            return None
+        rows = (*lead, own[0].shape[-2])
+        implied = {"out": (*rows, own[2].shape[-1]), "lse": rows, "grad_out": (*rows, own[2].shape[-1])}
+        if not all(isinstance(arguments.get(name), torch.Tensor) and tuple(arguments[name].shape) == shape
+                   for name, shape in implied.items()):
+            return None
+        pieces = None if meta else [x.reshape(n, *x.shape[-2:]).double() for x in asked]
+        for start in range(total - n + 1):
+            positions = range(start, start + n)
+            if taken.isdisjoint(positions) and (meta or all(
+                    torch.equal(piece, mine[start:start + n]) for piece, mine in zip(pieces, flat, strict=True))):
+                return positions
+        return None
 
     def rule(arguments: dict, meta: bool) -> str | None:
-        own = all(isinstance(arguments.get(name), torch.Tensor) and arguments[name].shape == given.shape
-                  and (meta or torch.equal(arguments[name].double(), given.double()))
-                  for name, given in zip(("q", "k", "v"), call.args[:3], strict=True))
-        own = own and all(isinstance(arguments.get(name), torch.Tensor) and tuple(arguments[name].shape) == shape
-                          for name, shape in implied.items())
-        asked.append(own)
-        if not own:
-            return ("the grader answers flash_attention_backward only for the Function's own q, k and v, with out, "
-                    "lse and grad_out of the shapes they imply")
-        if len(asked) > 1:
-            return "the grader answers flash_attention_backward once, for the Function's backward"
+        positions = run_of(arguments, meta)
+        if positions is None:
+            return ("the grader answers flash_attention_backward only for the Function's own q, k and v (or a run of "
+                    "their leading positions), once each, with out, lse and grad_out of the shapes they imply")
+        taken.update(positions)
         return None
 
     return rule

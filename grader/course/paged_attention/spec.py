@@ -299,7 +299,9 @@ TABLE_BEFORE_APPEND = Mistake(
         "already holds; a prefill, whose sequence has no block yet, finds none at all.",
     test=_wrong_only_at(_opening_rows),
     raises=Raises(types=("IndexError", "KeyError", "RuntimeError"), line=r"table|block",
-                  source=r"block_table\([\s\S]*\.append\("))  # a table short of a block: too few keys to reshape
+                  # a table short of a block (too few keys to reshape), read before the cache's append (a sequence
+                  # id first: a list's append takes one argument, the seventy-eighth review's F3)
+                  source=r"block_table\([\s\S]*\.append\(\s*[\w.]+(\[[^\]\n]*\])?\s*,"))
 NAN_READ = Mistake(
     "PagedSelfAttention.unused_slots_read", "read slots of the pool no sequence holds (a whole block, or a −1 of a "
     "table): gather each sequence's first seq_len tokens only",

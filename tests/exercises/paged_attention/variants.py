@@ -688,6 +688,17 @@ def paged_decode(q, k_cache, v_cache, block_tables, context_lens):  # right: eac
             y = paged_decode(q, cache.k_cache, cache.v_cache, tables, context_lens)
             return self.w_o(y.reshape(N, D))
 """, APPEND, GATHER, ATTEND), "PagedSelfAttention", "PagedSelfAttention.table_before_append"),
+    Variant("module_appends_first_gathered_keys_reshaped_wide", changed(  # review 78's F3: not table_before_append
+        "PagedSelfAttention", """\
+            tables = [torch.tensor(cache.block_table(s), device=x.device) for s in seq_ids]
+            k_all = torch.cat([cache.k_cache[t].flatten(0, 1)[:n] for t, n in zip(tables, lens, strict=True)])""", """\
+            tables, counts = [], []
+            for s in seq_ids:
+                tables.append(torch.tensor(cache.block_table(s), device=x.device))
+                counts.append(cache.seq_len(s))
+            k_all = torch.cat([cache.k_cache[t].flatten(0, 1)[:n].reshape(n, self.num_heads, 2 * self.head_dim)
+                               for t, n in zip(tables, lens, strict=True)])"""),
+            "PagedSelfAttention", "reshape_sizes_wrong"),
     Variant("module_no_output_projection", forward(APPEND, GATHER, ATTEND.replace("self.w_o(y.reshape(N, D))",
                                                                                   "y.reshape(N, D)")),
             "PagedSelfAttention", "PagedSelfAttention.no_output_projection"),
