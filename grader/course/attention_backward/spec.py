@@ -952,6 +952,38 @@ def _body(function: ast.FunctionDef) -> str:
         ast.dump(function.returns) if function.returns else "")
 
 
+def _class_of_ctx(node, names: set[str]) -> bool:
+    """Whether `node` names the Function's class: its name, cls, type(ctx) or ctx.__class__."""
+    return (isinstance(node, ast.Name) and node.id in names
+            or isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type"
+            or isinstance(node, ast.Attribute) and node.attr == "__class__")
+
+
+@functools.lru_cache(maxsize=4)
+def kept_outside_ctx(source: str, cls: str = "FlashAttentionFunction") -> str:
+    """Where the Function's forward or backward keeps what a call needs outside ctx ('' if nowhere): on its class
+    (FlashAttentionFunction.causal = causal, cls.x, type(ctx).x, setattr on any of them) or in a global. Right while
+    each apply is followed by its own backward, as the given runner does; wrong where two layers apply it before one
+    backward pass: every node then reads the last forward's (blind set 61's b07)."""
+    tree = parse(source)
+    found = [n for n in (tree.body if tree else ()) if isinstance(n, ast.ClassDef) and n.name == cls]
+    names = {cls, "cls"}
+    for method in (m for c in found for m in c.body if isinstance(m, ast.FunctionDef)
+                   and m.name in ("forward", "backward", "setup_context")):
+        for node in ast.walk(method):
+            targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
+                       if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+            for target in targets:
+                if isinstance(target, ast.Attribute) and _class_of_ctx(target.value, names):
+                    return f"{method.name} sets {ast.unparse(target)} (line {node.lineno})"
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+                    and node.args and _class_of_ctx(node.args[0], names)):
+                return f"{method.name} calls setattr on the class (line {node.lineno})"
+            if isinstance(node, ast.Global):
+                return f"{method.name} declares global {', '.join(node.names)} (line {node.lineno})"
+    return ""
+
+
 def function_rules(run):
     """Its torch calls, the forward's and the backward's: no softmax, no SDPA, no autograd.grad, no autograd inside
     the backward; the given runner unchanged, the Function's own backward run (torch calls made inside the backward
@@ -961,6 +993,9 @@ def function_rules(run):
     check_rules(answer.called, run.ctx.forbidden.get(run.step.id, ()), run.ctx.source,
                 source_of(run.ctx.source, run.step.id))
     no_autograd(answer, run.step.id)
+    kept = kept_outside_ctx(run.ctx.source, run.step.id)
+    if kept:
+        raise CheckFailed(f"FlashAttentionFunction keeps a call's state outside ctx: {kept}", FN_STATE_ON_CLASS)
     try:
         run.expect_right(run.output(answer), call)
     except CheckFailed as failure:
@@ -1009,6 +1044,11 @@ def scaled_by_the_scores(value, expected, call, tolerance=None, outputs=()):
                  outputs)
 
 
+FN_STATE_ON_CLASS = Mistake(
+    "FlashAttentionFunction.state_on_class", "forward kept causal, the block sizes or tensors on the class (or a "
+    "global), not on ctx: ctx.causal = causal, ctx.save_for_backward(...)",
+    why="Two layers apply the Function before one backward pass; the class is shared, so every node reads the last "
+        "forward's.")
 FN_SAVED = Mistake("FlashAttentionFunction.saved_mishandled", "out is right, the gradients wrong: the backward reads "
                    "what forward saved (q, k, v, out, lse = m + log l) and ctx's causal and blocks")
 FUNCTION = StepSpec(
@@ -1130,7 +1170,7 @@ FUNCTION = StepSpec(
         Mistake("FlashAttentionFunction.saved_non_tensors", "ctx.save_for_backward was given a bool or an int: save "
                 "only tensors with it, and keep causal and the block sizes as attributes, ctx.causal = causal",
                 raises=Raises(message=r"save_for_backward can only save variables")),
-        FUNCTION_TILES.full, FUNCTION_TILES.ignored, FN_AUTOGRAD,
+        FUNCTION_TILES.full, FUNCTION_TILES.ignored, FN_AUTOGRAD, FN_STATE_ON_CLASS,
     ),
 )
 

@@ -448,6 +448,14 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
         "        outs, lses = [], []\n", "        out_rows, lses = torch.zeros_like(q), []  # D wide (blind set 61's b19)\n").replace(
         "torch.cat(outs, dim=-2)", "out_rows"),
             "FlashAttentionFunction", "FlashAttentionFunction.out_shaped_like_q"),
+    Variant("fn_state_on_class", function(save="""\
+        ctx.save_for_backward(q, k, v, out, lse)
+        FlashAttentionFunction.causal = causal  # the class's: the last apply's, by backward (blind set 61's b07)
+        ctx.block_q, ctx.block_k = block_q, block_k""", back="""\
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, FlashAttentionFunction.causal,
+                                              ctx.block_q, ctx.block_k)
+        return dq, dk, dv, None, None, None"""), "FlashAttentionFunction", "FlashAttentionFunction.state_on_class"),
     Variant("fn_forward_tiles_skipped_from_first_row", function().replace(
         "            for j in range(0, t_k, bk_):\n",
         "            for j in range(0, t_k, bk_):\n                if causal and j > t_k - t_q + i:  # the block's first row\n"
