@@ -4942,6 +4942,11 @@ BACKWARD_CALLS = {
                                           ctx.block_k) for b in range(q.shape[0])]
         grad_q, grad_k, grad_v = (torch.stack(g) for g in zip(*grads))
 """,
+    "per_head": """\
+        parts = [flash_attention_backward(q[:, h], k[:, h], v[:, h], out[:, h], lse[:, h], grad_out[:, h], ctx.causal,
+                                          ctx.block_q, ctx.block_k) for h in range(q.shape[1])]
+        grad_q, grad_k, grad_v = (torch.stack([p[i] for p in parts], dim=1) for i in range(3))
+""",
     "first_entry_twice": """\
         grads = [flash_attention_backward(q[0], k[0], v[0], out[0], lse[0], grad_out[0], ctx.causal, ctx.block_q,
                                           ctx.block_k) for b in range(q.shape[0])]  # the grader's answer, reused
@@ -4954,8 +4959,9 @@ BACKWARD_CALLS = {
 def test_review_78_a_backward_that_flattens_or_asks_per_batch_entry_is_answered(grade_source, wiring):
     """Review 78's F2: once flash_attention_backward had lost a point, the grader answered only a question of the
     Function's own q, k and v as they were, so a right backward that flattened the leading axes, or asked once per batch
-    entry, lost 13 of FlashAttentionFunction's 15 points (85, fair 98). A run of the call's own leading positions is
-    answered now, each once: a backward that asks for one batch entry's gradients for every entry is refused."""
+    entry, lost 13 of FlashAttentionFunction's 15 points (85, fair 98); review 79's F2, per head (entries h, H + h,
+    …, not a run of them). Each entry of the call's own leading axes is answered now, once: a backward that asks for
+    one batch entry's gradients for every entry is refused."""
     source = (ROOT / "solutions" / "attention_backward.py").read_text()
     for old, new in (DECODE_ZEROED, (OWN_CALL, BACKWARD_CALLS[wiring])):
         assert source.count(old) == 1, old
@@ -4966,3 +4972,54 @@ def test_review_78_a_backward_that_flattens_or_asks_per_batch_entry_is_answered(
         assert lost(result)["FlashAttentionFunction"] >= 10, explain(result)
     else:
         assert "FlashAttentionFunction" not in lost(result), explain(result)
+
+
+SAVED = "        ctx.causal, ctx.block_q, ctx.block_k = causal, block_q, block_k\n"
+KEPT_OUTSIDE_CTX = {
+    "dict_of_the_file": ("_STATE = {}\n\n\nclass FlashAttentionFunction", (
+        SAVED, "        _STATE['causal'], _STATE['blocks'] = causal, (block_q, block_k)\n"), (
+        "ctx.causal, ctx.block_q,\n                                                          ctx.block_k)",
+        "_STATE['causal'], *_STATE['blocks'])")),
+    "list_changed_by_a_helper": ("_KEPT = []\n\n\ndef _remember(*a):\n    _KEPT[:] = a\n\n\nclass FlashAttentionFunction", (
+        SAVED, "        _remember(causal, block_q, block_k)\n"), (
+        "ctx.causal, ctx.block_q,\n                                                          ctx.block_k)",
+        "*_KEPT)")),
+    "counter_never_read": ("_CALLS = 0\n\n\nclass FlashAttentionFunction", (
+        SAVED, SAVED + "        global _CALLS\n        _CALLS += 1\n"), None),
+}
+
+
+@pytest.mark.parametrize("kept", list(KEPT_OUTSIDE_CTX))
+def test_review_79_state_kept_outside_ctx_is_found_by_what_backward_reads(grade_source, kept):
+    """Blind set 61's b07 kept causal on the Function's class, right while each apply is followed by its backward (the
+    given runner), wrong for two layers before one backward pass. Review 79's F1: the first rule (assignments to the
+    class, setattr, global) missed a dict of the file's and a list a helper changes; its F6: it failed a call counter
+    backward never reads. The rule now follows what forward (and what it calls) writes outside ctx to what backward
+    reads."""
+    head, *changes = KEPT_OUTSIDE_CTX[kept]
+    source = (ROOT / "solutions" / "attention_backward.py").read_text()
+    for old, new in (("class FlashAttentionFunction", head), *(c for c in changes if c)):
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    result = grade_source("", base=source, name="attention_backward.py")
+    if kept == "counter_never_read":
+        assert result.score == 100, explain(result)
+    else:
+        rules = checks_of(result)["FlashAttentionFunction_rules"]
+        assert rules.mistake_id == "FlashAttentionFunction.state_on_class", explain(result)
+
+
+def test_review_79_names_read_in_the_files_code_not_its_docstrings_or_another_method(grade_source):
+    """Review 79's F3 to F5, wrong names only: full_last_block_read_empty's pattern found the stub's docstring's
+    `t % block_size` (a partial block dropped, raising on one token, was named so); table_before_append's found a
+    helper reading a table defined above forward; open_slice_write's line missed `[:, start:, :] =`."""
+    source = (ROOT / "solutions" / "paged_attention.py").read_text()
+    old = "blocks = block_tables[b, : -(-n // block_size)].long()"
+    assert source.count(old) == 1
+    source = source.replace(old, "blocks = block_tables[b, : n // block_size].long()").replace(
+        '        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v)',
+        "        e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))\n"
+        '        out[b] = torch.einsum("hn,nhd->hd", e / e.sum(dim=-1, keepdim=True), v)')
+    result = grade_source("", base=source, name="paged_attention.py")
+    assert "paged_decode" in lost(result), explain(result)
+    assert "paged_decode.full_last_block_read_empty" not in explain(result), explain(result)

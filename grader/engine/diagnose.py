@@ -130,7 +130,8 @@ OPEN_SLICE_WRITE = Mistake(
     "new tokens were written into buffer[..., start:] with no end, a slice to the buffer's end: write "
     "buffer[..., start:start + n]",
     raises=Raises(message=r"expanded size of the tensor .* must match the existing size|must match the size",
-                  line=r"\[[^\]\n]*[^\s,\[]\s*:\s*\]\s*=(?!=)"),  # a start, then no end: not [..., :]
+                  # an axis sliced from a start to no end, [..., start:] or [:, start:, :], not a whole one ([..., :])
+                  line=r"\[[^\n=]*[^\s,\[:]\s*:\s*(\]|,[^\n=]*\])\s*=(?!=)"),
     why="Written against one-token appends to a nearly full buffer, or a buffer sized to the sequence, it runs; a "
         "chunk with room to spare after it raises.",
 )

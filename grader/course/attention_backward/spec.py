@@ -784,8 +784,9 @@ def _query_tail_dropped(q, k, v, grad_out, causal=False, block_q=32, block_k=32)
 def own_question(call):
     """What the grader answers of flash_attention_backward for the Function run on `call`: questions of the call's own
     q, k and v, as its backward asks, with out, lse and grad_out of the shapes they imply; a backward may flatten the
-    leading axes or ask per batch entry or head (review 78's F2), so a question's q, k and v, their leading axes
-    flattened, may be a run of the call's own flattened (q.reshape(-1, Tq, D)[a:b]), each run answered once.
+    leading axes or ask per batch entry or head (review 78's F2, review 79's F2), so each entry of a question's q, k
+    and v, their leading axes flattened, may be any entry of the call's own flattened (q.reshape(-1, Tq, D)[i]), each
+    answered once.
 
     Review 65's F1 had the grader's backward compute the forward instead (q and k swapped, out 0, grad_out v: dv is
     e^(S - c) v), keeping 13 of the step's 15 points with no attention of its own. Every question is a part of the
@@ -796,7 +797,7 @@ def own_question(call):
     flat = [x.reshape(total, *x.shape[-2:]).double() for x in own]  # (leading positions, T, width)
     taken = set()  # the leading positions answered so far
 
-    def run_of(arguments: dict, meta: bool) -> range | None:
+    def run_of(arguments: dict, meta: bool) -> list | None:
         """The leading positions of the call's own the question's q, k and v are, or None."""
         asked = [arguments.get(name) for name in ("q", "k", "v")]
         if not all(isinstance(x, torch.Tensor) for x in asked):
@@ -811,18 +812,20 @@ def own_question(call):
                    for name, shape in implied.items()):
             return None
         pieces = None if meta else [x.reshape(n, *x.shape[-2:]).double() for x in asked]
-        for start in range(total - n + 1):
-            positions = range(start, start + n)
-            if taken.isdisjoint(positions) and (meta or all(
-                    torch.equal(piece, mine[start:start + n]) for piece, mine in zip(pieces, flat, strict=True))):
-                return positions
-        return None
+        positions = []
+        for entry in range(n):  # each to a position of the call's own not answered yet, holding the same q, k and v
+            position = next((at for at in range(total) if at not in taken and at not in positions and (meta or all(
+                torch.equal(piece[entry], mine[at]) for piece, mine in zip(pieces, flat, strict=True)))), None)
+            if position is None:
+                return None
+            positions.append(position)
+        return positions
 
     def rule(arguments: dict, meta: bool) -> str | None:
         positions = run_of(arguments, meta)
         if positions is None:
-            return ("the grader answers flash_attention_backward only for the Function's own q, k and v (or a run of "
-                    "their leading positions), once each, with out, lse and grad_out of the shapes they imply")
+            return ("the grader answers flash_attention_backward only for the Function's own q, k and v (or entries "
+                    "of their leading axes), once each, with out, lse and grad_out of the shapes they imply")
         taken.update(positions)
         return None
 
@@ -952,35 +955,117 @@ def _body(function: ast.FunctionDef) -> str:
         ast.dump(function.returns) if function.returns else "")
 
 
-def _class_of_ctx(node, names: set[str]) -> bool:
-    """Whether `node` names the Function's class: its name, cls, type(ctx) or ctx.__class__."""
+MUTATORS = {"update", "append", "extend", "insert", "setdefault", "__setitem__", "add", "put", "put_nowait",
+            "appendleft", "copy_", "fill_", "set_"}
+
+
+def _class_like(node, names: set[str]) -> bool:
+    """Whether `node` names the Function's class: its name, cls, type(...) or ....__class__."""
     return (isinstance(node, ast.Name) and node.id in names
             or isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type"
             or isinstance(node, ast.Attribute) and node.attr == "__class__")
 
 
+def _mentions_ctx(node) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == "ctx" for n in ast.walk(node))
+
+
+def _base_name(node):
+    """The name a chain of subscripts and attributes starts from (_STATE in _STATE['a'][0]), or None."""
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _local_names(function: ast.FunctionDef) -> set[str]:
+    """Its parameters and the names it binds, but those it declares global."""
+    shared = {name for n in ast.walk(function) if isinstance(n, ast.Global) for name in n.names}
+    bound = {a.arg for a in (*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs)}
+    bound |= {a.arg for a in (function.args.vararg, function.args.kwarg) if a}
+    bound |= {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return bound - shared
+
+
+def _reached(roots, functions: dict, names: set[str]) -> list:
+    """`roots` and every function of the file they call, by its name or as a method of the class, transitively."""
+    seen, todo = [], list(roots)
+    while todo:
+        function = todo.pop()
+        if any(function is f for f in seen):
+            continue
+        seen.append(function)
+        for call in (n for n in ast.walk(function) if isinstance(n, ast.Call)):
+            f = call.func
+            name = (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute)
+                    and _class_like(f.value, names) else None)
+            todo.extend(functions.get(name, ()))
+    return seen
+
+
+def _shared_writes(function: ast.FunctionDef, names: set[str]) -> dict:
+    """What `function` writes outside ctx and its own names: ("attr", name) on the class, ("name", name) of a name
+    of the file's (assigned, written through a subscript or changed by a method), each with its line. A subscript
+    keyed by ctx (a dict of calls by id(ctx)) is one call's own."""
+    local, found = _local_names(function), {}
+    for node in ast.walk(function):
+        targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
+                   if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in (t for top in targets for t in ast.walk(top) if isinstance(t, (ast.Attribute, ast.Subscript,
+                                                                                     ast.Name))):
+            if isinstance(target, ast.Attribute) and _class_like(target.value, names):
+                found[("attr", target.attr)] = node.lineno
+            elif isinstance(target, ast.Subscript) and not _mentions_ctx(target.slice):
+                base = _base_name(target.value)
+                if base and base not in local and base != "ctx":
+                    found[("name", base)] = node.lineno
+            elif isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store) and target.id not in local:
+                found[("name", target.id)] = node.lineno
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+            base = _base_name(node.func.value)
+            if base and base not in local and base != "ctx" and not any(map(_mentions_ctx, node.args[:1])):
+                found[("name", base)] = node.lineno
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and \
+                node.args and _class_like(node.args[0], names):
+            attribute = node.args[1] if len(node.args) > 1 else None
+            key = attribute.value if isinstance(attribute, ast.Constant) and isinstance(attribute.value, str) else "*"
+            found[("attr", key)] = node.lineno
+    return found
+
+
+def _shared_reads(function: ast.FunctionDef, names: set[str]) -> set:
+    local = _local_names(function)
+    return ({("attr", n.attr) for n in ast.walk(function) if isinstance(n, ast.Attribute)
+             and isinstance(n.ctx, ast.Load) and _class_like(n.value, names)}
+            | {("name", n.id) for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+               and n.id not in local})
+
+
 @functools.lru_cache(maxsize=4)
 def kept_outside_ctx(source: str, cls: str = "FlashAttentionFunction") -> str:
-    """Where the Function's forward or backward keeps what a call needs outside ctx ('' if nowhere): on its class
-    (FlashAttentionFunction.causal = causal, cls.x, type(ctx).x, setattr on any of them) or in a global. Right while
-    each apply is followed by its own backward, as the given runner does; wrong where two layers apply it before one
-    backward pass: every node then reads the last forward's (blind set 61's b07)."""
+    """Where the Function's forward keeps what its backward reads outside ctx ('' if nowhere): on its class
+    (FlashAttentionFunction.causal = causal, cls.x, setattr), or in a name of the file's (a global, a dict or a list
+    written or changed), in forward or any function of the file it calls, read back by backward or what it calls.
+    Right while each apply is followed by its own backward, as the given runner does; wrong where two layers apply it
+    before one backward pass: every node then reads the last forward's (blind set 61's b07). A call counter that
+    backward never reads, or a dict keyed by ctx, is no such state (review 79's F1 and F6)."""
     tree = parse(source)
-    found = [n for n in (tree.body if tree else ()) if isinstance(n, ast.ClassDef) and n.name == cls]
+    if tree is None:
+        return ""
     names = {cls, "cls"}
-    for method in (m for c in found for m in c.body if isinstance(m, ast.FunctionDef)
-                   and m.name in ("forward", "backward", "setup_context")):
-        for node in ast.walk(method):
-            targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
-                       if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
-            for target in targets:
-                if isinstance(target, ast.Attribute) and _class_of_ctx(target.value, names):
-                    return f"{method.name} sets {ast.unparse(target)} (line {node.lineno})"
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
-                    and node.args and _class_of_ctx(node.args[0], names)):
-                return f"{method.name} calls setattr on the class (line {node.lineno})"
-            if isinstance(node, ast.Global):
-                return f"{method.name} declares global {', '.join(node.names)} (line {node.lineno})"
+    functions = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.setdefault(node.name, []).append(node)
+    methods = [m for c in tree.body if isinstance(c, ast.ClassDef) and c.name == cls for m in c.body
+               if isinstance(m, ast.FunctionDef)]
+    forward = _reached([m for m in methods if m.name in ("forward", "setup_context")], functions, names)
+    backward = _reached([m for m in methods if m.name == "backward"], functions, names)
+    reads = set().union(*(_shared_reads(f, names) for f in backward)) if backward else set()
+    for function in forward:
+        for (kind, name), line in _shared_writes(function, names).items():
+            if (kind, name) in reads or (kind, name) == ("attr", "*") and any(k == "attr" for k, _ in reads):
+                where = f"{cls}.{name}" if kind == "attr" else name
+                return f"{function.name} writes {where} (line {line}), which backward reads"
     return ""
 
 

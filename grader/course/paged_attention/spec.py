@@ -300,8 +300,9 @@ TABLE_BEFORE_APPEND = Mistake(
     test=_wrong_only_at(_opening_rows),
     raises=Raises(types=("IndexError", "KeyError", "RuntimeError"), line=r"table|block",
                   # a table short of a block (too few keys to reshape), read before the cache's append (a sequence
-                  # id first: a list's append takes one argument, the seventy-eighth review's F3)
-                  source=r"block_table\([\s\S]*\.append\(\s*[\w.]+(\[[^\]\n]*\])?\s*,"))
+                  # id first: a list's append takes one argument, the seventy-eighth review's F3; a method of that
+                  # name defined above, or a read in another method, is none, the seventy-ninth's F3)
+                  source=r"(?<!def )block_table\((?:(?!\n\s*def )[\s\S])*\.append\(\s*[\w.]+(\[[^\]\n]*\])?\s*,"))
 NAN_READ = Mistake(
     "PagedSelfAttention.unused_slots_read", "read slots of the pool no sequence holds (a whole block, or a −1 of a "
     "table): gather each sequence's first seq_len tokens only",

@@ -546,6 +546,14 @@ class LatentCache(LatentCache):
         self.k_rope[:, self.length:] = k_rope_new
         self.length = end
         return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "open_slice_write"),
+    Variant("cache_open_slice_write_then_a_whole_axis", append_with("""\
+        end = self.length + t
+        if end > self.c_kv.shape[1]:
+            raise ValueError("the cache is full")
+        self.c_kv[:, self.length:, :] = c_kv_new  # review 79's F5: an open slice before a whole axis
+        self.k_rope[:, self.length:, :] = k_rope_new
+        self.length = end
+        return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "open_slice_write"),
     Variant("cache_capacity_of_another_axis", append_with("""\
         end = self.length + t
         if end > self.c_kv.shape[0]:  # the batch axis, not max_len's

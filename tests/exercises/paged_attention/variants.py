@@ -982,6 +982,11 @@ BUGGY += [
     Variant("decode_full_last_block_dropped", decode_with("""\
         kept = n - (bs if n % bs == 0 else 0)  # a full last block counted as holding n % bs = 0 tokens
         k, v = k_cache[blocks].flatten(0, 1)[:kept], v_cache[blocks].flatten(0, 1)[:kept]"""),
+            "paged_decode", "paged_decode.full_last_block_read_empty"),
+    Variant("decode_one_past_a_full_last_block", decode_with("""\
+        fill = n % bs if n % bs else bs + 1  # meant `or bs`: a full last block read one slot past its end
+        kept = (len(blocks) - 1) * bs + fill
+        k, v = k_cache[table.clamp(min=0)].flatten(0, 1)[:kept], v_cache[table.clamp(min=0)].flatten(0, 1)[:kept]"""),
             "paged_decode", "paged_decode.boundaries_mishandled"),
     Variant("decode_lengths_differ", """
 _paged_decode_ = paged_decode
