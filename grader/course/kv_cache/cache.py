@@ -181,6 +181,19 @@ def _nan_written(seen: CacheScript, *_) -> bool:
     return seen.nan and any(bool(torch.isnan(x).any()) for x in found)
 
 
+def _written_after_advancing(seen: CacheScript, *_) -> bool:
+    """Whether a buffer holds an append's new keys or values one append's length late, at [end, end + T): written
+    after length was advanced."""
+    for a in seen.appends():
+        t, end = seen.chunks[a.index], a.expected_length
+        for buffer, want in ((a.k, a.keys), (a.v, a.vals)):
+            if isinstance(buffer, torch.Tensor) and buffer.dim() == 4 and buffer.shape[2] >= end + t:
+                late, new = buffer[:, :, end:end + t].double(), want[:, :, end - t:end].double()
+                if late.shape == new.shape and torch.allclose(late, new, rtol=1e-3, atol=1e-3):
+                    return True
+    return False
+
+
 def _cache_check(look, **options):
     def check(run: Run) -> None:
         script = CacheScript(run, **options)
@@ -376,6 +389,9 @@ RETURNS_OLD_PREFIX = Mistake(
     "advance length first, or return k[:, :, :length + T]",
     why="k[:, :, :length] was sliced before length was advanced.",
     test=lambda seen, *_: any(_old_prefix(a.returned_k, a.keys, seen.chunks[a.index]) for a in seen.appends()))
+WRITTEN_AFTER_ADVANCING = Mistake(
+    "KVCache.written_after_advancing", "k or v was written after length was advanced, at [length + T, length + 2T): "
+    "write both at [length, length + T), then advance length", test=_written_after_advancing)
 ADDED_NOT_WRITTEN = Mistake(
     "KVCache.added_not_written", "the new keys were added to what the slots held (+=, index_add_): assign them "
     "(k[:, :, a:b] = k_new, or copy_)", test=_nan_written,
@@ -423,6 +439,6 @@ CACHE = StepSpec(
         prop("half", 3, half), prop("device", 3, cache_on_device, gated=ON_META),
     ),
     mistakes=(WRONG_AXIS, GROWN_BY_CAT, LENGTH_NOT_ADVANCED, LENGTH_TWICE, WHOLE_BUFFER, RETURNS_OLD_PREFIX,
-              ADDED_NOT_WRITTEN, FULL_REFUSED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, DTYPE_IGNORED,
+              WRITTEN_AFTER_ADVANCING, ADDED_NOT_WRITTEN, FULL_REFUSED, OVERFLOW_NOT_REFUSED, CHANGED_BEFORE_RAISING, DTYPE_IGNORED,
               NOT_IN_PLACE, FITTING_REFUSED, BUFFERS_SHARED),
 )

@@ -264,6 +264,19 @@ def _shared(seen: CacheScript, *_) -> bool:
     return len(addresses) == 2 and bool(addresses[0] & addresses[1])
 
 
+def _written_after_advancing(seen: CacheScript, *_) -> bool:
+    """Whether a buffer holds an append's new values one append's length late, at [end, end + T): written after
+    length was advanced (blind set 62's b11)."""
+    for a in seen.appends():
+        t, end = CHUNKS[a.index], a.expected_length
+        for buffer, want in ((a.c_kv, a.latents), (a.k_rope, a.keys)):
+            if isinstance(buffer, torch.Tensor) and buffer.dim() == 3 and buffer.shape[1] >= end + t:
+                late, new = buffer[:, end:end + t].double(), want[:, end - t:end].double()
+                if late.shape == new.shape and torch.allclose(late, new, rtol=1e-3, atol=1e-3):
+                    return True
+    return False
+
+
 def _nan_written(seen: CacheScript, *_) -> bool:
     found = [x[:, :a.expected_length] for a in seen.appends() for x in (a.c_kv, a.k_rope)
              if isinstance(x, torch.Tensor) and x.dim() == 3]
@@ -321,6 +334,9 @@ CACHE_MISTAKES = (
             test=lambda seen, *_: all(_shape(_pair(a.returned, "")[0])[1:2] == (a.expected_length - CHUNKS[a.index],)
                                       for a in seen.appends()),
             why="The caller attends with what append returns: its own new tokens must be among the keys."),
+    Mistake("LatentCache.written_after_advancing", "a buffer was written after length was advanced, at [length + T, "
+            "length + 2T): write both c_kv and k_rope at [length, length + T), then advance length",
+            test=_written_after_advancing),
     Mistake("LatentCache.added_not_written", "the new latents were added to what the slots held (+=): assign them "
             "(c_kv[:, a:b] = c_kv_new)", test=_nan_written,
             why="Adding is right only while the slots hold zeros: the grader fills the unused slots with NaN."),

@@ -118,6 +118,14 @@ class KVCache(KVCache):
         key = (batch_size, num_heads, head_dim, max_len, dtype, str(device))
         self.k, self.v = _pool.setdefault(key, (self.k, self.v))
 """, "KVCache", "KVCache.buffers_shared"),
+    Variant("cache_values_written_after_advancing", append_with("""\
+        end = self.length + t
+        if end > self.max_len:
+            raise ValueError("the cache is full")
+        self.k[:, :, self.length:end] = k_new
+        self.length = end  # advanced between the two writes
+        self.v[:, :, self.length:self.length + t] = v_new
+        return self.k[:, :, :end], self.v[:, :, :end]"""), "KVCache", "KVCache.written_after_advancing"),
     Variant("cache_added_not_written", append_with("""\
         end = self.length + t
         if end > self.max_len:

@@ -499,6 +499,14 @@ class LatentCache(LatentCache):
         self.k_rope[:, self.length:end] = k_rope_new
         self.length = end
         return self.c_kv, self.k_rope"""), "LatentCache", "LatentCache.returns_whole_buffer"),
+    Variant("cache_rope_written_after_advancing", append_with("""\
+        end = self.length + t
+        if end > self.max_len:
+            raise ValueError("the cache is full")
+        self.c_kv[:, self.length:self.length + t] = c_kv_new
+        self.length = end  # advanced between the two writes (blind set 62's b11)
+        self.k_rope[:, self.length:self.length + t] = k_rope_new
+        return self.c_kv[:, :end], self.k_rope[:, :end]"""), "LatentCache", "LatentCache.written_after_advancing"),
     Variant("cache_added_not_written", append_with("""\
         end = self.length + t
         if end > self.max_len:
