@@ -109,7 +109,9 @@ class Oracle:
         self.elements += size + sum(t.numel() for t in leaves(value if isinstance(value, tuple) else (value,), {}))
         if self.elements > MAX_CALL_ELEMENTS:
             return {"ok": False, "error": "too many questions in one call"}
-        if frame.get("grad") is True:
+        # a pinned step's answer is not differentiated: the Function asking it never needs to, and its gradients
+        # at chosen cotangents would give the forward it asked about (review 80's F4)
+        if frame.get("grad") is True and name not in self.pinned:
             self.asked[self.questions] = (name, args, kwargs)
         if self.backend == "numpy":
             value = _numpy_tree(value)
@@ -123,7 +125,12 @@ class Oracle:
         index, grads = frame.get("index"), wire.decode(frame.get("grads"), blobs)
         if type(index) is not int or index not in self.asked or not isinstance(grads, tuple):
             return {"ok": False, "error": "no such answer to differentiate"}
-        return {"ok": True, "value": wire.encode(self._gradients(*self.asked[index], grads), out)}
+        name, args, kwargs = self.asked[index]
+        size = 2 * sum(t.numel() for t in leaves(args, kwargs)) + sum(t.numel() for t in leaves(grads, {}))
+        if self.elements + size > MAX_CALL_ELEMENTS:  # the cotangents and the gradients count as answers do
+            return {"ok": False, "error": "too many questions in one call"}
+        self.elements += size
+        return {"ok": True, "value": wire.encode(self._gradients(name, args, kwargs, grads), out)}
 
     def _gradients(self, name: str, args: tuple, kwargs: dict, grads: tuple) -> tuple:
         """The reference's vector-Jacobian product at the asked inputs: one gradient (or None) per tensor input."""

@@ -4984,8 +4984,24 @@ KEPT_OUTSIDE_CTX = {
         SAVED, "        _remember(causal, block_q, block_k)\n"), (
         "ctx.causal, ctx.block_q,\n                                                          ctx.block_k)",
         "*_KEPT)")),
+    "thread_local": ("_LOCAL = threading.local()\n\n\nclass FlashAttentionFunction", (
+        SAVED, "        _LOCAL.flags = (causal, block_q, block_k)\n"), (
+        "ctx.causal, ctx.block_q,\n                                                          ctx.block_k)",
+        "*_LOCAL.flags)")),
+    "class_under_another_name": ("class _Flash", (
+        SAVED, "        _Flash.causal, _Flash.block_q, _Flash.block_k = causal, block_q, block_k\n"), (
+        "ctx.causal, ctx.block_q,\n                                                          ctx.block_k)",
+        "*(getattr(_Flash, n) for n in ('causal', 'block_q', 'block_k')))")),
+    "mutable_default": ("def _flags(*given, _kept=[]):\n    if given:\n        _kept[:] = given\n    return tuple(_kept)"
+                        "\n\n\nclass FlashAttentionFunction", (SAVED, "        _flags(causal, block_q, block_k)\n"), (
+        "ctx.causal, ctx.block_q,\n                                                          ctx.block_k)", "*_flags())")),
     "counter_never_read": ("_CALLS = 0\n\n\nclass FlashAttentionFunction", (
         SAVED, SAVED + "        global _CALLS\n        _CALLS += 1\n"), None),
+    "masks_cached_by_position": ("_MASKS = {}\n\n\nclass FlashAttentionFunction", (
+        "                    scores = scores.masked_fill(cols > rows, -math.inf)  # (bq, bk) positions, bottom-right\n",
+        "                    key = (t_k - t_q + i, j, *scores.shape[-2:])\n"
+        "                    if key not in _MASKS:\n                        _MASKS[key] = cols > rows\n"
+        "                    scores = scores.masked_fill(_MASKS[key], -math.inf)\n"), None),
 }
 
 
@@ -4995,14 +5011,17 @@ def test_review_79_state_kept_outside_ctx_is_found_by_what_backward_reads(grade_
     given runner), wrong for two layers before one backward pass. Review 79's F1: the first rule (assignments to the
     class, setattr, global) missed a dict of the file's and a list a helper changes; its F6: it failed a call counter
     backward never reads. The rule now follows what forward (and what it calls) writes outside ctx to what backward
-    reads."""
+    reads. Review 80's F1 to F3: a thread-local, the class under another name read by getattr, a mutable default; a
+    cache of masks keyed by position (and torch.add) is no state."""
     head, *changes = KEPT_OUTSIDE_CTX[kept]
-    source = (ROOT / "solutions" / "attention_backward.py").read_text()
+    source = "import threading\n" + (ROOT / "solutions" / "attention_backward.py").read_text()
     for old, new in (("class FlashAttentionFunction", head), *(c for c in changes if c)):
         assert source.count(old) == 1, old
         source = source.replace(old, new)
+    if kept == "class_under_another_name":
+        source += "\n\nFlashAttentionFunction = _Flash\n"
     result = grade_source("", base=source, name="attention_backward.py")
-    if kept == "counter_never_read":
+    if kept in ("counter_never_read", "masks_cached_by_position"):  # no state of a call's: right for two layers
         assert result.score == 100, explain(result)
     else:
         rules = checks_of(result)["FlashAttentionFunction_rules"]
@@ -5023,3 +5042,37 @@ def test_review_79_names_read_in_the_files_code_not_its_docstrings_or_another_me
     result = grade_source("", base=source, name="paged_attention.py")
     assert "paged_decode" in lost(result), explain(result)
     assert "paged_decode.full_last_block_read_empty" not in explain(result), explain(result)
+
+
+FORWARD_START = "        t_q, t_k, scale = q.shape[-2], k.shape[-2], 1.0 / math.sqrt(q.shape[-1])\n        outs, lses = [], []\n"
+FORWARD_FROM_ANSWER_GRADIENTS = """\
+        rows = (*q.shape[:-1], v.shape[-1])
+        with torch.enable_grad():
+            x = torch.zeros(rows, dtype=q.dtype, device=q.device, requires_grad=True)
+            _, _, dv = flash_attention_backward(q.detach(), k.detach(), v.detach(), torch.zeros(rows, dtype=q.dtype),
+                                                torch.zeros(q.shape[:-1], dtype=q.dtype), x, causal, block_q, block_k)
+            (dv * v.detach()).sum().backward(retain_graph=True)
+            num = x.grad.clone()
+            x.grad = None
+            (dv * torch.ones_like(v)).sum().backward()
+            den = x.grad[..., 0]
+        out = (num / torch.where(den > 0, den, 1.0)[..., None]).detach()
+        lse = torch.log(den).detach()
+"""
+
+
+def test_review_80_the_grader_does_not_differentiate_its_answer_to_the_functions_own_question(grade_source):
+    """Review 80's F4: once flash_attention_backward had lost a point, the grader answered the Function's question
+    of it and, asked, differentiated that answer: gradients of dv at chosen cotangents are e^S v and e^S 1, the
+    forward's out and lse, with no attention in the file (12 of 15, fair about 0). A pinned step's answer is not
+    differentiated now, and every answer's gradients count against the call's budget."""
+    source = (ROOT / "solutions" / "attention_backward.py").read_text()
+    body = source[source.index(FORWARD_START):source.index("        ctx.save_for_backward(q, k, v, out, lse)")]
+    for old, new in (DECODE_ZEROED, ("class FlashAttentionFunction", "_grads = flash_attention_backward\n\n\n"
+                                     "class FlashAttentionFunction"), (body, FORWARD_FROM_ANSWER_GRADIENTS),
+                     ("flash_attention_backward(q, k, v, out, lse, grad_out, ctx.causal,",
+                      "_grads(q, k, v, out, lse, grad_out, ctx.causal,")):
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    result = grade_source("", base=source, name="attention_backward.py")
+    assert lost(result)["FlashAttentionFunction"] >= 13, explain(result)

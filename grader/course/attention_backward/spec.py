@@ -957,13 +957,31 @@ def _body(function: ast.FunctionDef) -> str:
 
 MUTATORS = {"update", "append", "extend", "insert", "setdefault", "__setitem__", "add", "put", "put_nowait",
             "appendleft", "copy_", "fill_", "set_"}
+KEYED = {"setdefault", "__setitem__"}  # their first argument is a key: one that varies makes a cache, not a state
+MUTABLE = (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp, ast.Call)
 
 
-def _class_like(node, names: set[str]) -> bool:
-    """Whether `node` names the Function's class: its name, cls, type(...) or ....__class__."""
-    return (isinstance(node, ast.Name) and node.id in names
-            or isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type"
-            or isinstance(node, ast.Attribute) and node.attr == "__class__")
+class Scope:
+    """What a rule on the file's functions needs to know of it: the Function's class by every name it is bound to,
+    the names imports bind (a module is no state), and the functions by name."""
+
+    def __init__(self, tree: ast.Module, cls: str):
+        aliases = {n.targets[0].id: n.value.id for n in tree.body if isinstance(n, ast.Assign)
+                   and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Name)}
+        self.classes = {cls, aliases.get(cls, cls)}  # `FlashAttentionFunction = _Flash` (review 80's F2)
+        self.names = self.classes | {"cls"}
+        self.modules = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree)
+                        if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+        self.functions: dict[str, list] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions.setdefault(node.name, []).append(node)
+
+    def class_like(self, node) -> bool:
+        """Whether `node` names the Function's class: a name of it, cls, type(...) or ....__class__."""
+        return (isinstance(node, ast.Name) and node.id in self.names
+                or isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "type"
+                or isinstance(node, ast.Attribute) and node.attr == "__class__")
 
 
 def _mentions_ctx(node) -> bool:
@@ -977,16 +995,30 @@ def _base_name(node):
     return node.id if isinstance(node, ast.Name) else None
 
 
-def _local_names(function: ast.FunctionDef) -> set[str]:
-    """Its parameters and the names it binds, but those it declares global."""
+def _fixed_key(node) -> bool:
+    """Whether a subscript's key is the same at every call: a constant, a slice, or a tuple of them."""
+    if isinstance(node, ast.Tuple):
+        return all(map(_fixed_key, node.elts))
+    return isinstance(node, (ast.Constant, ast.Slice))
+
+
+def _names_of(function: ast.FunctionDef) -> tuple[set[str], set[str]]:
+    """Its own names (parameters and what it binds, but globals) and its parameters whose default is a mutable object
+    made once (`_kept=[]`: shared by every call, review 80's F2)."""
+    arguments = function.args
     shared = {name for n in ast.walk(function) if isinstance(n, ast.Global) for name in n.names}
-    bound = {a.arg for a in (*function.args.posonlyargs, *function.args.args, *function.args.kwonlyargs)}
-    bound |= {a.arg for a in (function.args.vararg, function.args.kwarg) if a}
-    bound |= {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    return bound - shared
+    positional = [*arguments.posonlyargs, *arguments.args]
+    defaults = dict(zip([a.arg for a in positional][len(positional) - len(arguments.defaults):], arguments.defaults,
+                        strict=True))
+    defaults.update({a.arg: d for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True) if d})
+    kept = {name for name, default in defaults.items() if isinstance(default, MUTABLE)}
+    own = {a.arg for a in (*positional, *arguments.kwonlyargs)} | {a.arg for a in (arguments.vararg, arguments.kwarg)
+                                                                    if a}
+    own |= {n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return own - shared - kept, kept
 
 
-def _reached(roots, functions: dict, names: set[str]) -> list:
+def _reached(roots, scope: Scope) -> list:
     """`roots` and every function of the file they call, by its name or as a method of the class, transitively."""
     seen, todo = [], list(roots)
     while todo:
@@ -997,73 +1029,93 @@ def _reached(roots, functions: dict, names: set[str]) -> list:
         for call in (n for n in ast.walk(function) if isinstance(n, ast.Call)):
             f = call.func
             name = (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute)
-                    and _class_like(f.value, names) else None)
-            todo.extend(functions.get(name, ()))
+                    and scope.class_like(f.value) else None)
+            todo.extend(scope.functions.get(name, ()))
     return seen
 
 
-def _shared_writes(function: ast.FunctionDef, names: set[str]) -> dict:
-    """What `function` writes outside ctx and its own names: ("attr", name) on the class, ("name", name) of a name
-    of the file's (assigned, written through a subscript or changed by a method), each with its line. A subscript
-    keyed by ctx (a dict of calls by id(ctx)) is one call's own."""
-    local, found = _local_names(function), {}
+def _shared_writes(function: ast.FunctionDef, scope: Scope) -> dict:
+    """What `function` writes outside ctx and its own names, each with its line: ("attr", name) on the class, and
+    ("name", name) of a name of the file's (assigned, or an attribute of it set, or written through a subscript of a
+    fixed key, or changed by a method) or of a mutable default of its own. A key that varies (a cache of masks by
+    position) or mentions ctx (a dict of calls by id(ctx)) keeps one call's own; an import is no state."""
+    own, kept = _names_of(function)
+    found = {}
+
+    def shared(name) -> tuple | None:
+        if name in kept:
+            return ("name", f"{function.name}.{name}")
+        return None if not name or name in own or name in scope.modules or name == "ctx" else ("name", name)
+
     for node in ast.walk(function):
         targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
                    if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
-        for target in (t for top in targets for t in ast.walk(top) if isinstance(t, (ast.Attribute, ast.Subscript,
-                                                                                     ast.Name))):
-            if isinstance(target, ast.Attribute) and _class_like(target.value, names):
-                found[("attr", target.attr)] = node.lineno
-            elif isinstance(target, ast.Subscript) and not _mentions_ctx(target.slice):
-                base = _base_name(target.value)
-                if base and base not in local and base != "ctx":
-                    found[("name", base)] = node.lineno
-            elif isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store) and target.id not in local:
-                found[("name", target.id)] = node.lineno
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
-            base = _base_name(node.func.value)
-            if base and base not in local and base != "ctx" and not any(map(_mentions_ctx, node.args[:1])):
-                found[("name", base)] = node.lineno
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and \
-                node.args and _class_like(node.args[0], names):
+        for target in (t for top in targets for t in ast.walk(top)
+                       if isinstance(t, (ast.Attribute, ast.Subscript, ast.Name))):
+            key = None
+            if isinstance(target, ast.Attribute):
+                key = ("attr", target.attr) if scope.class_like(target.value) else shared(_base_name(target.value))
+            elif isinstance(target, ast.Subscript) and _fixed_key(target.slice) and not _mentions_ctx(target.slice):
+                key = shared(_base_name(target.value))
+            elif isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store):
+                key = shared(target.id) if target.id not in own else None
+            if key:
+                found[key] = node.lineno
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in MUTATORS and not any(map(_mentions_ctx, node.args[:1])) \
+                and not (func.attr in KEYED and node.args and not _fixed_key(node.args[0])):
+            key = shared(_base_name(func.value))
+            if key:
+                found[key] = node.lineno
+        if isinstance(func, ast.Name) and func.id == "setattr" and node.args:
             attribute = node.args[1] if len(node.args) > 1 else None
-            key = attribute.value if isinstance(attribute, ast.Constant) and isinstance(attribute.value, str) else "*"
-            found[("attr", key)] = node.lineno
+            named = attribute.value if isinstance(attribute, ast.Constant) and isinstance(attribute.value, str) else "*"
+            key = ("attr", named) if scope.class_like(node.args[0]) else shared(_base_name(node.args[0]))
+            if key:
+                found[key] = node.lineno
     return found
 
 
-def _shared_reads(function: ast.FunctionDef, names: set[str]) -> set:
-    local = _local_names(function)
-    return ({("attr", n.attr) for n in ast.walk(function) if isinstance(n, ast.Attribute)
-             and isinstance(n.ctx, ast.Load) and _class_like(n.value, names)}
-            | {("name", n.id) for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-               and n.id not in local})
+def _shared_reads(function: ast.FunctionDef, scope: Scope) -> set:
+    own, kept = _names_of(function)
+    reads = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and scope.class_like(node.value):
+            reads.add(("attr", node.attr))
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            reads.add(("name", f"{function.name}.{node.id}") if node.id in kept else ("name", node.id)
+                      if node.id not in own else None)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+              and node.args and scope.class_like(node.args[0])):  # getattr(FlashAttentionFunction, "causal")
+            attribute = node.args[1] if len(node.args) > 1 else None
+            reads.add(("attr", attribute.value if isinstance(attribute, ast.Constant) else "*"))
+    return reads - {None}
 
 
 @functools.lru_cache(maxsize=4)
 def kept_outside_ctx(source: str, cls: str = "FlashAttentionFunction") -> str:
     """Where the Function's forward keeps what its backward reads outside ctx ('' if nowhere): on its class
-    (FlashAttentionFunction.causal = causal, cls.x, setattr), or in a name of the file's (a global, a dict or a list
-    written or changed), in forward or any function of the file it calls, read back by backward or what it calls.
-    Right while each apply is followed by its own backward, as the given runner does; wrong where two layers apply it
-    before one backward pass: every node then reads the last forward's (blind set 61's b07). A call counter that
-    backward never reads, or a dict keyed by ctx, is no such state (review 79's F1 and F6)."""
+    (FlashAttentionFunction.causal = causal, cls.x, setattr), or in an object of the file's (a global, a dict or a
+    list written or changed, a namespace's or a thread-local's attribute, a mutable default), in forward or any
+    function of the file it calls, read back by backward or what it calls. Right while each apply is followed by its
+    own backward, as the given runner does; wrong where two layers apply it before one backward pass: every node then
+    reads the last forward's (blind set 61's b07). A call counter backward never reads, a cache keyed by what it holds
+    or by ctx, is no such state (reviews 79 and 80)."""
     tree = parse(source)
     if tree is None:
         return ""
-    names = {cls, "cls"}
-    functions = {}
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            functions.setdefault(node.name, []).append(node)
-    methods = [m for c in tree.body if isinstance(c, ast.ClassDef) and c.name == cls for m in c.body
+    scope = Scope(tree, cls)
+    methods = [m for c in tree.body if isinstance(c, ast.ClassDef) and c.name in scope.classes for m in c.body
                if isinstance(m, ast.FunctionDef)]
-    forward = _reached([m for m in methods if m.name in ("forward", "setup_context")], functions, names)
-    backward = _reached([m for m in methods if m.name == "backward"], functions, names)
-    reads = set().union(*(_shared_reads(f, names) for f in backward)) if backward else set()
+    forward = _reached([m for m in methods if m.name in ("forward", "setup_context")], scope)
+    backward = _reached([m for m in methods if m.name == "backward"], scope)
+    reads = set().union(*(_shared_reads(f, scope) for f in backward)) if backward else set()
+    attributes = {name for kind, name in reads if kind == "attr"}
     for function in forward:
-        for (kind, name), line in _shared_writes(function, names).items():
-            if (kind, name) in reads or (kind, name) == ("attr", "*") and any(k == "attr" for k, _ in reads):
+        for (kind, name), line in _shared_writes(function, scope).items():
+            if (kind, name) in reads or kind == "attr" and attributes and ("*" in attributes or name == "*"):
                 where = f"{cls}.{name}" if kind == "attr" else name
                 return f"{function.name} writes {where} (line {line}), which backward reads"
     return ""

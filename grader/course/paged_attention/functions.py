@@ -263,10 +263,10 @@ LAST_BLOCK_BY_REMAINDER = Mistake(
     "n − (blocks − 1)·block_size slots of it, or min(block_size, n − start)",
     lambda *a: [decoded(*a, reads=_last_fill_by_remainder, empty=empty) for empty in (math.nan, 0.0)],
     # the fill as a remainder, assigned to a count or the else of a conditional: not a docstring's slot t % block_size
-    # (the seventy-ninth review's F4)
+    # (the seventy-ninth review's F4), nor `n % block_size or block_size`, right (the eightieth's F5)
     raises=Raises(message=r"non-zero size|zero-size|(?<!non-)empty",
                   source=r"(\b(last|fill|used|rem|tail|valid|count|num|size|len|n_)\w*\s*=[^\n]*|\belse\s+\(?\s*)"
-                         r"\w+\s*%\s*(self\.)?(block_size|bs|block|page_size)\b"),
+                         r"\w+\s*%\s*(self\.)?(block_size|bs|block|page_size)\b(?!\s*or\b)"),
     why="n % block_size is the last block's fill only while n is not a multiple of block_size; a full last block "
         "is then read as empty.")
 PADDING_SEARCHED = Mistake(
