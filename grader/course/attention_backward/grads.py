@@ -167,7 +167,7 @@ def tiled(q, k, v, out, lse, grad_out, causal=False, block_q=32, block_k=32, *, 
 def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal_shift=0, rescale_sum=True,
                   scale="d", top_left=False, last_block=True, normalise=True, lse_base_two=False, local_keys=False,
                   running_max=True, block_q=32, last_query_block=True, skip_from_first_row=False, padded_keys=False,
-                  max_kept=True, step_block_q=False, stop_short=False):
+                  max_kept=True, step_block_q=False, stop_short=False, unseen_blocks_skipped=False):
     """(out, lse) by the online softmax over key blocks, in float64; the keyword arguments after * make the named
     wrong variants (causal_shift=-1: the diagonal key masked too; scale: "d" (1/√D, right), "v" (1/√Dv), "none",
     "twice" (1/D); last_block=False: the last, shorter key block dropped; normalise=False: acc not divided by l;
@@ -179,7 +179,8 @@ def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal
     the running max never stored, so it stays -inf and each key block starts the sums afresh; step_block_q: the key
     loop steps by block_q while each tile takes block_k keys, so keys are skipped or counted twice; stop_short: causal,
     a query block's key loop ends one key early, at Tk - Tq + its end - 1, so a key block that starts at its last
-    query's own key is skipped).
+    query's own key is skipped; unseen_blocks_skipped: causal, a query block whose first row sees no key is skipped
+    whole, its later rows left out 0, lse -inf).
     A row with no key: out 0, lse -inf."""
     q64, k64, v64 = q.double(), k.double(), v.double()
     t_q, t_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
@@ -210,6 +211,9 @@ def tiled_forward(q, k, v, causal=False, block_k=32, *, rescale_acc=True, causal
         m = m_new if max_kept else m
     out = acc / torch.where(total > 0, total, 1.0)[..., None] if normalise else acc
     lse = m + torch.log(total)
+    if causal and unseen_blocks_skipped:
+        skipped = torch.arange(t_q) // block_q * block_q + t_k - t_q < 0  # the block's first row sees no key
+        out, lse = out.masked_fill(skipped[:, None], 0.0), lse.masked_fill(skipped, -INF)
     if not last_query_block:
         dropped = torch.arange(t_q) >= t_q - t_q % block_q
         out, lse = out.masked_fill(dropped[:, None], 0.0), lse.masked_fill(dropped, -INF)

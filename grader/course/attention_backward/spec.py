@@ -781,6 +781,14 @@ def _query_tail_dropped(q, k, v, grad_out, causal=False, block_q=32, block_k=32)
             for saved in (lse, lse.masked_fill(lse == -math.inf, 0.0))]
 
 
+def _query_blocks_skipped(q, k, v, grad_out, causal=False, block_q=32, block_k=32):
+    """The Function whose forward skipped every query block whose first row sees no key (out 0, lse -inf there), its
+    backward reading that lse as rows with no key."""
+    out, lse = grads.tiled_forward(q, k, v, causal, block_k, block_q=block_q, unseen_blocks_skipped=True)
+    mask = causal_mask(q.shape[-2], k.shape[-2]) if causal else None
+    return (out, *grads.plain(q, k, v, grad_out, mask, out=out, lse=lse))
+
+
 def own_question(call):
     """What the grader answers of flash_attention_backward for the Function run on `call`: questions of the call's own
     q, k and v, as its backward asks, with out, lse and grad_out of the shapes they imply; a backward may flatten the
@@ -1247,6 +1255,11 @@ FUNCTION = StepSpec(
         Mistake("FlashAttentionFunction.forward_query_tail_dropped", "the forward skipped the last, shorter block "
                 "of queries: loop over range(0, Tq, block_q) and cut each block at Tq",
                 _query_tail_dropped),
+        Mistake("FlashAttentionFunction.forward_unseen_block_skipped", "causal, Tq > Tk: the forward skipped a "
+                "whole query block whose first row sees no key; its later rows may: skip only a block whose last row "
+                "sees none", _query_blocks_skipped,
+                why="Where a block straddles the first visible key, its first rows have no key and its last do "
+                    "(blind set 63's b19)."),
         Mistake("FlashAttentionFunction.forward_tiles_skipped_from_first_row", "the forward's causal loop stopped at "
                 "the first key block past the query block's first row: stop past its last row's last key, "
                 "Tk - Tq + its last query", _forward_variant(skip_from_first_row=True)),

@@ -620,6 +620,12 @@ MERGE_HEADS_INNER = _mistake(
 MASK_ONE_AHEAD = _mistake(
     "mask_one_ahead", "the causal mask let each new token see the next one too (tril's diagonal one too far): new "
     "token i sees keys 0 … past_len + i, tril(diagonal=past_len)")
+MASK_SIZED_BY_BATCH = Mistake(
+    "MultiHeadLatentAttention.mask_sized_by_batch", "the causal mask was made with the batch size where the new "
+    "tokens' count belongs, (B, Tk): make it (T, past_len + T)",
+    raises=Raises(message=r"must match the size of tensor|is invalid for input of size|expanded size",
+                  source=r"torch\.(ones|full|zeros|empty)\(\s*(b|B|bsz|batch\w*)\s*,[^\n]*\.(tril|triu)\("),
+    why="Right only where the batch is as large as the call's tokens (blind set 63's b20).")
 MASK_INVERTED = _mistake(
     "mask_inverted", "the causal mask was applied inverted (-inf where it is True): True means may attend, so "
     "masked_fill(~mask, -inf)")
@@ -839,7 +845,8 @@ MODULE = StepSpec(
     ),
     mistakes=(MODULE_EXPANDED, MODULE_MASK_WHOLE, TOP_LEFT_MASK, POSITIONS_FROM_ZERO, QUERY_AFTER_APPEND,
               ROPE_ON_WHOLE_QUERY, QUERY_UNROTATED, QUERY_SPLIT_SWAPPED, QUERY_SPLIT_ACROSS_HEADS,
-              QUERY_HEADS_NO_TRANSPOSE, MODULE_SCALED_TWICE, MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_INVERTED,
+              QUERY_HEADS_NO_TRANSPOSE, MODULE_SCALED_TWICE, MERGE_NO_TRANSPOSE, MERGE_HEADS_INNER, MASK_SIZED_BY_BATCH,
+              MASK_INVERTED,
               MASK_ONE_AHEAD, ABSORBED_UNMASKED, CHUNK_UNMASKED,
               CACHE_IGNORED, CACHED_FULL_KEYS, W_O_INPUT,
               PER_HEAD_ROPE_KEY, CACHED_UNROTATED_KEY, ROPE_BEFORE_HEADS_MOVED, CACHE_NOT_READ, STATE_ACROSS_CALLS),

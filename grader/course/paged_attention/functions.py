@@ -269,6 +269,13 @@ LAST_BLOCK_BY_REMAINDER = Mistake(
                          r"\w+\s*%\s*(self\.)?(block_size|bs|block|page_size)\b(?!\s*or\b)"),
     why="n % block_size is the last block's fill only while n is not a multiple of block_size; a full last block "
         "is then read as empty.")
+BLOCK_PAST_FULL_ROW = Mistake(
+    "paged_decode.block_past_a_full_row", "read n // block_size + 1 table entries, one past a row whose blocks are "
+    "all full: read ceil(n / block_size) of them, -(-n // block_size)",
+    raises=Raises(message=r"is invalid for input of size|must match the size|out of (bounds|range)|expanded size",
+                  source=r"//\s*(self\.)?(block_size|bs|block|page_size)\s*\+\s*1\b"),
+    why="With padding after it (-1) the extra entry is sliced away; a row exactly as wide as the blocks has no "
+        "entry there (blind set 63's b09).")
 PADDING_SEARCHED = Mistake(
     "paged_decode.padding_searched", "a table row was cut at its first -1 (row.index(-1)), which a sequence that "
     "fills every column has none of: take its first ceil(context_lens[b] / block_size) entries",
@@ -328,6 +335,8 @@ NAN_SLOTS = Mistake("paged_decode.unused_slots_read", "right while unused slots 
                     "NaN: read no slot past a sequence's length and no block of -1, not even to multiply it by 0")
 BOUNDARIES = Mistake("paged_decode.boundaries_mishandled", "wrong when a length is a multiple of block_size: a "
                      "sequence holds ceil(len / block_size) blocks, and its last block's slots end at len")
+FULL_ROWS = Mistake("paged_decode.full_rows_mishandled", "wrong when a sequence fills its last block and its table "
+                    "row holds no padding (-1) after it: read -(-n // block_size) entries of the row")
 BLOCK_ZERO = Mistake("paged_decode.block_zero_skipped", "wrong when a sequence holds block 0: only −1 pads a table "
                      "row, and block 0 is a block like any other (keep entries >= 0, not > 0)")
 LONG_CONTEXT = Mistake("paged_decode.long_context_mishandled", "right for contexts of a few blocks, wrong for 41 "
@@ -363,7 +372,9 @@ DECODE = StepSpec(
         values("wide_tables", 1, situation=WIDE_TABLES, extra=5),
         values("large_scores", 1, situation=LARGE_SCORES, q_scale=100.0),
         values("far_below_zero", 1, situation=BELOW_ZERO, below=200.0),
-        values("at_boundaries", 3, situation=BOUNDARIES, lengths=(4, 8, 12), extra=1, nan=True),
+        values("at_boundaries", 2, situation=BOUNDARIES, lengths=(4, 8, 12), extra=1, nan=True),
+        # the longest sequences fill their last block, their rows no wider than their blocks (blind set 63's b09)
+        values("full_rows", 1, situation=FULL_ROWS, lengths=(8, 5, 1, 8), nan=True),
         values("half", 2, (torch.float16,), situation=HALF),
         device(2),
     ),
@@ -371,8 +382,8 @@ DECODE = StepSpec(
     mistakes=(TIMES_NAN, RESCALE_INVERTED, LAST_BLOCK_SUM, SOFTMAX_OVER_HEADS, MAX_OVER_HEADS, SUMMED_OVER_HEADS,
               DECODE_SCALE_PRECEDENCE, WHOLE_BLOCKS,
               PADDING_READ, LOGICAL_AS_PHYSICAL, FLAT_SLOT, BLOCK_STRIDE, POSITION_AS_SLOT, CONTIGUOUS_RUN,
-              BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED, LAST_BLOCK_BY_REMAINDER, DECODE_UNSCALED,
-              HEADS_RESHAPED,
+              BLOCK_SLOT_SWAPPED, ONE_PAST, ONE_SHORT, PARTIAL_BLOCK_DROPPED, LAST_BLOCK_BY_REMAINDER,
+              BLOCK_PAST_FULL_ROW, DECODE_UNSCALED, HEADS_RESHAPED,
               LENGTHS_NOT_BROADCAST, PADDING_SEARCHED),
 )
 

@@ -456,6 +456,15 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, causal=False, block_q=
         dq, dk, dv = flash_attention_backward(q, k, v, out, lse, grad_out, FlashAttentionFunction.causal,
                                               ctx.block_q, ctx.block_k)
         return dq, dk, dv, None, None, None"""), "FlashAttentionFunction", "FlashAttentionFunction.state_on_class"),
+    Variant("fn_forward_unseen_block_skipped", function().replace(
+        "            qb = q[..., i:i + bq_, :] * scale\n",
+        "            if causal and t_k - t_q + i < 0:  # its first row sees no key: the block skipped (blind set 63's b19)\n"
+        "                n = min(bq_, t_q - i)\n"
+        "                outs.append(torch.zeros(*q.shape[:-2], n, v.shape[-1], dtype=q.dtype, device=q.device))\n"
+        "                lses.append(torch.full((*q.shape[:-2], n), -math.inf, dtype=q.dtype, device=q.device))\n"
+        "                continue\n"
+        "            qb = q[..., i:i + bq_, :] * scale\n"),
+            "FlashAttentionFunction", "FlashAttentionFunction.forward_unseen_block_skipped"),
     Variant("fn_forward_tiles_skipped_from_first_row", function().replace(
         "            for j in range(0, t_k, bk_):\n",
         "            for j in range(0, t_k, bk_):\n                if causal and j > t_k - t_q + i:  # the block's first row\n"

@@ -615,6 +615,10 @@ class LatentCache(LatentCache):
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.merge_heads_inner"),
     Variant("module_mask_one_ahead", forward_with("tril(diagonal=past_len)", "tril(diagonal=past_len + 1)"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.mask_one_ahead"),  # blind set 50's b15
+    Variant("module_mask_sized_by_batch", forward_with(
+        "mask = torch.ones(T, past_len + T,", "mask = torch.ones(B, past_len + T,").replace(
+        "tril(diagonal=past_len)", "tril(diagonal=past_len + T - B)"),
+            "MultiHeadLatentAttention", "MultiHeadLatentAttention.mask_sized_by_batch"),  # blind set 63's b20
     Variant("module_mask_inverted", forward_with(".masked_fill(~mask,", ".masked_fill(mask,"),
             "MultiHeadLatentAttention", "MultiHeadLatentAttention.mask_inverted"),
     Variant("module_positions_and_mask_from_zero", forward_with(

@@ -988,6 +988,20 @@ BUGGY += [
         kept = (len(blocks) - 1) * bs + fill
         k, v = k_cache[table.clamp(min=0)].flatten(0, 1)[:kept], v_cache[table.clamp(min=0)].flatten(0, 1)[:kept]"""),
             "paged_decode", "paged_decode.boundaries_mishandled"),
+    Variant("decode_one_block_past_a_full_row", decode_with("""\
+        nb = n // bs + 1  # one block too many when n fills its last (blind set 63's b09)
+        k = k_cache[block_tables[b, :nb].long()].reshape(nb * bs, H, Dh)[:n]
+        v = v_cache[block_tables[b, :nb].long()].reshape(nb * bs, H, Dh)[:n]"""),
+            "paged_decode", "paged_decode.block_past_a_full_row"),
+    Variant("decode_full_rows_differ", """
+_paged_decode_ = paged_decode
+
+def paged_decode(q, k_cache, v_cache, block_tables, context_lens):
+    out = _paged_decode_(q, k_cache, v_cache, block_tables, context_lens)
+    bs = k_cache.shape[1]
+    full = (block_tables >= 0).all(dim=1) & (context_lens % bs == 0)  # every block full, no padding after them
+    return out + 0.25 * full[:, None, None].to(out.dtype)
+""", "paged_decode", "paged_decode.full_rows_mishandled"),
     Variant("decode_lengths_differ", """
 _paged_decode_ = paged_decode
 
