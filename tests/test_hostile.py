@@ -4995,6 +4995,22 @@ KEPT_OUTSIDE_CTX = {
     "mutable_default": ("def _flags(*given, _kept=[]):\n    if given:\n        _kept[:] = given\n    return tuple(_kept)"
                         "\n\n\nclass FlashAttentionFunction", (SAVED, "        _flags(causal, block_q, block_k)\n"), (
         "ctx.causal, ctx.block_q,\n                                                          ctx.block_k)", "*_flags())")),
+    "object_of_the_files_class": (
+        "class _Stash:\n    def keep(self, *items):\n        self.items = items\n\n    def take(self):\n"
+        "        return self.items\n\n\n_STASH = _Stash()\n\n\nclass FlashAttentionFunction", (
+            SAVED, "        _STASH.keep(causal, block_q, block_k)\n"), (
+        "ctx.causal, ctx.block_q,\n                                                          ctx.block_k)",
+        "*_STASH.take())")),
+    "classmethod_of_a_helper": (
+        "class _Flags:\n    @classmethod\n    def remember(cls, causal, block_q, block_k):\n"
+        "        cls.causal, cls.block_q, cls.block_k = causal, block_q, block_k\n\n\nclass FlashAttentionFunction", (
+            SAVED, "        _Flags.remember(causal, block_q, block_k)\n"), (
+        "ctx.causal, ctx.block_q,\n                                                          ctx.block_k)",
+        "_Flags.causal, _Flags.block_q, _Flags.block_k)")),
+    "counts_of_both_passes": ('CALLS = {"forward": 0, "backward": 0}\n\n\nclass FlashAttentionFunction', (
+        SAVED, SAVED + '        CALLS["forward"] += 1\n'), (
+        "        q, k, v, out, lse = ctx.saved_tensors\n",
+        '        CALLS["backward"] += 1\n        q, k, v, out, lse = ctx.saved_tensors\n')),
     "counter_never_read": ("_CALLS = 0\n\n\nclass FlashAttentionFunction", (
         SAVED, SAVED + "        global _CALLS\n        _CALLS += 1\n"), None),
     "masks_cached_by_position": ("_MASKS = {}\n\n\nclass FlashAttentionFunction", (
@@ -5012,7 +5028,8 @@ def test_review_79_state_kept_outside_ctx_is_found_by_what_backward_reads(grade_
     class, setattr, global) missed a dict of the file's and a list a helper changes; its F6: it failed a call counter
     backward never reads. The rule now follows what forward (and what it calls) writes outside ctx to what backward
     reads. Review 80's F1 to F3: a thread-local, the class under another name read by getattr, a mutable default; a
-    cache of masks keyed by position (and torch.add) is no state."""
+    cache of masks keyed by position (and torch.add) is no state. Review 81's F1 and F2: a method of an object or a
+    class of the file's that sets its own attributes; counts of calls are no state."""
     head, *changes = KEPT_OUTSIDE_CTX[kept]
     source = "import threading\n" + (ROOT / "solutions" / "attention_backward.py").read_text()
     for old, new in (("class FlashAttentionFunction", head), *(c for c in changes if c)):
@@ -5021,7 +5038,7 @@ def test_review_79_state_kept_outside_ctx_is_found_by_what_backward_reads(grade_
     if kept == "class_under_another_name":
         source += "\n\nFlashAttentionFunction = _Flash\n"
     result = grade_source("", base=source, name="attention_backward.py")
-    if kept in ("counter_never_read", "masks_cached_by_position"):  # no state of a call's: right for two layers
+    if kept in ("counter_never_read", "masks_cached_by_position", "counts_of_both_passes"):  # right for two layers
         assert result.score == 100, explain(result)
     else:
         rules = checks_of(result)["FlashAttentionFunction_rules"]
@@ -5042,6 +5059,32 @@ def test_review_79_names_read_in_the_files_code_not_its_docstrings_or_another_me
     result = grade_source("", base=source, name="paged_attention.py")
     assert "paged_decode" in lost(result), explain(result)
     assert "paged_decode.full_last_block_read_empty" not in explain(result), explain(result)
+
+
+@pytest.mark.parametrize("fill", ["fixed_up_after", "ceiling_from_n_minus_one"])
+def test_review_81_right_block_arithmetic_is_not_named_for_a_bug_elsewhere(grade_source, fill):
+    """Review 81's F3 and F4, names only: a last block's fill as n % block_size, fixed up when 0, and the ceiling
+    written (n - 1) // block_size + 1 are right; a bug elsewhere in paged_decode that raises (a max over no key,
+    a reshape to n rows of whole blocks) is not named full_last_block_read_empty or block_past_a_full_row."""
+    source = (ROOT / "solutions" / "paged_attention.py").read_text()
+    changes = {
+        "fixed_up_after": [
+            ("        n = int(context_lens[b])\n", "        n = int(context_lens[b]) - 1  # one key short\n"
+             "        rem = n % block_size\n        if rem == 0:\n            rem = block_size\n"),
+            ('        out[b] = torch.einsum("hn,nhd->hd", torch.softmax(scores, dim=-1), v)',
+             "        e = torch.exp(scores - scores.amax(dim=-1, keepdim=True))\n"
+             '        out[b] = torch.einsum("hn,nhd->hd", e / e.sum(dim=-1, keepdim=True), v)')],
+        "ceiling_from_n_minus_one": [
+            ("blocks = block_tables[b, : -(-n // block_size)].long()",
+             "blocks = block_tables[b, : (n - 1) // block_size + 1].long()"),
+            ("k = k_cache[blocks].flatten(0, 1)[:n]", "k = k_cache[blocks].reshape(n, *k_cache.shape[2:])")]}[fill]
+    for old, new in changes:
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    result = grade_source("", base=source, name="paged_attention.py")
+    assert "paged_decode" in lost(result), explain(result)
+    for wrong in ("paged_decode.full_last_block_read_empty", "paged_decode.block_past_a_full_row"):
+        assert wrong not in explain(result), explain(result)
 
 
 FORWARD_START = "        t_q, t_k, scale = q.shape[-2], k.shape[-2], 1.0 / math.sqrt(q.shape[-1])\n        outs, lses = [], []\n"

@@ -984,6 +984,25 @@ class Scope:
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.functions.setdefault(node.name, []).append(node)
+        # the file's own classes, and its module-level objects of them (`_STASH = _Stash()`): a method of theirs that
+        # sets its self's or cls's attributes keeps state on that object (review 81's F1)
+        self.file_classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef) and n.name not in self.classes}
+        self.objects = {t.id: n.value.func.id for n in tree.body if isinstance(n, ast.Assign)
+                        and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)
+                        and n.value.func.id in self.file_classes for t in n.targets if isinstance(t, ast.Name)}
+
+    def method_keeps(self, owner: str, method: str) -> bool:
+        """Whether `owner` (a class of the file's, or an object of one) has a method `method` that sets an attribute
+        of its first argument (self or cls), or writes through one."""
+        cls = self.file_classes.get(self.objects.get(owner, owner))
+        for function in (m for m in (cls.body if cls else ()) if isinstance(m, ast.FunctionDef) and m.name == method):
+            first = (function.args.posonlyargs + function.args.args)[:1]
+            if first and any(isinstance(t, (ast.Attribute, ast.Subscript)) and _base_name(t) == first[0].arg
+                             for n in ast.walk(function) if isinstance(n, (ast.Assign, ast.AugAssign))
+                             for top in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                             for t in ast.walk(top)):
+                return True
+        return False
 
     def class_like(self, node) -> bool:
         """Whether `node` names the Function's class: a name of it, cls, type(...) or ....__class__."""
@@ -1049,6 +1068,11 @@ def _shared_writes(function: ast.FunctionDef, scope: Scope) -> dict:
     position) or mentions ctx (a dict of calls by id(ctx)) keeps one call's own; an import is no state."""
     own, kept = _names_of(function)
     found = {}
+    # a write under a test of the same name is a cache filled once (`if _ARANGE is None: _ARANGE = ...`), a count
+    # of calls no state (`CALLS["forward"] += 1`): review 81's F2
+    guarded = {(id(n), name.id) for test in ast.walk(function) if isinstance(test, (ast.If, ast.IfExp))
+               for name in ast.walk(test.test) if isinstance(name, ast.Name)
+               for branch in (test.body if isinstance(test.body, list) else [test.body]) for n in ast.walk(branch)}
 
     def shared(name) -> tuple | None:
         if name in kept:
@@ -1058,8 +1082,12 @@ def _shared_writes(function: ast.FunctionDef, scope: Scope) -> dict:
     for node in ast.walk(function):
         targets = (node.targets if isinstance(node, ast.Assign) else [node.target]
                    if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        if isinstance(node, ast.AugAssign) and isinstance(node.value, ast.Constant):
+            targets = []  # a count
         for target in (t for top in targets for t in ast.walk(top)
                        if isinstance(t, (ast.Attribute, ast.Subscript, ast.Name))):
+            if (id(node), _base_name(target)) in guarded:
+                continue
             key = None
             if isinstance(target, ast.Attribute):
                 key = ("attr", target.attr) if scope.class_like(target.value) else shared(_base_name(target.value))
@@ -1077,6 +1105,9 @@ def _shared_writes(function: ast.FunctionDef, scope: Scope) -> dict:
             key = shared(_base_name(func.value))
             if key:
                 found[key] = node.lineno
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id not in own \
+                and scope.method_keeps(func.value.id, func.attr):  # _STASH.keep(...), _Flags.remember(...)
+            found[("name", func.value.id)] = node.lineno
         if isinstance(func, ast.Name) and func.id == "setattr" and node.args:
             attribute = node.args[1] if len(node.args) > 1 else None
             named = attribute.value if isinstance(attribute, ast.Constant) and isinstance(attribute.value, str) else "*"

@@ -266,14 +266,17 @@ LAST_BLOCK_BY_REMAINDER = Mistake(
     # (the seventy-ninth review's F4), nor `n % block_size or block_size`, right (the eightieth's F5)
     raises=Raises(message=r"non-zero size|zero-size|(?<!non-)empty",
                   source=r"(\b(last|fill|used|rem|tail|valid|count|num|size|len|n_)\w*\s*=[^\n]*|\belse\s+\(?\s*)"
-                         r"\w+\s*%\s*(self\.)?(block_size|bs|block|page_size)\b(?!\s*or\b)"),
+                         r"\w+\s*%\s*(self\.)?(block_size|bs|block|page_size)\b(?!\s*or\b)"
+                         # and no fix-up of a 0 remainder after it (review 81's F3)
+                         r"(?![\s\S]*(==\s*0\b|\bif\s+not\s|\b(or|else)\s+(self\.)?(block_size|bs|page_size)\b))"),
     why="n % block_size is the last block's fill only while n is not a multiple of block_size; a full last block "
         "is then read as empty.")
 BLOCK_PAST_FULL_ROW = Mistake(
     "paged_decode.block_past_a_full_row", "read n // block_size + 1 table entries, one past a row whose blocks are "
     "all full: read ceil(n / block_size) of them, -(-n // block_size)",
     raises=Raises(message=r"is invalid for input of size|must match the size|out of (bounds|range)|expanded size",
-                  source=r"//\s*(self\.)?(block_size|bs|block|page_size)\s*\+\s*1\b"),
+                  # a name's floor plus one, not the ceiling (n - 1) // bs + 1 (review 81's F4)
+                  source=r"\b\w+\s*//\s*(self\.)?(block_size|bs|block|page_size)\s*\+\s*1\b"),
     why="With padding after it (-1) the extra entry is sliced away; a row exactly as wide as the blocks has no "
         "entry there (blind set 63's b09).")
 PADDING_SEARCHED = Mistake(
