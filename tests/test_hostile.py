@@ -5007,6 +5007,20 @@ KEPT_OUTSIDE_CTX = {
             SAVED, "        _Flags.remember(causal, block_q, block_k)\n"), (
         "ctx.causal, ctx.block_q,\n                                                          ctx.block_k)",
         "_Flags.causal, _Flags.block_q, _Flags.block_k)")),
+    "holder_updating_itself": (
+        "class _Config:\n    def __init__(self):\n        self.state = {}\n\n    def set(self, **flags):\n"
+        "        self.state.update(flags)\n\n\n_CONFIG = _Config()\n\n\nclass FlashAttentionFunction", (
+            SAVED, "        _CONFIG.set(causal=causal, blocks=(block_q, block_k))\n"), (
+        "ctx.causal, ctx.block_q,\n                                                          ctx.block_k)",
+        '_CONFIG.state["causal"], *_CONFIG.state["blocks"])')),
+    "forward_bound_by_staticmethod": ("_CAUSAL = False\n\n\nclass FlashAttentionFunction", (
+        SAVED, "        global _CAUSAL\n        _CAUSAL = causal\n        ctx.block_q, ctx.block_k = block_q, block_k\n"), (
+        "ctx.causal, ctx.block_q,\n                                                          ctx.block_k)",
+        "_CAUSAL, ctx.block_q, ctx.block_k)")),
+    "timings_written_in_both": ("_TIMINGS = {}\n\n\nclass FlashAttentionFunction", (
+        SAVED, SAVED + '        _TIMINGS["forward"] = 1.0\n'), (
+        "        q, k, v, out, lse = ctx.saved_tensors\n",
+        '        _TIMINGS["backward"] = 2.0\n        q, k, v, out, lse = ctx.saved_tensors\n')),
     "counts_of_both_passes": ('CALLS = {"forward": 0, "backward": 0}\n\n\nclass FlashAttentionFunction', (
         SAVED, SAVED + '        CALLS["forward"] += 1\n'), (
         "        q, k, v, out, lse = ctx.saved_tensors\n",
@@ -5029,7 +5043,9 @@ def test_review_79_state_kept_outside_ctx_is_found_by_what_backward_reads(grade_
     backward never reads. The rule now follows what forward (and what it calls) writes outside ctx to what backward
     reads. Review 80's F1 to F3: a thread-local, the class under another name read by getattr, a mutable default; a
     cache of masks keyed by position (and torch.add) is no state. Review 81's F1 and F2: a method of an object or a
-    class of the file's that sets its own attributes; counts of calls are no state."""
+    class of the file's that sets its own attributes; counts of calls are no state. Review 82's F1 to F3: a holder
+    that changes itself by a call, forward bound by `forward = staticmethod(_forward)`; timings written in both
+    passes are no state."""
     head, *changes = KEPT_OUTSIDE_CTX[kept]
     source = "import threading\n" + (ROOT / "solutions" / "attention_backward.py").read_text()
     for old, new in (("class FlashAttentionFunction", head), *(c for c in changes if c)):
@@ -5037,8 +5053,12 @@ def test_review_79_state_kept_outside_ctx_is_found_by_what_backward_reads(grade_
         source = source.replace(old, new)
     if kept == "class_under_another_name":
         source += "\n\nFlashAttentionFunction = _Flash\n"
+    if kept == "forward_bound_by_staticmethod":  # the class's forward, a function of the file bound in its body
+        source = source.replace("    @staticmethod\n    def forward(ctx,", "    @staticmethod\n    def _forward(ctx,", 1)
+        source = source.replace("        return grad_q, grad_k, grad_v, None, None, None\n",
+                                "        return grad_q, grad_k, grad_v, None, None, None\n\n    forward = _forward\n", 1)
     result = grade_source("", base=source, name="attention_backward.py")
-    if kept in ("counter_never_read", "masks_cached_by_position", "counts_of_both_passes"):  # right for two layers
+    if kept in ("counter_never_read", "masks_cached_by_position", "counts_of_both_passes", "timings_written_in_both"):
         assert result.score == 100, explain(result)
     else:
         rules = checks_of(result)["FlashAttentionFunction_rules"]

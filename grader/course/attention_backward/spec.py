@@ -997,11 +997,18 @@ class Scope:
         cls = self.file_classes.get(self.objects.get(owner, owner))
         for function in (m for m in (cls.body if cls else ()) if isinstance(m, ast.FunctionDef) and m.name == method):
             first = (function.args.posonlyargs + function.args.args)[:1]
-            if first and any(isinstance(t, (ast.Attribute, ast.Subscript)) and _base_name(t) == first[0].arg
-                             for n in ast.walk(function) if isinstance(n, (ast.Assign, ast.AugAssign))
-                             for top in (n.targets if isinstance(n, ast.Assign) else [n.target])
-                             for t in ast.walk(top)):
-                return True
+            me = first[0].arg if first else None
+            for n in ast.walk(function) if me else ():
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AugAssign) else []
+                if any(isinstance(t, (ast.Attribute, ast.Subscript)) and _base_name(t) == me
+                       for top in targets for t in ast.walk(top)):
+                    return True
+                # self.state.update(flags), setattr(self, name, value): review 82's F1
+                if isinstance(n, ast.Call) and (
+                        isinstance(n.func, ast.Attribute) and n.func.attr in MUTATORS and _base_name(n.func.value) == me
+                        or isinstance(n.func, ast.Name) and n.func.id == "setattr" and n.args
+                        and _base_name(n.args[0]) == me):
+                    return True
         return False
 
     def class_like(self, node) -> bool:
@@ -1120,7 +1127,12 @@ def _shared_writes(function: ast.FunctionDef, scope: Scope) -> dict:
 def _shared_reads(function: ast.FunctionDef, scope: Scope) -> set:
     own, kept = _names_of(function)
     reads = set()
+    # the dict a plain assignment writes into (`_TIMINGS["backward"] = t`) is not read there: review 82's F3
+    written = {id(t.value) for n in ast.walk(function) if isinstance(n, ast.Assign) for t in n.targets
+               if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)}
     for node in ast.walk(function):
+        if id(node) in written:
+            continue
         if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and scope.class_like(node.value):
             reads.add(("attr", node.attr))
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
@@ -1146,10 +1158,15 @@ def kept_outside_ctx(source: str, cls: str = "FlashAttentionFunction") -> str:
     if tree is None:
         return ""
     scope = Scope(tree, cls)
-    methods = [m for c in tree.body if isinstance(c, ast.ClassDef) and c.name in scope.classes for m in c.body
-               if isinstance(m, ast.FunctionDef)]
-    forward = _reached([m for m in methods if m.name in ("forward", "setup_context")], scope)
-    backward = _reached([m for m in methods if m.name == "backward"], scope)
+    body = [m for c in tree.body if isinstance(c, ast.ClassDef) and c.name in scope.classes for m in c.body]
+    methods = {m.name: [m] for m in body if isinstance(m, ast.FunctionDef)}
+    for bound in (m for m in body if isinstance(m, ast.Assign) and len(m.targets) == 1
+                  and isinstance(m.targets[0], ast.Name)):  # forward = staticmethod(_forward): review 82's F2
+        value = bound.value.args[0] if isinstance(bound.value, ast.Call) and bound.value.args else bound.value
+        if isinstance(value, ast.Name):
+            methods[bound.targets[0].id] = scope.functions.get(value.id, [])
+    forward = _reached([f for name in ("forward", "setup_context") for f in methods.get(name, [])], scope)
+    backward = _reached(methods.get("backward", []), scope)
     reads = set().union(*(_shared_reads(f, scope) for f in backward)) if backward else set()
     attributes = {name for kind, name in reads if kind == "attr"}
     for function in forward:
